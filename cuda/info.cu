@@ -1,0 +1,30 @@
+// info.cu: library versions and device discovery for provenance.json and the start-up log.
+#include <cstdio>
+#include <cuda_runtime.h>
+#include <cublasLt.h>
+#include <nccl.h>
+
+#include "sl_cuda.h"
+
+extern "C" void sl_cuda_versions(char *buf, size_t n)
+{
+	int rt = 0, drv = 0, nccl = 0;
+
+	cudaRuntimeGetVersion(&rt);
+	if (cudaDriverGetVersion(&drv) != cudaSuccess)
+		drv = 0;
+	ncclGetVersion(&nccl);
+	size_t lt = cublasLtGetVersion();
+	snprintf(buf, n, "cuda %d.%d (driver %d.%d), cublasLt %zu, nccl %d.%d.%d", rt / 1000,
+		 rt % 1000 / 10, drv / 1000, drv % 1000 / 10, lt, nccl / 10000, nccl / 100 % 100,
+		 nccl % 100);
+}
+
+extern "C" int sl_cuda_device_count(void)
+{
+	int n = 0;
+
+	if (cudaGetDeviceCount(&n) != cudaSuccess)
+		return 0;
+	return n;
+}

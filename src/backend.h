@@ -1,0 +1,149 @@
+/*
+ * backend: the table of every numeric op the model needs.
+ *
+ * A backend owns memory ("device" buffers: host memory for the cpu backend, GPU memory for cuda)
+ * and computes on it.  Backends are leaves: they know no model, shard, data or MPI.  The model
+ * (model.c) is written once against this table.
+ *
+ * Element types.  Every floating buffer an op reads or writes is of the backend's compute type
+ * (`elt` bytes per element: float for the cpu backend, double for its gradient-check build, bf16
+ * for cuda), except
+ *   - "stat" buffers (RMSNorm reciprocal std, attention log-sum-exp): `stat_elt` bytes each,
+ *   - "f32" buffers (master weights, optimizer moments, fp32 gradients): float,
+ *   - ids / lens / index buffers: int32_t.
+ * Row-major everywhere.  T = B*L tokens of a micro-batch of B records right-padded to L tokens;
+ * lens[b] in [1, L] is record b's true length; token t of the batch is position t % L of record t / L.
+ * Ops never read padded positions' inputs for real positions' outputs (causality + masks), so
+ * padding changes no result.
+ *
+ * "+=" marks outputs that accumulate into what the buffer holds; every other output is overwritten.
+ */
+#ifndef SL_BACKEND_H
+#define SL_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct sl_backend;
+
+struct sl_adamw_args {
+	float lr;		/* this tensor group's learning rate */
+	float beta1, beta2, eps;
+	float weight_decay;	/* already 0 for tensors that do not decay */
+	float bc1, bc2;		/* bias corrections 1 - beta^step */
+	float grad_scale;	/* multiplies the gradient first (clipping) */
+};
+
+struct sl_backend {
+	const char *name;
+	size_t elt;		/* bytes per compute element */
+	size_t stat_elt;	/* bytes per stat element */
+	void *priv;
+
+	/* memory */
+	void *(*alloc)(struct sl_backend *be, size_t bytes);	/* zeroed; aborts on failure */
+	void (*free)(struct sl_backend *be, void *p);
+	void (*zero)(struct sl_backend *be, void *p, size_t bytes);
+	void (*upload)(struct sl_backend *be, void *dst, const void *host_src, size_t bytes);
+	void (*download)(struct sl_backend *be, void *host_dst, const void *src, size_t bytes);
+	void (*sync)(struct sl_backend *be);
+	/* device compute buffer <-> device f32 buffer, n elements */
+	void (*to_compute)(struct sl_backend *be, void *dst, const float *src, size_t n);
+	void (*to_f32)(struct sl_backend *be, float *dst, const void *src, size_t n);
+
+	/* out(T,H) = table[ids[t]] ; table (V,H) */
+	void (*embedding_fwd)(struct sl_backend *be, void *out, const int32_t *ids,
+			      const void *table, int T, int H);
+	/* dtable(V,H) += scatter of dout(T,H) by ids */
+	void (*embedding_bwd)(struct sl_backend *be, void *dtable, const int32_t *ids,
+			      const void *dout, int T, int H);
+
+	/* out(T,H) = x * rstd * w ; rstd(T) stat = 1/sqrt(mean(x^2) + eps) */
+	void (*rmsnorm_fwd)(struct sl_backend *be, void *out, void *rstd, const void *x,
+			    const void *w, int T, int H, float eps);
+	/* dx(T,H) (= or += per accumulate), dw(H) += */
+	void (*rmsnorm_bwd)(struct sl_backend *be, void *dx, void *dw, const void *dout,
+			    const void *x, const void *w, const void *rstd, int T, int H,
+			    bool accumulate);
+
+	/* out(T,N) = x(T,K) . w(N,K)^T (+ bias(N) when non-NULL) */
+	void (*matmul_fwd)(struct sl_backend *be, void *out, const void *x, const void *w,
+			   const void *bias, int T, int K, int N);
+	/* dx(T,K) (= or += per accumulate; skipped when NULL), dw(N,K) +=, dbias(N) += when non-NULL */
+	void (*matmul_bwd)(struct sl_backend *be, void *dx, void *dw, void *dbias,
+			   const void *dout, const void *x, const void *w, int T, int K, int N,
+			   bool accumulate);
+
+	/* y(n) += x(n) */
+	void (*add)(struct sl_backend *be, void *y, const void *x, size_t n);
+
+	/*
+	 * Per-head RMSNorm of q and k followed by rotary embedding (HF rotate_half convention:
+	 * pairs (i, i + hd/2), inv_freq_i = theta^(-2i/hd), position t % L), on the fused projection
+	 * qkv(T, (nh + 2*nkv)*hd) laid out per token as [q heads | k heads | v heads].
+	 * out gets the normed + rotated q and k and the unchanged v; rstd(T, nh + nkv) stat.
+	 */
+	void (*qk_norm_rope_fwd)(struct sl_backend *be, void *out, void *rstd, const void *qkv,
+				 const void *q_norm_w, const void *k_norm_w, int T, int L, int nh,
+				 int nkv, int hd, float eps, float theta);
+	/* dqkv(T,(nh+2nkv)hd) = from dout (same layout); dq_norm_w(hd) +=, dk_norm_w(hd) += */
+	void (*qk_norm_rope_bwd)(struct sl_backend *be, void *dqkv, void *dq_norm_w,
+				 void *dk_norm_w, const void *dout, const void *qkv,
+				 const void *q_norm_w, const void *k_norm_w, const void *rstd,
+				 int T, int L, int nh, int nkv, int hd, float eps, float theta);
+
+	/*
+	 * Causal grouped-query attention per record, scale 1/sqrt(hd), on qkv(T,(nh+2nkv)hd) as
+	 * laid out above (query head h uses kv head h / (nh/nkv)); keys at positions >= lens[b]
+	 * are masked; out(T, nh*hd), rows of padded positions written as zeros.
+	 * lse(T, nh) stat: log-sum-exp of each query's scores (for the backward).
+	 */
+	void (*attention_fwd)(struct sl_backend *be, void *out, void *lse, const void *qkv,
+			      const int32_t *lens, int B, int L, int nh, int nkv, int hd);
+	/* dqkv(T,(nh+2nkv)hd) = gradients of q, k, v (overwritten) */
+	void (*attention_bwd)(struct sl_backend *be, void *dqkv, const void *dout,
+			      const void *out, const void *lse, const void *qkv,
+			      const int32_t *lens, int B, int L, int nh, int nkv, int hd);
+
+	/* gu(T, 2I) = [gate | up] per token; h(T, I) = silu(gate) * up */
+	void (*swiglu_fwd)(struct sl_backend *be, void *h, const void *gu, int T, int I);
+	/* dgu(T, 2I) = from dh(T, I) */
+	void (*swiglu_bwd)(struct sl_backend *be, void *dgu, const void *dh, const void *gu,
+			   int T, int I);
+
+	/* out(n, H) = x(idx[i], :) */
+	void (*gather_rows)(struct sl_backend *be, void *out, const void *x, const int32_t *idx,
+			    int n, int H);
+	/* dx(idx[i], :) += dout(i, :) */
+	void (*scatter_add_rows)(struct sl_backend *be, void *dx, const void *dout,
+				 const int32_t *idx, int n, int H);
+
+	/*
+	 * BCE with logits against soft labels, n records: loss_sum(1) double = sum_i bce(logit_i, y_i)
+	 * (computed stably); dlogits(n) = scale * (sigmoid(logit_i) - y_i).  labels f32.
+	 */
+	void (*bce_fwd_bwd)(struct sl_backend *be, double *loss_sum, void *dlogits,
+			    const void *logits, const float *labels, int n, float scale);
+
+	/* f32 helpers for the optimizer (device buffers) */
+	/* out(1) double (device) = sum of g(n)^2, accumulated in double */
+	void (*sumsq_f32)(struct sl_backend *be, double *out, const float *g, size_t n);
+	/*
+	 * In place over n elements, as torch.optim.AdamW (decoupled decay):
+	 *   g = grad_scale*grad; p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+	 *   p -= lr * (m/bc1) / (sqrt(v/bc2) + eps)
+	 * and, when w_out is non-NULL, w_out(n) compute = p.
+	 */
+	void (*adamw_f32)(struct sl_backend *be, float *p, float *m, float *v, const float *grad,
+			  void *w_out, size_t n, const struct sl_adamw_args *a);
+
+	void (*destroy)(struct sl_backend *be);
+};
+
+/* cpu backend: fp32, OpenBLAS + OpenMP.  Returns NULL on failure. */
+struct sl_backend *sl_backend_cpu_create(void);
+/* The same backend built with double compute elements (gradient-check tests only). */
+struct sl_backend *sl_backend_cpu64_create(void);
+
+#endif

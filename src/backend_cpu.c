@@ -1,0 +1,1 @@
+/* backend_cpu.c: placeholder */

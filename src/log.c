@@ -1,0 +1,122 @@
+/*
+ * log: "[mm:ss]"-prefixed log lines on rank 0, errors on every rank (see log.h).
+ */
+#include "log.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double t0;
+static int log_rank, log_world = 1;
+static char log_host[128];
+static FILE *log_file;
+
+double sl_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double sl_unix_time(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void sl_log_init(void)
+{
+	t0 = sl_now();
+}
+
+void sl_log_set_rank(int rank, int world, const char *host)
+{
+	log_rank = rank;
+	log_world = world;
+	snprintf(log_host, sizeof(log_host), "%s", host ? host : "");
+}
+
+int sl_log_open_file(const char *path)
+{
+	if (log_rank != 0)
+		return 0;
+	sl_log_close_file();
+	log_file = fopen(path, "a");
+	if (!log_file) {
+		sl_error("cannot open the log file %s", path);
+		return -1;
+	}
+	return 0;
+}
+
+void sl_log_close_file(void)
+{
+	if (log_file)
+		fclose(log_file);
+	log_file = NULL;
+}
+
+double sl_log_elapsed(void)
+{
+	return t0 ? sl_now() - t0 : 0;
+}
+
+void sl_log_prefix(char *buf, size_t n)
+{
+	long s = (long)sl_log_elapsed();
+
+	if (s >= 3600)
+		snprintf(buf, n, "[%ld:%02ld:%02ld]", s / 3600, s / 60 % 60, s % 60);
+	else
+		snprintf(buf, n, "[%02ld:%02ld]", s / 60, s % 60);
+}
+
+static void emit(FILE *out, bool all_ranks, const char *kind, const char *fmt, va_list ap)
+{
+	char pre[32], who[192] = "", msg[8192];
+
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	sl_log_prefix(pre, sizeof(pre));
+	if (all_ranks && log_world > 1)
+		snprintf(who, sizeof(who), "%s rank %d: ", log_host, log_rank);
+	fprintf(out, "%s %s%s%s\n", pre, who, kind, msg);
+	fflush(out);
+	if (log_file) {
+		fprintf(log_file, "%s %s%s%s\n", pre, who, kind, msg);
+		fflush(log_file);
+	}
+}
+
+void sl_log(const char *fmt, ...)
+{
+	va_list ap;
+
+	if (log_rank != 0)
+		return;
+	va_start(ap, fmt);
+	emit(stdout, false, "", fmt, ap);
+	va_end(ap);
+}
+
+void sl_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	emit(stderr, true, "error: ", fmt, ap);
+	va_end(ap);
+}
+
+void sl_warn(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	emit(stderr, true, "warning: ", fmt, ap);
+	va_end(ap);
+}

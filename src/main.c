@@ -1,0 +1,2 @@
+/* main.c: placeholder */
+int main(void) { return 0; }

@@ -1,0 +1,144 @@
+/*
+ * model: the model families.
+ *
+ * model_config.c: shapes from a Hugging Face config.json (struct sl_model_config) and the parameter
+ * layout (struct sl_layout: every tensor's HF name, shape, unit and offset in its unit).
+ * model.c: forward and backward, written once against struct sl_backend, with activation
+ * checkpointing.  It knows nothing about ranks, MPI, files or data formats: weights arrive through
+ * struct sl_unit_source (the shard module provides it), batches as device buffers.
+ *
+ * Units (the FSDP granularity): unit 0 = embedding, unit 1 + l = decoder layer l,
+ * unit n_layers + 1 = final norm + head.  Inside a layer unit the tensors are laid out so that
+ * fused GEMMs need no copies: q_proj, k_proj, v_proj weights are contiguous (one (nh+2nkv)hd x H
+ * matrix), as are their biases, and gate_proj, up_proj (one 2I x H matrix).
+ */
+#ifndef SL_MODEL_H
+#define SL_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+enum sl_layer_kind {
+	SL_LAYER_FULL_ATTENTION,	/* Qwen3 attention: q/k norm, rope, GQA */
+};
+
+enum sl_mlp_kind {
+	SL_MLP_DENSE,			/* SwiGLU */
+};
+
+struct sl_model_config {
+	char model_type[64];		/* "qwen3" */
+	char architecture[128];		/* architectures[0] of config.json, "" if absent */
+	int vocab;
+	int hidden;			/* H */
+	int n_layers;
+	int n_heads;			/* nh */
+	int n_kv_heads;			/* nkv; nh % nkv == 0 */
+	int head_dim;			/* hd; independent of H / nh */
+	int intermediate;		/* I */
+	int max_position;
+	double rms_eps;
+	double rope_theta;
+	bool attention_bias;		/* q, k, v, o projections carry biases */
+	bool tie_word_embeddings;
+	double initializer_range;
+	int pad_token_id;		/* -1 if absent */
+	int bos_token_id;		/* -1 if absent */
+	int eos_token_id;		/* -1 if absent */
+	int num_labels;			/* 1 for the scalar head */
+	enum sl_layer_kind *layer_kind;	/* (n_layers) */
+	enum sl_mlp_kind *mlp_kind;	/* (n_layers) */
+};
+
+/*
+ * Parse config.json (a Hugging Face model config).  Accepts both the top-level rope_theta of hub
+ * checkpoints and the rope_parameters object newer transformers writes.  Errors name @path and the
+ * key, print to stderr, and return a negative value.
+ */
+int sl_model_config_load(struct sl_model_config *mc, const char *path);
+void sl_model_config_free(struct sl_model_config *mc);
+
+enum sl_init { SL_INIT_NONE, SL_INIT_NORMAL, SL_INIT_ONES, SL_INIT_ZEROS };
+
+struct sl_tensor_info {
+	char name[160];			/* HF name, e.g. "model.layers.0.mlp.up_proj.weight" */
+	int unit;
+	size_t offset;			/* elements from the start of its unit */
+	int ndim;			/* 1 or 2 */
+	int64_t shape[2];
+	size_t numel;
+	bool decay;			/* weight decay applies (ndim >= 2) */
+	bool head;			/* optim.head_lr_mult applies */
+	bool optional;			/* may be absent from a checkpoint (the head) */
+	enum sl_init init;		/* how to initialize when absent */
+};
+
+struct sl_layout {
+	int n_tensors;
+	struct sl_tensor_info *t;	/* (n_tensors), ordered by unit then offset */
+	int n_units;
+	size_t *unit_numel;		/* (n_units) */
+	size_t total_numel;
+};
+
+/* task: 0 = classify (score.weight head of num_labels rows) */
+int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout *lay);
+void sl_layout_free(struct sl_layout *lay);
+const struct sl_tensor_info *sl_layout_find(const struct sl_layout *lay, const char *name);
+
+/* Parameters that count for MFU: every matrix multiply (heads included, embedding excluded). */
+double sl_model_matmul_params(const struct sl_model_config *mc, const struct sl_layout *lay);
+
+/*
+ * Where the model gets units from.  weights(u) returns the full unit in compute precision, ready
+ * (all-gathered, uploaded); grads(u) the buffer (compute type, unit_numel[u] elements) its
+ * gradients accumulate into.  release_*() say when the model is done with a unit in the forward and
+ * when the unit's gradients are complete for this micro-batch.  Hooks may be NULL.
+ */
+struct sl_unit_source {
+	void *ctx;
+	const void *(*weights)(void *ctx, int unit);
+	void *(*grads)(void *ctx, int unit);
+	void (*release_fwd)(void *ctx, int unit);
+	void (*release_bwd)(void *ctx, int unit);
+};
+
+/* One micro-batch in device memory.  */
+struct sl_batch_dev {
+	int B, L;			/* records, padded length */
+	const int32_t *ids;		/* (B*L) token ids, padded positions hold any valid id */
+	const int32_t *lens;		/* (B) true lengths, 1..L */
+	const int32_t *last;		/* (B) b*L + lens[b] - 1: each record's last token */
+	const float *labels;		/* (B) soft labels in [0,1]; NULL for scoring */
+	const int32_t *h_lens;		/* (B) the same lengths on the host (for FLOP counts) */
+};
+
+struct sl_model;
+
+/* Workspace for micro-batches of up to max_tokens tokens and max_records records. */
+struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct sl_layout *lay,
+				 struct sl_backend *be, int max_tokens, int max_records,
+				 bool activation_checkpointing);
+void sl_model_destroy(struct sl_model *m);
+
+/*
+ * Forward and backward of one micro-batch of the classification task.  Gradients accumulate into
+ * src->grads(u); the loss is BCE-with-logits, its gradient scaled by @loss_scale (1 / records in
+ * the optimizer step).  *loss_sum (host) = unscaled sum of the micro-batch's BCE values.
+ * @scores (host, B) gets the logits when non-NULL.
+ */
+int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
+			const struct sl_batch_dev *b, float loss_scale, double *loss_sum,
+			float *scores);
+
+/* Forward only: logits (host, B). */
+int sl_model_score(struct sl_model *m, const struct sl_unit_source *src,
+		   const struct sl_batch_dev *b, float *scores);
+
+/* Bytes of backend memory the model's workspace holds. */
+size_t sl_model_workspace_bytes(const struct sl_model *m);
+
+#endif

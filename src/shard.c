@@ -1,0 +1,1 @@
+/* shard.c: placeholder */

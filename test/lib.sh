@@ -1,0 +1,1 @@
+# shell helpers for the script tests

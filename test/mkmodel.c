@@ -1,0 +1,2 @@
+/* mkmodel: placeholder until its author lands it */
+int main(void) { return 77; }

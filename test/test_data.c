@@ -1,0 +1,2 @@
+/* test_data: placeholder until its author lands it */
+int main(void) { return 77; }

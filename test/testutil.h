@@ -1,0 +1,56 @@
+/*
+ * testutil.h: the few helpers every test program shares.  A test's exit status is its verdict:
+ * CHECK failures are counted and printed with file:line; main returns test_exit().
+ */
+#ifndef SL_TESTUTIL_H
+#define SL_TESTUTIL_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int test_failures;
+static int test_checks;
+
+#define CHECK(cond, ...)                                                              \
+	do {                                                                          \
+		test_checks++;                                                        \
+		if (!(cond)) {                                                        \
+			test_failures++;                                              \
+			fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__,        \
+				__LINE__, #cond);                                     \
+			fprintf(stderr, "" __VA_ARGS__);                              \
+			fprintf(stderr, "\n");                                        \
+		}                                                                     \
+	} while (0)
+
+/* |a - b| <= tol * max(1, |b|)-style relative check with a floor */
+#define CHECK_CLOSE(a, b, rel, abs_)                                                  \
+	do {                                                                          \
+		double _a = (a), _b = (b);                                            \
+		double _d = fabs(_a - _b);                                            \
+		CHECK(_d <= (abs_) + (rel) * fabs(_b), "%s = %.9g, expected %.9g "    \
+		      "(diff %.3g)", #a, _a, _b, _d);                                 \
+	} while (0)
+
+static inline int test_exit(const char *name)
+{
+	printf("%s: %d checks, %d failed\n", name, test_checks, test_failures);
+	return test_failures ? 1 : 0;
+}
+
+/* $top_srcdir (set by make check) or "." */
+static inline const char *test_srcdir(void)
+{
+	const char *s = getenv("top_srcdir");
+	return s && *s ? s : ".";
+}
+
+static inline const char *test_builddir(void)
+{
+	const char *s = getenv("top_builddir");
+	return s && *s ? s : ".";
+}
+
+#endif
