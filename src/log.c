@@ -12,6 +12,12 @@ static double t0;
 static int log_rank, log_world = 1;
 static char log_host[128];
 static FILE *log_file;
+static bool log_stderr;
+
+void sl_log_to_stderr(bool on)
+{
+	log_stderr = on;
+}
 
 double sl_now(void)
 {
@@ -99,7 +105,7 @@ void sl_log(const char *fmt, ...)
 	if (log_rank != 0)
 		return;
 	va_start(ap, fmt);
-	emit(stdout, false, "", fmt, ap);
+	emit(log_stderr ? stderr : stdout, false, "", fmt, ap);
 	va_end(ap);
 }
 

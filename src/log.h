@@ -9,12 +9,14 @@
 #define SL_LOG_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 
 void sl_log_init(void);				/* marks the job's start */
 void sl_log_set_rank(int rank, int world, const char *host);
 int sl_log_open_file(const char *path);		/* append; rank 0 only */
 void sl_log_close_file(void);
+void sl_log_to_stderr(bool on);			/* log lines to stderr (stdout carries data) */
 double sl_log_elapsed(void);			/* seconds since sl_log_init */
 void sl_log_prefix(char *buf, size_t n);	/* "[mm:ss]" */
 

@@ -1,0 +1,59 @@
+/*
+ * metrics: the run's machine-readable files.
+ *
+ * RUN/training_metrics.json ({"run": {...}, "steps": [...], "eval": [...]}), rewritten through a
+ * temporary file and rename after every step so a dead job still leaves its steps, and
+ * RUN/provenance.json (versions, hosts, ranks, libraries, NCCL_* environment, input hashes).
+ */
+#ifndef SL_METRICS_H
+#define SL_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct sl_step_metrics {
+	int step;			/* 1-based */
+	double time_s;			/* wall seconds of the step */
+	double end_unix;		/* when it ended */
+	double loss;
+	double lr;
+	double grad_norm;
+	long records;
+	long tokens;			/* real tokens */
+	long padded_tokens;		/* padding added to micro-batches */
+	long long peak_gpu_bytes;	/* 0 on the cpu backend */
+};
+
+struct sl_metrics;
+
+/* @path: RUN/training_metrics.json */
+struct sl_metrics *sl_metrics_create(const char *path);
+void sl_metrics_destroy(struct sl_metrics *m);
+void sl_metrics_run_int(struct sl_metrics *m, const char *key, long long v);
+void sl_metrics_run_double(struct sl_metrics *m, const char *key, double v);
+void sl_metrics_run_string(struct sl_metrics *m, const char *key, const char *v);
+void sl_metrics_add_step(struct sl_metrics *m, const struct sl_step_metrics *s);
+void sl_metrics_add_eval(struct sl_metrics *m, int step, double loss, long records);
+/* Atomic rewrite (temp file + fsync + rename).  0 or negative. */
+int sl_metrics_write(struct sl_metrics *m);
+
+/* 64-bit FNV-1a of a file's bytes (provenance, not security); 0 and *bytes = -1 if unreadable. */
+uint64_t sl_file_hash(const char *path, long long *bytes);
+
+struct sl_provenance_input {
+	const char *config_path;
+	const char *model_dir;
+	const char *train_path;
+	const char *valid_path;		/* may be "" */
+	const char *tokenizer_path;	/* may be NULL */
+	int argc;
+	char **argv;
+	int world;
+	const char *backend;
+};
+int sl_provenance_write(const char *path, const struct sl_provenance_input *in);
+
+/* Write @text to @path atomically (temp + fsync + rename). */
+int sl_write_file_atomic(const char *path, const char *text, size_t len);
+
+#endif
