@@ -9,6 +9,7 @@
 #define SL_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #define SL_PATH_MAX 4096
@@ -113,12 +114,17 @@ struct sl_config {
 
 /*
  * Fill @cfg with the defaults, read @path (with its includes), then apply the @nset overrides
- * "key=value" in order.  On error prints "FILE:LINE:COL: key: what is wrong ..." to stderr (through
- * @err when non-NULL, else stderr) and returns a negative value; @cfg is then unusable.
+ * "key=value" in order.  On error prints "FILE:LINE:COL: key: what is wrong ..." to stderr (one
+ * line per error, every bad key of a file reported) and returns a negative value; @cfg is then
+ * unusable.  Never exits.  @path NULL: defaults and @set only.
  * @require_train: the keys a training run needs (model.path, data.train) must be present.
  */
 int sl_config_load(struct sl_config *cfg, const char *path, char *const *set, int nset,
 		   bool require_train);
+
+/* The same, printing errors to @err (NULL: stderr). */
+int sl_config_load_err(struct sl_config *cfg, const char *path, char *const *set, int nset,
+		       bool require_train, FILE *err);
 
 /* Defaults only (for tests and tools). */
 void sl_config_defaults(struct sl_config *cfg);
@@ -129,8 +135,27 @@ void sl_config_print_table(const struct sl_config *cfg, FILE *out);
 /* The resolved config as YAML that sl_config_load reads back to the same struct. */
 int sl_config_write_yaml(const struct sl_config *cfg, FILE *out);
 
+/*
+ * 1 and the first key (table order, e.g. "optim.lr") whose value differs into @key (@n bytes),
+ * or 0 when every key is equal.  source and name are not keys and are not compared.
+ */
+int sl_config_diff(const struct sl_config *a, const struct sl_config *b, char *key, size_t n);
+
+/*
+ * The same, skipping the keys in the NULL-terminated @ignore: a full key ("train.steps") or a
+ * section prefix ending in '.' ("checkpoint.") -- for resumes, which may change some keys.
+ */
+int sl_config_diff_ignoring(const struct sl_config *a, const struct sl_config *b,
+			    const char *const *ignore, char *key, size_t n);
+
+/* The value of @key as sl_config_print_table shows it (e.g. "1e-05", "[0.9, 0.95]"); -ENOENT. */
+int sl_config_format(const struct sl_config *cfg, const char *key, char *buf, size_t n);
+
 /* Names of enum values, for logs. */
 const char *sl_task_name(enum sl_task t);
 const char *sl_precision_name(enum sl_precision p);
+const char *sl_backend_name(enum sl_backend_kind b);
+const char *sl_schedule_name(enum sl_schedule s);
+const char *sl_offload_name(enum sl_offload o);
 
 #endif

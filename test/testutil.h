@@ -20,7 +20,7 @@ static int test_checks;
 			test_failures++;                                              \
 			fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__,        \
 				__LINE__, #cond);                                     \
-			fprintf(stderr, "" __VA_ARGS__);                              \
+			fprintf(stderr, " " __VA_ARGS__);                              \
 			fprintf(stderr, "\n");                                        \
 		}                                                                     \
 	} while (0)
