@@ -1,1 +1,769 @@
-/* data.c: placeholder */
+/*
+ * data: JSONL records -> one pool of token ids, the step sampler, and padded host batches.
+ *
+ * Owns reading and validating records (jansson, one json_loadb per line, "FILE:LINE: why"
+ * errors), the max_state length filter, the order records are trained in (see the sampler comment
+ * in data.h, which this file implements exactly) and right-padding a micro-batch.  Text records
+ * need a tokenizer callback (sl_data_opts.tokenize); the tokenizer itself lives elsewhere.
+ */
+#include "data.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "log.h"
+
+/* bad lines printed under on_error: skip before we only count them */
+#define SHOW_SKIPPED 5
+/* a length-sorted bucket holds this many steps */
+#define BUCKET_STEPS 16
+
+/* ---- loading ------------------------------------------------------------------------------ */
+
+struct loader {
+	struct sl_dataset *ds;
+	const struct sl_data_opts *o;
+	const char *text_field;
+	const char *label_field;
+	long line;			/* 1-based line being read */
+	int shown;			/* bad lines printed so far (skip mode) */
+	size_t rec_cap;
+	size_t pool_cap;		/* int32 entries */
+	/*
+	 * The pool moves when realloc grows it, so records remember their offset while loading and
+	 * get their pointers once the pool is final.
+	 */
+	size_t *off;			/* (rec_cap) */
+	int32_t *tok;			/* tokenizer output buffer */
+	size_t tok_cap;
+};
+
+static const char *json_type_name(const json_t *j)
+{
+	switch (json_typeof(j)) {
+	case JSON_OBJECT:
+		return "an object";
+	case JSON_ARRAY:
+		return "an array";
+	case JSON_STRING:
+		return "a string";
+	case JSON_INTEGER:
+		return "an integer";
+	case JSON_REAL:
+		return "a number";
+	case JSON_TRUE:
+	case JSON_FALSE:
+		return "a boolean";
+	case JSON_NULL:
+		return "null";
+	}
+	return "a JSON value";
+}
+
+/*
+ * A bad line: fatal (sl_error, negative return) unless on_error is skip, where it is counted and
+ * the first few are shown as warnings (return 1: line skipped).
+ */
+static int bad(struct loader *ld, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int bad(struct loader *ld, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+
+	if (!ld->o->skip_errors) {
+		sl_error("%s:%ld: %s", ld->ds->path, ld->line, msg);
+		return -EINVAL;
+	}
+	ld->ds->skipped++;
+	if (ld->shown < SHOW_SKIPPED)
+		sl_warn("%s:%ld: %s (line skipped)", ld->ds->path, ld->line, msg);
+	else if (ld->shown == SHOW_SKIPPED)
+		sl_warn("%s: further bad lines are skipped without being shown", ld->ds->path);
+	ld->shown++;
+	return 1;
+}
+
+static int pool_reserve(struct loader *ld, size_t more)
+{
+	struct sl_dataset *ds = ld->ds;
+	size_t need = ds->pool_len + more, cap = ld->pool_cap;
+	int32_t *p;
+
+	if (need <= cap)
+		return 0;
+	if (cap < 4096)
+		cap = 4096;
+	while (cap < need)
+		cap *= 2;
+	p = realloc(ds->pool, cap * sizeof(*p));
+	if (!p) {
+		sl_error("%s: out of memory for %zu token ids", ds->path, cap);
+		return -ENOMEM;
+	}
+	ds->pool = p;
+	ld->pool_cap = cap;
+	return 0;
+}
+
+static int rec_reserve(struct loader *ld)
+{
+	struct sl_dataset *ds = ld->ds;
+	size_t cap = ld->rec_cap ? 2 * ld->rec_cap : 1024;
+	struct sl_record *r;
+	size_t *off;
+
+	if ((size_t)ds->n < ld->rec_cap)
+		return 0;
+	if (cap > INT32_MAX) {
+		sl_error("%s: more than %d records", ds->path, INT32_MAX);
+		return -EINVAL;
+	}
+	r = realloc(ds->rec, cap * sizeof(*r));
+	if (!r)
+		goto out_nomem;
+	ds->rec = r;
+	off = realloc(ld->off, cap * sizeof(*off));
+	if (!off)
+		goto out_nomem;
+	ld->off = off;
+	ld->rec_cap = cap;
+	return 0;
+
+out_nomem:
+	sl_error("%s: out of memory for %zu records", ds->path, cap);
+	return -ENOMEM;
+}
+
+/* label -> *label; 0, or bad()'s verdict */
+static int read_label(struct loader *ld, json_t *root, float *label)
+{
+	json_t *j = json_object_get(root, ld->label_field);
+	double y;
+
+	*label = NAN;
+	if (!j || json_is_null(j)) {
+		if (!ld->o->need_label)
+			return 0;
+		return bad(ld, "record has no label in field '%s'; training needs a number in [0,1]",
+			   ld->label_field);
+	}
+	if (json_is_boolean(j))
+		return bad(ld, "label in field '%s' is a boolean (%s); give a number in [0,1]",
+			   ld->label_field, json_is_true(j) ? "true" : "false");
+	if (!json_is_number(j))
+		return bad(ld, "label in field '%s' is %s, not a number in [0,1]",
+			   ld->label_field, json_type_name(j));
+	y = json_number_value(j);
+	if (!(y >= 0.0 && y <= 1.0))
+		return bad(ld, "label %g in field '%s' is outside [0,1]", y, ld->label_field);
+	*label = (float)y;
+	return 0;
+}
+
+/*
+ * "input_ids" -> *ids (pointing into ld->tok, the staging buffer), *len.  Validates every id
+ * before anything reaches the pool, so a bad line leaves no trace.
+ */
+static int read_input_ids(struct loader *ld, json_t *arr, const int32_t **ids, int *len)
+{
+	long vocab = ld->o->vocab;
+	size_t n = json_array_size(arr), i;
+	json_t *e;
+
+	if (!json_is_array(arr))
+		return bad(ld, "\"input_ids\" is %s; give an array of token ids",
+			   json_type_name(arr));
+	if (n == 0)
+		return bad(ld, "\"input_ids\" is empty; a record needs at least one token");
+	if (n > INT32_MAX)
+		return bad(ld, "\"input_ids\" has %zu ids, too many", n);
+	if (n > ld->tok_cap) {
+		int32_t *t = realloc(ld->tok, n * sizeof(*t));
+
+		if (!t) {
+			sl_error("%s:%ld: out of memory", ld->ds->path, ld->line);
+			return -ENOMEM;
+		}
+		ld->tok = t;
+		ld->tok_cap = n;
+	}
+	json_array_foreach(arr, i, e) {
+		json_int_t v;
+
+		if (!json_is_integer(e))
+			return bad(ld, "\"input_ids\"[%zu] is %s, not an integer token id", i,
+				   json_type_name(e));
+		v = json_integer_value(e);
+		if (v < 0)
+			return bad(ld, "\"input_ids\"[%zu] = %" JSON_INTEGER_FORMAT
+				   " is negative", i, v);
+		if ((vocab > 0 && v >= vocab) || v > INT32_MAX)
+			return bad(ld, "\"input_ids\"[%zu] = %" JSON_INTEGER_FORMAT " is outside "
+				   "the vocabulary [0, %ld); was the data tokenized for another "
+				   "model?", i, v, vocab > 0 ? vocab : (long)INT32_MAX + 1);
+		ld->tok[i] = (int32_t)v;
+	}
+	*ids = ld->tok;
+	*len = (int)n;
+	return 0;
+}
+
+static int read_text(struct loader *ld, json_t *j, const int32_t **ids, int *len)
+{
+	const struct sl_data_opts *o = ld->o;
+	int n;
+
+	if (!json_is_string(j))
+		return bad(ld, "field '%s' is %s, not a string", ld->text_field,
+			   json_type_name(j));
+	if (!o->tokenize)
+		return bad(ld, "record has text in field '%s' but no tokenizer is available yet; "
+			   "give pre-tokenized \"input_ids\"", ld->text_field);
+	n = o->tokenize(o->tokenize_ctx, json_string_value(j), json_string_length(j), &ld->tok,
+			&ld->tok_cap);
+	if (n < 0)
+		return bad(ld, "cannot tokenize the text in field '%s'", ld->text_field);
+	if (n == 0)
+		return bad(ld, "the text in field '%s' is empty (no tokens)", ld->text_field);
+	*ids = ld->tok;
+	*len = n;
+	return 0;
+}
+
+/* One non-blank line: 0 kept or dropped, 1 skipped, negative fatal. */
+static int load_line(struct loader *ld, const char *buf, size_t n)
+{
+	struct sl_dataset *ds = ld->ds;
+	const int32_t *ids = NULL;
+	json_error_t jerr;
+	json_t *root, *j;
+	struct sl_record *r;
+	float label;
+	int len = 0, rc;
+
+	/* a duplicated key would make the record mean whichever copy the parser kept */
+	root = json_loadb(buf, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+	if (!root)
+		return bad(ld, "invalid JSON at column %d: %s", jerr.column, jerr.text);
+	if (!json_is_object(root)) {
+		rc = bad(ld, "a record must be a JSON object, not %s", json_type_name(root));
+		goto out_put;
+	}
+
+	j = json_object_get(root, "input_ids");
+	if (j) {
+		rc = read_input_ids(ld, j, &ids, &len);
+	} else if ((j = json_object_get(root, ld->text_field))) {
+		rc = read_text(ld, j, &ids, &len);
+	} else if (json_object_get(root, "messages")) {
+		rc = bad(ld, "record has chat \"messages\" but chat rendering is not available "
+			 "yet; give pre-tokenized \"input_ids\"");
+	} else {
+		rc = bad(ld, "record has neither \"input_ids\" nor text in field '%s'",
+			 ld->text_field);
+	}
+	if (rc)
+		goto out_put;
+	rc = read_label(ld, root, &label);
+	if (rc)
+		goto out_put;
+
+	ds->total++;
+	if (ld->o->max_state > 0 && len > ld->o->max_state) {
+		ds->dropped++;
+		goto out_put;
+	}
+	rc = rec_reserve(ld);
+	if (rc)
+		goto out_put;
+	rc = pool_reserve(ld, len);
+	if (rc)
+		goto out_put;
+	memcpy(ds->pool + ds->pool_len, ids, len * sizeof(*ids));
+	ld->off[ds->n] = ds->pool_len;
+	ds->pool_len += len;
+	r = &ds->rec[ds->n++];
+	r->ids = NULL;
+	r->len = len;
+	r->label = label;
+	r->line = ld->line;
+
+out_put:
+	json_decref(root);
+	return rc;
+}
+
+static bool blank(const char *s, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n')
+			return false;
+	return true;
+}
+
+static int no_records(const struct sl_dataset *ds, const struct sl_data_opts *o)
+{
+	if (ds->total == 0 && ds->skipped == 0)
+		sl_error("%s: no records (the file is empty); give one JSON object per line",
+			 ds->path);
+	else if (ds->total == 0)
+		sl_error("%s: no records left: all %ld lines were bad and skipped", ds->path,
+			 ds->skipped);
+	else
+		sl_error("%s: no records left: all %ld exceed max_state %d tokens; raise "
+			 "data.max_state", ds->path, ds->total, o->max_state);
+	return -EINVAL;
+}
+
+int sl_data_load(struct sl_dataset *ds, const char *path, const struct sl_data_opts *o)
+{
+	struct loader ld = { .ds = ds, .o = o };
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t got;
+	FILE *f;
+	int rc = 0, i;
+
+	memset(ds, 0, sizeof(*ds));
+	snprintf(ds->path, sizeof(ds->path), "%s", path);
+	ld.text_field = o->text_field && *o->text_field ? o->text_field : "text";
+	ld.label_field = o->label_field && *o->label_field ? o->label_field : "label";
+
+	f = fopen(path, "r");
+	if (!f) {
+		rc = -errno;
+		sl_error("%s: cannot open the data file: %s", path, strerror(errno));
+		return rc;
+	}
+	while ((got = getline(&line, &cap, f)) >= 0) {
+		char *s = line;
+		size_t n = got;
+
+		ld.line++;
+		/* an editor's UTF-8 byte-order mark is no part of the first record */
+		if (ld.line == 1 && n >= 3 && !memcmp(s, "\xef\xbb\xbf", 3)) {
+			s += 3;
+			n -= 3;
+		}
+		if (blank(s, n))
+			continue;
+		rc = load_line(&ld, s, n);
+		if (rc < 0)
+			goto out_free;
+	}
+	if (ferror(f)) {
+		rc = -EIO;
+		sl_error("%s: read error after line %ld: %s", path, ld.line, strerror(errno));
+		goto out_free;
+	}
+	if (ds->n == 0) {
+		rc = no_records(ds, o);
+		goto out_free;
+	}
+
+	/* the pool is final now: give back the doubling slack, then point records into it */
+	if (ds->pool_len < ld.pool_cap) {
+		int32_t *p = realloc(ds->pool, ds->pool_len * sizeof(*p));
+
+		if (p)
+			ds->pool = p;
+	}
+	for (i = 0; i < ds->n; i++)
+		ds->rec[i].ids = ds->pool + ld.off[i];
+	rc = 0;
+
+out_free:
+	free(line);
+	free(ld.off);
+	free(ld.tok);
+	fclose(f);
+	if (rc < 0) {
+		/* the counts stay: a caller may still report them */
+		free(ds->rec);
+		free(ds->pool);
+		ds->rec = NULL;
+		ds->pool = NULL;
+		ds->n = 0;
+		ds->pool_len = 0;
+	}
+	return rc;
+}
+
+void sl_data_free(struct sl_dataset *ds)
+{
+	free(ds->rec);
+	free(ds->pool);
+	memset(ds, 0, sizeof(*ds));
+}
+
+int sl_data_max_len(const struct sl_dataset *ds)
+{
+	int i, m = 0;
+
+	for (i = 0; i < ds->n; i++)
+		if (ds->rec[i].len > m)
+			m = ds->rec[i].len;
+	return m;
+}
+
+/* ---- sampler ------------------------------------------------------------------------------ */
+
+/* splitmix64: spreads a seed over xoshiro's state (its authors' recommendation) */
+static uint64_t splitmix64(uint64_t *x)
+{
+	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+struct rng {
+	uint64_t s[4];
+};
+
+static uint64_t rotl(uint64_t x, int k)
+{
+	return (x << k) | (x >> (64 - k));
+}
+
+/* xoshiro256** */
+static uint64_t rng_next(struct rng *r)
+{
+	uint64_t *s = r->s;
+	uint64_t out = rotl(s[1] * 5, 7) * 9;
+	uint64_t t = s[1] << 17;
+
+	s[2] ^= s[0];
+	s[3] ^= s[1];
+	s[1] ^= s[2];
+	s[0] ^= s[3];
+	s[2] ^= t;
+	s[3] = rotl(s[3], 45);
+	return out;
+}
+
+/*
+ * Each epoch gets its own generator, a function of (seed, epoch) only, so any step's records can
+ * be computed without replaying the epochs before it (resume, eval, tests).
+ */
+static void rng_seed(struct rng *r, uint64_t seed, uint64_t epoch)
+{
+	uint64_t x = seed;
+	int i;
+
+	x = splitmix64(&x) ^ (epoch * 0xd1b54a32d192ed03ull);
+	for (i = 0; i < 4; i++)
+		r->s[i] = splitmix64(&x);
+}
+
+/* uniform in [0, k), k >= 1: rejection keeps it unbiased (a plain % would favour small values) */
+static uint64_t rng_below(struct rng *r, uint64_t k)
+{
+	uint64_t lim = -k % k;	/* 2^64 mod k: the uneven tail to reject */
+	uint64_t x;
+
+	do
+		x = rng_next(r);
+	while (x < lim);
+	return x % k;
+}
+
+static void shuffle_ints(struct rng *r, int *a, int n)
+{
+	int i, j, t;
+
+	for (i = n - 1; i > 0; i--) {
+		j = (int)rng_below(r, (uint64_t)i + 1);
+		t = a[i];
+		a[i] = a[j];
+		a[j] = t;
+	}
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* sort idx[0..n) by (length, index) through the keys scratch */
+static void sort_by_len(const struct sl_dataset *ds, uint64_t *keys, int *idx, int n)
+{
+	int i;
+
+	for (i = 0; i < n; i++)
+		keys[i] = (uint64_t)ds->rec[idx[i]].len << 32 | (uint32_t)idx[i];
+	qsort(keys, n, sizeof(*keys), cmp_u64);
+	for (i = 0; i < n; i++)
+		idx[i] = (int)(keys[i] & 0xffffffffu);
+}
+
+/* Epoch @e's order into @out (n entries), as data.h describes. */
+static void build_order(struct sl_sampler *s, long e, int *out)
+{
+	const struct sl_dataset *ds = s->ds;
+	int n = ds->n, R = sl_sampler_records_per_step(s);
+	int bucket = R * BUCKET_STEPS;
+	int head, m, nfull, i, b;
+	int *rest;
+	struct rng r;
+
+	for (i = 0; i < n; i++)
+		out[i] = i;
+	rng_seed(&r, s->seed, (uint64_t)e);
+	if (s->shuffle)
+		shuffle_ints(&r, out, n);
+	if (!s->length_sort)
+		return;
+
+	/*
+	 * The stream puts epoch e at record e*n; the first records up to the next multiple of R
+	 * finish the previous epoch's last step, so buckets and steps start after them and every
+	 * step of the epoch stays one length-sorted chunk.
+	 */
+	head = (int)((R - (uint64_t)e % R * (uint64_t)(n % R) % R) % R);
+	if (head > n)
+		head = n;
+	rest = out + head;
+	m = n - head;
+	for (b = 0; b < m; b += bucket)
+		sort_by_len(ds, s->keys, rest + b, m - b < bucket ? m - b : bucket);
+	if (!s->shuffle)
+		return;
+
+	/* shuffle the full steps; a partial last one stays last to run into the next epoch */
+	nfull = m / R;
+	if (nfull < 2)
+		return;
+	for (i = 0; i < nfull; i++)
+		s->perm[i] = i;
+	shuffle_ints(&r, s->perm, nfull);
+	for (i = 0; i < nfull; i++)
+		memcpy(s->scratch + (size_t)i * R, rest + (size_t)s->perm[i] * R, R * sizeof(int));
+	memcpy(rest, s->scratch, (size_t)nfull * R * sizeof(int));
+}
+
+/* Epoch @e's order, from the two-slot cache (slot 1 is the most recently used). */
+static const int *epoch_order(struct sl_sampler *s, long e)
+{
+	long te;
+	int *t;
+
+	if (s->cached_epoch == e)
+		return s->order;
+	if (s->cached_epoch2 != e) {
+		build_order(s, e, s->order2);
+		s->cached_epoch2 = e;
+	}
+	t = s->order;
+	s->order = s->order2;
+	s->order2 = t;
+	te = s->cached_epoch;
+	s->cached_epoch = s->cached_epoch2;
+	s->cached_epoch2 = te;
+	return s->order;
+}
+
+/* step @step's R records, sorted by (length, index), into s->step_idx */
+static void build_step(struct sl_sampler *s, long step)
+{
+	int n = s->ds->n, R = sl_sampler_records_per_step(s), i;
+	int64_t q = (int64_t)step * R;
+
+	if (s->cached_step == step)
+		return;
+	for (i = 0; i < R; i++, q++)
+		s->step_idx[i] = epoch_order(s, (long)(q / n))[q % n];
+	sort_by_len(s->ds, s->keys, s->step_idx, R);
+	s->cached_step = step;
+}
+
+int sl_sampler_init(struct sl_sampler *s, const struct sl_dataset *ds, int batch, int accum,
+		    int dp, bool shuffle, bool length_sort, uint64_t seed)
+{
+	long R;
+	int n = ds->n;
+
+	memset(s, 0, sizeof(*s));
+	if (batch < 1 || accum < 1 || dp < 1) {
+		sl_error("sampler: batch %d, accum %d, data-parallel ranks %d must all be >= 1",
+			 batch, accum, dp);
+		return -EINVAL;
+	}
+	R = (long)batch * accum * dp;
+	/* a bucket (R * 16 records) must fit an int */
+	if (R > INT32_MAX / BUCKET_STEPS) {
+		sl_error("sampler: %ld records per step (batch %d x accum %d x %d ranks) is too "
+			 "many", R, batch, accum, dp);
+		return -EINVAL;
+	}
+	if (n < 1) {
+		sl_error("%s: no records to sample from", ds->path);
+		return -EINVAL;
+	}
+	s->ds = ds;
+	s->batch = batch;
+	s->accum = accum;
+	s->dp = dp;
+	s->shuffle = shuffle;
+	s->length_sort = length_sort;
+	s->seed = seed;
+	s->cached_epoch = -1;
+	s->cached_epoch2 = -1;
+	s->cached_step = -1;
+	s->order = malloc(n * sizeof(int));
+	s->order2 = malloc(n * sizeof(int));
+	s->step_idx = malloc(R * sizeof(int));
+	s->keys = malloc((n > R ? n : R) * sizeof(uint64_t));
+	s->scratch = malloc(n * sizeof(int));
+	s->perm = malloc((n / R + 1) * sizeof(int));
+	if (!s->order || !s->order2 || !s->step_idx || !s->keys || !s->scratch || !s->perm) {
+		sl_error("sampler: out of memory for %d records", n);
+		sl_sampler_free(s);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+void sl_sampler_free(struct sl_sampler *s)
+{
+	free(s->order);
+	free(s->order2);
+	free(s->step_idx);
+	free(s->keys);
+	free(s->scratch);
+	free(s->perm);
+	memset(s, 0, sizeof(*s));
+}
+
+int sl_sampler_records_per_step(const struct sl_sampler *s)
+{
+	return s->batch * s->accum * s->dp;
+}
+
+long sl_sampler_steps_per_epoch(const struct sl_sampler *s)
+{
+	long R = sl_sampler_records_per_step(s);
+
+	return (s->ds->n + R - 1) / R;
+}
+
+long sl_sampler_epoch_of(const struct sl_sampler *s, long step)
+{
+	return (long)((int64_t)step * sl_sampler_records_per_step(s) / s->ds->n);
+}
+
+int sl_sampler_step(struct sl_sampler *s, long step, int *idx)
+{
+	int R = sl_sampler_records_per_step(s);
+
+	if (step < 0) {
+		sl_error("sampler: step %ld is negative", step);
+		return -EINVAL;
+	}
+	build_step(s, step);
+	memcpy(idx, s->step_idx, R * sizeof(int));
+	return R;
+}
+
+int sl_sampler_microbatch(struct sl_sampler *s, long step, int a, int r, int *idx)
+{
+	int k = a * s->dp + r;
+
+	if (step < 0 || a < 0 || a >= s->accum || r < 0 || r >= s->dp) {
+		sl_error("sampler: micro-batch (step %ld, accum %d, rank %d) is out of range "
+			 "(accum %d, %d ranks)", step, a, r, s->accum, s->dp);
+		return -EINVAL;
+	}
+	build_step(s, step);
+	memcpy(idx, s->step_idx + (size_t)k * s->batch, s->batch * sizeof(int));
+	return s->batch;
+}
+
+/* ---- host batches ------------------------------------------------------------------------- */
+
+int sl_host_batch_alloc(struct sl_host_batch *hb, int max_B, int max_L)
+{
+	memset(hb, 0, sizeof(*hb));
+	if (max_B < 1 || max_L < 1) {
+		sl_error("host batch: %d records x %d tokens is empty", max_B, max_L);
+		return -EINVAL;
+	}
+	hb->ids = malloc((size_t)max_B * max_L * sizeof(*hb->ids));
+	hb->lens = malloc(max_B * sizeof(*hb->lens));
+	hb->last = malloc(max_B * sizeof(*hb->last));
+	hb->labels = malloc(max_B * sizeof(*hb->labels));
+	if (!hb->ids || !hb->lens || !hb->last || !hb->labels) {
+		sl_error("host batch: out of memory for %d records x %d tokens", max_B, max_L);
+		sl_host_batch_free(hb);
+		return -ENOMEM;
+	}
+	hb->max_B = max_B;
+	hb->max_L = max_L;
+	return 0;
+}
+
+int sl_host_batch_fill(struct sl_host_batch *hb, const struct sl_dataset *ds, const int *idx,
+		       int n, int32_t pad_id)
+{
+	int b, t, L = 0;
+
+	if (n < 0 || n > hb->max_B) {
+		sl_error("host batch: %d records, room for %d", n, hb->max_B);
+		return -EINVAL;
+	}
+	for (b = 0; b < n; b++) {
+		if (idx[b] < 0 || idx[b] >= ds->n) {
+			sl_error("host batch: record %d of a %d-record dataset", idx[b], ds->n);
+			return -EINVAL;
+		}
+		if (ds->rec[idx[b]].len > L)
+			L = ds->rec[idx[b]].len;
+	}
+	if (L > hb->max_L) {
+		sl_error("host batch: a %d-token record, room for %d", L, hb->max_L);
+		return -EINVAL;
+	}
+
+	hb->B = n;
+	hb->L = L;
+	hb->tokens = 0;
+	for (b = 0; b < n; b++) {
+		const struct sl_record *r = &ds->rec[idx[b]];
+		int32_t *row = hb->ids + (size_t)b * L;
+
+		memcpy(row, r->ids, r->len * sizeof(*row));
+		for (t = r->len; t < L; t++)
+			row[t] = pad_id;
+		hb->lens[b] = r->len;
+		hb->last[b] = b * L + r->len - 1;
+		hb->labels[b] = r->label;
+		hb->tokens += r->len;
+	}
+	hb->padded_tokens = (long)n * L - hb->tokens;
+	return 0;
+}
+
+void sl_host_batch_free(struct sl_host_batch *hb)
+{
+	free(hb->ids);
+	free(hb->lens);
+	free(hb->last);
+	free(hb->labels);
+	memset(hb, 0, sizeof(*hb));
+}

@@ -35,18 +35,35 @@ struct sl_dataset {
 	size_t pool_len;
 };
 
+/*
+ * Turns @text (@len bytes of UTF-8) into token ids: writes them to *ids, whose capacity is *cap
+ * ids (grow both with realloc as needed; the loader owns and frees the buffer).  Returns the
+ * number of ids, or a negative value after printing why through sl_error.
+ */
+typedef int (*sl_tokenize_fn)(void *ctx, const char *text, size_t len, int32_t **ids,
+			      size_t *cap);
+
 struct sl_data_opts {
-	const char *text_field;
-	const char *label_field;
+	const char *text_field;		/* NULL = "text" */
+	const char *label_field;	/* NULL = "label" */
 	int max_state;			/* 0 = no limit */
 	bool need_label;		/* training: a label is required; scoring: optional */
 	bool skip_errors;		/* on_error: skip */
-	int vocab;			/* ids must be in [0, vocab) */
+	int vocab;			/* ids must be in [0, vocab); <= 0 = unchecked */
+	/* NULL until the tokenizer module lands: a text record is then an error */
+	sl_tokenize_fn tokenize;
+	void *tokenize_ctx;
 };
 
-/* Errors (file:line: why) go through sl_error; returns negative on failure. */
+/*
+ * Errors ("FILE:LINE: why") go through sl_error; returns negative on failure.  With skip_errors
+ * a bad line is counted in ds->skipped (the first few are printed with sl_warn) and loading goes
+ * on; the caller prints the skipped and dropped counts.  A file with no record left is an error.
+ */
 int sl_data_load(struct sl_dataset *ds, const char *path, const struct sl_data_opts *o);
 void sl_data_free(struct sl_dataset *ds);
+/* The longest kept record, in tokens (0 for an empty dataset). */
+int sl_data_max_len(const struct sl_dataset *ds);
 
 /*
  * Step sampler.  Records per step R = batch * accum * dp.  Each epoch is a seeded permutation of
@@ -56,6 +73,19 @@ void sl_data_free(struct sl_dataset *ds);
  * micro-batch k (k = a * dp + r: accumulation index a, data-parallel rank r) gets records
  * [k*batch, (k+1)*batch) of the sorted step.  A step past the end of an epoch continues in the
  * next (the last partial step of an epoch is filled from the next epoch).
+ *
+ * Precisely: the epochs' orders, concatenated, are one endless stream of records, and step s
+ * (0-based) is stream records [s*R, (s+1)*R); a step therefore depends on R, never on how R is
+ * split into batch, accum and dp, and a dataset smaller than R still fills every step (a record
+ * may then occur twice in one step).  Epoch e's order is built from its permutation P_e (Fisher-
+ * Yates driven by xoshiro256** seeded through splitmix64 from (seed, e)): its first o_e records,
+ * o_e = min(n, (-e*n) mod R), complete the step the previous epoch left partial; with length_sort
+ * the rest is cut into buckets of R*16, each sorted by (length, record index), then cut into steps
+ * of R; with shuffle the epoch's full steps are shuffled across all its buckets (a partial last
+ * step, if any, stays last: it continues into the next epoch).  The first epoch has o_0 = 0, so
+ * without shuffle and length_sort the stream is the file order, epoch after epoch.  "Sorted by
+ * length" always means by (length, record index), a total order, so any sort routine gives the
+ * same result.  A step is a pure function of (seed, step): resuming needs only the step number.
  */
 struct sl_sampler {
 	const struct sl_dataset *ds;
@@ -63,8 +93,15 @@ struct sl_sampler {
 	bool shuffle, length_sort;
 	uint64_t seed;
 	/* private */
-	int cached_epoch;
+	long cached_epoch;		/* -1 = none */
 	int *order;			/* (n) the cached epoch's order */
+	long cached_epoch2;		/* a second slot: a step may straddle two epochs */
+	int *order2;			/* (n) */
+	long cached_step;		/* the step whose sorted records are in step_idx; -1 = none */
+	int *step_idx;			/* (R) */
+	uint64_t *keys;			/* (max(n, R)) sort scratch: length << 32 | index */
+	int *scratch;			/* (n) */
+	int *perm;			/* (n / R + 1) the order of an epoch's full steps */
 };
 
 int sl_sampler_init(struct sl_sampler *s, const struct sl_dataset *ds, int batch, int accum,
@@ -75,9 +112,14 @@ int sl_sampler_records_per_step(const struct sl_sampler *s);
 long sl_sampler_steps_per_epoch(const struct sl_sampler *s);
 /*
  * The record indices of micro-batch (a, r) of optimizer step @step (0-based) in @idx (batch
- * entries; returns how many, fewer than batch only when the dataset is smaller than a step).
+ * entries; returns how many: always batch, since the stream wraps into the next epoch, or a
+ * negative value for an (a, r) or step out of range).
  */
 int sl_sampler_microbatch(struct sl_sampler *s, long step, int a, int r, int *idx);
+/* All R records of step @step, sorted by (length, index), in @idx (R entries); returns R. */
+int sl_sampler_step(struct sl_sampler *s, long step, int *idx);
+/* The epoch (0-based) that stream record 0 of step @step belongs to. */
+long sl_sampler_epoch_of(const struct sl_sampler *s, long step);
 
 /* A padded micro-batch on the host. */
 struct sl_host_batch {
@@ -88,11 +130,13 @@ struct sl_host_batch {
 	float *labels;			/* (B) */
 	long tokens;			/* sum of lens */
 	long padded_tokens;		/* B*L - tokens */
+	int max_B, max_L;		/* capacity */
 };
 /* Build the padded batch of records idx[0..n) (L = longest); buffers sized for max_B x max_L. */
 int sl_host_batch_alloc(struct sl_host_batch *hb, int max_B, int max_L);
-void sl_host_batch_fill(struct sl_host_batch *hb, const struct sl_dataset *ds, const int *idx,
-			int n, int32_t pad_id);
+/* Returns 0, or -EINVAL (printed) when n > max_B or a record is longer than max_L. */
+int sl_host_batch_fill(struct sl_host_batch *hb, const struct sl_dataset *ds, const int *idx,
+		       int n, int32_t pad_id);
 void sl_host_batch_free(struct sl_host_batch *hb);
 
 #endif
