@@ -1,1 +1,388 @@
-/* model_config.c: placeholder */
+/*
+ * model_config: a Hugging Face config.json -> struct sl_model_config.
+ *
+ * One loader for every family: the keys all Qwen families share are read here, and a per-family
+ * entry in the table below says where the text model's keys live (qwen3_5 nests them under
+ * text_config), what the family's defaults are, and which layer and MLP kind each layer gets
+ * (qwen3_moe adds experts, qwen3_5 reads layer_types).  Defaults follow transformers' own config
+ * classes, since a config.json that omits a key means "the class default" there.
+ * Errors name the file and the key and return a negative value.
+ */
+#include "model.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+struct family {
+	const char *model_type;
+	int default_head_dim;		/* when config.json has no head_dim */
+	int default_max_position;
+	/* the object holding the text model's keys (qwen3_5: text_config) */
+	json_t *(*text_config)(json_t *root);
+	/* family keys and the per-layer kinds; mc->n_layers is set, kinds allocated */
+	int (*layers)(const char *path, json_t *tc, struct sl_model_config *mc);
+};
+
+static json_t *text_config_top(json_t *root)
+{
+	return root;
+}
+
+/*
+ * Qwen3 dense: every layer is full attention with a SwiGLU MLP.  Sliding-window layers exist in
+ * the config class but no released Qwen3 uses them; refuse rather than compute something else.
+ */
+static int qwen3_layers(const char *path, json_t *tc, struct sl_model_config *mc)
+{
+	json_t *sw = json_object_get(tc, "use_sliding_window");
+	json_t *lt = json_object_get(tc, "layer_types");
+
+	if (json_is_true(sw)) {
+		sl_error("%s: use_sliding_window is true; shardlm computes full attention only "
+			 "(set it to false if the model was trained without a window)", path);
+		return -1;
+	}
+	if (lt && !json_is_null(lt)) {
+		size_t i;
+		json_t *v;
+
+		if (!json_is_array(lt) || json_array_size(lt) != (size_t)mc->n_layers) {
+			sl_error("%s: layer_types must be a list of num_hidden_layers (%d) strings",
+				 path, mc->n_layers);
+			return -1;
+		}
+		json_array_foreach(lt, i, v) {
+			if (!json_is_string(v) || strcmp(json_string_value(v), "full_attention")) {
+				sl_error("%s: layer_types[%zu] is %s; qwen3 supports full_attention "
+					 "only", path, i,
+					 json_is_string(v) ? json_string_value(v) : "not a string");
+				return -1;
+			}
+		}
+	}
+	for (int l = 0; l < mc->n_layers; l++) {
+		mc->layer_kind[l] = SL_LAYER_FULL_ATTENTION;
+		mc->mlp_kind[l] = SL_MLP_DENSE;
+	}
+	return 0;
+}
+
+static const struct family families[] = {
+	/* Qwen3Config: head_dim 128, max_position_embeddings 32768 */
+	{ "qwen3", 128, 32768, text_config_top, qwen3_layers },
+};
+
+/* ---- typed key readers: each names the file and the key on error ---------------------------- */
+
+/* present and not null */
+static json_t *get(json_t *o, const char *key)
+{
+	json_t *v = json_object_get(o, key);
+
+	return json_is_null(v) ? NULL : v;
+}
+
+static int get_int(const char *path, json_t *o, const char *key, bool required, int def,
+		   int *out)
+{
+	json_t *v = get(o, key);
+
+	if (!v) {
+		if (required) {
+			sl_error("%s: required key %s is missing", path, key);
+			return -1;
+		}
+		*out = def;
+		return 0;
+	}
+	/* transformers writes some integers as 4096.0 after arithmetic; accept exact ones */
+	if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
+	    fabs(json_real_value(v)) < 2e9) {
+		*out = (int)json_real_value(v);
+		return 0;
+	}
+	if (!json_is_integer(v) || json_integer_value(v) > 2147483647LL ||
+	    json_integer_value(v) < -2147483648LL) {
+		sl_error("%s: key %s must be an integer", path, key);
+		return -1;
+	}
+	*out = (int)json_integer_value(v);
+	return 0;
+}
+
+static int get_positive(const char *path, json_t *o, const char *key, bool required, int def,
+			int *out)
+{
+	if (get_int(path, o, key, required, def, out))
+		return -1;
+	if (*out <= 0) {
+		sl_error("%s: key %s must be positive (is %d)", path, key, *out);
+		return -1;
+	}
+	return 0;
+}
+
+static int get_double(const char *path, json_t *o, const char *key, double def, double *out)
+{
+	json_t *v = get(o, key);
+
+	if (!v) {
+		*out = def;
+		return 0;
+	}
+	if (!json_is_number(v)) {
+		sl_error("%s: key %s must be a number", path, key);
+		return -1;
+	}
+	*out = json_number_value(v);
+	return 0;
+}
+
+static int get_bool(const char *path, json_t *o, const char *key, bool def, bool *out)
+{
+	json_t *v = get(o, key);
+
+	if (!v) {
+		*out = def;
+		return 0;
+	}
+	if (!json_is_boolean(v)) {
+		sl_error("%s: key %s must be true or false", path, key);
+		return -1;
+	}
+	*out = json_is_true(v);
+	return 0;
+}
+
+/* a token id: null or absent -> -1; a list (eos of chat models) -> its first element */
+static int get_token(const char *path, json_t *o, const char *key, int *out)
+{
+	json_t *v = get(o, key);
+
+	*out = -1;
+	if (!v)
+		return 0;
+	if (json_is_array(v)) {
+		if (json_array_size(v) == 0)
+			return 0;
+		v = json_array_get(v, 0);
+	}
+	if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+	    json_integer_value(v) > 2147483647LL) {
+		sl_error("%s: key %s must be a non-negative token id, a list of them, or null",
+			 path, key);
+		return -1;
+	}
+	*out = (int)json_integer_value(v);
+	return 0;
+}
+
+/*
+ * rope_theta at the top level (hub checkpoints) or rope_parameters {rope_type, rope_theta} (newer
+ * transformers).  Only the plain rotary embedding is implemented, so any scaling is refused.
+ */
+static int get_rope(const char *path, json_t *tc, double *theta)
+{
+	json_t *rp = get(tc, "rope_parameters");
+	json_t *rs = get(tc, "rope_scaling");
+	bool have_top = get(tc, "rope_theta") != NULL;
+	double top = 10000.0;	/* transformers' default base when nothing says otherwise */
+
+	if (get_double(path, tc, "rope_theta", top, &top))
+		return -1;
+	*theta = top;
+	if (rs) {
+		json_t *t = json_is_object(rs) ? json_object_get(rs, "rope_type") : NULL;
+
+		if (!t)
+			t = json_is_object(rs) ? json_object_get(rs, "type") : NULL;
+		if (!json_is_string(t) || strcmp(json_string_value(t), "default")) {
+			sl_error("%s: rope_scaling %s is not supported (only the default rotary "
+				 "embedding; remove rope_scaling or set it to null)", path,
+				 json_is_string(t) ? json_string_value(t) : "(no rope_type)");
+			return -1;
+		}
+	}
+	if (!rp)
+		return 0;
+	if (!json_is_object(rp)) {
+		sl_error("%s: key rope_parameters must be an object", path);
+		return -1;
+	}
+	{
+		json_t *type = get(rp, "rope_type");
+		json_t *th = get(rp, "rope_theta");
+
+		if (type && (!json_is_string(type) ||
+			     strcmp(json_string_value(type), "default"))) {
+			sl_error("%s: rope_parameters.rope_type is '%s'; only 'default' is supported "
+				 "(no rope scaling)", path,
+				 json_is_string(type) ? json_string_value(type) : "not a string");
+			return -1;
+		}
+		if (!th) {
+			if (!have_top) {
+				sl_error("%s: rope_parameters has no rope_theta", path);
+				return -1;
+			}
+			return 0;
+		}
+		if (!json_is_number(th)) {
+			sl_error("%s: key rope_parameters.rope_theta must be a number", path);
+			return -1;
+		}
+		if (have_top && json_number_value(th) != top) {
+			sl_error("%s: rope_theta (%g) and rope_parameters.rope_theta (%g) disagree; "
+				 "keep one", path, top, json_number_value(th));
+			return -1;
+		}
+		*theta = json_number_value(th);
+	}
+	return 0;
+}
+
+/* num_labels: the size of id2label when present (what transformers derives it from) */
+static int get_num_labels(const char *path, json_t *tc, int *out)
+{
+	json_t *id2label = get(tc, "id2label");
+
+	if (id2label) {
+		if (!json_is_object(id2label) || json_object_size(id2label) == 0) {
+			sl_error("%s: key id2label must be a non-empty object", path);
+			return -1;
+		}
+		*out = (int)json_object_size(id2label);
+		return 0;
+	}
+	return get_positive(path, tc, "num_labels", false, 1, out);
+}
+
+static const struct family *find_family(const char *path, const char *type)
+{
+	for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
+		if (!strcmp(families[i].model_type, type))
+			return &families[i];
+	sl_error("%s: model_type '%s' is not supported (qwen3; qwen3_moe and qwen3_5 come later)",
+		 path, type);
+	return NULL;
+}
+
+int sl_model_config_load(struct sl_model_config *mc, const char *path)
+{
+	const struct family *fam;
+	json_error_t jerr;
+	json_t *root, *tc, *v;
+	int ret = -1;
+
+	memset(mc, 0, sizeof(*mc));
+	root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root) {
+		if (jerr.line < 0)
+			sl_error("%s: cannot read the model config: %s", path, jerr.text);
+		else
+			sl_error("%s:%d:%d: config.json is not valid JSON: %s", path, jerr.line,
+				 jerr.column, jerr.text);
+		return -1;
+	}
+	if (!json_is_object(root)) {
+		sl_error("%s: config.json must be a JSON object", path);
+		goto out_free_root;
+	}
+
+	v = get(root, "model_type");
+	if (!json_is_string(v)) {
+		sl_error("%s: required key model_type is missing (or not a string)", path);
+		goto out_free_root;
+	}
+	fam = find_family(path, json_string_value(v));
+	if (!fam)
+		goto out_free_root;
+	snprintf(mc->model_type, sizeof(mc->model_type), "%s", fam->model_type);
+
+	v = get(root, "architectures");
+	if (v && (!json_is_array(v) || (json_array_size(v) &&
+					!json_is_string(json_array_get(v, 0))))) {
+		sl_error("%s: key architectures must be a list of strings", path);
+		goto out_free_root;
+	}
+	if (v && json_array_size(v))
+		snprintf(mc->architecture, sizeof(mc->architecture), "%s",
+			 json_string_value(json_array_get(v, 0)));
+
+	tc = fam->text_config(root);
+	if (!tc)
+		goto out_free_root;
+
+	if (get_positive(path, tc, "vocab_size", true, 0, &mc->vocab) ||
+	    get_positive(path, tc, "hidden_size", true, 0, &mc->hidden) ||
+	    get_positive(path, tc, "num_hidden_layers", true, 0, &mc->n_layers) ||
+	    get_positive(path, tc, "num_attention_heads", true, 0, &mc->n_heads) ||
+	    get_positive(path, tc, "num_key_value_heads", false, mc->n_heads, &mc->n_kv_heads) ||
+	    get_positive(path, tc, "head_dim", false, fam->default_head_dim, &mc->head_dim) ||
+	    get_positive(path, tc, "intermediate_size", true, 0, &mc->intermediate) ||
+	    get_positive(path, tc, "max_position_embeddings", false, fam->default_max_position,
+			 &mc->max_position) ||
+	    get_double(path, tc, "rms_norm_eps", 1e-6, &mc->rms_eps) ||
+	    get_rope(path, tc, &mc->rope_theta) ||
+	    get_bool(path, tc, "attention_bias", false, &mc->attention_bias) ||
+	    get_bool(path, root, "tie_word_embeddings", false, &mc->tie_word_embeddings) ||
+	    get_double(path, tc, "initializer_range", 0.02, &mc->initializer_range) ||
+	    get_token(path, root, "pad_token_id", &mc->pad_token_id) ||
+	    get_token(path, root, "bos_token_id", &mc->bos_token_id) ||
+	    get_token(path, root, "eos_token_id", &mc->eos_token_id) ||
+	    get_num_labels(path, root, &mc->num_labels))
+		goto out_free_root;
+
+	if (mc->n_heads % mc->n_kv_heads) {
+		sl_error("%s: num_attention_heads (%d) must be a multiple of num_key_value_heads "
+			 "(%d)", path, mc->n_heads, mc->n_kv_heads);
+		goto out_free_root;
+	}
+	if (mc->head_dim % 2) {
+		sl_error("%s: head_dim (%d) must be even (the rotary embedding rotates pairs)", path,
+			 mc->head_dim);
+		goto out_free_root;
+	}
+	if (!(mc->rms_eps > 0)) {
+		sl_error("%s: key rms_norm_eps must be positive (is %g)", path, mc->rms_eps);
+		goto out_free_root;
+	}
+	if (!(mc->rope_theta > 0)) {
+		sl_error("%s: key rope_theta must be positive (is %g)", path, mc->rope_theta);
+		goto out_free_root;
+	}
+	if (!(mc->initializer_range > 0)) {
+		sl_error("%s: key initializer_range must be positive (is %g)", path,
+			 mc->initializer_range);
+		goto out_free_root;
+	}
+
+	mc->layer_kind = calloc(mc->n_layers, sizeof(*mc->layer_kind));
+	mc->mlp_kind = calloc(mc->n_layers, sizeof(*mc->mlp_kind));
+	if (!mc->layer_kind || !mc->mlp_kind) {
+		sl_error("%s: out of memory for %d layers", path, mc->n_layers);
+		goto out_free_kinds;
+	}
+	if (fam->layers(path, tc, mc))
+		goto out_free_kinds;
+	ret = 0;
+	goto out_free_root;
+
+out_free_kinds:
+	sl_model_config_free(mc);
+out_free_root:
+	json_decref(root);
+	return ret;
+}
+
+void sl_model_config_free(struct sl_model_config *mc)
+{
+	free(mc->layer_kind);
+	free(mc->mlp_kind);
+	mc->layer_kind = NULL;
+	mc->mlp_kind = NULL;
+}

@@ -48,17 +48,23 @@ struct sl_weights {
 /*
  * Resolve @path (+ @revision, "" for refs/main) to a directory holding config.json.
  * An HF cache dir is models--Org--Name (or its parent hub dir is not accepted); errors name what
- * was looked for.
+ * was looked for.  @revision (NULL or "" = main) is a ref name under refs/ (main, a branch, pr/1),
+ * a snapshot's full commit hash or a unique prefix of one; it is an error for a plain model dir.
  */
 int sl_hf_resolve(const char *path, const char *revision, char *out_dir, size_t n);
 
-/* Open and validate every safetensors file of @dir.  Errors name the file and tensor. */
+/*
+ * Open and validate every safetensors file of @dir.  Errors name the file and tensor.
+ * With model.safetensors.index.json, each shard it names is opened once, every tensor it lists
+ * must be in that shard, and tensors of the shards it does not list are warned about and ignored
+ * (as transformers does).  A tensor name held by two files is an error.  On error @w is closed.
+ */
 int sl_weights_open(struct sl_weights *w, const char *dir);
-/* Open and validate one .safetensors file. */
+/* Open and validate one .safetensors file (w->dir = its directory). */
 int sl_weights_open_file(struct sl_weights *w, const char *file);
 void sl_weights_close(struct sl_weights *w);
 const struct sl_st_tensor *sl_weights_find(const struct sl_weights *w, const char *name);
-/* Convert @t to float (t->numel elements). */
+/* Convert @t to float (t->numel elements); t->dtype must not be SL_DT_OTHER (NaNs then). */
 void sl_st_to_f32(const struct sl_st_tensor *t, float *out);
 
 /*
@@ -80,6 +86,12 @@ struct sl_st_out {
 	const float *data;
 };
 int sl_st_write(const char *path, const struct sl_st_out *t, int n, enum sl_dtype dtype);
+
+/*
+ * Fill @x with n samples of normal(0, @std) from a splitmix64 + Box-Muller generator seeded with
+ * @seed: the same numbers on every machine (optional tensors absent from a checkpoint, test models).
+ */
+void sl_st_fill_normal(float *x, size_t n, double std, uint64_t seed);
 
 /* bf16 <-> float (round to nearest even) */
 float sl_bf16_to_f32(uint16_t h);
