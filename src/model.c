@@ -1,1 +1,669 @@
-/* model.c: placeholder */
+/*
+ * model: the Qwen3 dense classification model (Hugging Face Qwen3ForSequenceClassification).
+ *
+ * Owns the parameter layout (units, HF names, offsets inside a unit) and the forward and backward
+ * pass of one micro-batch, written once against struct sl_backend: no arithmetic on buffers here,
+ * every element size comes from the backend, so the same code runs on the fp32 and double cpu
+ * backends and on the bf16 cuda one.  With activation checkpointing only each layer's input is
+ * kept through the forward; the backward recomputes the layer (same ops, same inputs, so the same
+ * values) right before differentiating it.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+/* tensor offsets are multiples of this many elements (64-byte alignment for fp32) */
+#define SL_ALIGN 16
+#define NO_OFF SIZE_MAX
+
+static size_t align_up(size_t n)
+{
+	return (n + SL_ALIGN - 1) / SL_ALIGN * SL_ALIGN;
+}
+
+/* ---- layout ------------------------------------------------------------------------------ */
+
+struct layout_builder {
+	struct sl_layout *lay;
+	int cap;
+	int unit;
+	size_t off;		/* next free element in the current unit */
+};
+
+/*
+ * Appends one tensor to the current unit.  @fused_next: the tensor continues a fused group
+ * (k/v after q, up after gate, ...) and must follow its predecessor with no padding.
+ */
+static int lb_add(struct layout_builder *lb, bool fused_next, const char *name, int ndim,
+		  int64_t d0, int64_t d1, enum sl_init init)
+{
+	struct sl_layout *lay = lb->lay;
+	struct sl_tensor_info *ti;
+
+	if (lay->n_tensors == lb->cap) {
+		int cap = lb->cap ? 2 * lb->cap : 64;
+		struct sl_tensor_info *t = realloc(lay->t, (size_t)cap * sizeof(*t));
+
+		if (!t)
+			return -ENOMEM;
+		lay->t = t;
+		lb->cap = cap;
+	}
+	if (!fused_next)
+		lb->off = align_up(lb->off);
+	ti = &lay->t[lay->n_tensors++];
+	memset(ti, 0, sizeof(*ti));
+	snprintf(ti->name, sizeof(ti->name), "%s", name);
+	ti->unit = lb->unit;
+	ti->offset = lb->off;
+	ti->ndim = ndim;
+	ti->shape[0] = d0;
+	ti->shape[1] = ndim == 2 ? d1 : 0;
+	ti->numel = (size_t)d0 * (ndim == 2 ? (size_t)d1 : 1);
+	ti->decay = ndim >= 2;
+	ti->init = init;
+	lb->off += ti->numel;
+	return 0;
+}
+
+static void lb_end_unit(struct layout_builder *lb)
+{
+	lb->lay->unit_numel[lb->unit] = align_up(lb->off);
+	lb->lay->total_numel += lb->lay->unit_numel[lb->unit];
+	lb->unit++;
+	lb->off = 0;
+}
+
+static int layout_layer(struct layout_builder *lb, const struct sl_model_config *mc, int l)
+{
+	const int64_t H = mc->hidden, hd = mc->head_dim, I = mc->intermediate;
+	const int64_t qd = (int64_t)mc->n_heads * hd, kvd = (int64_t)mc->n_kv_heads * hd;
+	char n[160];
+	int rc = 0;
+
+#define ADD(fused, suffix, ndim, d0, d1, init)                                               \
+	do {                                                                                 \
+		snprintf(n, sizeof(n), "model.layers.%d.%s", l, suffix);                     \
+		rc = lb_add(lb, fused, n, ndim, d0, d1, init);                               \
+		if (rc)                                                                      \
+			return rc;                                                           \
+	} while (0)
+
+	ADD(false, "input_layernorm.weight", 1, H, 0, SL_INIT_ONES);
+	ADD(false, "self_attn.q_proj.weight", 2, qd, H, SL_INIT_NORMAL);
+	ADD(true, "self_attn.k_proj.weight", 2, kvd, H, SL_INIT_NORMAL);
+	ADD(true, "self_attn.v_proj.weight", 2, kvd, H, SL_INIT_NORMAL);
+	if (mc->attention_bias) {
+		ADD(false, "self_attn.q_proj.bias", 1, qd, 0, SL_INIT_ZEROS);
+		ADD(true, "self_attn.k_proj.bias", 1, kvd, 0, SL_INIT_ZEROS);
+		ADD(true, "self_attn.v_proj.bias", 1, kvd, 0, SL_INIT_ZEROS);
+	}
+	ADD(false, "self_attn.o_proj.weight", 2, H, qd, SL_INIT_NORMAL);
+	if (mc->attention_bias)
+		ADD(false, "self_attn.o_proj.bias", 1, H, 0, SL_INIT_ZEROS);
+	ADD(false, "self_attn.q_norm.weight", 1, hd, 0, SL_INIT_ONES);
+	ADD(false, "self_attn.k_norm.weight", 1, hd, 0, SL_INIT_ONES);
+	ADD(false, "post_attention_layernorm.weight", 1, H, 0, SL_INIT_ONES);
+	ADD(false, "mlp.gate_proj.weight", 2, I, H, SL_INIT_NORMAL);
+	ADD(true, "mlp.up_proj.weight", 2, I, H, SL_INIT_NORMAL);
+	ADD(false, "mlp.down_proj.weight", 2, H, I, SL_INIT_NORMAL);
+#undef ADD
+	return rc;
+}
+
+int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout *lay)
+{
+	struct layout_builder lb = { .lay = lay };
+	struct sl_tensor_info *score;
+	int rc;
+
+	memset(lay, 0, sizeof(*lay));
+	if (task != 0) {
+		fprintf(stderr, "model: task %d has no layout yet (only classify)\n", task);
+		return -EINVAL;
+	}
+	if (mc->n_layers < 0 || mc->num_labels < 1 || mc->head_dim % 2) {
+		fprintf(stderr, "model: bad config (layers %d, num_labels %d, head_dim %d)\n",
+			mc->n_layers, mc->num_labels, mc->head_dim);
+		return -EINVAL;
+	}
+	lay->n_units = mc->n_layers + 2;
+	lay->unit_numel = calloc((size_t)lay->n_units, sizeof(*lay->unit_numel));
+	if (!lay->unit_numel)
+		return -ENOMEM;
+
+	rc = lb_add(&lb, false, "model.embed_tokens.weight", 2, mc->vocab, mc->hidden,
+		    SL_INIT_NORMAL);
+	if (rc)
+		goto out_free_layout;
+	lb_end_unit(&lb);
+	for (int l = 0; l < mc->n_layers; l++) {
+		rc = layout_layer(&lb, mc, l);
+		if (rc)
+			goto out_free_layout;
+		lb_end_unit(&lb);
+	}
+	rc = lb_add(&lb, false, "model.norm.weight", 1, mc->hidden, 0, SL_INIT_ONES);
+	if (!rc)
+		rc = lb_add(&lb, false, "score.weight", 2, mc->num_labels, mc->hidden,
+			    SL_INIT_NORMAL);
+	if (rc)
+		goto out_free_layout;
+	score = &lay->t[lay->n_tensors - 1];
+	score->head = true;
+	score->optional = true;
+	lb_end_unit(&lb);
+	return 0;
+
+out_free_layout:
+	sl_layout_free(lay);
+	return rc;
+}
+
+void sl_layout_free(struct sl_layout *lay)
+{
+	free(lay->t);
+	free(lay->unit_numel);
+	memset(lay, 0, sizeof(*lay));
+}
+
+const struct sl_tensor_info *sl_layout_find(const struct sl_layout *lay, const char *name)
+{
+	for (int i = 0; i < lay->n_tensors; i++)
+		if (!strcmp(lay->t[i].name, name))
+			return &lay->t[i];
+	return NULL;
+}
+
+double sl_model_matmul_params(const struct sl_model_config *mc, const struct sl_layout *lay)
+{
+	double n = 0;
+
+	for (int i = 0; i < lay->n_tensors; i++)
+		if (lay->t[i].ndim == 2 && lay->t[i].unit != 0)
+			n += (double)lay->t[i].numel;
+	return n;
+}
+
+/* ---- model ------------------------------------------------------------------------------- */
+
+/* a decoder layer's tensors, as element offsets in its unit; NO_OFF when absent */
+struct layer_off {
+	size_t ln1;	/* (H) */
+	size_t wqkv;	/* ((nh + 2 nkv) hd, H) */
+	size_t bqkv;	/* ((nh + 2 nkv) hd) */
+	size_t wo;	/* (H, nh hd) */
+	size_t bo;	/* (H) */
+	size_t qn, kn;	/* (hd) */
+	size_t ln2;	/* (H) */
+	size_t wgu;	/* (2I, H) */
+	size_t wd;	/* (H, I) */
+};
+
+/* what a layer's backward needs from its forward */
+struct acts {
+	void *xn1;	/* (T, H) input_layernorm output */
+	void *rstd1;	/* (T) stat */
+	void *qkv;	/* (T, Q) fused q, k, v projection */
+	void *qkvr;	/* (T, Q) q, k normed and rotated; v */
+	void *rstd_qk;	/* (T, nh + nkv) stat */
+	void *att;	/* (T, nh hd) attention output */
+	void *lse;	/* (T, nh) stat */
+	void *h;	/* (T, H) residual stream after attention */
+	void *xn2;	/* (T, H) post_attention_layernorm output */
+	void *rstd2;	/* (T) stat */
+	void *gu;	/* (T, 2I) gate | up */
+	void *act;	/* (T, I) silu(gate) * up */
+};
+
+struct sl_model {
+	struct sl_backend *be;
+	int max_tokens, max_records;
+	bool ckpt;
+	int V, H, nh, nkv, hd, I, Q, nL;	/* Q = (nh + 2 nkv) hd */
+	float eps, theta;
+	bool bias;
+
+	struct layer_off *lo;		/* (nL) */
+	size_t norm_off, score_off;	/* in the head unit */
+
+	void **x;		/* (nL + 1) of (T, H): layer inputs; the last, the final hidden */
+	struct acts *acts;	/* (nL), or (1) reused by every layer when checkpointing */
+	int n_acts;
+
+	void *gx;		/* (T, H) gradient of the residual stream */
+	void *gn;		/* (T, H) gradient of a norm's output */
+	void *gb1;		/* (T, max(2I, Q)) */
+	void *gb2;		/* (T, max(I, Q, nh hd)) */
+
+	void *xl;		/* (B, H) last-token hidden states */
+	void *xnf;		/* (B, H) after the final norm */
+	void *rstdf;		/* (B) stat */
+	void *logits;		/* (B) */
+	void *dlogits;		/* (B) */
+	void *gxnf, *gxl;	/* (B, H) */
+	double *loss_dev;	/* (1) */
+	float *scores_f32;	/* (B) */
+
+	void **bufs;		/* everything above that came from be->alloc, to free */
+	int n_bufs, cap_bufs;
+	size_t ws_bytes;
+};
+
+static void *ws_alloc(struct sl_model *m, size_t n, size_t elt)
+{
+	void *p;
+
+	if (m->n_bufs == m->cap_bufs) {
+		int cap = m->cap_bufs ? 2 * m->cap_bufs : 64;
+		void **b = realloc(m->bufs, (size_t)cap * sizeof(*b));
+
+		if (!b)
+			return NULL;
+		m->bufs = b;
+		m->cap_bufs = cap;
+	}
+	p = m->be->alloc(m->be, n * elt);
+	m->bufs[m->n_bufs++] = p;
+	m->ws_bytes += n * elt;
+	return p;
+}
+
+/* element @off of a compute-type buffer */
+static inline void *at(const struct sl_model *m, const void *base, size_t off)
+{
+	return (char *)base + off * m->be->elt;
+}
+
+static inline const void *at_opt(const struct sl_model *m, const void *base, size_t off)
+{
+	return off == NO_OFF ? NULL : at(m, base, off);
+}
+
+static const struct sl_tensor_info *find_layer_tensor(const struct sl_layout *lay, int l,
+						      const char *suffix)
+{
+	char n[160];
+	const struct sl_tensor_info *ti;
+
+	snprintf(n, sizeof(n), "model.layers.%d.%s", l, suffix);
+	ti = sl_layout_find(lay, n);
+	if (!ti)
+		fprintf(stderr, "model: layout has no tensor %s\n", n);
+	else if (ti->unit != 1 + l)
+		fprintf(stderr, "model: tensor %s is in unit %d, expected %d\n", n, ti->unit,
+			1 + l);
+	return ti && ti->unit == 1 + l ? ti : NULL;
+}
+
+/* offset of the first tensor of a fused group, checking the others follow it without a gap */
+static int fused_off(const struct sl_layout *lay, int l, const char *const *names, int n,
+		     size_t *off)
+{
+	size_t next = 0;
+
+	for (int i = 0; i < n; i++) {
+		const struct sl_tensor_info *ti = find_layer_tensor(lay, l, names[i]);
+
+		if (!ti)
+			return -EINVAL;
+		if (i == 0) {
+			*off = ti->offset;
+		} else if (ti->offset != next) {
+			fprintf(stderr, "model: layer %d: %s does not follow %s contiguously\n", l,
+				names[i], names[i - 1]);
+			return -EINVAL;
+		}
+		next = ti->offset + ti->numel;
+	}
+	return 0;
+}
+
+static int layer_offsets(const struct sl_layout *lay, int l, bool bias, struct layer_off *lo)
+{
+	static const char *const wqkv[] = { "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+					    "self_attn.v_proj.weight" };
+	static const char *const bqkv[] = { "self_attn.q_proj.bias", "self_attn.k_proj.bias",
+					    "self_attn.v_proj.bias" };
+	static const char *const wgu[] = { "mlp.gate_proj.weight", "mlp.up_proj.weight" };
+	static const char *const ln1[] = { "input_layernorm.weight" };
+	static const char *const wo[] = { "self_attn.o_proj.weight" };
+	static const char *const bo[] = { "self_attn.o_proj.bias" };
+	static const char *const qn[] = { "self_attn.q_norm.weight" };
+	static const char *const kn[] = { "self_attn.k_norm.weight" };
+	static const char *const ln2[] = { "post_attention_layernorm.weight" };
+	static const char *const wd[] = { "mlp.down_proj.weight" };
+	int rc;
+
+	lo->bqkv = lo->bo = NO_OFF;
+	rc = fused_off(lay, l, wqkv, 3, &lo->wqkv);
+	rc = rc ? rc : fused_off(lay, l, wgu, 2, &lo->wgu);
+	rc = rc ? rc : fused_off(lay, l, ln1, 1, &lo->ln1);
+	rc = rc ? rc : fused_off(lay, l, wo, 1, &lo->wo);
+	rc = rc ? rc : fused_off(lay, l, qn, 1, &lo->qn);
+	rc = rc ? rc : fused_off(lay, l, kn, 1, &lo->kn);
+	rc = rc ? rc : fused_off(lay, l, ln2, 1, &lo->ln2);
+	rc = rc ? rc : fused_off(lay, l, wd, 1, &lo->wd);
+	if (bias) {
+		rc = rc ? rc : fused_off(lay, l, bqkv, 3, &lo->bqkv);
+		rc = rc ? rc : fused_off(lay, l, bo, 1, &lo->bo);
+	}
+	return rc;
+}
+
+static int alloc_acts(struct sl_model *m, struct acts *a, size_t T)
+{
+	const size_t e = m->be->elt, s = m->be->stat_elt;
+
+	a->xn1 = ws_alloc(m, T * m->H, e);
+	a->rstd1 = ws_alloc(m, T, s);
+	a->qkv = ws_alloc(m, T * m->Q, e);
+	a->qkvr = ws_alloc(m, T * m->Q, e);
+	a->rstd_qk = ws_alloc(m, T * (m->nh + m->nkv), s);
+	a->att = ws_alloc(m, T * m->nh * m->hd, e);
+	a->lse = ws_alloc(m, T * m->nh, s);
+	a->h = ws_alloc(m, T * m->H, e);
+	a->xn2 = ws_alloc(m, T * m->H, e);
+	a->rstd2 = ws_alloc(m, T, s);
+	a->gu = ws_alloc(m, T * 2 * m->I, e);
+	a->act = ws_alloc(m, T * m->I, e);
+	return a->act ? 0 : -ENOMEM;
+}
+
+static size_t zmax(size_t a, size_t b)
+{
+	return a > b ? a : b;
+}
+
+struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct sl_layout *lay,
+				 struct sl_backend *be, int max_tokens, int max_records,
+				 bool activation_checkpointing)
+{
+	struct sl_model *m;
+	const struct sl_tensor_info *norm, *score;
+	size_t T = (size_t)max_tokens, B = (size_t)max_records;
+
+	if (max_tokens < 1 || max_records < 1 || mc->n_kv_heads < 1 ||
+	    mc->n_heads % mc->n_kv_heads || mc->head_dim % 2) {
+		fprintf(stderr, "model: bad shapes (tokens %d, records %d, heads %d/%d, hd %d)\n",
+			max_tokens, max_records, mc->n_heads, mc->n_kv_heads, mc->head_dim);
+		return NULL;
+	}
+	if (mc->num_labels != 1) {
+		fprintf(stderr, "model: the classification head needs num_labels 1, not %d\n",
+			mc->num_labels);
+		return NULL;
+	}
+	if (lay->n_units != mc->n_layers + 2) {
+		fprintf(stderr, "model: layout has %d units, the config %d layers\n", lay->n_units,
+			mc->n_layers);
+		return NULL;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return NULL;
+	m->be = be;
+	m->max_tokens = max_tokens;
+	m->max_records = max_records;
+	m->ckpt = activation_checkpointing;
+	m->V = mc->vocab;
+	m->H = mc->hidden;
+	m->nh = mc->n_heads;
+	m->nkv = mc->n_kv_heads;
+	m->hd = mc->head_dim;
+	m->I = mc->intermediate;
+	m->Q = (m->nh + 2 * m->nkv) * m->hd;
+	m->nL = mc->n_layers;
+	m->eps = (float)mc->rms_eps;
+	m->theta = (float)mc->rope_theta;
+	m->bias = mc->attention_bias;
+
+	m->lo = calloc((size_t)m->nL + 1, sizeof(*m->lo));
+	m->x = calloc((size_t)m->nL + 1, sizeof(*m->x));
+	m->n_acts = m->ckpt ? 1 : m->nL;
+	m->acts = calloc((size_t)m->n_acts + 1, sizeof(*m->acts));
+	if (!m->lo || !m->x || !m->acts)
+		goto out_free_model;
+	for (int l = 0; l < m->nL; l++)
+		if (layer_offsets(lay, l, m->bias, &m->lo[l]))
+			goto out_free_model;
+	norm = sl_layout_find(lay, "model.norm.weight");
+	score = sl_layout_find(lay, "score.weight");
+	if (!norm || !score || norm->unit != m->nL + 1 || score->unit != m->nL + 1) {
+		fprintf(stderr, "model: layout lacks model.norm.weight / score.weight in unit %d\n",
+			m->nL + 1);
+		goto out_free_model;
+	}
+	m->norm_off = norm->offset;
+	m->score_off = score->offset;
+
+	for (int l = 0; l <= m->nL; l++)
+		if (!(m->x[l] = ws_alloc(m, T * m->H, be->elt)))
+			goto out_free_model;
+	for (int i = 0; i < m->n_acts; i++)
+		if (alloc_acts(m, &m->acts[i], T))
+			goto out_free_model;
+	m->gx = ws_alloc(m, T * m->H, be->elt);
+	m->gn = ws_alloc(m, T * m->H, be->elt);
+	m->gb1 = ws_alloc(m, T * zmax(2 * (size_t)m->I, m->Q), be->elt);
+	m->gb2 = ws_alloc(m, T * zmax(zmax(m->I, m->Q), (size_t)m->nh * m->hd), be->elt);
+	m->xl = ws_alloc(m, B * m->H, be->elt);
+	m->xnf = ws_alloc(m, B * m->H, be->elt);
+	m->rstdf = ws_alloc(m, B, be->stat_elt);
+	m->logits = ws_alloc(m, B, be->elt);
+	m->dlogits = ws_alloc(m, B, be->elt);
+	m->gxnf = ws_alloc(m, B * m->H, be->elt);
+	m->gxl = ws_alloc(m, B * m->H, be->elt);
+	m->loss_dev = ws_alloc(m, 1, sizeof(double));
+	m->scores_f32 = ws_alloc(m, B, sizeof(float));
+	if (!m->scores_f32)
+		goto out_free_model;
+	return m;
+
+out_free_model:
+	sl_model_destroy(m);
+	return NULL;
+}
+
+void sl_model_destroy(struct sl_model *m)
+{
+	if (!m)
+		return;
+	for (int i = 0; i < m->n_bufs; i++)
+		m->be->free(m->be, m->bufs[i]);
+	free(m->bufs);
+	free(m->acts);
+	free(m->x);
+	free(m->lo);
+	free(m);
+}
+
+size_t sl_model_workspace_bytes(const struct sl_model *m)
+{
+	return m->ws_bytes;
+}
+
+static int check_batch(const struct sl_model *m, const struct sl_batch_dev *b, bool train)
+{
+	if (b->B < 1 || b->L < 1 || b->B > m->max_records ||
+	    (size_t)b->B * b->L > (size_t)m->max_tokens) {
+		fprintf(stderr, "model: micro-batch of %d x %d tokens exceeds the workspace "
+			"(%d records, %d tokens)\n", b->B, b->L, m->max_records, m->max_tokens);
+		return -EINVAL;
+	}
+	if (train && !b->labels) {
+		fprintf(stderr, "model: training micro-batch without labels\n");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static void release(void (*hook)(void *, int), void *ctx, int unit)
+{
+	if (hook)
+		hook(ctx, unit);
+}
+
+/*
+ * Decoder layer l on input x (T, H) with unit weights w.  @full: also produce the layer output
+ * xout; the backward's recompute stops before the down projection, which it does not need.
+ */
+static void layer_fwd(const struct sl_model *m, int l, const void *w, const struct acts *a,
+		      const void *x, void *xout, const struct sl_batch_dev *b, bool full)
+{
+	struct sl_backend *be = m->be;
+	const struct layer_off *lo = &m->lo[l];
+	const int T = b->B * b->L, H = m->H;
+
+	be->rmsnorm_fwd(be, a->xn1, a->rstd1, x, at(m, w, lo->ln1), T, H, m->eps);
+	be->matmul_fwd(be, a->qkv, a->xn1, at(m, w, lo->wqkv), at_opt(m, w, lo->bqkv), T, H, m->Q);
+	be->qk_norm_rope_fwd(be, a->qkvr, a->rstd_qk, a->qkv, at(m, w, lo->qn), at(m, w, lo->kn),
+			     T, b->L, m->nh, m->nkv, m->hd, m->eps, m->theta);
+	be->attention_fwd(be, a->att, a->lse, a->qkvr, b->lens, b->B, b->L, m->nh, m->nkv, m->hd);
+	be->matmul_fwd(be, a->h, a->att, at(m, w, lo->wo), at_opt(m, w, lo->bo), T,
+		       m->nh * m->hd, H);
+	be->add(be, a->h, x, (size_t)T * H);
+	be->rmsnorm_fwd(be, a->xn2, a->rstd2, a->h, at(m, w, lo->ln2), T, H, m->eps);
+	be->matmul_fwd(be, a->gu, a->xn2, at(m, w, lo->wgu), NULL, T, H, 2 * m->I);
+	be->swiglu_fwd(be, a->act, a->gu, T, m->I);
+	if (!full)
+		return;
+	be->matmul_fwd(be, xout, a->act, at(m, w, lo->wd), NULL, T, m->I, H);
+	be->add(be, xout, a->h, (size_t)T * H);
+}
+
+/* m->gx: gradient of the layer's output in, of its input x out; grads g of its unit += */
+static void layer_bwd(const struct sl_model *m, int l, const void *w, void *g,
+		      const struct acts *a, const void *x, const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	const struct layer_off *lo = &m->lo[l];
+	const int T = b->B * b->L, H = m->H;
+	void *gbo = lo->bo == NO_OFF ? NULL : at(m, g, lo->bo);
+	void *gbqkv = lo->bqkv == NO_OFF ? NULL : at(m, g, lo->bqkv);
+
+	/* MLP: x' = h + down(act); the residual passes gx through to h unchanged */
+	be->matmul_bwd(be, m->gb2, at(m, g, lo->wd), NULL, m->gx, a->act, at(m, w, lo->wd), T,
+		       m->I, H, false);
+	be->swiglu_bwd(be, m->gb1, m->gb2, a->gu, T, m->I);
+	be->matmul_bwd(be, m->gn, at(m, g, lo->wgu), NULL, m->gb1, a->xn2, at(m, w, lo->wgu), T,
+		       H, 2 * m->I, false);
+	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln2), m->gn, a->h, at(m, w, lo->ln2), a->rstd2,
+			T, H, true);
+
+	/* attention: h = x + o_proj(att) */
+	be->matmul_bwd(be, m->gb2, at(m, g, lo->wo), gbo, m->gx, a->att, at(m, w, lo->wo), T,
+		       m->nh * m->hd, H, false);
+	be->attention_bwd(be, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b->lens, b->B, b->L, m->nh,
+			  m->nkv, m->hd);
+	be->qk_norm_rope_bwd(be, m->gb2, at(m, g, lo->qn), at(m, g, lo->kn), m->gb1, a->qkv,
+			     at(m, w, lo->qn), at(m, w, lo->kn), a->rstd_qk, T, b->L, m->nh,
+			     m->nkv, m->hd, m->eps, m->theta);
+	be->matmul_bwd(be, m->gn, at(m, g, lo->wqkv), gbqkv, m->gb2, a->xn1, at(m, w, lo->wqkv),
+		       T, H, m->Q, false);
+	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln1), m->gn, x, at(m, w, lo->ln1), a->rstd1, T, H,
+			true);
+}
+
+static const struct acts *acts_of(const struct sl_model *m, int l, bool keep)
+{
+	return keep && !m->ckpt ? &m->acts[l] : &m->acts[0];
+}
+
+/* embedding, layers, final norm and head: m->logits (B).  @keep: keep what the backward needs */
+static void forward(struct sl_model *m, const struct sl_unit_source *src,
+		    const struct sl_batch_dev *b, bool keep)
+{
+	struct sl_backend *be = m->be;
+	const int T = b->B * b->L, H = m->H, uh = m->nL + 1;
+	const void *w;
+
+	w = src->weights(src->ctx, 0);
+	be->embedding_fwd(be, m->x[0], b->ids, w, T, H);
+	release(src->release_fwd, src->ctx, 0);
+
+	for (int l = 0; l < m->nL; l++) {
+		w = src->weights(src->ctx, 1 + l);
+		layer_fwd(m, l, w, acts_of(m, l, keep), m->x[l], m->x[l + 1], b, true);
+		release(src->release_fwd, src->ctx, 1 + l);
+	}
+
+	/* the head reads only each record's last token: normalize just those B rows */
+	w = src->weights(src->ctx, uh);
+	be->gather_rows(be, m->xl, m->x[m->nL], b->last, b->B, H);
+	be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->xl, at(m, w, m->norm_off), b->B, H, m->eps);
+	be->matmul_fwd(be, m->logits, m->xnf, at(m, w, m->score_off), NULL, b->B, H, 1);
+	release(src->release_fwd, src->ctx, uh);
+}
+
+static void download_scores(struct sl_model *m, int B, float *scores)
+{
+	struct sl_backend *be = m->be;
+
+	be->to_f32(be, m->scores_f32, m->logits, (size_t)B);
+	be->download(be, scores, m->scores_f32, (size_t)B * sizeof(float));
+}
+
+int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
+			const struct sl_batch_dev *b, float loss_scale, double *loss_sum,
+			float *scores)
+{
+	struct sl_backend *be = m->be;
+	const int T = b->B * b->L, H = m->H, uh = m->nL + 1;
+	const void *w;
+	void *g;
+	int rc = check_batch(m, b, true);
+
+	if (rc)
+		return rc;
+	forward(m, src, b, true);
+
+	w = src->weights(src->ctx, uh);
+	g = src->grads(src->ctx, uh);
+	be->bce_fwd_bwd(be, m->loss_dev, m->dlogits, m->logits, b->labels, b->B, loss_scale);
+	be->matmul_bwd(be, m->gxnf, at(m, g, m->score_off), NULL, m->dlogits, m->xnf,
+		       at(m, w, m->score_off), b->B, H, 1, false);
+	be->rmsnorm_bwd(be, m->gxl, at(m, g, m->norm_off), m->gxnf, m->xl, at(m, w, m->norm_off),
+			m->rstdf, b->B, H, false);
+	release(src->release_bwd, src->ctx, uh);
+	be->zero(be, m->gx, (size_t)T * H * be->elt);
+	be->scatter_add_rows(be, m->gx, m->gxl, b->last, b->B, H);
+
+	for (int l = m->nL - 1; l >= 0; l--) {
+		const struct acts *a = acts_of(m, l, true);
+
+		w = src->weights(src->ctx, 1 + l);
+		g = src->grads(src->ctx, 1 + l);
+		if (m->ckpt)
+			layer_fwd(m, l, w, a, m->x[l], NULL, b, false);
+		layer_bwd(m, l, w, g, a, m->x[l], b);
+		release(src->release_bwd, src->ctx, 1 + l);
+	}
+
+	g = src->grads(src->ctx, 0);
+	be->embedding_bwd(be, g, b->ids, m->gx, T, H);
+	release(src->release_bwd, src->ctx, 0);
+
+	if (scores)
+		download_scores(m, b->B, scores);
+	be->download(be, loss_sum, m->loss_dev, sizeof(double));
+	be->sync(be);
+	return 0;
+}
+
+int sl_model_score(struct sl_model *m, const struct sl_unit_source *src,
+		   const struct sl_batch_dev *b, float *scores)
+{
+	int rc = check_batch(m, b, false);
+
+	if (rc)
+		return rc;
+	forward(m, src, b, false);
+	download_scores(m, b->B, scores);
+	m->be->sync(m->be);
+	return 0;
+}
