@@ -28,6 +28,17 @@
 
 #define REL 1e-4
 
+static double worst;	/* the largest relative difference seen, for the log */
+
+static double track(double got, double want)
+{
+	double r = fabs(got - want) / fmax(fabs(want), 1e-12);
+
+	if (r > worst)
+		worst = r;
+	return got;
+}
+
 static char fix[4096], tmp[4096], shardlm[4096];
 
 struct loaded {
@@ -163,7 +174,8 @@ int main(void)
 	scores_of(&cls, &ds, s);
 	double loss = 0;
 	for (int i = 0; i < 4; i++) {
-		CHECK_CLOSE(s[i], num_at(json_object_get(rc, "scores0"), i), REL, 1e-6);
+		CHECK_CLOSE(track(s[i], num_at(json_object_get(rc, "scores0"), i)),
+			    num_at(json_object_get(rc, "scores0"), i), REL, 1e-6);
 		loss += bce(s[i], ds.rec[i].label) / 4;
 	}
 	CHECK_CLOSE(loss, json_number_value(json_object_get(rc, "loss0")), REL, 0);
@@ -203,6 +215,10 @@ int main(void)
 	for (int i = 0; i < 3 && i < (int)json_array_size(steps); i++) {
 		json_t *st = json_array_get(steps, i);
 
+		track(json_number_value(json_object_get(st, "loss")),
+		      num_at(json_object_get(rc, "losses"), i));
+		track(json_number_value(json_object_get(st, "grad_norm")),
+		      num_at(json_object_get(rc, "grad_norms"), i));
 		CHECK_CLOSE(json_number_value(json_object_get(st, "loss")),
 			    num_at(json_object_get(rc, "losses"), i), REL, 0);
 		CHECK_CLOSE(json_number_value(json_object_get(st, "grad_norm")),
@@ -230,7 +246,8 @@ int main(void)
 		double z = json_number_value(json_object_get(j, "score"));
 		double pr = json_number_value(json_object_get(j, "prob"));
 		CHECK(i == n);
-		CHECK_CLOSE(z, num_at(json_object_get(rc, "scores3"), i), REL, 1e-6);
+		CHECK_CLOSE(track(z, num_at(json_object_get(rc, "scores3"), i)),
+			    num_at(json_object_get(rc, "scores3"), i), REL, 1e-6);
 		CHECK_CLOSE(pr, 1 / (1 + exp(-num_at(json_object_get(rc, "scores3"), i))), REL, 0);
 		json_decref(j);
 		n++;
@@ -273,6 +290,8 @@ int main(void)
 	}
 	CHECK(lm.mc.attention_bias && lm.mc.tie_word_embeddings);
 
+	printf("largest relative difference from transformers (scores, losses, grad norms): "
+	       "%.3g\n", worst);
 	if (!test_failures) {
 		snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp);
 		system(cmd);
