@@ -436,7 +436,12 @@ static void run_config(bool bias)
 		CHECK(sC[b] == sA[b], "checkpointed score %d: %.9g vs %.9g", b, sC[b], sA[b]);
 	snprintf(what, sizeof(what), "bias=%d checkpointing", bias);
 	check_same(gC, gA, N, 0, what);
-	env_free(&ec);
+	{
+		struct sl_backend *bc = ec.be;
+
+		env_free(&ec);
+		bc->destroy(bc);
+	}
 
 	/* padding: each record alone scores as inside the batch */
 	for (int b = 0; b < 3; b++) {

@@ -49,6 +49,16 @@ struct loaded {
 	bool *init;
 };
 
+static void unload(struct loaded *l)
+{
+	for (int u = 0; u < l->lay.n_units; u++)
+		free(l->units[u]);
+	free(l->units);
+	free(l->init);
+	sl_layout_free(&l->lay);
+	sl_model_config_free(&l->mc);
+}
+
 static int load(struct loaded *l, const char *dir)
 {
 	struct sl_weights w;
@@ -298,6 +308,8 @@ int main(void)
 	}
 	json_decref(tm);
 	json_decref(ref);
+	unload(&cls);
+	unload(&lm);
 	sl_data_free(&ds);
 	return test_exit("test_hf_parity");
 }
