@@ -703,6 +703,13 @@ int sl_cmd_train(int argc, char **argv)
 		       "writes none (checkpoint.every %d is not honoured), only the final model",
 		       c->checkpoint.every);
 
+	if (valid.n) {
+		double vl = score_dataset(be, model, &sh.src, &valid, c->train.batch, max_L, 0,
+					  scores);
+
+		sl_metrics_add_eval(met, 0, vl, valid.n);
+		sl_log("eval step 0  valid loss %.4f  (%d records)", vl, valid.n);
+	}
 	t_train0 = sl_now();
 	for (int step = 1; step <= steps; step++) {
 		struct sl_step_metrics sm = { .step = step };
