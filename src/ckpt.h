@@ -1,0 +1,67 @@
+/*
+ * ckpt: HDF5 checkpoints (DESIGN.md §3 "HDF5 checkpoint").
+ *
+ * RUN/checkpoints/step-NNNNNN/ holds rank-RRRRR.h5 per writing rank (its shard of every unit:
+ * fp32 master weights and, unless weights-only, AdamW moments; attributes: step, world, shard
+ * geometry, seed, data cursor, a checksum per dataset), index.h5 (rank 0: every parameter under
+ * its HF name and true shape as a virtual dataset over the rank files, /master/<name> and, with
+ * the optimizer, /m/<name> and /v/<name>; the resolved config as an attribute) and COMPLETE,
+ * written last after every file is fsync'ed.  Loading verifies every rank file first, then reads
+ * this rank's ranges through the index, so any world size can read any checkpoint.
+ * Knows tensor names, shapes and shard maps, not how the model computes.
+ */
+#ifndef SL_CKPT_H
+#define SL_CKPT_H
+
+#include <mpi.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+/*
+ * Shard geometry: every unit u of the layout is a flat buffer of lay->unit_numel[u] elements,
+ * padded to padded[u] = shard[u] * shard_size; the rank with index shard_rank in its shard group
+ * holds elements [shard_rank * shard[u], (shard_rank + 1) * shard[u]).
+ */
+struct sl_ckpt_geom {
+	const struct sl_layout *lay;
+	int shard_size;			/* ranks in a shard group */
+	int shard_rank;			/* this rank's index in its shard group */
+	bool writer;			/* this rank writes a file (first replica) */
+	int world;
+	int rank;			/* world rank */
+	const size_t *shard;		/* (n_units) elements per rank of each unit */
+};
+
+struct sl_ckpt_state {
+	int step;			/* optimizer steps done */
+	uint64_t seed;
+	int64_t data_cursor;		/* records consumed (step * records per step) */
+	const char *config_yaml;	/* written as an attribute of index.h5 */
+};
+
+/*
+ * Write step-NNNNNN under @root.  master/m/v: per unit, this rank's shard (host, shard[u] floats);
+ * m and v may be NULL with @optimizer false.  Collective over @world (MPI_COMM_WORLD).
+ * *bytes / *seconds: total size and wall time (rank 0).  0 or negative (the previous complete
+ * checkpoint is untouched on failure).  Then removes complete checkpoints beyond the newest @keep.
+ */
+int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct sl_ckpt_state *s,
+		  float *const *master, float *const *m, float *const *v, bool optimizer, int keep,
+		  MPI_Comm world, double *bytes, double *seconds);
+
+/* The newest complete checkpoint under @root: its dir in @dir, 1 if found, 0 if none, <0 error. */
+int sl_ckpt_find_latest(const char *root, char *dir, size_t n, int *step);
+
+/*
+ * Read checkpoint @dir into this rank's shards (any world size: ranges through the index).
+ * Verifies every rank file (present, readable, checksums) before reading anything; errors name
+ * the file.  m/v may be NULL to skip them (then they need not be in the checkpoint).
+ * s->config_yaml is set to a malloc'ed copy of the stored config (caller frees).
+ */
+int sl_ckpt_read(const char *dir, const struct sl_ckpt_geom *g, struct sl_ckpt_state *s,
+		 float **master, float **m, float **v, MPI_Comm world);
+
+#endif

@@ -1,0 +1,1 @@
+/* dist.c: placeholder until its author lands it */

@@ -1,0 +1,98 @@
+/*
+ * dist: the ranks of a job and the collectives between them.
+ *
+ * MPI start-up (mpirun or srun --mpi=pmix), rank / world / local rank / node discovery
+ * (MPI_Comm_split_type, or parallel.node_size to pretend nodes of that many ranks), the GPU of a
+ * rank (local rank), process groups (the shard group: world for FSDP, node for HSDP; the replica
+ * group: the ranks holding the same shard in different shard groups), and struct sl_comm: sum
+ * all-gather / reduce-scatter / all-reduce / broadcast over a group, implemented by MPI on host
+ * buffers, by NCCL on device buffers (NCCL bootstrapped through MPI: rank 0's ncclGetUniqueId,
+ * MPI_Bcast, ncclCommInitRank), or by MPI staged through host memory for device buffers (several
+ * ranks sharing one GPU in tests).  Knows no model, data or backend: device copies for the staged
+ * implementation come in as function pointers.
+ */
+#ifndef SL_DIST_H
+#define SL_DIST_H
+
+#include <mpi.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+struct sl_dist {
+	int rank, world;		/* in MPI_COMM_WORLD */
+	int local_rank, local_size;	/* within this (possibly pretended) node */
+	int node, n_nodes;
+	char host[256];
+	MPI_Comm node_comm;		/* the ranks of this node */
+	bool node_size_overridden;
+};
+
+/* MPI_Init_thread and discovery.  node_size > 0 overrides the detected ranks per node (it must
+ * divide the world size).  On error prints and returns negative (the caller then aborts). */
+int sl_dist_init(struct sl_dist *d, int *argc, char ***argv);
+/* Re-derive local rank / node from @node_size (0 = detected); call after the config is read. */
+int sl_dist_set_node_size(struct sl_dist *d, int node_size);
+void sl_dist_finalize(struct sl_dist *d);
+/* Print on every rank (host, rank) and MPI_Abort the whole job. */
+void sl_dist_abort(const char *why) __attribute__((noreturn));
+
+enum sl_comm_kind {
+	SL_COMM_MPI,			/* host buffers */
+	SL_COMM_MPI_STAGED,		/* device buffers, copied through host memory */
+	SL_COMM_NCCL,			/* device buffers (built with CUDA only) */
+};
+
+enum sl_comm_dtype { SL_COMM_F32, SL_COMM_BF16, SL_COMM_F64, SL_COMM_I32, SL_COMM_I64 };
+
+/* For SL_COMM_MPI_STAGED: copies between device and host memory (the backend's). */
+struct sl_comm_copy {
+	void *ctx;
+	void (*to_host)(void *ctx, void *host, const void *dev, size_t bytes);
+	void (*to_device)(void *ctx, void *dev, const void *host, size_t bytes);
+	void (*sync)(void *ctx);	/* device work done before a staged copy */
+};
+
+struct sl_comm {
+	int rank, size;			/* in this group */
+	enum sl_comm_kind kind;
+	MPI_Comm mpi;
+	void *nccl;			/* ncclComm_t when kind == SL_COMM_NCCL */
+	void *stream;			/* cudaStream_t the NCCL calls run on (NULL = default) */
+	struct sl_comm_copy copy;	/* SL_COMM_MPI_STAGED */
+	void *stage;			/* host staging buffer */
+	size_t stage_bytes;
+};
+
+/*
+ * A group of the ranks of @parent with the same @color, ordered by @key (MPI_Comm_split); NCCL
+ * communicators are bootstrapped over it.  @copy is needed for SL_COMM_MPI_STAGED only.
+ */
+int sl_comm_create(struct sl_comm *c, MPI_Comm parent, int color, int key,
+		   enum sl_comm_kind kind, const struct sl_comm_copy *copy);
+void sl_comm_destroy(struct sl_comm *c);
+
+/* recv (size * count) = the ranks' send (count each), in rank order */
+int sl_comm_all_gather(struct sl_comm *c, void *recv, const void *send, size_t count,
+		       enum sl_comm_dtype t);
+/* recv (count) = sum over ranks of send[rank * count, (rank + 1) * count) */
+int sl_comm_reduce_scatter(struct sl_comm *c, void *recv, const void *send, size_t count,
+			   enum sl_comm_dtype t);
+/* buf (count) = sum over ranks, in place */
+int sl_comm_all_reduce(struct sl_comm *c, void *buf, size_t count, enum sl_comm_dtype t);
+int sl_comm_broadcast(struct sl_comm *c, void *buf, size_t count, enum sl_comm_dtype t,
+		      int root);
+int sl_comm_barrier(struct sl_comm *c);
+
+/*
+ * The groups of a layout.  shard: the ranks a parameter unit is split over (all ranks for
+ * shard_group world; the ranks of one node for node); replica: the ranks holding the same shard
+ * index in each shard group (size 1 for world).
+ */
+struct sl_groups {
+	struct sl_comm world, shard, replica;
+};
+int sl_groups_create(struct sl_groups *g, const struct sl_dist *d, bool shard_by_node,
+		     enum sl_comm_kind kind, const struct sl_comm_copy *copy);
+void sl_groups_destroy(struct sl_groups *g);
+
+#endif

@@ -1,0 +1,1 @@
+/* gpulog.c: placeholder until its author lands it */

@@ -1,0 +1,1 @@
+/* gpulog.h: placeholder */

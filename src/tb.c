@@ -1,0 +1,1 @@
+/* tb.c: placeholder until its author lands it */

@@ -1,0 +1,1 @@
+/* tb.h: placeholder */

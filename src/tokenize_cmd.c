@@ -1,0 +1,1 @@
+/* tokenize_cmd.c: placeholder until its author lands it */
