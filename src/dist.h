@@ -25,6 +25,8 @@ struct sl_dist {
 	char host[256];
 	MPI_Comm node_comm;		/* the ranks of this node */
 	bool node_size_overridden;
+	/* as detected (shared-memory domain), never overridden: which GPU a rank takes */
+	int hw_local_rank, hw_local_size;
 };
 
 /* MPI_Init_thread and discovery.  node_size > 0 overrides the detected ranks per node (it must
@@ -35,6 +37,27 @@ int sl_dist_set_node_size(struct sl_dist *d, int node_size);
 void sl_dist_finalize(struct sl_dist *d);
 /* Print on every rank (host, rank) and MPI_Abort the whole job. */
 void sl_dist_abort(const char *why) __attribute__((noreturn));
+/*
+ * The GPU of this rank among @n_devices visible ones: the detected local rank modulo @n_devices
+ * (several ranks share a GPU when there are more ranks than GPUs; node_size does not change it).
+ */
+int sl_dist_device(const struct sl_dist *d, int n_devices);
+
+/* A failed library call: "host rank R: file:line: lib: stmt: msg", then abort every rank. */
+void sl_dist_fatal(const char *lib, const char *stmt, const char *msg, const char *file, int line)
+	__attribute__((noreturn));
+
+/* Fatal MPI errors (house style §5.4); MPI's own handler usually aborts first. */
+#define MPI_CHECK(call)								\
+	do {									\
+		int mpi_rc_ = (call);						\
+		if (mpi_rc_ != MPI_SUCCESS) {					\
+			char mpi_msg_[MPI_MAX_ERROR_STRING];			\
+			int mpi_len_ = 0;					\
+			MPI_Error_string(mpi_rc_, mpi_msg_, &mpi_len_);		\
+			sl_dist_fatal("MPI", #call, mpi_msg_, __FILE__, __LINE__); \
+		}								\
+	} while (0)
 
 enum sl_comm_kind {
 	SL_COMM_MPI,			/* host buffers */
@@ -44,7 +67,18 @@ enum sl_comm_kind {
 
 enum sl_comm_dtype { SL_COMM_F32, SL_COMM_BF16, SL_COMM_F64, SL_COMM_I32, SL_COMM_I64 };
 
-/* For SL_COMM_MPI_STAGED: copies between device and host memory (the backend's). */
+/* bytes per element; 0 for an unknown dtype */
+size_t sl_comm_dtype_size(enum sl_comm_dtype t);
+
+/*
+ * For SL_COMM_MPI_STAGED: copies between device and host memory (the backend's).  Both copies
+ * must be finished with the host memory when they return (cudaMemcpy is), and to_device's data
+ * must be there for the device work queued after it (copy on the compute stream, or synchronize:
+ * a pageable cudaMemcpy to the device can return before its DMA ends); sync (may be NULL) is
+ * called before a staged collective reads device memory, so that work still queued on other
+ * streams has written it.  A collective makes one to_host and one to_device call (a broadcast:
+ * to_host on the root only, to_device on the others only).
+ */
 struct sl_comm_copy {
 	void *ctx;
 	void (*to_host)(void *ctx, void *host, const void *dev, size_t bytes);
@@ -64,12 +98,25 @@ struct sl_comm {
 };
 
 /*
- * A group of the ranks of @parent with the same @color, ordered by @key (MPI_Comm_split); NCCL
- * communicators are bootstrapped over it.  @copy is needed for SL_COMM_MPI_STAGED only.
+ * A group of the ranks of @parent with the same @color (>= 0), ordered by @key (MPI_Comm_split);
+ * NCCL communicators are bootstrapped over it (set the CUDA device first; set c->stream after).
+ * @copy is needed for SL_COMM_MPI_STAGED only.  SL_COMM_NCCL in a build without CUDA is an
+ * error (-ENOTSUP).  Collective over @parent.  Destroy before sl_dist_finalize.
  */
 int sl_comm_create(struct sl_comm *c, MPI_Comm parent, int color, int key,
 		   enum sl_comm_kind kind, const struct sl_comm_copy *copy);
 void sl_comm_destroy(struct sl_comm *c);
+
+/*
+ * Collectives over the group: sums, every rank passing the same count and dtype.  Host buffers
+ * for SL_COMM_MPI, device buffers for the others.  MPI and staged: done on return; NCCL: queued
+ * on c->stream, done when it is.  They return 0, or negative for bad arguments (printed); a
+ * failing library call aborts the job.  Results do not depend on timing (fixed algorithms for
+ * fixed sizes); bf16 sums over MPI add pairs in float and round to nearest even.
+ *
+ * In place: all-gather with send == recv + rank * count, reduce-scatter with
+ * recv == send + rank * count (the send buffer is then clobbered).
+ */
 
 /* recv (size * count) = the ranks' send (count each), in rank order */
 int sl_comm_all_gather(struct sl_comm *c, void *recv, const void *send, size_t count,

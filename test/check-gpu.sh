@@ -1,0 +1,43 @@
+#!/bin/sh
+# check-gpu.sh: the GPU tests, on a machine with a GPU (make check-gpu).  Builds nothing: run
+# after `make check` (or `make -C test test_dist_gpu`) in a build configured with CUDA.
+#   test_dist_gpu: NCCL with 1 rank; 2 and 4 ranks sharing the GPU through the host-staged MPI
+#   communicator (NCCL refuses two ranks on one device), also as 2 pretended nodes of 2.
+set -u
+: "${top_srcdir:=$(cd "$(dirname "$0")/.." && pwd)}"
+: "${top_builddir:=$top_srcdir}"
+: "${MPIRUN:=mpirun}"
+export OMP_NUM_THREADS=1
+# Open MPI refuses root without these (containers, CI)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# shared GPU machines: NVLink multicast (NVLS) must stay off
+export NCCL_NVLS_ENABLE=0
+LOG="$top_builddir/test/check-gpu.log"
+passed=0 failed=0
+: >"$LOG"
+
+gpu_test() {
+	name=$1
+	shift
+	echo "== $name: $*" >>"$LOG"
+	if timeout 600 "$@" >>"$LOG" 2>&1; then
+		passed=$((passed + 1)); echo "PASS: $name"
+	else
+		failed=$((failed + 1)); echo "FAIL: $name (see $LOG)"
+	fi
+}
+
+PROG="$top_builddir/test/test_dist_gpu"
+if [ ! -x "$PROG" ]; then
+	echo "check-gpu: $PROG is missing; configure --with-cuda and run make check first" >&2
+	exit 1
+fi
+gpu_test "dist nccl np 1" $MPIRUN -np 1 "$PROG" --kind nccl
+gpu_test "dist staged np 2" $MPIRUN -np 2 --oversubscribe "$PROG" --kind staged
+gpu_test "dist staged np 4" $MPIRUN -np 4 --oversubscribe "$PROG" --kind staged
+gpu_test "dist staged np 4 node size 2" $MPIRUN -np 4 --oversubscribe "$PROG" --kind staged \
+	--node-size 2
+
+grep -h "checks," "$LOG"
+echo "check-gpu: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
