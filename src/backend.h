@@ -77,6 +77,8 @@ struct sl_backend {
 
 	/* y(n) += x(n) */
 	void (*add)(struct sl_backend *be, void *y, const void *x, size_t n);
+	/* y(n) += x(n), f32 buffers (gradient shards accumulated over micro-batches) */
+	void (*add_f32)(struct sl_backend *be, float *y, const float *x, size_t n);
 
 	/*
 	 * Per-head RMSNorm of q and k followed by rotary embedding (HF rotate_half convention:

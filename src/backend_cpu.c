@@ -283,6 +283,13 @@ static void cpu_add(struct sl_backend *be, void *y, const void *x, size_t n)
 		yy[i] += xx[i];
 }
 
+static void cpu_add_f32(struct sl_backend *be, float *y, const float *x, size_t n)
+{
+#pragma omp parallel for simd schedule(static)
+	for (size_t i = 0; i < n; i++)
+		y[i] += x[i];
+}
+
 /* ---- q/k norm + rotary ------------------------------------------------------------------- */
 
 /*
@@ -750,6 +757,7 @@ struct sl_backend *CPU_CREATE(void)
 	be->matmul_fwd = cpu_matmul_fwd;
 	be->matmul_bwd = cpu_matmul_bwd;
 	be->add = cpu_add;
+	be->add_f32 = cpu_add_f32;
 	be->qk_norm_rope_fwd = cpu_qk_norm_rope_fwd;
 	be->qk_norm_rope_bwd = cpu_qk_norm_rope_bwd;
 	be->attention_fwd = cpu_attention_fwd;

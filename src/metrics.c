@@ -106,6 +106,42 @@ void sl_metrics_add_eval(struct sl_metrics *m, int step, double loss, long recor
 	json_array_append_new(m->eval, o);
 }
 
+int sl_metrics_keep_earlier(struct sl_metrics *m, const char *path, int max_step)
+{
+	json_error_t jerr;
+	json_t *old = json_load_file(path, 0, &jerr), *arr, *e;
+	size_t i;
+	int kept = 0;
+
+	if (!old)
+		return 0;
+	arr = json_object_get(old, "steps");
+	json_array_foreach(arr, i, e) {
+		if (json_integer_value(json_object_get(e, "step")) <= max_step) {
+			json_array_append(m->steps, e);
+			kept++;
+		}
+	}
+	arr = json_object_get(old, "eval");
+	json_array_foreach(arr, i, e)
+		if (json_integer_value(json_object_get(e, "step")) <= max_step)
+			json_array_append(m->eval, e);
+	json_decref(old);
+	return kept;
+}
+
+void sl_metrics_add_eval_stats(struct sl_metrics *m, int step, long records, int n,
+			       const char *const *keys, const double *values)
+{
+	json_t *o = json_object();
+
+	json_object_set_new(o, "step", json_integer(step));
+	for (int i = 0; i < n; i++)
+		json_object_set_new(o, keys[i], num(values[i]));
+	json_object_set_new(o, "records", json_integer(records));
+	json_array_append_new(m->eval, o);
+}
+
 int sl_write_file_atomic(const char *path, const char *text, size_t len)
 {
 	char tmp[SL_PATH_MAX + 16];
@@ -146,7 +182,7 @@ out_close:
 
 static int write_json(const char *path, json_t *j)
 {
-	char *text = json_dumps(j, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+	char *text = json_dumps(j, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
 	int ret;
 
 	if (!text)

@@ -34,6 +34,13 @@ void sl_metrics_run_double(struct sl_metrics *m, const char *key, double v);
 void sl_metrics_run_string(struct sl_metrics *m, const char *key, const char *v);
 void sl_metrics_add_step(struct sl_metrics *m, const struct sl_step_metrics *s);
 void sl_metrics_add_eval(struct sl_metrics *m, int step, double loss, long records);
+/*
+ * Resuming: take the steps (and evaluations) up to @max_step from an earlier run's
+ * training_metrics.json at @path; a missing file keeps nothing.  Returns how many steps were kept.
+ */
+int sl_metrics_keep_earlier(struct sl_metrics *m, const char *path, int max_step);
+void sl_metrics_add_eval_stats(struct sl_metrics *m, int step, long records, int n,
+			       const char *const *keys, const double *values);
 /* Atomic rewrite (temp file + fsync + rename).  0 or negative. */
 int sl_metrics_write(struct sl_metrics *m);
 

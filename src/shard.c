@@ -1,57 +1,192 @@
 /*
- * shard: parameter units, fp32 master weights, AdamW moments and compute buffers (see shard.h).
- * One rank holds whole units here; the all-gather / reduce-scatter of the distributed issue plug
- * in where the compute weights are produced and where the gradients are reduced.
+ * shard: fully sharded parameters, gather slots and sharded AdamW (see shard.h).
+ *
+ * The model asks for units one at a time (model.h); a unit's gathered weights live in one of a few
+ * slots and stay valid until the slot is taken for another unit or the optimizer changes the
+ * weights, so a unit released in the forward and asked for again in the backward is gathered again
+ * only if its slot was reused (parallel.reshard_after_forward bounds the pool; otherwise every unit
+ * keeps its slot through the step).  With one rank per shard group the rank's shard is the whole
+ * unit and no collective runs.
  */
 #include "shard.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "log.h"
 #include "optim.h"
 
+static bool single(const struct sl_shard *s)
+{
+	return s->S == 1;
+}
+
+/* Take a slot of @pool for unit @unit: prefer one that already holds it, then a free one, then
+ * the least recently used.  *fresh says whether its content must be (re)made. */
+static struct sl_shard_slot *take_slot(struct sl_shard *s, struct sl_shard_slot *pool, int n,
+				       int unit, bool *fresh)
+{
+	struct sl_shard_slot *best = NULL;
+
+	for (int i = 0; i < n; i++) {
+		if (pool[i].unit == unit && unit >= 0) {
+			*fresh = false;
+			best = &pool[i];
+			goto out;
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		if (pool[i].in_use)
+			continue;
+		if (!best || pool[i].unit < 0 ||
+		    (best->unit >= 0 && pool[i].last_use < best->last_use))
+			best = &pool[i];
+		if (best->unit < 0)
+			break;
+	}
+	if (!best)
+		sl_dist_abort("internal error: every gather slot is in use (the model holds more "
+			      "units at once than the shard pool was sized for)");
+	*fresh = true;
+	if (pool == s->wslots && best->unit >= 0)
+		s->u[best->unit].wslot = -1;
+	best->unit = unit;
+out:
+	best->in_use = true;
+	best->last_use = ++s->tick;
+	return best;
+}
+
 static const void *unit_weights(void *ctx, int unit)
 {
 	struct sl_shard *s = ctx;
+	struct sl_shard_unit *u = &s->u[unit];
+	struct sl_shard_slot *slot;
+	bool fresh;
 
-	return s->u[unit].w;
+	if (single(s))
+		return u->w_shard;
+	slot = take_slot(s, s->wslots, s->n_wslots, unit, &fresh);
+	u->wslot = slot - s->wslots;
+	if (fresh)
+		sl_comm_all_gather(s->shard_comm, slot->buf, u->w_shard, u->shard,
+				   s->compute_dtype);
+	return slot->buf;
+}
+
+static void release_weights(void *ctx, int unit)
+{
+	struct sl_shard *s = ctx;
+	struct sl_shard_unit *u = &s->u[unit];
+
+	if (single(s) || u->wslot < 0)
+		return;
+	s->wslots[u->wslot].in_use = false;
 }
 
 static void *unit_grads(void *ctx, int unit)
 {
 	struct sl_shard *s = ctx;
+	struct sl_shard_slot *slot;
+	bool fresh;
 
-	return s->u[unit].g;
+	/* a fresh zeroed buffer per micro-batch: its sum goes to the f32 accumulator */
+	slot = take_slot(s, s->gslots, s->n_gslots, unit, &fresh);
+	s->be->zero(s->be, slot->buf, s->u[unit].padded * s->be->elt);
+	return slot->buf;
+}
+
+/* The unit's backward is done: reduce its gradient into this rank's f32 shard accumulator. */
+static void release_grads(void *ctx, int unit)
+{
+	struct sl_shard *s = ctx;
+	struct sl_backend *b = s->be;
+	struct sl_shard_unit *u = &s->u[unit];
+	struct sl_shard_slot *slot = NULL;
+	float *dst;
+
+	for (int i = 0; i < s->n_gslots; i++)
+		if (s->gslots[i].unit == unit && s->gslots[i].in_use)
+			slot = &s->gslots[i];
+	if (!slot)
+		sl_dist_abort("internal error: gradients released for a unit never asked for");
+	/* the first micro-batch of a step writes the accumulator, later ones add to it */
+	dst = u->grads_seen ? s->rs_out : u->grad32;
+	if (single(s)) {
+		b->to_f32(b, dst, slot->buf, u->numel);
+	} else {
+		b->to_f32(b, s->g32_full, slot->buf, u->padded);
+		sl_comm_reduce_scatter(s->shard_comm, dst, s->g32_full, u->shard, SL_COMM_F32);
+	}
+	if (u->grads_seen)
+		b->add_f32(b, u->grad32, s->rs_out, u->shard);
+	u->grads_seen = true;
+	slot->in_use = false;
+	slot->unit = -1;
+	release_weights(ctx, unit);
 }
 
 int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_layout *lay,
-		    float *const *units)
+		    const struct sl_shard_opts *o)
 {
 	struct sl_backend *b = be;
+	size_t max_padded = 0, max_shard = 0;
 
+	memset(s, 0, sizeof(*s));
 	s->be = be;
 	s->lay = lay;
 	s->n_units = lay->n_units;
+	s->shard_comm = o->shard_comm;
+	s->replica_comm = o->replica_comm;
+	s->S = o->shard_comm ? o->shard_comm->size : 1;
+	s->shard_rank = o->shard_comm ? o->shard_comm->rank : 0;
+	s->reshard_after_forward = o->reshard_after_forward;
+	s->compute_dtype = be->elt == 2 ? SL_COMM_BF16 : be->elt == 8 ? SL_COMM_F64 : SL_COMM_F32;
 	s->u = calloc(lay->n_units, sizeof(*s->u));
-	if (!s->u)
+	s->shard_sizes = calloc(lay->n_units, sizeof(size_t));
+	if (!s->u || !s->shard_sizes)
 		return -1;
 	for (int i = 0; i < lay->n_units; i++) {
 		struct sl_shard_unit *u = &s->u[i];
-		size_t n = lay->unit_numel[i];
 
-		u->numel = n;
-		u->master = b->alloc(b, n * sizeof(float));
-		u->m = b->alloc(b, n * sizeof(float));
-		u->v = b->alloc(b, n * sizeof(float));
-		u->grad32 = b->alloc(b, n * sizeof(float));
-		u->w = b->alloc(b, n * b->elt);
-		u->g = b->alloc(b, n * b->elt);
-		b->upload(b, u->master, units[i], n * sizeof(float));
-		b->to_compute(b, u->w, u->master, n);
+		u->numel = lay->unit_numel[i];
+		u->padded = (u->numel + s->S - 1) / s->S * s->S;
+		u->shard = u->padded / s->S;
+		u->off = (size_t)s->shard_rank * u->shard;
+		u->wslot = -1;
+		u->master = b->alloc(b, u->shard * sizeof(float));
+		u->m = b->alloc(b, u->shard * sizeof(float));
+		u->v = b->alloc(b, u->shard * sizeof(float));
+		u->grad32 = b->alloc(b, u->shard * sizeof(float));
+		u->w_shard = b->alloc(b, u->shard * b->elt);
+		s->shard_sizes[i] = u->shard;
+		if (u->padded > max_padded)
+			max_padded = u->padded;
+		if (u->shard > max_shard)
+			max_shard = u->shard;
 	}
+	/* the model holds one unit at a time; prefetch adds units in flight */
+	s->n_wslots = single(s) ? 0 : o->reshard_after_forward ?
+		(o->prefetch + 2 < s->n_units ? o->prefetch + 2 : s->n_units) : s->n_units;
+	s->n_gslots = 2;
+	s->wslots = calloc(s->n_wslots ? s->n_wslots : 1, sizeof(*s->wslots));
+	s->gslots = calloc(s->n_gslots, sizeof(*s->gslots));
+	for (int i = 0; i < s->n_wslots; i++) {
+		s->wslots[i].buf = b->alloc(b, max_padded * b->elt);
+		s->wslots[i].unit = -1;
+	}
+	for (int i = 0; i < s->n_gslots; i++) {
+		s->gslots[i].buf = b->alloc(b, max_padded * b->elt);
+		s->gslots[i].unit = -1;
+	}
+	if (!single(s))
+		s->g32_full = b->alloc(b, max_padded * sizeof(float));
+	s->rs_out = b->alloc(b, max_shard * sizeof(float));
 	s->d_sumsq = b->alloc(b, sizeof(double));
-	s->src = (struct sl_unit_source){ .ctx = s, .weights = unit_weights, .grads = unit_grads };
+	s->src = (struct sl_unit_source){ .ctx = s, .weights = unit_weights, .grads = unit_grads,
+					  .release_fwd = release_weights,
+					  .release_bwd = release_grads };
 	return 0;
 }
 
@@ -68,18 +203,104 @@ void sl_shard_destroy(struct sl_shard *s)
 		b->free(b, u->m);
 		b->free(b, u->v);
 		b->free(b, u->grad32);
-		b->free(b, u->w);
-		b->free(b, u->g);
+		b->free(b, u->w_shard);
 	}
+	for (int i = 0; i < s->n_wslots; i++)
+		b->free(b, s->wslots[i].buf);
+	for (int i = 0; i < s->n_gslots; i++)
+		b->free(b, s->gslots[i].buf);
+	if (s->g32_full)
+		b->free(b, s->g32_full);
+	b->free(b, s->rs_out);
 	b->free(b, s->d_sumsq);
+	free(s->wslots);
+	free(s->gslots);
 	free(s->u);
+	free(s->shard_sizes);
 	s->u = NULL;
 }
 
-void sl_shard_zero_grads(struct sl_shard *s)
+/* Weights changed: every gathered copy is stale. */
+static void invalidate_slots(struct sl_shard *s)
+{
+	for (int i = 0; i < s->n_wslots; i++)
+		s->wslots[i].unit = -1;
+	for (int i = 0; i < s->n_units; i++)
+		s->u[i].wslot = -1;
+}
+
+void sl_shard_load_unit(struct sl_shard *s, int ui, const float *full)
+{
+	struct sl_shard_unit *u = &s->u[ui];
+	float *slice = calloc(u->shard, sizeof(float));
+	size_t n = u->off < u->numel ? u->numel - u->off : 0;
+
+	if (n > u->shard)
+		n = u->shard;
+	memcpy(slice, full + u->off, n * sizeof(float));
+	sl_shard_set_state(s, ui, slice, NULL, NULL);
+	free(slice);
+}
+
+void sl_shard_get_state(struct sl_shard *s, int ui, float *master, float *m, float *v)
+{
+	struct sl_backend *b = s->be;
+	struct sl_shard_unit *u = &s->u[ui];
+
+	b->download(b, master, u->master, u->shard * sizeof(float));
+	if (m)
+		b->download(b, m, u->m, u->shard * sizeof(float));
+	if (v)
+		b->download(b, v, u->v, u->shard * sizeof(float));
+}
+
+void sl_shard_set_state(struct sl_shard *s, int ui, const float *master, const float *m,
+			const float *v)
+{
+	struct sl_backend *b = s->be;
+	struct sl_shard_unit *u = &s->u[ui];
+
+	b->upload(b, u->master, master, u->shard * sizeof(float));
+	if (m)
+		b->upload(b, u->m, m, u->shard * sizeof(float));
+	else
+		b->zero(b, u->m, u->shard * sizeof(float));
+	if (v)
+		b->upload(b, u->v, v, u->shard * sizeof(float));
+	else
+		b->zero(b, u->v, u->shard * sizeof(float));
+	b->to_compute(b, u->w_shard, u->master, u->shard);
+	invalidate_slots(s);
+}
+
+int sl_shard_gather_unit(struct sl_shard *s, int ui, float *full, int root)
+{
+	struct sl_shard_unit *u = &s->u[ui];
+	float *mine = malloc(u->shard * sizeof(float));
+	float *all = NULL;
+	int ret = 0;
+
+	sl_shard_get_state(s, ui, mine, NULL, NULL);
+	if (single(s)) {
+		memcpy(full, mine, u->numel * sizeof(float));
+		goto out;
+	}
+	if (s->shard_rank == root)
+		all = malloc(u->padded * sizeof(float));
+	ret = MPI_Gather(mine, (int)u->shard, MPI_FLOAT, all, (int)u->shard, MPI_FLOAT, root,
+			 s->shard_comm->mpi) == MPI_SUCCESS ? 0 : -1;
+	if (all)
+		memcpy(full, all, u->numel * sizeof(float));
+	free(all);
+out:
+	free(mine);
+	return ret;
+}
+
+void sl_shard_begin_step(struct sl_shard *s)
 {
 	for (int i = 0; i < s->n_units; i++)
-		s->be->zero(s->be, s->u[i].g, s->u[i].numel * s->be->elt);
+		s->u[i].grads_seen = false;
 }
 
 int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, double *grad_norm)
@@ -91,11 +312,17 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 	for (int i = 0; i < s->n_units; i++) {
 		struct sl_shard_unit *u = &s->u[i];
 
-		b->to_f32(b, u->grad32, u->g, u->numel);
-		b->sumsq_f32(b, s->d_sumsq, u->grad32, u->numel);
+		/* a unit with no gradient this step (cannot happen for this model) counts as 0 */
+		if (!u->grads_seen)
+			b->zero(b, u->grad32, u->shard * sizeof(float));
+		if (s->replica_comm && s->replica_comm->size > 1)
+			sl_comm_all_reduce(s->replica_comm, u->grad32, u->shard, SL_COMM_F32);
+		b->sumsq_f32(b, s->d_sumsq, u->grad32, u->shard);
 		b->download(b, &part, s->d_sumsq, sizeof(part));
 		sumsq += part;
 	}
+	if (!single(s))
+		sl_comm_all_reduce(s->shard_comm, &sumsq, 1, SL_COMM_F64);
 	*grad_norm = sqrt(sumsq);
 	if (!isfinite(*grad_norm))
 		return 1;
@@ -105,21 +332,26 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 		.bc1 = 1.0 - pow(h->beta1, h->step), .bc2 = 1.0 - pow(h->beta2, h->step),
 		.grad_scale = sl_clip_scale(*grad_norm, h->clip),
 	};
-	/* one update per tensor: learning rate and decay differ between tensors of a unit */
+	/*
+	 * One update per (tensor ∩ this rank's shard): learning rate and decay differ between the
+	 * tensors of a unit, and a shard boundary may cut a tensor anywhere.
+	 */
 	for (int t = 0; t < lay->n_tensors; t++) {
 		const struct sl_tensor_info *ti = &lay->t[t];
 		struct sl_shard_unit *u = &s->u[ti->unit];
-		size_t off = ti->offset;
+		size_t lo = ti->offset > u->off ? ti->offset : u->off;
+		size_t hi = ti->offset + ti->numel < u->off + u->shard ?
+			ti->offset + ti->numel : u->off + u->shard;
+		size_t k;
 
+		if (lo >= hi)
+			continue;
+		k = lo - u->off;
 		a.lr = h->lr * (ti->head ? h->head_lr_mult : 1.0);
 		a.weight_decay = ti->decay ? h->weight_decay : 0.0;
-		b->adamw_f32(b, u->master + off, u->m + off, u->v + off, u->grad32 + off,
-			     (char *)u->w + off * b->elt, ti->numel, &a);
+		b->adamw_f32(b, u->master + k, u->m + k, u->v + k, u->grad32 + k,
+			     (char *)u->w_shard + k * b->elt, hi - lo, &a);
 	}
+	invalidate_slots(s);
 	return 0;
-}
-
-void sl_shard_get_master(struct sl_shard *s, int unit, float *host)
-{
-	s->be->download(s->be, host, s->u[unit].master, s->u[unit].numel * sizeof(float));
 }

@@ -1,76 +1,68 @@
 /*
- * train: `shardlm train`, `shardlm score` and `shardlm config` (see train.h).
+ * train: `shardlm train` and `shardlm config` (see train.h).
  *
- * The step loop reads top to bottom: pick the step's records (data), run each micro-batch's forward
- * and backward (model over the backend, units from shard), finish the step (shard + optim), log
- * and rewrite training_metrics.json (metrics).  Errors in user input stop before anything in the
- * run directory is overwritten.
+ * The step loop reads top to bottom: pick the step's records (data; each data-parallel rank runs
+ * its own micro-batches), run each micro-batch's forward and backward (model over the backend,
+ * units through shard), finish the step (shard: reduce, norm, AdamW), agree on the loss over the
+ * ranks, log and rewrite training_metrics.json (metrics), write a checkpoint when due (ckpt).
+ * Errors in user input stop before anything in the run directory is overwritten.
  */
 #define _GNU_SOURCE
 #include "sl_build.h"
 #include "train.h"
 
 #include <errno.h>
-#include <jansson.h>
 #include <math.h>
 #include <mpi.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "backend.h"
-#include "config.h"
+#include "ckpt.h"
 #include "data.h"
+#include "dist.h"
+#include "fsutil.h"
 #include "log.h"
 #include "metrics.h"
 #include "model.h"
+#include "modelio.h"
 #include "optim.h"
-#include "safetensors.h"
 #include "shard.h"
-
-#define MAX_SET 256
-
-struct cmd_args {
-	const char *config;
-	char *set[MAX_SET];
-	int nset;
-	bool fresh;
-	const char *data;		/* score */
-	const char *model;		/* score */
-};
 
 static void usage(const char *cmd)
 {
 	if (strcmp(cmd, "score") == 0)
 		fprintf(stderr, "usage: shardlm score CONFIG [--set KEY=VALUE]... --data FILE "
-			"[--model DIR]\n");
+			"[--model DIR|CHECKPOINT]\n");
 	else if (strcmp(cmd, "train") == 0)
 		fprintf(stderr, "usage: shardlm train CONFIG [--set KEY=VALUE]... [--fresh]\n");
+	else if (strcmp(cmd, "export") == 0)
+		fprintf(stderr, "usage: shardlm export CHECKPOINT --out DIR\n");
 	else
 		fprintf(stderr, "usage: shardlm config CONFIG [--set KEY=VALUE]...\n");
 }
 
-/* argv[0] is the subcommand */
-static int parse_args(const char *cmd, int argc, char **argv, struct cmd_args *a)
+int sl_cmd_parse(const char *cmd, int argc, char **argv, struct sl_cmd_args *a)
 {
+	bool is_score = strcmp(cmd, "score") == 0, is_export = strcmp(cmd, "export") == 0;
+
 	memset(a, 0, sizeof(*a));
 	for (int i = 1; i < argc; i++) {
 		const char *s = argv[i];
 		const char **value = NULL;
 
-		if (strcmp(s, "--set") == 0 || strncmp(s, "--set=", 6) == 0) {
+		if (!is_export && (strcmp(s, "--set") == 0 || strncmp(s, "--set=", 6) == 0)) {
 			const char *kv = s[5] == '=' ? s + 6 : (i + 1 < argc ? argv[++i] : NULL);
 
 			if (!kv || !strchr(kv, '=')) {
 				sl_error("--set needs KEY=VALUE, e.g. --set train.batch=2");
 				return -1;
 			}
-			if (a->nset == MAX_SET) {
-				sl_error("more than %d --set options", MAX_SET);
+			if (a->nset == SL_MAX_SET) {
+				sl_error("more than %d --set options", SL_MAX_SET);
 				return -1;
 			}
 			a->set[a->nset++] = (char *)kv;
@@ -80,10 +72,12 @@ static int parse_args(const char *cmd, int argc, char **argv, struct cmd_args *a
 			a->fresh = true;
 			continue;
 		}
-		if (strcmp(cmd, "score") == 0 && strcmp(s, "--data") == 0)
+		if (is_score && strcmp(s, "--data") == 0)
 			value = &a->data;
-		else if (strcmp(cmd, "score") == 0 && strcmp(s, "--model") == 0)
+		else if (is_score && strcmp(s, "--model") == 0)
 			value = &a->model;
+		else if (is_export && strcmp(s, "--out") == 0)
+			value = &a->out;
 		if (value) {
 			if (i + 1 >= argc) {
 				sl_error("%s needs a value", s);
@@ -101,19 +95,24 @@ static int parse_args(const char *cmd, int argc, char **argv, struct cmd_args *a
 			usage(cmd);
 			return -1;
 		}
-		if (a->config) {
-			sl_error("one config file only ('%s' and '%s')", a->config, s);
+		if (is_export ? a->checkpoint != NULL : a->config != NULL) {
+			sl_error("one %s only ('%s' and '%s')", is_export ? "checkpoint" :
+				 "config file", is_export ? a->checkpoint : a->config, s);
 			usage(cmd);
 			return -1;
 		}
-		a->config = s;
+		if (is_export)
+			a->checkpoint = s;
+		else
+			a->config = s;
 	}
-	if (!a->config) {
-		sl_error("no config file given");
+	if (is_export ? !a->checkpoint || !a->out : !a->config) {
+		sl_error(is_export ? "export needs CHECKPOINT and --out DIR" :
+			 "no config file given");
 		usage(cmd);
 		return -1;
 	}
-	if (strcmp(cmd, "score") == 0 && !a->data) {
+	if (is_score && !a->data) {
 		sl_error("score needs --data FILE");
 		usage(cmd);
 		return -1;
@@ -121,87 +120,7 @@ static int parse_args(const char *cmd, int argc, char **argv, struct cmd_args *a
 	return 0;
 }
 
-static bool is_dir(const char *p)
-{
-	struct stat st;
-
-	return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static bool is_file(const char *p)
-{
-	struct stat st;
-
-	return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-static int mkdir_p(const char *path)
-{
-	char tmp[SL_PATH_MAX];
-
-	snprintf(tmp, sizeof(tmp), "%s", path);
-	for (char *p = tmp + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = 0;
-		if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-			goto fail;
-		*p = '/';
-	}
-	if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-		goto fail;
-	return 0;
-fail:
-	sl_error("cannot create directory %s: %s", tmp, strerror(errno));
-	return -1;
-}
-
-static bool dir_is_empty(const char *path)
-{
-	char probe[SL_PATH_MAX + 32];
-	static const char *const files[] = { "training_metrics.json", "train.log", "config.yaml",
-					     "model", "checkpoints" };
-
-	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
-		snprintf(probe, sizeof(probe), "%s/%s", path, files[i]);
-		if (access(probe, F_OK) == 0)
-			return false;
-	}
-	return true;
-}
-
-/*
- * A run directory that already holds a run is never overwritten: --fresh moves it aside to
- * RUN.old-N.  Resuming needs a complete checkpoint, which this version does not write yet.
- */
-static int prepare_run_dir(const char *dir, bool fresh)
-{
-	if (is_dir(dir) && !dir_is_empty(dir)) {
-		char aside[SL_PATH_MAX + 32];
-		int n;
-
-		if (!fresh) {
-			sl_error("run directory %s already holds a run and has no complete checkpoint "
-				 "to resume from; pass --fresh to move it aside (to %s.old-N), or set "
-				 "run.dir to another directory", dir, dir);
-			return -1;
-		}
-		for (n = 1; n < 10000; n++) {
-			snprintf(aside, sizeof(aside), "%s.old-%d", dir, n);
-			if (access(aside, F_OK) != 0)
-				break;
-		}
-		if (rename(dir, aside) != 0) {
-			sl_error("cannot move %s aside to %s: %s", dir, aside, strerror(errno));
-			return -1;
-		}
-		sl_log("moved the previous run %s aside to %s", dir, aside);
-	}
-	return mkdir_p(dir);
-}
-
-/* Checks of settings this version cannot honour yet: refuse them rather than ignore them. */
-static int check_supported(const struct sl_config *c, bool training)
+int sl_check_supported(const struct sl_config *c, bool training)
 {
 	if (c->backend == SL_BACKEND_CUDA) {
 		sl_error("%s: backend: cuda is not in this version yet (the CUDA backend arrives "
@@ -234,79 +153,137 @@ static int check_supported(const struct sl_config *c, bool training)
 	return 0;
 }
 
-struct loaded_model {
-	char dir[SL_PATH_MAX];
-	struct sl_model_config mc;
-	struct sl_layout lay;
-	float **units;			/* host fp32, one per unit */
-	int n_initialized;
-	bool have_mc, have_lay;
-};
-
-static void free_loaded_model(struct loaded_model *lm)
+void sl_checkpoint_root(const struct sl_config *c, char *buf, size_t n)
 {
-	if (lm->units) {
-		for (int u = 0; u < lm->lay.n_units; u++)
-			free(lm->units[u]);
-		free(lm->units);
-	}
-	if (lm->have_lay)
-		sl_layout_free(&lm->lay);
-	if (lm->have_mc)
-		sl_model_config_free(&lm->mc);
-	memset(lm, 0, sizeof(*lm));
+	int len;
+
+	if (c->checkpoint.dir[0] == '/')
+		len = snprintf(buf, n, "%s", c->checkpoint.dir);
+	else
+		len = snprintf(buf, n, "%s/%s", c->run.dir, c->checkpoint.dir);
+	if (len >= (int)n)
+		sl_warn("checkpoint path cut to %s", buf);
 }
 
-/* Resolve @path (+ revision), read config.json and the weights into host fp32 units. */
-static int load_model(struct loaded_model *lm, const char *path, const char *revision,
-		      uint64_t seed)
+/* Every rank passes its verdict; all get true only if every rank's was true. */
+static bool all_ok(bool ok)
 {
-	struct sl_weights w;
-	char cj[SL_PATH_MAX + 16];
-	bool *init = NULL;
-	int n_unused = 0, ret = -1;
+	int mine = ok, all = 0;
 
-	memset(lm, 0, sizeof(*lm));
-	if (sl_hf_resolve(path, revision, lm->dir, sizeof(lm->dir)))
-		return -1;
-	snprintf(cj, sizeof(cj), "%s/config.json", lm->dir);
-	if (sl_model_config_load(&lm->mc, cj))
-		return -1;
-	lm->have_mc = true;
-	if (sl_model_layout(&lm->mc, 0, &lm->lay))
-		goto out;
-	lm->have_lay = true;
-	if (sl_weights_open(&w, lm->dir))
-		goto out;
-	lm->units = calloc(lm->lay.n_units, sizeof(*lm->units));
-	init = calloc(lm->lay.n_tensors, sizeof(*init));
-	if (!lm->units || !init)
-		goto out_close;
-	for (int u = 0; u < lm->lay.n_units; u++) {
-		lm->units[u] = calloc(lm->lay.unit_numel[u], sizeof(float));
-		if (!lm->units[u]) {
-			sl_error("out of host memory loading %s", lm->dir);
-			goto out_close;
+	MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+	return all;
+}
+
+static bool dir_has_run(const char *path)
+{
+	char probe[SL_PATH_MAX + 32];
+	static const char *const files[] = { "training_metrics.json", "train.log", "config.yaml",
+					     "model", "checkpoints" };
+
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+		snprintf(probe, sizeof(probe), "%s/%s", path, files[i]);
+		if (access(probe, F_OK) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Rank 0 decides what the run directory holds: a new run (0), a run to resume from the newest
+ * complete checkpoint (1, its dir in @ckpt_dir), or refuses (-1).  A directory that holds a run
+ * is never overwritten: --fresh moves it aside to RUN.old-N.
+ */
+static int prepare_run_dir(const struct sl_config *c, bool fresh, char *ckpt_dir, size_t n)
+{
+	const char *dir = c->run.dir;
+	char root[SL_PATH_MAX + 64], aside[SL_PATH_MAX + 32];
+	int step, found;
+
+	if (sl_is_dir(dir) && dir_has_run(dir)) {
+		if (fresh) {
+			if (sl_move_aside(dir, aside, sizeof(aside)))
+				return -1;
+			sl_log("moved the previous run %s aside to %s", dir, aside);
+		} else {
+			sl_checkpoint_root(c, root, sizeof(root));
+			found = sl_ckpt_find_latest(root, ckpt_dir, n, &step);
+			if (found < 0)
+				return -1;
+			if (found)
+				return 1;
+			sl_error("run directory %s already holds a run and has no complete "
+				 "checkpoint to resume from; pass --fresh to move it aside (to "
+				 "%s.old-N), or set run.dir to another directory", dir, dir);
+			return -1;
 		}
 	}
-	if (sl_weights_load_layout(&w, &lm->lay, lm->units, lm->mc.initializer_range, seed, init,
-				   &lm->n_initialized, &n_unused))
-		goto out_close;
-	for (int i = 0; i < lm->lay.n_tensors; i++)
-		if (init[i])
-			sl_log("%s has no %s: initialized it (normal, std %g = initializer_range)",
-			       lm->dir, lm->lay.t[i].name, lm->mc.initializer_range);
-	if (n_unused)
-		sl_log("%s: %d tensor(s) of the checkpoint are not used by the %s task "
-		       "(e.g. a causal-LM head)", lm->dir, n_unused, "classify");
+	return sl_mkdir_p(dir) ? -1 : 0;
+}
+
+/* A resumed run may change only these keys (and the world size). */
+static int check_resume_config(const struct sl_config *now, const char *old_yaml, int old_R,
+			       int R, const char *ckpt_dir)
+{
+	static const char *const may_change[] = { "train.steps", "train.epochs", "train.batch",
+						  "train.accum", "checkpoint.", "run.log_every",
+						  "run.dir", "gpu_log.", NULL };
+	struct sl_config *old = calloc(1, sizeof(*old));
+	char path[] = "/tmp/shardlm-resume-XXXXXX", key[128], a[256], b[256];
+	int fd = mkstemp(path), ret = -1;
+
+	if (fd < 0 || !old)
+		goto out;
+	if (write(fd, old_yaml, strlen(old_yaml)) != (ssize_t)strlen(old_yaml)) {
+		close(fd);
+		goto out_unlink;
+	}
+	close(fd);
+	if (sl_config_load(old, path, NULL, 0, false)) {
+		sl_error("%s: the checkpoint's stored config does not load", ckpt_dir);
+		goto out_unlink;
+	}
+	if (sl_config_diff_ignoring(old, now, may_change, key, sizeof(key))) {
+		sl_config_format(old, key, a, sizeof(a));
+		sl_config_format(now, key, b, sizeof(b));
+		sl_error("cannot resume %s: %s changed from %s to %s; a resumed run may change only "
+			 "the world size, train.steps, batch/accum keeping the records per step, "
+			 "checkpoint.*, run.log_every and gpu_log.* (or pass --fresh to start over)",
+			 ckpt_dir, key, a, b);
+		goto out_unlink;
+	}
+	if (old_R != R) {
+		sl_error("cannot resume %s: records per step change from %d to %d (batch x accum x "
+			 "data-parallel ranks must stay the same)", ckpt_dir, old_R, R);
+		goto out_unlink;
+	}
 	ret = 0;
-out_close:
-	sl_weights_close(&w);
+out_unlink:
+	unlink(path);
 out:
-	free(init);
-	if (ret)
-		free_loaded_model(lm);
+	free(old);
 	return ret;
+}
+
+static int load_data(struct sl_dataset *ds, const char *path, const struct sl_config *c,
+		     int vocab, const char *what)
+{
+	struct sl_data_opts o = {
+		.text_field = c->data.text_field, .label_field = c->data.label_field,
+		.max_state = c->data.max_state, .need_label = true,
+		.skip_errors = c->data.on_error == SL_ON_ERROR_SKIP, .vocab = vocab,
+	};
+
+	if (sl_data_load(ds, path, &o))
+		return -1;
+	if (ds->skipped)
+		sl_log("%s: skipped %ld bad line(s) (data.on_error: skip)", path, ds->skipped);
+	sl_log("%s: dropped %ld of %ld records that exceed the training context (max_state %d)",
+	       path, ds->dropped, ds->total, c->data.max_state);
+	if (ds->n == 0) {
+		sl_error("%s: no %s records left to use", path, what);
+		return -1;
+	}
+	return 0;
 }
 
 /* Device-side copy of a host batch. */
@@ -326,10 +303,13 @@ static void dev_batch_alloc(struct sl_backend *be, struct dev_batch *d, int max_
 
 static void dev_batch_free(struct sl_backend *be, struct dev_batch *d)
 {
+	if (!d->ids)
+		return;
 	be->free(be, d->ids);
 	be->free(be, d->lens);
 	be->free(be, d->last);
 	be->free(be, d->labels);
+	d->ids = NULL;
 }
 
 static const struct sl_batch_dev *dev_batch_upload(struct sl_backend *be, struct dev_batch *d,
@@ -345,16 +325,6 @@ static const struct sl_batch_dev *dev_batch_upload(struct sl_backend *be, struct
 	return &d->view;
 }
 
-static int longest(const struct sl_dataset *ds)
-{
-	int L = 1;
-
-	for (int i = 0; i < ds->n; i++)
-		if (ds->rec[i].len > L)
-			L = ds->rec[i].len;
-	return L;
-}
-
 static int cmp_len_desc(const void *a, const void *b, void *arg)
 {
 	const struct sl_dataset *ds = arg;
@@ -365,141 +335,61 @@ static int cmp_len_desc(const void *a, const void *b, void *arg)
 	return x - y;
 }
 
+enum { EV_N, EV_BCE, EV_SE, EV_P, EV_Y, EV_PP, EV_YY, EV_PY, EV_COUNT };
+
 /*
- * Scores of every record of @ds (logits into scores[i]); micro-batches of @batch records of
- * similar length.  Returns the mean BCE against the labels when every record has one, else NaN.
+ * Validation over all ranks: rank r scores records i with i % world == r (in micro-batches of
+ * similar length); the sums are added over the ranks in a fixed order.  out: mean BCE, Brier
+ * score, Pearson correlation of predicted and labelled probabilities.
  */
-static double score_dataset(struct sl_backend *be, struct sl_model *m,
-			    const struct sl_unit_source *src, const struct sl_dataset *ds, int batch,
-			    int max_L, int32_t pad, float *scores)
+static void evaluate(struct sl_backend *be, struct sl_model *m, const struct sl_unit_source *src,
+		     const struct sl_dataset *ds, int batch, int max_L, int32_t pad, int rank,
+		     int world, double out[3])
 {
 	struct sl_host_batch hb;
 	struct dev_batch db;
-	int *order = malloc(ds->n * sizeof(int));
+	int n_mine = 0, *order = malloc((ds->n / world + 1) * sizeof(int));
 	float *s = malloc(batch * sizeof(float));
-	double loss = 0;
-	bool labelled = true;
+	double sums[EV_COUNT] = { 0 }, all[EV_COUNT];
 
+	for (int i = rank; i < ds->n; i += world)
+		order[n_mine++] = i;
+	qsort_r(order, n_mine, sizeof(int), cmp_len_desc, (void *)ds);
 	sl_host_batch_alloc(&hb, batch, max_L);
 	dev_batch_alloc(be, &db, batch, max_L);
-	for (int i = 0; i < ds->n; i++)
-		order[i] = i;
-	qsort_r(order, ds->n, sizeof(int), cmp_len_desc, (void *)ds);
-	for (int i = 0; i < ds->n; i += batch) {
-		int n = ds->n - i < batch ? ds->n - i : batch;
+	for (int i = 0; i < n_mine; i += batch) {
+		int n = n_mine - i < batch ? n_mine - i : batch;
 
 		sl_host_batch_fill(&hb, ds, order + i, n, pad);
 		sl_model_score(m, src, dev_batch_upload(be, &db, &hb), s);
 		for (int j = 0; j < n; j++) {
-			const struct sl_record *r = &ds->rec[order[i + j]];
-			double z = s[j], y = r->label;
+			double z = s[j], y = ds->rec[order[i + j]].label;
+			double p = 1 / (1 + exp(-z));
 
-			scores[order[i + j]] = s[j];
-			if (isnan(y))
-				labelled = false;
-			else
-				loss += fmax(z, 0) - z * y + log1p(exp(-fabs(z)));
+			sums[EV_N] += 1;
+			sums[EV_BCE] += fmax(z, 0) - z * y + log1p(exp(-fabs(z)));
+			sums[EV_SE] += (p - y) * (p - y);
+			sums[EV_P] += p;
+			sums[EV_Y] += y;
+			sums[EV_PP] += p * p;
+			sums[EV_YY] += y * y;
+			sums[EV_PY] += p * y;
 		}
+	}
+	MPI_Allreduce(sums, all, EV_COUNT, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+	{
+		double n = all[EV_N], cov = all[EV_PY] / n - all[EV_P] / n * all[EV_Y] / n;
+		double vp = all[EV_PP] / n - pow(all[EV_P] / n, 2);
+		double vy = all[EV_YY] / n - pow(all[EV_Y] / n, 2);
+
+		out[0] = all[EV_BCE] / n;
+		out[1] = all[EV_SE] / n;
+		out[2] = vp > 0 && vy > 0 ? cov / sqrt(vp * vy) : NAN;
 	}
 	dev_batch_free(be, &db);
 	sl_host_batch_free(&hb);
 	free(order);
 	free(s);
-	return labelled && ds->n ? loss / ds->n : NAN;
-}
-
-static int copy_file(const char *from, const char *to)
-{
-	FILE *in = fopen(from, "rb"), *out;
-	char buf[1 << 16];
-	size_t n;
-	int ret = 0;
-
-	if (!in)
-		return -1;
-	out = fopen(to, "wb");
-	if (!out) {
-		fclose(in);
-		return -1;
-	}
-	while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
-		if (fwrite(buf, 1, n, out) != n)
-			ret = -1;
-	fclose(in);
-	if (fclose(out))
-		ret = -1;
-	return ret;
-}
-
-/*
- * RUN/model: a Hugging Face Qwen3ForSequenceClassification directory (config.json from the
- * source with the classification architecture, model.safetensors, the tokenizer files).
- */
-static int export_model(const char *out_dir, const struct loaded_model *lm, float *const *units,
-			enum sl_precision dtype)
-{
-	static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json",
-						 "vocab.json", "merges.txt",
-						 "special_tokens_map.json", "generation_config.json",
-						 "chat_template.jinja" };
-	char tmp_dir[SL_PATH_MAX + 16], p[2 * SL_PATH_MAX], q[2 * SL_PATH_MAX];
-	struct sl_st_out *t;
-	json_t *cj;
-	json_error_t jerr;
-	int ret = -1;
-
-	if (snprintf(tmp_dir, sizeof(tmp_dir), "%s.tmp", out_dir) >= (int)sizeof(tmp_dir))
-		return -1;
-	if (mkdir_p(tmp_dir))
-		return -1;
-	snprintf(p, sizeof(p), "%s/config.json", lm->dir);
-	cj = json_load_file(p, 0, &jerr);
-	if (!cj) {
-		sl_error("%s:%d: %s", p, jerr.line, jerr.text);
-		return -1;
-	}
-	json_object_set_new(cj, "architectures", json_pack("[s]", "Qwen3ForSequenceClassification"));
-	json_object_set_new(cj, "num_labels", json_integer(1));
-	json_object_set_new(cj, "id2label", json_pack("{s:s}", "0", "LABEL_0"));
-	json_object_set_new(cj, "label2id", json_pack("{s:i}", "LABEL_0", 0));
-	json_object_set_new(cj, "dtype", json_string(dtype == SL_PREC_FP32 ? "float32" : "bfloat16"));
-	snprintf(p, sizeof(p), "%s/config.json", tmp_dir);
-	if (json_dump_file(cj, p, JSON_INDENT(2) | JSON_PRESERVE_ORDER)) {
-		sl_error("cannot write %s", p);
-		json_decref(cj);
-		return -1;
-	}
-	json_decref(cj);
-
-	t = calloc(lm->lay.n_tensors, sizeof(*t));
-	for (int i = 0; i < lm->lay.n_tensors; i++) {
-		const struct sl_tensor_info *ti = &lm->lay.t[i];
-
-		t[i].name = ti->name;
-		t[i].ndim = ti->ndim;
-		t[i].shape[0] = ti->shape[0];
-		t[i].shape[1] = ti->shape[1];
-		t[i].data = units[ti->unit] + ti->offset;
-	}
-	snprintf(p, sizeof(p), "%s/model.safetensors", tmp_dir);
-	if (sl_st_write(p, t, lm->lay.n_tensors, dtype == SL_PREC_FP32 ? SL_DT_F32 : SL_DT_BF16))
-		goto out_free;
-	for (size_t i = 0; i < sizeof(tok_files) / sizeof(tok_files[0]); i++) {
-		snprintf(p, sizeof(p), "%s/%s", lm->dir, tok_files[i]);
-		snprintf(q, sizeof(q), "%s/%s", tmp_dir, tok_files[i]);
-		if (is_file(p) && copy_file(p, q)) {
-			sl_error("cannot copy %s to %s", p, q);
-			goto out_free;
-		}
-	}
-	if (rename(tmp_dir, out_dir) != 0) {
-		sl_error("cannot rename %s to %s: %s", tmp_dir, out_dir, strerror(errno));
-		goto out_free;
-	}
-	ret = 0;
-out_free:
-	free(t);
-	return ret;
 }
 
 static void format_duration(double s, char *buf, size_t n)
@@ -514,234 +404,209 @@ static void format_duration(double s, char *buf, size_t n)
 		snprintf(buf, n, "%.1fs", s);
 }
 
-static int load_data(struct sl_dataset *ds, const char *path, const struct sl_config *c,
-		     int vocab, bool training, const char *what)
+static void log_config(const struct sl_config *c)
 {
-	struct sl_data_opts o = {
-		.text_field = c->data.text_field, .label_field = c->data.label_field,
-		.max_state = training ? c->data.max_state : 0, .need_label = training,
-		.skip_errors = c->data.on_error == SL_ON_ERROR_SKIP, .vocab = vocab,
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+
+	sl_config_print_table(c, f);
+	fclose(f);
+	for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n"))
+		sl_log("  %s", line);
+	free(buf);
+}
+
+static char *config_yaml(const struct sl_config *c)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+
+	sl_config_write_yaml(c, f);
+	fclose(f);
+	return buf;
+}
+
+struct job {
+	struct sl_cmd_args a;
+	struct sl_config *c;
+	struct sl_dist d;
+	struct sl_groups g;
+	bool have_groups;
+	struct sl_model_files mf;
+	bool have_mf;
+	struct sl_dataset train, valid;
+	struct sl_backend *be;
+	struct sl_shard sh;
+	bool have_shard;
+	struct sl_model *model;
+	struct sl_sampler smp;
+	struct sl_metrics *met;
+	struct sl_host_batch hb;
+	struct dev_batch db;
+	char *yaml;
+	int R, steps, max_L, first_step;
+	char ckpt_root[SL_PATH_MAX + 64];
+};
+
+static struct sl_ckpt_geom geom_of(struct job *j)
+{
+	return (struct sl_ckpt_geom){
+		.lay = &j->mf.lay, .shard_size = j->sh.S, .shard_rank = j->sh.shard_rank,
+		.writer = j->g.replica.rank == 0, .world = j->d.world, .rank = j->d.rank,
+		.shard = j->sh.shard_sizes,
 	};
+}
 
-	if (sl_data_load(ds, path, &o))
-		return -1;
-	if (ds->skipped)
-		sl_log("%s: skipped %ld bad line(s) (data.on_error: skip)", path, ds->skipped);
-	if (training)
-		sl_log("%s: dropped %ld of %ld records that exceed the training context "
-		       "(max_state %d)", path, ds->dropped, ds->total, c->data.max_state);
-	if (ds->n == 0) {
-		sl_error("%s: no %s records left to use", path, what);
-		return -1;
+/* Host copies of this rank's shards, for checkpoints. */
+static void alloc_host_state(struct job *j, float ***ma, float ***mm, float ***mv)
+{
+	int n = j->sh.n_units;
+
+	*ma = calloc(n, sizeof(float *));
+	*mm = calloc(n, sizeof(float *));
+	*mv = calloc(n, sizeof(float *));
+	for (int u = 0; u < n; u++) {
+		(*ma)[u] = malloc(j->sh.u[u].shard * sizeof(float));
+		(*mm)[u] = malloc(j->sh.u[u].shard * sizeof(float));
+		(*mv)[u] = malloc(j->sh.u[u].shard * sizeof(float));
 	}
+}
+
+static void free_host_state(int n, float **ma, float **mm, float **mv)
+{
+	sl_model_free_units(ma, n);
+	sl_model_free_units(mm, n);
+	sl_model_free_units(mv, n);
+}
+
+static int write_checkpoint(struct job *j, int step)
+{
+	struct sl_ckpt_geom g = geom_of(j);
+	struct sl_ckpt_state st = { .step = step, .seed = (uint64_t)j->c->data.seed,
+				    .data_cursor = (int64_t)step * j->R,
+				    .config_yaml = j->yaml };
+	float **ma, **mm, **mv;
+	double bytes = 0, secs = 0;
+	int ret;
+
+	alloc_host_state(j, &ma, &mm, &mv);
+	for (int u = 0; u < j->sh.n_units; u++)
+		sl_shard_get_state(&j->sh, u, ma[u], mm[u], mv[u]);
+	ret = sl_ckpt_write(j->ckpt_root, &g, &st, ma, mm, mv, j->c->checkpoint.optimizer,
+			    j->c->checkpoint.keep, MPI_COMM_WORLD, &bytes, &secs);
+	free_host_state(j->sh.n_units, ma, mm, mv);
+	if (ret == 0)
+		sl_log("checkpoint step-%06d: %.1f MB in %.2f s (%.0f MB/s)", step, bytes / 1e6,
+		       secs, bytes / 1e6 / fmax(secs, 1e-9));
+	return ret;
+}
+
+static int resume_from(struct job *j, const char *dir)
+{
+	struct sl_ckpt_geom g = geom_of(j);
+	struct sl_ckpt_state st = { 0 };
+	float **ma, **mm, **mv;
+	int ret = -1, old_R;
+
+	alloc_host_state(j, &ma, &mm, &mv);
+	if (sl_ckpt_read(dir, &g, &st, ma, j->c->checkpoint.optimizer ? mm : NULL,
+			 j->c->checkpoint.optimizer ? mv : NULL, MPI_COMM_WORLD))
+		goto out;
+	old_R = st.step ? (int)(st.data_cursor / st.step) : j->R;
+	if (!all_ok(check_resume_config(j->c, st.config_yaml ? st.config_yaml : "", old_R, j->R,
+					dir) == 0))
+		goto out;
+	for (int u = 0; u < j->sh.n_units; u++)
+		sl_shard_set_state(&j->sh, u, ma[u], j->c->checkpoint.optimizer ? mm[u] : NULL,
+				   j->c->checkpoint.optimizer ? mv[u] : NULL);
+	j->first_step = st.step + 1;
+	sl_log("resuming from %s (step %d of %d)%s", dir, st.step, j->steps,
+	       j->c->checkpoint.optimizer ? "" : "; it holds weights only: AdamW moments "
+	       "start from zero");
+	ret = 0;
+out:
+	free((void *)st.config_yaml);
+	free_host_state(j->sh.n_units, ma, mm, mv);
+	return ret;
+}
+
+static int export_final(struct job *j)
+{
+	char path[SL_PATH_MAX + 16];
+	float **units = NULL;
+	int n_files = j->sh.S < j->sh.n_units ? j->sh.S : j->sh.n_units, ret = 0;
+	bool exporter = j->g.replica.rank == 0;
+
+	snprintf(path, sizeof(path), "%s/model", j->c->run.dir);
+	if (exporter) {
+		ret = sl_model_gather_for_export(&j->sh, n_files, &units);
+		if (ret == 0)
+			ret = sl_model_export(path, &j->mf, units, j->c->export_.dtype,
+					      j->g.shard.mpi);
+		sl_model_free_units(units, j->sh.n_units);
+	}
+	if (!all_ok(ret == 0))
+		return -1;
+	sl_log("exported the model to %s (%s, %d safetensors file(s))", path,
+	       sl_precision_name(j->c->export_.dtype), n_files);
 	return 0;
 }
 
-static int init_mpi(int *argc, char ***argv, int *world)
+static int run_steps(struct job *j)
 {
-	int provided, rank;
-	char host[256] = "";
+	const struct sl_config *c = j->c;
+	int *idx = malloc(c->train.batch * sizeof(int)), bad_steps = 0, ret = -1;
+	int pad = j->mf.mc.pad_token_id >= 0 ? j->mf.mc.pad_token_id : 0;
+	double t_train0 = sl_now(), ev[3];
+	char dur[64];
+	bool do_eval0 = j->valid.n && j->first_step == 1;
 
-	MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
-	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-	MPI_Comm_size(MPI_COMM_WORLD, world);
-	gethostname(host, sizeof(host) - 1);
-	sl_log_set_rank(rank, *world, host);
-	if (*world > 1) {
-		sl_error("this version trains on one rank; sharding over ranks arrives with the "
-			 "distributed issue (run shardlm without mpirun/srun)");
-		return -1;
+	if (do_eval0) {
+		evaluate(j->be, j->model, &j->sh.src, &j->valid, c->train.batch, j->max_L, pad,
+			 j->d.rank, j->d.world, ev);
+		sl_metrics_add_eval_stats(j->met, 0, j->valid.n, 3,
+					  (const char *const[]){ "loss", "brier", "corr" }, ev);
+		sl_log("eval step 0  valid loss %.4f  brier %.4f  corr %.3f  (%d records)", ev[0],
+		       ev[1], ev[2], j->valid.n);
 	}
-	return 0;
-}
-
-int sl_cmd_train(int argc, char **argv)
-{
-	struct cmd_args a;
-	struct sl_config *c = calloc(1, sizeof(*c));
-	struct loaded_model lm;
-	struct sl_dataset train = { 0 }, valid = { 0 };
-	struct sl_backend *be = NULL;
-	struct sl_shard sh = { 0 };
-	struct sl_model *model = NULL;
-	struct sl_sampler smp = { 0 };
-	struct sl_metrics *met = NULL;
-	struct sl_host_batch hb = { 0 };
-	struct dev_batch db = { 0 };
-	char path[SL_PATH_MAX + 64], dur[64];
-	int world = 1, ret = 1, bad_steps = 0, max_L, R, steps;
-	float *scores = NULL;
-	int *idx = NULL;
-	bool have_model = false;
-	double t_train0;
-
-	sl_log_init();
-	if (init_mpi(&argc, &argv, &world))
-		goto out_finalize;
-	ret = parse_args("train", argc, argv, &a);
-	if (ret) {
-		ret = ret > 0 ? 0 : 2;
-		goto out_finalize;
-	}
-	ret = 2;
-	if (sl_config_load(c, a.config, a.set, a.nset, true) || check_supported(c, true))
-		goto out_finalize;
-	if (prepare_run_dir(c->run.dir, a.fresh))
-		goto out_finalize;
-	snprintf(path, sizeof(path), "%s/train.log", c->run.dir);
-	if (sl_log_open_file(path))
-		goto out_finalize;
-	sl_log("shardlm %s (%s): train %s, run directory %s", PACKAGE_VERSION, SL_GIT_COMMIT,
-	       a.config, c->run.dir);
-	{
-		char *buf = NULL;
-		size_t len = 0;
-		FILE *f = open_memstream(&buf, &len);
-
-		sl_config_print_table(c, f);
-		fclose(f);
-		for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n"))
-			sl_log("  %s", line);
-		free(buf);
-		f = open_memstream(&buf, &len);
-		sl_config_write_yaml(c, f);
-		fclose(f);
-		snprintf(path, sizeof(path), "%s/config.yaml", c->run.dir);
-		if (sl_write_file_atomic(path, buf, len)) {
-			free(buf);
-			goto out_finalize;
-		}
-		free(buf);
-	}
-
-	if (load_model(&lm, c->model.path, c->model.revision, (uint64_t)c->data.seed))
-		goto out_finalize;
-	have_model = true;
-	sl_log("model %s: %s, %d layers, hidden %d, heads %d/%d (head_dim %d), vocab %d, "
-	       "%.2fM parameters", lm.dir, lm.mc.model_type, lm.mc.n_layers, lm.mc.hidden,
-	       lm.mc.n_heads, lm.mc.n_kv_heads, lm.mc.head_dim, lm.mc.vocab,
-	       lm.lay.total_numel / 1e6);
-
-	if (load_data(&train, c->data.train, c, lm.mc.vocab, true, "training"))
-		goto out_free;
-	if (c->data.valid[0] && load_data(&valid, c->data.valid, c, lm.mc.vocab, true, "validation"))
-		goto out_free;
-
-	if (sl_sampler_init(&smp, &train, c->train.batch, c->train.accum, world, c->data.shuffle,
-			    c->data.length_sort, (uint64_t)c->data.seed))
-		goto out_free;
-	R = sl_sampler_records_per_step(&smp);
-	steps = c->train.steps;
-	if (steps == 0) {
-		if (c->train.epochs <= 0) {
-			sl_error("%s: train.steps is 0 and train.epochs is 0: set one of them",
-				 a.config);
-			goto out_free;
-		}
-		steps = (int)(c->train.epochs * sl_sampler_steps_per_epoch(&smp));
-	}
-	sl_log("%d records, %d per step (batch %d x accum %d x %d data-parallel rank(s)): "
-	       "%d steps, %.2f epoch(s)", train.n, R, c->train.batch, c->train.accum, world,
-	       steps, (double)steps * R / train.n);
-
-	{
-		struct sl_provenance_input pin = {
-			.config_path = a.config, .model_dir = lm.dir, .train_path = c->data.train,
-			.valid_path = c->data.valid, .tokenizer_path = NULL, .argc = argc,
-			.argv = argv, .world = world, .backend = "cpu",
-		};
-
-		snprintf(path, sizeof(path), "%s/provenance.json", c->run.dir);
-		if (sl_provenance_write(path, &pin))
-			goto out_free;
-	}
-
-	be = sl_backend_cpu_create();
-	if (!be) {
-		sl_error("cannot create the cpu backend");
-		goto out_free;
-	}
-	if (sl_shard_create(&sh, be, &lm.lay, lm.units))
-		goto out_free;
-	max_L = longest(&train);
-	if (valid.n && longest(&valid) > max_L)
-		max_L = longest(&valid);
-	model = sl_model_create(&lm.mc, &lm.lay, be, c->train.batch * max_L, c->train.batch,
-				c->train.activation_checkpointing);
-	if (!model)
-		goto out_free;
-	sl_host_batch_alloc(&hb, c->train.batch, max_L);
-	dev_batch_alloc(be, &db, c->train.batch, max_L);
-	idx = malloc(c->train.batch * sizeof(int));
-	scores = malloc((valid.n > train.n ? valid.n : train.n) * sizeof(float));
-
-	snprintf(path, sizeof(path), "%s/training_metrics.json", c->run.dir);
-	met = sl_metrics_create(path);
-	{
-		time_t now = time(NULL);
-		char when[64];
-
-		strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S%z", localtime(&now));
-		sl_metrics_run_int(met, "world", world);
-		sl_metrics_run_int(met, "batch", c->train.batch);
-		sl_metrics_run_int(met, "accum", c->train.accum);
-		sl_metrics_run_int(met, "records_per_step", R);
-		sl_metrics_run_int(met, "epoch_records", train.n);
-		sl_metrics_run_int(met, "dropped_records", train.dropped);
-		sl_metrics_run_int(met, "total_records", train.total);
-		sl_metrics_run_int(met, "params", (long long)lm.lay.total_numel);
-		sl_metrics_run_int(met, "max_state", c->data.max_state);
-		sl_metrics_run_int(met, "steps", steps);
-		sl_metrics_run_string(met, "backend", "cpu");
-		sl_metrics_run_double(met, "start_unix", sl_unix_time());
-		sl_metrics_run_string(met, "start_local", when);
-	}
-	if (sl_metrics_write(met))
-		goto out_free;
-	if (c->checkpoint.every)
-		sl_log("note: HDF5 checkpoints arrive with the distributed issue; this version "
-		       "writes none (checkpoint.every %d is not honoured), only the final model",
-		       c->checkpoint.every);
-
-	if (valid.n) {
-		double vl = score_dataset(be, model, &sh.src, &valid, c->train.batch, max_L, 0,
-					  scores);
-
-		sl_metrics_add_eval(met, 0, vl, valid.n);
-		sl_log("eval step 0  valid loss %.4f  (%d records)", vl, valid.n);
-	}
-	t_train0 = sl_now();
-	for (int step = 1; step <= steps; step++) {
+	for (int step = j->first_step; step <= j->steps; step++) {
 		struct sl_step_metrics sm = { .step = step };
 		struct sl_optim_hparams h;
-		double t0 = sl_now(), loss_sum = 0;
+		double t0 = sl_now(), mine[4] = { 0 }, sums[4];
 		int status;
 
-		sl_shard_zero_grads(&sh);
+		sl_shard_begin_step(&j->sh);
 		for (int acc = 0; acc < c->train.accum; acc++) {
-			int n = sl_sampler_microbatch(&smp, step - 1, acc, 0, idx);
+			int n = sl_sampler_microbatch(&j->smp, step - 1, acc, j->d.rank, idx);
 			double part = 0;
 
-			sl_host_batch_fill(&hb, &train, idx, n, lm.mc.pad_token_id >= 0 ?
-					   lm.mc.pad_token_id : 0);
-			if (sl_model_train_step(model, &sh.src, dev_batch_upload(be, &db, &hb),
-						1.0f / R, &part, NULL))
-				goto out_free;
-			loss_sum += part;
-			sm.records += n;
-			sm.tokens += hb.tokens;
-			sm.padded_tokens += hb.padded_tokens;
+			if (n < 0 || sl_host_batch_fill(&j->hb, &j->train, idx, n, pad))
+				sl_dist_abort("internal error: bad micro-batch");
+			if (sl_model_train_step(j->model, &j->sh.src,
+						dev_batch_upload(j->be, &j->db, &j->hb),
+						1.0f / j->R, &part, NULL))
+				sl_dist_abort("the model step failed");
+			mine[0] += part;
+			mine[1] += n;
+			mine[2] += j->hb.tokens;
+			mine[3] += j->hb.padded_tokens;
 		}
 		h = (struct sl_optim_hparams){
 			.lr = sl_lr_at(c->optim.schedule, c->optim.lr, c->optim.min_lr,
-				       c->optim.warmup, step, steps),
+				       c->optim.warmup, step, j->steps),
 			.head_lr_mult = c->optim.head_lr_mult, .beta1 = c->optim.betas[0],
 			.beta2 = c->optim.betas[1], .eps = c->optim.eps,
 			.weight_decay = c->optim.weight_decay, .clip = c->optim.clip, .step = step,
 		};
-		status = sl_shard_optim_step(&sh, &h, &sm.grad_norm);
-		be->sync(be);
-		sm.loss = loss_sum / R;
+		status = sl_shard_optim_step(&j->sh, &h, &sm.grad_norm);
+		j->be->sync(j->be);
+		MPI_Allreduce(mine, sums, 4, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+		sm.loss = sums[0] / j->R;
+		sm.records = (long)sums[1];
+		sm.tokens = (long)sums[2];
+		sm.padded_tokens = (long)sums[3];
 		sm.lr = h.lr;
 		sm.time_s = sl_now() - t0;
 		sm.end_unix = sl_unix_time();
@@ -753,157 +618,249 @@ int sl_cmd_train(int argc, char **argv)
 			if (bad_steps >= c->train.max_bad_steps) {
 				sl_error("%d steps in a row with a non-finite gradient; stopping. "
 					 "Lower optim.lr or check the data", bad_steps);
-				sl_metrics_add_step(met, &sm);
-				sl_metrics_write(met);
-				goto out_free;
+				sl_metrics_add_step(j->met, &sm);
+				if (j->d.rank == 0)
+					sl_metrics_write(j->met);
+				goto out;
 			}
 		} else {
 			bad_steps = 0;
 		}
-		sl_metrics_add_step(met, &sm);
-		if (step % c->run.log_every == 0 || step == steps || step == 1)
+		sl_metrics_add_step(j->met, &sm);
+		if (step % c->run.log_every == 0 || step == j->steps || step == j->first_step)
 			sl_log("step %d/%d  loss %.4f  lr %.3e  grad_norm %.4f  s/step %.3f  "
-			       "tokens/s %.0f  peak_gpu -  world %d", step, steps, sm.loss, sm.lr,
-			       sm.grad_norm, sm.time_s, sm.tokens / fmax(sm.time_s, 1e-9), world);
-		if (valid.n && ((c->train.eval_every && step % c->train.eval_every == 0) ||
-				step == steps)) {
-			double vl = score_dataset(be, model, &sh.src, &valid, c->train.batch, max_L,
-						  0, scores);
-
-			sl_metrics_add_eval(met, step, vl, valid.n);
-			sl_log("eval step %d  valid loss %.4f  (%d records)", step, vl, valid.n);
+			       "tokens/s %.0f  peak_gpu -  world %d", step, j->steps, sm.loss, sm.lr,
+			       sm.grad_norm, sm.time_s, sm.tokens / fmax(sm.time_s, 1e-9),
+			       j->d.world);
+		if (j->valid.n && ((c->train.eval_every && step % c->train.eval_every == 0) ||
+				   step == j->steps)) {
+			evaluate(j->be, j->model, &j->sh.src, &j->valid, c->train.batch, j->max_L,
+				 pad, j->d.rank, j->d.world, ev);
+			sl_metrics_add_eval_stats(j->met, step, j->valid.n, 3,
+						  (const char *const[]){ "loss", "brier", "corr" },
+						  ev);
+			sl_log("eval step %d  valid loss %.4f  brier %.4f  corr %.3f  (%d records)",
+			       step, ev[0], ev[1], ev[2], j->valid.n);
 		}
-		if (sl_metrics_write(met))
-			goto out_free;
+		if (j->d.rank == 0 && sl_metrics_write(j->met))
+			sl_dist_abort("cannot write training_metrics.json");
+		if (c->checkpoint.every > 0 &&
+		    (step % c->checkpoint.every == 0 || step == j->steps) &&
+		    write_checkpoint(j, step))
+			goto out;
 	}
 	format_duration(sl_now() - t_train0, dur, sizeof(dur));
-	sl_log("trained %d steps in %s", steps, dur);
-
-	for (int u = 0; u < lm.lay.n_units; u++)
-		sl_shard_get_master(&sh, u, lm.units[u]);
-	snprintf(path, sizeof(path), "%s/model", c->run.dir);
-	if (export_model(path, &lm, lm.units, c->export_.dtype))
-		goto out_free;
-	sl_log("exported the model to %s (%s)", path, sl_precision_name(c->export_.dtype));
+	sl_log("trained steps %d to %d in %s", j->first_step, j->steps, dur);
 	ret = 0;
-out_free:
+out:
 	free(idx);
-	free(scores);
-	if (be) {
-		dev_batch_free(be, &db);
-		if (model)
-			sl_model_destroy(model);
-		sl_shard_destroy(&sh);
-		be->destroy(be);
+	return ret;
+}
+
+static void job_free(struct job *j)
+{
+	if (j->be) {
+		dev_batch_free(j->be, &j->db);
+		if (j->model)
+			sl_model_destroy(j->model);
+		if (j->have_shard)
+			sl_shard_destroy(&j->sh);
+		j->be->destroy(j->be);
 	}
-	sl_host_batch_free(&hb);
-	sl_metrics_destroy(met);
-	sl_sampler_free(&smp);
-	sl_data_free(&train);
-	sl_data_free(&valid);
-	if (have_model)
-		free_loaded_model(&lm);
-out_finalize:
+	sl_host_batch_free(&j->hb);
+	sl_metrics_destroy(j->met);
+	sl_sampler_free(&j->smp);
+	sl_data_free(&j->train);
+	sl_data_free(&j->valid);
+	if (j->have_mf)
+		sl_model_files_close(&j->mf);
+	if (j->have_groups)
+		sl_groups_destroy(&j->g);
+	free(j->yaml);
+	free(j->c);
+}
+
+static void metrics_run_info(struct job *j)
+{
+	time_t now = time(NULL);
+	char when[64];
+
+	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S%z", localtime(&now));
+	sl_metrics_run_int(j->met, "world", j->d.world);
+	sl_metrics_run_int(j->met, "batch", j->c->train.batch);
+	sl_metrics_run_int(j->met, "accum", j->c->train.accum);
+	sl_metrics_run_int(j->met, "records_per_step", j->R);
+	sl_metrics_run_int(j->met, "epoch_records", j->train.n);
+	sl_metrics_run_int(j->met, "dropped_records", j->train.dropped);
+	sl_metrics_run_int(j->met, "total_records", j->train.total);
+	sl_metrics_run_int(j->met, "params", (long long)j->mf.lay.total_numel);
+	sl_metrics_run_int(j->met, "max_state", j->c->data.max_state);
+	sl_metrics_run_int(j->met, "steps", j->steps);
+	sl_metrics_run_string(j->met, "backend", "cpu");
+	sl_metrics_run_double(j->met, "start_unix", sl_unix_time());
+	sl_metrics_run_string(j->met, "start_local", when);
+	if (j->first_step > 1)
+		sl_metrics_run_int(j->met, "resumed_after_step", j->first_step - 1);
+}
+
+int sl_cmd_train(int argc, char **argv)
+{
+	struct job jj = { 0 }, *j = &jj;
+	char path[SL_PATH_MAX + 64], ckpt_dir[SL_PATH_MAX + 64], dur[64];
+	int ret = 2, verdict = 0, n_init = 0;
+	bool resume = false;
+
+	ckpt_dir[0] = 0;
+	sl_log_init();
+	j->c = calloc(1, sizeof(*j->c));
+	if (sl_dist_init(&j->d, &argc, &argv))
+		sl_dist_abort("MPI start-up failed");
+	sl_log_set_rank(j->d.rank, j->d.world, j->d.host);
+	ret = sl_cmd_parse("train", argc, argv, &j->a);
+	if (ret) {
+		ret = ret > 0 ? 0 : 2;
+		goto out;
+	}
+	ret = 2;
+	/* every rank reads the config: the same files give every rank the same verdict */
+	if (sl_config_load(j->c, j->a.config, j->a.set, j->a.nset, true) ||
+	    sl_check_supported(j->c, true))
+		goto out;
+	if (sl_dist_set_node_size(&j->d, j->c->parallel.node_size))
+		goto out;
+	sl_checkpoint_root(j->c, j->ckpt_root, sizeof(j->ckpt_root));
+	if (j->d.rank == 0)
+		verdict = prepare_run_dir(j->c, j->a.fresh, ckpt_dir, sizeof(ckpt_dir));
+	MPI_Bcast(&verdict, 1, MPI_INT, 0, MPI_COMM_WORLD);
+	MPI_Bcast(ckpt_dir, sizeof(ckpt_dir), MPI_CHAR, 0, MPI_COMM_WORLD);
+	if (verdict < 0)
+		goto out;
+	resume = verdict == 1;
+	verdict = 0;
+	snprintf(path, sizeof(path), "%s/train.log", j->c->run.dir);
+	if (!all_ok(sl_log_open_file(path) == 0))
+		goto out;
+	sl_log("shardlm %s (%s): train %s, run directory %s, %d rank(s) on %d node(s)%s",
+	       PACKAGE_VERSION, SL_GIT_COMMIT, j->a.config, j->c->run.dir, j->d.world,
+	       j->d.n_nodes, j->d.node_size_overridden ? " (parallel.node_size)" : "");
+	log_config(j->c);
+	j->yaml = config_yaml(j->c);
+	snprintf(path, sizeof(path), "%s/config.yaml", j->c->run.dir);
+	if (!all_ok(j->d.rank != 0 || sl_write_file_atomic(path, j->yaml, strlen(j->yaml)) == 0))
+		goto out;
+
+	if (!all_ok(sl_model_files_open(&j->mf, j->c->model.path, j->c->model.revision) == 0))
+		goto out;
+	j->have_mf = true;
+	sl_log("model %s: %s, %d layers, hidden %d, heads %d/%d (head_dim %d), vocab %d, "
+	       "%.2fM parameters", j->mf.dir, j->mf.mc.model_type, j->mf.mc.n_layers,
+	       j->mf.mc.hidden, j->mf.mc.n_heads, j->mf.mc.n_kv_heads, j->mf.mc.head_dim,
+	       j->mf.mc.vocab, j->mf.lay.total_numel / 1e6);
+
+	if (!all_ok(load_data(&j->train, j->c->data.train, j->c, j->mf.mc.vocab, "training") == 0))
+		goto out;
+	if (!all_ok(!j->c->data.valid[0] ||
+		    load_data(&j->valid, j->c->data.valid, j->c, j->mf.mc.vocab, "validation") == 0))
+		goto out;
+	if (!all_ok(sl_sampler_init(&j->smp, &j->train, j->c->train.batch, j->c->train.accum,
+				    j->d.world, j->c->data.shuffle, j->c->data.length_sort,
+				    (uint64_t)j->c->data.seed) == 0))
+		goto out;
+	j->R = sl_sampler_records_per_step(&j->smp);
+	j->steps = j->c->train.steps ? j->c->train.steps :
+		(int)(j->c->train.epochs * sl_sampler_steps_per_epoch(&j->smp));
+	sl_log("%d records, %d per step (batch %d x accum %d x %d data-parallel rank(s)): "
+	       "%d steps, %.2f epoch(s)", j->train.n, j->R, j->c->train.batch, j->c->train.accum,
+	       j->d.world, j->steps, (double)j->steps * j->R / j->train.n);
+
+	if (j->d.rank == 0) {
+		struct sl_provenance_input pin = {
+			.config_path = j->a.config, .model_dir = j->mf.dir,
+			.train_path = j->c->data.train, .valid_path = j->c->data.valid,
+			.argc = argc, .argv = argv, .world = j->d.world, .backend = "cpu",
+		};
+
+		snprintf(path, sizeof(path), "%s/provenance.json", j->c->run.dir);
+		verdict = sl_provenance_write(path, &pin);
+	}
+	if (!all_ok(verdict == 0))
+		goto out;
+
+	j->be = sl_backend_cpu_create();
+	if (!all_ok(j->be != NULL))
+		goto out;
+	if (!all_ok(sl_groups_create(&j->g, &j->d, j->c->parallel.shard_group == SL_SHARD_NODE,
+				     SL_COMM_MPI, NULL) == 0))
+		goto out;
+	j->have_groups = true;
+	{
+		struct sl_shard_opts so = {
+			.shard_comm = &j->g.shard, .replica_comm = &j->g.replica,
+			.reshard_after_forward = j->c->parallel.reshard_after_forward,
+			.prefetch = j->c->parallel.prefetch,
+		};
+
+		if (!all_ok(sl_shard_create(&j->sh, j->be, &j->mf.lay, &so) == 0))
+			goto out;
+		j->have_shard = true;
+	}
+	sl_log("sharding: %d rank(s) per shard group (%s), %d replica(s)", j->sh.S,
+	       j->c->parallel.shard_group == SL_SHARD_NODE ? "node: HSDP" : "world: FSDP",
+	       j->g.replica.size);
+	j->first_step = 1;
+	if (resume) {
+		if (!all_ok(resume_from(j, ckpt_dir) == 0))
+			goto out;
+	} else {
+		if (!all_ok(sl_model_files_load_shard(&j->mf, &j->sh, (uint64_t)j->c->data.seed,
+						      &n_init) == 0))
+			goto out;
+	}
+
+	j->max_L = sl_data_max_len(&j->train);
+	if (j->valid.n && sl_data_max_len(&j->valid) > j->max_L)
+		j->max_L = sl_data_max_len(&j->valid);
+	j->model = sl_model_create(&j->mf.mc, &j->mf.lay, j->be, j->c->train.batch * j->max_L,
+				   j->c->train.batch, j->c->train.activation_checkpointing);
+	if (!all_ok(j->model != NULL))
+		goto out;
+	sl_host_batch_alloc(&j->hb, j->c->train.batch, j->max_L);
+	dev_batch_alloc(j->be, &j->db, j->c->train.batch, j->max_L);
+
+	snprintf(path, sizeof(path), "%s/training_metrics.json", j->c->run.dir);
+	j->met = sl_metrics_create(path);
+	metrics_run_info(j);
+	if (j->first_step > 1)
+		sl_metrics_keep_earlier(j->met, path, j->first_step - 1);
+	if (!all_ok(j->d.rank != 0 || sl_metrics_write(j->met) == 0))
+		goto out;
+	if (j->c->checkpoint.every == 0)
+		sl_log("checkpoint.every is 0: no checkpoints (the final model is still exported)");
+
+	if (run_steps(j))
+		goto out;
+	if (export_final(j))
+		goto out;
+	ret = 0;
+out:
+	job_free(j);
 	format_duration(sl_log_elapsed(), dur, sizeof(dur));
 	if (ret == 0)
 		sl_log("done: the job ran %s", dur);
 	else
 		sl_log("failed after %s", dur);
 	sl_log_close_file();
-	free(c);
-	MPI_Finalize();
-	return ret;
-}
-
-int sl_cmd_score(int argc, char **argv)
-{
-	struct cmd_args a;
-	struct sl_config *c = calloc(1, sizeof(*c));
-	struct loaded_model lm;
-	struct sl_dataset ds = { 0 };
-	struct sl_backend *be = NULL;
-	struct sl_shard sh = { 0 };
-	struct sl_model *model = NULL;
-	char exported[SL_PATH_MAX + 64], probe[SL_PATH_MAX + 96];
-	const char *weights;
-	float *scores = NULL;
-	int world, ret = 1, batch;
-	bool have_model = false;
-
-	sl_log_init();
-	sl_log_to_stderr(true);
-	if (init_mpi(&argc, &argv, &world))
-		goto out_finalize;
-	ret = parse_args("score", argc, argv, &a);
-	if (ret) {
-		ret = ret > 0 ? 0 : 2;
-		goto out_finalize;
-	}
-	ret = 2;
-	if (sl_config_load(c, a.config, a.set, a.nset, false) || check_supported(c, false))
-		goto out_finalize;
-	/* weights: --model, else the run's exported model, else model.path */
-	snprintf(exported, sizeof(exported), "%s/model", c->run.dir);
-	snprintf(probe, sizeof(probe), "%s/config.json", exported);
-	if (a.model)
-		weights = a.model;
-	else if (is_file(probe))
-		weights = exported;
-	else if (c->model.path[0])
-		weights = c->model.path;
-	else {
-		sl_error("%s: no weights to score with: pass --model DIR, train first (%s), or set "
-			 "model.path", a.config, exported);
-		goto out_finalize;
-	}
-	if (load_model(&lm, weights, a.model || weights == exported ? "" : c->model.revision,
-		       (uint64_t)c->data.seed))
-		goto out_finalize;
-	have_model = true;
-	if (lm.n_initialized)
-		sl_warn("%s has no trained head: the scores come from a randomly initialized one",
-			lm.dir);
-	sl_log("scoring %s with %s", a.data, lm.dir);
-	if (load_data(&ds, a.data, c, lm.mc.vocab, false, "scoring"))
-		goto out_free;
-	be = sl_backend_cpu_create();
-	if (!be || sl_shard_create(&sh, be, &lm.lay, lm.units))
-		goto out_free;
-	batch = c->train.batch;
-	model = sl_model_create(&lm.mc, &lm.lay, be, batch * longest(&ds), batch, false);
-	if (!model)
-		goto out_free;
-	scores = malloc(ds.n * sizeof(float));
-	score_dataset(be, model, &sh.src, &ds, batch, longest(&ds), 0, scores);
-	for (int i = 0; i < ds.n; i++)
-		printf("{\"index\":%d,\"score\":%.9g,\"prob\":%.9g}\n", i, scores[i],
-		       1.0 / (1.0 + exp(-(double)scores[i])));
-	fflush(stdout);
-	ret = 0;
-out_free:
-	free(scores);
-	if (be) {
-		if (model)
-			sl_model_destroy(model);
-		sl_shard_destroy(&sh);
-		be->destroy(be);
-	}
-	sl_data_free(&ds);
-	if (have_model)
-		free_loaded_model(&lm);
-out_finalize:
-	free(c);
-	MPI_Finalize();
+	sl_dist_finalize(&j->d);
 	return ret;
 }
 
 int sl_cmd_config(int argc, char **argv)
 {
-	struct cmd_args a;
+	struct sl_cmd_args a;
 	struct sl_config *c = calloc(1, sizeof(*c));
 	int ret;
 
-	ret = parse_args("config", argc, argv, &a);
+	ret = sl_cmd_parse("config", argc, argv, &a);
 	if (ret) {
 		free(c);
 		return ret > 0 ? 0 : 2;
