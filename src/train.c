@@ -25,12 +25,14 @@
 #include "data.h"
 #include "dist.h"
 #include "fsutil.h"
+#include "gpulog.h"
 #include "log.h"
 #include "metrics.h"
 #include "model.h"
 #include "modelio.h"
 #include "optim.h"
 #include "shard.h"
+#include "tb.h"
 
 static void usage(const char *cmd)
 {
@@ -446,6 +448,8 @@ struct job {
 	struct sl_host_batch hb;
 	struct dev_batch db;
 	char *yaml;
+	struct sl_gpulog *gpulog;	/* node's local rank 0 */
+	struct sl_tb *tb;		/* rank 0 */
 	int R, steps, max_L, first_step;
 	char ckpt_root[SL_PATH_MAX + 64];
 };
@@ -627,6 +631,15 @@ static int run_steps(struct job *j)
 			bad_steps = 0;
 		}
 		sl_metrics_add_step(j->met, &sm);
+		if (j->tb && (sl_tb_scalar(j->tb, "train/loss", step, sm.loss) ||
+			      sl_tb_scalar(j->tb, "train/lr", step, sm.lr) ||
+			      sl_tb_scalar(j->tb, "train/grad_norm", step, sm.grad_norm) ||
+			      sl_tb_scalar(j->tb, "train/tokens_per_s", step,
+					   sm.tokens / fmax(sm.time_s, 1e-9)))) {
+			sl_warn("TensorBoard events stop here; training goes on");
+			sl_tb_close(j->tb);
+			j->tb = NULL;
+		}
 		if (step % c->run.log_every == 0 || step == j->steps || step == j->first_step)
 			sl_log("step %d/%d  loss %.4f  lr %.3e  grad_norm %.4f  s/step %.3f  "
 			       "tokens/s %.0f  peak_gpu -  world %d", step, j->steps, sm.loss, sm.lr,
@@ -641,7 +654,14 @@ static int run_steps(struct job *j)
 						  ev);
 			sl_log("eval step %d  valid loss %.4f  brier %.4f  corr %.3f  (%d records)",
 			       step, ev[0], ev[1], ev[2], j->valid.n);
+			if (j->tb) {
+				sl_tb_scalar(j->tb, "valid/loss", step, ev[0]);
+				sl_tb_scalar(j->tb, "valid/brier", step, ev[1]);
+				sl_tb_scalar(j->tb, "valid/corr", step, ev[2]);
+			}
 		}
+		if (j->tb && (step % c->run.log_every == 0 || step == j->steps))
+			sl_tb_flush(j->tb);
 		if (j->d.rank == 0 && sl_metrics_write(j->met))
 			sl_dist_abort("cannot write training_metrics.json");
 		if (c->checkpoint.every > 0 &&
@@ -659,6 +679,8 @@ out:
 
 static void job_free(struct job *j)
 {
+	sl_gpulog_stop(j->gpulog);
+	sl_tb_close(j->tb);
 	if (j->be) {
 		dev_batch_free(j->be, &j->db);
 		if (j->model)
@@ -836,6 +858,13 @@ int sl_cmd_train(int argc, char **argv)
 		goto out;
 	if (j->c->checkpoint.every == 0)
 		sl_log("checkpoint.every is 0: no checkpoints (the final model is still exported)");
+	if (j->d.rank == 0) {
+		snprintf(path, sizeof(path), "%s/tb", j->c->run.dir);
+		j->tb = sl_tb_open(path);
+	}
+	/* the cpu backend uses no GPU: sample the node's GPUs, if it has any, for reference */
+	if (j->d.hw_local_rank == 0)
+		j->gpulog = sl_gpulog_start(j->c->gpu_log.file, j->c->gpu_log.every_s, NULL, 0);
 
 	if (run_steps(j))
 		goto out;
