@@ -47,6 +47,11 @@ struct sl_ckpt_state {
  * m and v may be NULL with @optimizer false.  Collective over @world (MPI_COMM_WORLD).
  * *bytes / *seconds: total size and wall time (rank 0).  0 or negative (the previous complete
  * checkpoint is untouched on failure).  Then removes complete checkpoints beyond the newest @keep.
+ * Non-writer ranks (HSDP replicas) pass their buffers or NULL; they only take part in the
+ * agreement.  Failure is agreed: every rank returns negative, the new step directory is removed.
+ * A step directory that is already complete is never overwritten (an error); an incomplete one
+ * (a crashed write) is cleared and reused.  keep <= 0 keeps every complete checkpoint; incomplete
+ * leftovers older than the newest complete checkpoint are removed either way.
  */
 int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct sl_ckpt_state *s,
 		  float *const *master, float *const *m, float *const *v, bool optimizer, int keep,
@@ -63,5 +68,9 @@ int sl_ckpt_find_latest(const char *root, char *dir, size_t n, int *step);
  */
 int sl_ckpt_read(const char *dir, const struct sl_ckpt_geom *g, struct sl_ckpt_state *s,
 		 float **master, float **m, float **v, MPI_Comm world);
+
+/* 1 if checkpoint @dir holds AdamW moments (m/v may be read), 0 if weights only, <0 error.
+ * Not collective: one rank may ask and broadcast. */
+int sl_ckpt_has_optimizer(const char *dir);
 
 #endif
