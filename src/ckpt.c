@@ -1340,6 +1340,26 @@ int sl_ckpt_has_optimizer(const char *dir)
 	return opt ? 1 : 0;
 }
 
+char *sl_ckpt_read_config(const char *dir)
+{
+	char path[4096], *config;
+	hid_t f;
+
+	H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+	if (join(path, sizeof(path), dir, "index.h5") < 0)
+		return NULL;
+	f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+	if (f < 0) {
+		ck_err(path, "cannot be opened as HDF5 (%s)", h5_msg());
+		return NULL;
+	}
+	config = attr_get_str(f, "config");
+	if (!config)
+		ck_err(path, "has no config attribute: not a shardlm checkpoint index");
+	H5Fclose(f);
+	return config;
+}
+
 int sl_ckpt_read(const char *dir, const struct sl_ckpt_geom *g, struct sl_ckpt_state *s,
 		 float **master, float **m, float **v, MPI_Comm world)
 {

@@ -73,4 +73,7 @@ int sl_ckpt_read(const char *dir, const struct sl_ckpt_geom *g, struct sl_ckpt_s
  * Not collective: one rank may ask and broadcast. */
 int sl_ckpt_has_optimizer(const char *dir);
 
+/* The resolved config stored in @dir's index.h5 (malloc'ed YAML), NULL after an error. */
+char *sl_ckpt_read_config(const char *dir);
+
 #endif

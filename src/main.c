@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "tokenizer.h"
 #include "train.h"
 
 static void usage(FILE *out)
@@ -17,7 +18,9 @@ static void usage(FILE *out)
 		"  score CONFIG [--set KEY=VALUE]... --data FILE [--model DIR]\n"
 		"                                                one JSON line per record\n"
 		"  config CONFIG [--set KEY=VALUE]...           validate and print the resolved config\n"
-		"  tokenize, plan, export                        arrive with their issues\n",
+		"  tokenize --tokenizer PATH [--split-special]  JSONL text in, token ids out\n"
+		"  export CHECKPOINT --out DIR                   a checkpoint as a Hugging Face model\n"
+		"  plan                                          arrives with its issue\n",
 		PACKAGE_VERSION);
 }
 
@@ -39,8 +42,11 @@ int main(int argc, char **argv)
 		usage(stdout);
 		return 0;
 	}
-	if (strcmp(cmd, "tokenize") == 0 || strcmp(cmd, "plan") == 0 ||
-	    strcmp(cmd, "export") == 0) {
+	if (strcmp(cmd, "tokenize") == 0)
+		return sl_cmd_tokenize(argc - 1, argv + 1);
+	if (strcmp(cmd, "export") == 0)
+		return sl_cmd_export(argc - 1, argv + 1);
+	if (strcmp(cmd, "plan") == 0) {
 		fprintf(stderr, "shardlm: '%s' is not in this version yet (it arrives with its "
 			"issue)\n", cmd);
 		return 2;

@@ -209,3 +209,80 @@ out:
 	sl_dist_finalize(&d);
 	return ret;
 }
+
+int sl_cmd_export(int argc, char **argv)
+{
+	struct sl_cmd_args a;
+	struct sl_config *c = calloc(1, sizeof(*c));
+	struct sl_dist d;
+	struct sl_model_files mf;
+	struct sl_backend *be = NULL;
+	struct sl_shard sh = { 0 };
+	struct sl_shard_opts so = { 0 };
+	char tmp[] = "/tmp/shardlm-export-XXXXXX", *yaml = NULL;
+	float **units = NULL;
+	int ret = 2, fd;
+	bool have_mf = false;
+
+	sl_log_init();
+	if (sl_dist_init(&d, &argc, &argv))
+		sl_dist_abort("MPI start-up failed");
+	ret = sl_cmd_parse("export", argc, argv, &a);
+	if (ret) {
+		ret = ret > 0 ? 0 : 2;
+		goto out;
+	}
+	ret = 2;
+	if (d.world > 1) {
+		sl_error("export runs on one rank; start it without mpirun/srun");
+		goto out;
+	}
+	/* the checkpoint's own config names the model (config.json, tokenizer) and export.dtype */
+	yaml = sl_ckpt_read_config(a.checkpoint);
+	if (!yaml)
+		goto out;
+	fd = mkstemp(tmp);
+	if (fd < 0 || write(fd, yaml, strlen(yaml)) != (ssize_t)strlen(yaml)) {
+		sl_error("cannot write a temporary file for the checkpoint's config");
+		if (fd >= 0)
+			close(fd);
+		goto out;
+	}
+	close(fd);
+	ret = sl_config_load(c, tmp, NULL, 0, false);
+	unlink(tmp);
+	if (ret) {
+		ret = 2;
+		sl_error("%s: the stored config does not load", a.checkpoint);
+		goto out;
+	}
+	ret = 2;
+	if (sl_model_files_open(&mf, c->model.path, c->model.revision)) {
+		sl_error("%s: export needs the model the run started from (model.path %s) for "
+			 "config.json and the tokenizer files", a.checkpoint, c->model.path);
+		goto out;
+	}
+	have_mf = true;
+	be = sl_backend_cpu_create();
+	if (!be || sl_shard_create(&sh, be, &mf.lay, &so))
+		goto out;
+	if (read_checkpoint_units(a.checkpoint, &mf, &sh))
+		goto out;
+	if (sl_model_gather_for_export(&sh, 1, &units) ||
+	    sl_model_export(a.out, &mf, units, c->export_.dtype, MPI_COMM_SELF))
+		goto out;
+	sl_log("exported %s to %s (%s)", a.checkpoint, a.out, sl_precision_name(c->export_.dtype));
+	ret = 0;
+out:
+	sl_model_free_units(units, have_mf ? mf.lay.n_units : 0);
+	if (be) {
+		sl_shard_destroy(&sh);
+		be->destroy(be);
+	}
+	if (have_mf)
+		sl_model_files_close(&mf);
+	free(yaml);
+	free(c);
+	sl_dist_finalize(&d);
+	return ret;
+}

@@ -512,23 +512,24 @@ static int resume_from(struct job *j, const char *dir)
 	struct sl_ckpt_geom g = geom_of(j);
 	struct sl_ckpt_state st = { 0 };
 	float **ma, **mm, **mv;
-	int ret = -1, old_R;
+	int ret = -1, old_R, has_opt;
 
+	has_opt = sl_ckpt_has_optimizer(dir);
+	if (!all_ok(has_opt >= 0))
+		return -1;
 	alloc_host_state(j, &ma, &mm, &mv);
-	if (sl_ckpt_read(dir, &g, &st, ma, j->c->checkpoint.optimizer ? mm : NULL,
-			 j->c->checkpoint.optimizer ? mv : NULL, MPI_COMM_WORLD))
+	if (sl_ckpt_read(dir, &g, &st, ma, has_opt ? mm : NULL, has_opt ? mv : NULL,
+			 MPI_COMM_WORLD))
 		goto out;
 	old_R = st.step ? (int)(st.data_cursor / st.step) : j->R;
 	if (!all_ok(check_resume_config(j->c, st.config_yaml ? st.config_yaml : "", old_R, j->R,
 					dir) == 0))
 		goto out;
 	for (int u = 0; u < j->sh.n_units; u++)
-		sl_shard_set_state(&j->sh, u, ma[u], j->c->checkpoint.optimizer ? mm[u] : NULL,
-				   j->c->checkpoint.optimizer ? mv[u] : NULL);
+		sl_shard_set_state(&j->sh, u, ma[u], has_opt ? mm[u] : NULL, has_opt ? mv[u] : NULL);
 	j->first_step = st.step + 1;
 	sl_log("resuming from %s (step %d of %d)%s", dir, st.step, j->steps,
-	       j->c->checkpoint.optimizer ? "" : "; it holds weights only: AdamW moments "
-	       "start from zero");
+	       has_opt ? "" : "; it holds weights only: AdamW moments start from zero");
 	ret = 0;
 out:
 	free((void *)st.config_yaml);

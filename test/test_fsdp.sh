@@ -131,4 +131,39 @@ print("h5dump matches the exported weight; max difference", worst)
 PY
 	fail "h5dump of the index differs from the exported model"
 fi
+
+# `shardlm export` of the final checkpoint (3 ranks wrote it) gives the exported model's tensors,
+# and scoring with the checkpoint gives the scores of the exported model
+expect_ok "export a checkpoint" "$SHARDLM" export "$T/np3/checkpoints/step-000008" --out "$T/exp"
+ok
+python3 - "$T/np3/model" "$T/exp" <<'PY' || fail "export of the checkpoint differs from the run's export"
+import json, os, struct, sys
+def tensors(d):
+    out = {}
+    for f in os.listdir(d):
+        if not f.endswith(".safetensors"):
+            continue
+        raw = open(os.path.join(d, f), "rb").read()
+        hl = struct.unpack("<Q", raw[:8])[0]
+        for k, v in json.loads(raw[8:8 + hl]).items():
+            if k == "__metadata__":
+                continue
+            b, e = v["data_offsets"]
+            out[k] = (v["shape"], raw[8 + hl + b:8 + hl + e])
+    return out
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert a.keys() == b.keys() and len(a) > 0, (sorted(a), sorted(b))
+for k in a:
+    assert a[k] == b[k], k
+print(len(a), "tensors identical")
+PY
+expect_ok "score with the exported model" "$SHARDLM" score "$T/base.yaml" --set run.dir="$T/np3" \
+	--data "$T/data.jsonl"
+grep '"index"' "$T/out" >"$T/s1.jsonl"
+expect_ok "score with the checkpoint" "$SHARDLM" score "$T/base.yaml" --set run.dir="$T/np3" \
+	--data "$T/data.jsonl" --model "$T/np3/checkpoints/step-000008"
+grep '"index"' "$T/out" >"$T/s2.jsonl"
+ok
+[ "$(wc -l <"$T/s1.jsonl")" = 48 ] && cmp -s "$T/s1.jsonl" "$T/s2.jsonl" ||
+	fail "scores from the checkpoint differ from the exported model's"
 finish
