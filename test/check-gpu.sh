@@ -38,6 +38,12 @@ gpu_test "dist staged np 4" $MPIRUN -np 4 --oversubscribe "$PROG" --kind staged
 gpu_test "dist staged np 4 node size 2" $MPIRUN -np 4 --oversubscribe "$PROG" --kind staged \
 	--node-size 2
 
+if python3 -c "import transformers" 2>/dev/null; then
+	gpu_test "export loads in transformers" sh "$top_srcdir/test/check-gpu-export.sh"
+else
+	echo "SKIP: export loads in transformers (python3 has no transformers)"
+fi
+
 grep -h "checks," "$LOG"
 echo "check-gpu: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
