@@ -33,6 +33,7 @@ struct sl_dataset {
 	long skipped;			/* bad lines skipped (on_error: skip) */
 	int32_t *pool;
 	size_t pool_len;
+	bool from_cache;		/* text: read from a complete cache, nothing tokenized */
 };
 
 /*
@@ -53,6 +54,16 @@ struct sl_data_opts {
 	/* NULL until the tokenizer module lands: a text record is then an error */
 	sl_tokenize_fn tokenize;
 	void *tokenize_ctx;
+	/*
+	 * Text records through this tokenizer, with the tokenization cache and OpenMP threads
+	 * (tokenize / tokenize_ctx are then unused).  The cache is one binary file per (data file
+	 * bytes, tokenizer.json bytes, text_field, label_field, on_error) in cache_dir; see
+	 * sl_data_cache_path.
+	 */
+	struct sl_tokenizer *tokenizer;
+	const char *cache_dir;		/* NULL: $SHARDLM_CACHE_DIR, else $XDG_CACHE_HOME/shardlm,
+					 * else ~/.cache/shardlm */
+	bool progress;			/* log records/s and ETA while tokenizing (rank 0) */
 };
 
 /*
@@ -62,6 +73,18 @@ struct sl_data_opts {
  */
 int sl_data_load(struct sl_dataset *ds, const char *path, const struct sl_data_opts *o);
 void sl_data_free(struct sl_dataset *ds);
+
+/*
+ * Tokenization split across ranks (o->tokenizer set): rank @part of @nparts tokenizes the lines
+ * that start in its 1/nparts of the file's bytes (with OpenMP threads) and writes a part file
+ * next to the cache.  Nothing to do (returns 0) when the complete cache exists already.  After
+ * a barrier, sl_data_load on every rank merges the complete set of parts into the cache file
+ * and loads it; a single rank needs no part call (sl_data_load tokenizes what is missing).
+ * Errors of a bad line ("FILE:LINE: why") are printed by the rank that owns the line.
+ */
+int sl_data_tokenize_part(const char *path, const struct sl_data_opts *o, int part, int nparts);
+/* The cache file for @path under @o into @buf (the directory is created); negative on error. */
+int sl_data_cache_path(const char *path, const struct sl_data_opts *o, char *buf, size_t n);
 /* The longest kept record, in tokens (0 for an empty dataset). */
 int sl_data_max_len(const struct sl_dataset *ds);
 

@@ -1,1 +1,1842 @@
-/* tokenizer.c: placeholder until its author lands it */
+/*
+ * tokenizer: Hugging Face tokenizer.json (model BPE, byte-level) loading, encoding, decoding.
+ *
+ * Owns the exact reproduction of HF tokenizers' encode(text, add_special_tokens=False): added
+ * tokens (AddedVocabulary::extract_and_normalize), normalizers (utf8proc), pre-tokenizers
+ * (Split through PCRE2, ByteLevel) and the BPE model (merges by rank, HF's heap order).  The
+ * semantics were read from HF tokenizers' Rust source; no code is taken from it.
+ *
+ * Speed: ASCII and sub-U+0300 text skips NFC (it is NFC already); merge ranks live in an open
+ * addressing table keyed by the id pair; a word merges through a binary heap over a linked list
+ * of symbols (O(n log n), so a 100k-byte word is fine); pre-token results are cached in a
+ * bounded, lock-striped table.
+ */
+#define _GNU_SOURCE
+#include "tokenizer.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <jansson.h>
+#include <pcre2.h>
+#include <utf8proc.h>
+
+#include "log.h"
+
+/* words longer than this are not cached (HF: the same bound) */
+#define CACHE_MAX_WORD 256
+#define CACHE_STRIPES 64
+#define CACHE_SLOTS 4096		/* per stripe, a power of two */
+#define MAX_STEPS 16			/* normalizers / pre-tokenizers in a sequence */
+
+/* ---- hashing ------------------------------------------------------------------------------ */
+
+static inline uint64_t mix64(uint64_t x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ull;
+	x ^= x >> 33;
+	return x;
+}
+
+uint64_t sl_hash64(const void *p, size_t n, uint64_t seed)
+{
+	const unsigned char *s = p;
+	uint64_t h = seed ^ (n * 0x9e3779b97f4a7c15ull), w;
+
+	while (n >= 8) {
+		memcpy(&w, s, 8);
+		h = (h ^ mix64(w)) * 0x9e3779b97f4a7c15ull;
+		h ^= h >> 29;
+		s += 8;
+		n -= 8;
+	}
+	w = 0;
+	memcpy(&w, s, n);
+	h = (h ^ mix64(w ^ ((uint64_t)n << 56))) * 0x9e3779b97f4a7c15ull;
+	return mix64(h);
+}
+
+/* ---- string -> id table (vocabulary) ------------------------------------------------------ */
+
+struct str_map {
+	uint32_t mask;			/* slots - 1 */
+	int32_t *slot;			/* (slots) entry index or -1 */
+	const char **key;		/* (n) */
+	uint32_t *klen;			/* (n) */
+	int32_t *val;			/* (n) */
+	uint32_t n, cap;
+};
+
+static int str_map_init(struct str_map *m, size_t expect)
+{
+	size_t slots = 16;
+
+	while (slots < expect * 2)
+		slots *= 2;
+	memset(m, 0, sizeof(*m));
+	m->mask = slots - 1;
+	m->slot = malloc(slots * sizeof(*m->slot));
+	m->cap = expect ? expect : 1;
+	m->key = malloc(m->cap * sizeof(*m->key));
+	m->klen = malloc(m->cap * sizeof(*m->klen));
+	m->val = malloc(m->cap * sizeof(*m->val));
+	if (!m->slot || !m->key || !m->klen || !m->val)
+		return -ENOMEM;
+	memset(m->slot, 0xff, slots * sizeof(*m->slot));
+	return 0;
+}
+
+static void str_map_free(struct str_map *m)
+{
+	free(m->slot);
+	free(m->key);
+	free(m->klen);
+	free(m->val);
+}
+
+static int32_t str_map_get(const struct str_map *m, const char *k, size_t n)
+{
+	uint32_t i = (uint32_t)sl_hash64(k, n, 0) & m->mask;
+	int32_t e;
+
+	while ((e = m->slot[i]) >= 0) {
+		if (m->klen[e] == n && !memcmp(m->key[e], k, n))
+			return m->val[e];
+		i = (i + 1) & m->mask;
+	}
+	return -1;
+}
+
+/* @k must outlive the map; an existing key gets the new value */
+static int str_map_put(struct str_map *m, const char *k, size_t n, int32_t v)
+{
+	uint32_t i = (uint32_t)sl_hash64(k, n, 0) & m->mask;
+	int32_t e;
+
+	while ((e = m->slot[i]) >= 0) {
+		if (m->klen[e] == n && !memcmp(m->key[e], k, n)) {
+			m->val[e] = v;
+			return 0;
+		}
+		i = (i + 1) & m->mask;
+	}
+	if (m->n == m->cap || (m->n + 1) * 2 > m->mask + 1)
+		return -ENOSPC;
+	m->key[m->n] = k;
+	m->klen[m->n] = n;
+	m->val[m->n] = v;
+	m->slot[i] = m->n++;
+	return 0;
+}
+
+/* ---- (id, id) -> (rank, new id) table (merges) -------------------------------------------- */
+
+struct pair_entry {
+	uint64_t key;			/* a << 32 | b; ~0 = empty */
+	uint32_t rank;
+	int32_t new_id;
+};
+
+struct pair_map {
+	uint64_t mask;
+	struct pair_entry *e;
+};
+
+static int pair_map_init(struct pair_map *m, size_t expect)
+{
+	size_t slots = 16, i;
+
+	while (slots < expect * 2)
+		slots *= 2;
+	m->mask = slots - 1;
+	m->e = malloc(slots * sizeof(*m->e));
+	if (!m->e)
+		return -ENOMEM;
+	for (i = 0; i < slots; i++)
+		m->e[i].key = ~0ull;
+	return 0;
+}
+
+static inline const struct pair_entry *pair_map_get(const struct pair_map *m, int32_t a,
+						    int32_t b)
+{
+	uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+	uint64_t i = mix64(k) & m->mask;
+
+	for (;;) {
+		const struct pair_entry *e = &m->e[i];
+
+		if (e->key == k)
+			return e;
+		if (e->key == ~0ull)
+			return NULL;
+		i = (i + 1) & m->mask;
+	}
+}
+
+/* a later duplicate overwrites an earlier one, as HF's HashMap collect does */
+static void pair_map_put(struct pair_map *m, int32_t a, int32_t b, uint32_t rank, int32_t id)
+{
+	uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+	uint64_t i = mix64(k) & m->mask;
+
+	while (m->e[i].key != ~0ull && m->e[i].key != k)
+		i = (i + 1) & m->mask;
+	m->e[i].key = k;
+	m->e[i].rank = rank;
+	m->e[i].new_id = id;
+}
+
+/* ---- the tokenizer ------------------------------------------------------------------------ */
+
+enum norm_kind { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD };
+
+enum split_behavior {
+	SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_MERGED_PREV, SPLIT_MERGED_NEXT, SPLIT_CONTIGUOUS
+};
+
+struct pretok {
+	bool byte_level;		/* ByteLevel (else Split) */
+	bool add_prefix_space;		/* ByteLevel */
+	enum split_behavior behavior;	/* Split; ByteLevel's regex: Isolated */
+	bool invert;
+	pcre2_code *re;			/* NULL: ByteLevel without its regex */
+	bool jit;
+};
+
+struct added {
+	char *content;
+	size_t len;
+	int32_t id;
+	bool special, single_word, lstrip, rstrip, normalized;
+};
+
+/* added tokens of one kind, indexed by first byte, longest first */
+struct added_set {
+	int n;
+	int *idx;			/* (n) into tok->added, by (first byte, length desc) */
+	int start[257];			/* first byte b's tokens: idx[start[b] .. start[b+1]) */
+};
+
+struct cache_entry {
+	uint64_t h;
+	uint32_t len, nids;
+	char *blob;			/* len bytes of word, then nids int32 ids */
+};
+
+struct cache_stripe {
+	pthread_mutex_t lock;
+	uint32_t used;
+	struct cache_entry *slot;	/* (CACHE_SLOTS) */
+};
+
+struct sl_tokenizer {
+	char path[4096];
+	uint64_t hash;			/* of the file's bytes */
+	char *vocab_arena;		/* vocabulary strings, NUL-separated */
+	struct str_map vocab;
+	int n_vocab;			/* model vocabulary entries */
+	int vocab_size;			/* max id + 1, added tokens included */
+	const char **id_str;		/* (vocab_size) the token's string (mapped alphabet) or NULL */
+	uint32_t *id_len;		/* (vocab_size) */
+	char **id_bytes;		/* (vocab_size) decoded bytes */
+	uint32_t *id_nbytes;		/* (vocab_size) */
+	struct pair_map merges;
+	bool ignore_merges;
+	bool byte_level;		/* a ByteLevel pre-tokenizer maps bytes to the alphabet */
+	bool decoder_byte_level;
+	int32_t byte_id[256];		/* the id of each byte's alphabet character, or -1 */
+	char byte_chr[256][3];		/* bytes_to_unicode: each byte's character in UTF-8 */
+	uint8_t byte_chr_len[256];
+	int16_t chr_byte[512];		/* the inverse: character -> byte, or -1 */
+	int n_norm;
+	enum norm_kind norm[MAX_STEPS];
+	int n_pre;
+	struct pretok pre[MAX_STEPS];
+	int n_added;
+	struct added *added;
+	struct added_set raw_set, norm_set;
+	struct cache_stripe cache[CACHE_STRIPES];
+	uint64_t bpe_count;		/* atomic */
+};
+
+/* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the rest for 256+k */
+static void build_byte_alphabet(struct sl_tokenizer *t)
+{
+	int b, k = 0;
+
+	for (b = 0; b < 512; b++)
+		t->chr_byte[b] = -1;
+	for (b = 0; b < 256; b++) {
+		int32_t cp;
+
+		if ((b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff))
+			cp = b;
+		else
+			cp = 256 + k++;
+		t->byte_chr_len[b] = (uint8_t)utf8proc_encode_char(cp, (utf8proc_uint8_t *)
+								   t->byte_chr[b]);
+		t->chr_byte[cp] = (int16_t)b;
+	}
+}
+
+/* the byte a character of the alphabet stands for, or -1 */
+static int alphabet_byte(const struct sl_tokenizer *t, int32_t cp)
+{
+	return cp >= 0 && cp < 512 ? t->chr_byte[cp] : -1;
+}
+
+/* ---- loading ------------------------------------------------------------------------------ */
+
+static char *read_file(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	long sz;
+
+	if (!f)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) || (sz = ftell(f)) < 0 || fseek(f, 0, SEEK_SET))
+		goto out_close;
+	buf = malloc(sz + 1);
+	if (!buf)
+		goto out_close;
+	if (fread(buf, 1, sz, f) != (size_t)sz) {
+		free(buf);
+		buf = NULL;
+		goto out_close;
+	}
+	buf[sz] = 0;
+	*n = sz;
+out_close:
+	fclose(f);
+	return buf;
+}
+
+static const char *jstr(json_t *o, const char *key)
+{
+	json_t *j = json_object_get(o, key);
+
+	return json_is_string(j) ? json_string_value(j) : NULL;
+}
+
+static bool jbool(json_t *o, const char *key, bool dflt)
+{
+	json_t *j = json_object_get(o, key);
+
+	return json_is_boolean(j) ? json_is_true(j) : dflt;
+}
+
+static int load_normalizer(struct sl_tokenizer *t, json_t *n)
+{
+	const char *type;
+	size_t i;
+	json_t *e;
+
+	if (!n || json_is_null(n))
+		return 0;
+	type = jstr(n, "type");
+	if (!type) {
+		sl_error("%s: \"normalizer\" has no \"type\"", t->path);
+		return -EINVAL;
+	}
+	if (!strcmp(type, "Sequence")) {
+		json_array_foreach(json_object_get(n, "normalizers"), i, e)
+			if (load_normalizer(t, e))
+				return -EINVAL;
+		return 0;
+	}
+	if (t->n_norm == MAX_STEPS) {
+		sl_error("%s: more than %d normalizers", t->path, MAX_STEPS);
+		return -EINVAL;
+	}
+	if (!strcmp(type, "NFC"))
+		t->norm[t->n_norm++] = NORM_NFC;
+	else if (!strcmp(type, "NFD"))
+		t->norm[t->n_norm++] = NORM_NFD;
+	else if (!strcmp(type, "NFKC"))
+		t->norm[t->n_norm++] = NORM_NFKC;
+	else if (!strcmp(type, "NFKD"))
+		t->norm[t->n_norm++] = NORM_NFKD;
+	else {
+		sl_error("%s: normalizer \"%s\" is not supported (supported: NFC, NFD, NFKC, NFKD, "
+			 "Sequence); byte-level BPE tokenizers need no other", t->path, type);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/*
+ * Oniguruma (HF's regex engine) reads \s as Unicode White_Space; PCRE2's \s adds U+180E, which
+ * has not been a space since Unicode 6.3.  So \s and \S become explicit White_Space classes.
+ */
+#define WS_CLASS "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}" \
+	"\\x{202F}\\x{205F}\\x{3000}"
+
+static char *onig_compatible(const char *pat, size_t n)
+{
+	size_t cap = n * 4 + 256, o = 0, i;
+	char *out = malloc(cap);
+	int in_class = 0;
+
+	if (!out)
+		return NULL;
+	for (i = 0; i < n; i++) {
+		char c = pat[i];
+
+		if (o + sizeof(WS_CLASS) + 8 > cap) {
+			char *p;
+
+			cap *= 2;
+			p = realloc(out, cap);
+			if (!p) {
+				free(out);
+				return NULL;
+			}
+			out = p;
+		}
+		if (c == '\\' && i + 1 < n) {
+			char d = pat[i + 1];
+
+			if (d == 's' || (d == 'S' && !in_class)) {
+				o += sprintf(out + o, "%s%s%s", in_class ? "" : (d == 's' ? "[" : "[^"),
+					     WS_CLASS, in_class ? "" : "]");
+			} else {
+				out[o++] = c;
+				out[o++] = d;
+			}
+			i++;
+			continue;
+		}
+		if (c == '[' && !in_class) {
+			in_class = 1;
+			out[o++] = c;
+			/* a ']' or '^]' right after the opening bracket is a literal */
+			if (i + 1 < n && pat[i + 1] == '^')
+				out[o++] = pat[++i];
+			if (i + 1 < n && pat[i + 1] == ']')
+				out[o++] = pat[++i];
+			continue;
+		}
+		if (c == ']' && in_class)
+			in_class = 0;
+		out[o++] = c;
+	}
+	out[o] = 0;
+	return out;
+}
+
+static int compile_regex(struct sl_tokenizer *t, struct pretok *p, const char *pat, size_t n,
+			 bool literal)
+{
+	PCRE2_SIZE off;
+	int err;
+	char *src = literal ? strndup(pat, n) : onig_compatible(pat, n);
+
+	if (!src)
+		return -ENOMEM;
+	p->re = pcre2_compile((PCRE2_SPTR)src, PCRE2_ZERO_TERMINATED,
+			      PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK |
+			      (literal ? PCRE2_LITERAL : 0), &err, &off, NULL);
+	free(src);
+	if (!p->re) {
+		PCRE2_UCHAR msg[256];
+
+		pcre2_get_error_message(err, msg, sizeof(msg));
+		sl_error("%s: pre-tokenizer regex /%.*s/ does not compile (PCRE2, at offset %zu): "
+			 "%s", t->path, (int)n, pat, (size_t)off, (char *)msg);
+		return -EINVAL;
+	}
+	p->jit = pcre2_jit_compile(p->re, PCRE2_JIT_COMPLETE) == 0;
+	return 0;
+}
+
+/* GPT-2's pattern, which ByteLevel with use_regex applies */
+static const char gpt2_pattern[] =
+	"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+static int load_pretok(struct sl_tokenizer *t, json_t *n)
+{
+	const char *type, *beh;
+	struct pretok *p;
+	size_t i;
+	json_t *e, *pat;
+
+	if (!n || json_is_null(n))
+		return 0;
+	type = jstr(n, "type");
+	if (!type) {
+		sl_error("%s: \"pre_tokenizer\" has no \"type\"", t->path);
+		return -EINVAL;
+	}
+	if (!strcmp(type, "Sequence")) {
+		json_array_foreach(json_object_get(n, "pretokenizers"), i, e)
+			if (load_pretok(t, e))
+				return -EINVAL;
+		return 0;
+	}
+	if (t->n_pre == MAX_STEPS) {
+		sl_error("%s: more than %d pre-tokenizers", t->path, MAX_STEPS);
+		return -EINVAL;
+	}
+	if (t->byte_level) {
+		sl_error("%s: pre-tokenizer \"%s\" after ByteLevel is not supported (ByteLevel must "
+			 "come last)", t->path, type);
+		return -EINVAL;
+	}
+	p = &t->pre[t->n_pre];
+	memset(p, 0, sizeof(*p));
+	if (!strcmp(type, "ByteLevel")) {
+		p->byte_level = true;
+		p->add_prefix_space = jbool(n, "add_prefix_space", true);
+		p->behavior = SPLIT_ISOLATED;
+		if (jbool(n, "use_regex", true) &&
+		    compile_regex(t, p, gpt2_pattern, strlen(gpt2_pattern), false))
+			return -EINVAL;
+		t->byte_level = true;
+	} else if (!strcmp(type, "Split")) {
+		const char *s;
+
+		pat = json_object_get(n, "pattern");
+		beh = jstr(n, "behavior");
+		p->invert = jbool(n, "invert", false);
+		if (!beh || !strcmp(beh, "Isolated"))
+			p->behavior = SPLIT_ISOLATED;
+		else if (!strcmp(beh, "Removed"))
+			p->behavior = SPLIT_REMOVED;
+		else if (!strcmp(beh, "MergedWithPrevious"))
+			p->behavior = SPLIT_MERGED_PREV;
+		else if (!strcmp(beh, "MergedWithNext"))
+			p->behavior = SPLIT_MERGED_NEXT;
+		else if (!strcmp(beh, "Contiguous"))
+			p->behavior = SPLIT_CONTIGUOUS;
+		else {
+			sl_error("%s: Split behavior \"%s\" is unknown (Removed, Isolated, "
+				 "MergedWithPrevious, MergedWithNext, Contiguous)", t->path, beh);
+			return -EINVAL;
+		}
+		if ((s = jstr(pat, "Regex"))) {
+			if (compile_regex(t, p, s, json_string_length(json_object_get(pat, "Regex")),
+					  false))
+				return -EINVAL;
+		} else if ((s = jstr(pat, "String"))) {
+			if (compile_regex(t, p, s,
+					  json_string_length(json_object_get(pat, "String")), true))
+				return -EINVAL;
+		} else {
+			sl_error("%s: Split pre-tokenizer needs \"pattern\": {\"Regex\": ...} or "
+				 "{\"String\": ...}", t->path);
+			return -EINVAL;
+		}
+	} else {
+		sl_error("%s: pre-tokenizer \"%s\" is not supported (supported: Split, ByteLevel, "
+			 "Sequence of them)", t->path, type);
+		return -EINVAL;
+	}
+	t->n_pre++;
+	return 0;
+}
+
+static int cmp_added(const void *a, const void *b, void *ctx)
+{
+	const struct added *ad = ctx;
+	const struct added *x = &ad[*(const int *)a], *y = &ad[*(const int *)b];
+	unsigned char fx = x->content[0], fy = y->content[0];
+
+	if (fx != fy)
+		return fx - fy;
+	if (x->len != y->len)
+		return x->len > y->len ? -1 : 1;
+	return 0;
+}
+
+static int build_added_set(struct sl_tokenizer *t, struct added_set *s, bool normalized)
+{
+	int i, b, k = 0;
+
+	s->idx = malloc((t->n_added + 1) * sizeof(int));
+	if (!s->idx)
+		return -ENOMEM;
+	for (i = 0; i < t->n_added; i++)
+		if (t->added[i].normalized == normalized && t->added[i].len)
+			s->idx[k++] = i;
+	s->n = k;
+	qsort_r(s->idx, k, sizeof(int), cmp_added, t->added);
+	for (b = 0, i = 0; b <= 256; b++) {
+		while (i < k && (unsigned char)t->added[s->idx[i]].content[0] < b)
+			i++;
+		s->start[b] = i;
+	}
+	return 0;
+}
+
+static int normalize(const struct sl_tokenizer *t, const char *s, size_t n, char **out,
+		     size_t *out_n);
+
+static int load_added(struct sl_tokenizer *t, json_t *arr)
+{
+	size_t i;
+	json_t *e;
+
+	if (!arr || json_is_null(arr))
+		return 0;
+	if (!json_is_array(arr)) {
+		sl_error("%s: \"added_tokens\" must be an array", t->path);
+		return -EINVAL;
+	}
+	t->added = calloc(json_array_size(arr) + 1, sizeof(*t->added));
+	if (!t->added)
+		return -ENOMEM;
+	json_array_foreach(arr, i, e) {
+		struct added *a = &t->added[t->n_added];
+		json_t *c = json_object_get(e, "content"), *id = json_object_get(e, "id");
+		int k;
+
+		if (!json_is_string(c) || !json_is_integer(id) || json_integer_value(id) < 0 ||
+		    json_integer_value(id) > INT32_MAX) {
+			sl_error("%s: added_tokens[%zu] needs a string \"content\" and an id >= 0",
+				 t->path, i);
+			return -EINVAL;
+		}
+		a->special = jbool(e, "special", false);
+		a->single_word = jbool(e, "single_word", false);
+		a->lstrip = jbool(e, "lstrip", false);
+		a->rstrip = jbool(e, "rstrip", false);
+		a->normalized = jbool(e, "normalized", !a->special);
+		a->id = (int32_t)json_integer_value(id);
+		/* a token added twice keeps its last settings, as HF does */
+		for (k = 0; k < t->n_added; k++)
+			if (t->added[k].len == json_string_length(c) &&
+			    !memcmp(t->added[k].content, json_string_value(c), t->added[k].len))
+				break;
+		if (k < t->n_added) {
+			free(t->added[k].content);
+			a = &t->added[k];
+			a->content = NULL;
+			a->special = jbool(e, "special", false);
+			a->single_word = jbool(e, "single_word", false);
+			a->lstrip = jbool(e, "lstrip", false);
+			a->rstrip = jbool(e, "rstrip", false);
+			a->normalized = jbool(e, "normalized", !a->special);
+			a->id = (int32_t)json_integer_value(id);
+		} else {
+			t->n_added++;
+		}
+		/* normalized tokens are matched in their normalized form */
+		if (a->normalized && t->n_norm) {
+			if (normalize(t, json_string_value(c), json_string_length(c), &a->content,
+				      &a->len))
+				return -EINVAL;
+		}
+		if (!a->content) {
+			a->len = json_string_length(c);
+			a->content = malloc(a->len + 1);
+			if (!a->content)
+				return -ENOMEM;
+			memcpy(a->content, json_string_value(c), a->len + 1);
+		}
+	}
+	if (build_added_set(t, &t->raw_set, false) || build_added_set(t, &t->norm_set, true))
+		return -ENOMEM;
+	return 0;
+}
+
+/* "a b" or ["a", "b"] */
+static int merge_parts(json_t *m, const char **a, size_t *na, const char **b, size_t *nb)
+{
+	if (json_is_string(m)) {
+		const char *s = json_string_value(m), *sp = strchr(s, ' ');
+
+		if (!sp || strchr(sp + 1, ' '))
+			return -1;
+		*a = s;
+		*na = sp - s;
+		*b = sp + 1;
+		*nb = json_string_length(m) - *na - 1;
+		return 0;
+	}
+	if (json_is_array(m) && json_array_size(m) == 2 &&
+	    json_is_string(json_array_get(m, 0)) && json_is_string(json_array_get(m, 1))) {
+		*a = json_string_value(json_array_get(m, 0));
+		*na = json_string_length(json_array_get(m, 0));
+		*b = json_string_value(json_array_get(m, 1));
+		*nb = json_string_length(json_array_get(m, 1));
+		return 0;
+	}
+	return -1;
+}
+
+static int load_model(struct sl_tokenizer *t, json_t *model)
+{
+	json_t *vocab, *merges, *v, *m;
+	const char *type, *key;
+	size_t arena = 0, i;
+	char *ap;
+	char cat[1024];
+
+	if (!model || !json_is_object(model)) {
+		sl_error("%s: no \"model\" object; is this a Hugging Face tokenizer.json?", t->path);
+		return -EINVAL;
+	}
+	type = jstr(model, "type");
+	if (type && strcmp(type, "BPE")) {
+		sl_error("%s: model type \"%s\" is not supported: shardlm reads byte-level BPE "
+			 "tokenizers (\"type\": \"BPE\")", t->path, type);
+		return -EINVAL;
+	}
+	vocab = json_object_get(model, "vocab");
+	merges = json_object_get(model, "merges");
+	if (!json_is_object(vocab) || !json_is_array(merges)) {
+		sl_error("%s: model needs a \"vocab\" object and a \"merges\" array (BPE)", t->path);
+		return -EINVAL;
+	}
+	if (!json_is_null(json_object_get(model, "dropout")) &&
+	    json_object_get(model, "dropout")) {
+		sl_error("%s: BPE dropout is set; shardlm encodes deterministically (set \"dropout\": "
+			 "null)", t->path);
+		return -EINVAL;
+	}
+	if ((jstr(model, "continuing_subword_prefix") &&
+	     *jstr(model, "continuing_subword_prefix")) ||
+	    (jstr(model, "end_of_word_suffix") && *jstr(model, "end_of_word_suffix"))) {
+		sl_error("%s: continuing_subword_prefix / end_of_word_suffix are not supported "
+			 "(byte-level BPE has none)", t->path);
+		return -EINVAL;
+	}
+	if (jbool(model, "byte_fallback", false)) {
+		sl_error("%s: byte_fallback BPE is not supported (byte-level BPE needs none)",
+			 t->path);
+		return -EINVAL;
+	}
+	t->ignore_merges = jbool(model, "ignore_merges", false);
+
+	json_object_foreach(vocab, key, v)
+		arena += strlen(key) + 1;
+	t->vocab_arena = malloc(arena + 1);
+	if (!t->vocab_arena || str_map_init(&t->vocab, json_object_size(vocab) + 1))
+		return -ENOMEM;
+	ap = t->vocab_arena;
+	json_object_foreach(vocab, key, v) {
+		size_t n = strlen(key);
+
+		if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+		    json_integer_value(v) > INT32_MAX) {
+			sl_error("%s: vocab entry \"%s\" needs an integer id >= 0", t->path, key);
+			return -EINVAL;
+		}
+		memcpy(ap, key, n + 1);
+		str_map_put(&t->vocab, ap, n, (int32_t)json_integer_value(v));
+		if (json_integer_value(v) >= t->vocab_size)
+			t->vocab_size = (int)json_integer_value(v) + 1;
+		ap += n + 1;
+	}
+	t->n_vocab = (int)json_object_size(vocab);
+
+	if (pair_map_init(&t->merges, json_array_size(merges) + 1))
+		return -ENOMEM;
+	json_array_foreach(merges, i, m) {
+		const char *a, *b;
+		size_t na, nb;
+		int32_t ia, ib, in;
+
+		if (merge_parts(m, &a, &na, &b, &nb)) {
+			sl_error("%s: merges[%zu] is neither \"A B\" nor [\"A\", \"B\"]", t->path, i);
+			return -EINVAL;
+		}
+		ia = str_map_get(&t->vocab, a, na);
+		ib = str_map_get(&t->vocab, b, nb);
+		if (ia < 0 || ib < 0) {
+			sl_error("%s: merges[%zu] names token \"%.*s\", which is not in the vocab; "
+				 "the file is inconsistent (re-download it)", t->path, i,
+				 ia < 0 ? (int)na : (int)nb, ia < 0 ? a : b);
+			return -EINVAL;
+		}
+		if (na + nb >= sizeof(cat)) {
+			sl_error("%s: merges[%zu] makes a %zu-byte token, too long", t->path, i,
+				 na + nb);
+			return -EINVAL;
+		}
+		memcpy(cat, a, na);
+		memcpy(cat + na, b, nb);
+		in = str_map_get(&t->vocab, cat, na + nb);
+		if (in < 0) {
+			sl_error("%s: merges[%zu] (\"%.*s\" + \"%.*s\") makes \"%.*s\", which is not "
+				 "in the vocab; the file is inconsistent", t->path, i, (int)na, a,
+				 (int)nb, b, (int)(na + nb), cat);
+			return -EINVAL;
+		}
+		pair_map_put(&t->merges, ia, ib, (uint32_t)i, in);
+	}
+	return 0;
+}
+
+/* per-id strings and decoded bytes, after the vocabulary and the added tokens are known */
+static int build_id_tables(struct sl_tokenizer *t)
+{
+	uint32_t e;
+	int i, b;
+
+	for (i = 0; i < t->n_added; i++)
+		if (t->added[i].id >= t->vocab_size)
+			t->vocab_size = t->added[i].id + 1;
+	t->id_str = calloc(t->vocab_size, sizeof(*t->id_str));
+	t->id_len = calloc(t->vocab_size, sizeof(*t->id_len));
+	t->id_bytes = calloc(t->vocab_size, sizeof(*t->id_bytes));
+	t->id_nbytes = calloc(t->vocab_size, sizeof(*t->id_nbytes));
+	if (!t->id_str || !t->id_len || !t->id_bytes || !t->id_nbytes)
+		return -ENOMEM;
+	for (e = 0; e < t->vocab.n; e++) {
+		t->id_str[t->vocab.val[e]] = t->vocab.key[e];
+		t->id_len[t->vocab.val[e]] = t->vocab.klen[e];
+	}
+	/* an added token's content wins over a vocabulary string of the same id */
+	for (i = 0; i < t->n_added; i++) {
+		t->id_str[t->added[i].id] = t->added[i].content;
+		t->id_len[t->added[i].id] = t->added[i].len;
+	}
+	for (i = 0; i < t->vocab_size; i++) {
+		const char *s = t->id_str[i];
+		size_t n = t->id_len[i], o = 0;
+		utf8proc_ssize_t k;
+		int32_t cp;
+		char *out;
+
+		if (!s)
+			continue;
+		out = malloc(n + 1);
+		if (!out)
+			return -ENOMEM;
+		if (t->decoder_byte_level) {
+			/* HF: a token with any character outside the alphabet decodes as its text */
+			const char *p = s;
+
+			while (p < s + n) {
+				k = utf8proc_iterate((const utf8proc_uint8_t *)p, s + n - p, &cp);
+				if (k <= 0 || (b = alphabet_byte(t, cp)) < 0)
+					break;
+				out[o++] = (char)b;
+				p += k;
+			}
+			if (p < s + n) {
+				memcpy(out, s, n);
+				o = n;
+			}
+		} else {
+			memcpy(out, s, n);
+			o = n;
+		}
+		t->id_bytes[i] = out;
+		t->id_nbytes[i] = o;
+	}
+	for (b = 0; b < 256; b++)
+		t->byte_id[b] = str_map_get(&t->vocab, t->byte_chr[b], t->byte_chr_len[b]);
+	return 0;
+}
+
+static int load_decoder(struct sl_tokenizer *t, json_t *d)
+{
+	const char *type;
+
+	if (!d || json_is_null(d))
+		return 0;
+	type = jstr(d, "type");
+	if (type && !strcmp(type, "ByteLevel")) {
+		t->decoder_byte_level = true;
+		return 0;
+	}
+	if (type && !strcmp(type, "Sequence")) {
+		size_t i;
+		json_t *e;
+
+		json_array_foreach(json_object_get(d, "decoders"), i, e)
+			if (load_decoder(t, e))
+				return -EINVAL;
+		return 0;
+	}
+	sl_error("%s: decoder \"%s\" is not supported (byte-level BPE decodes with ByteLevel)",
+		 t->path, type ? type : "(no type)");
+	return -EINVAL;
+}
+
+struct sl_tokenizer *sl_tokenizer_load(const char *path)
+{
+	struct sl_tokenizer *t;
+	json_error_t jerr;
+	json_t *root = NULL;
+	struct stat st;
+	char *buf;
+	size_t n;
+	int i;
+
+	t = calloc(1, sizeof(*t));
+	if (!t) {
+		sl_error("%s: out of memory", path);
+		return NULL;
+	}
+	if (!stat(path, &st) && S_ISDIR(st.st_mode))
+		snprintf(t->path, sizeof(t->path), "%s/tokenizer.json", path);
+	else
+		snprintf(t->path, sizeof(t->path), "%s", path);
+	for (i = 0; i < CACHE_STRIPES; i++)
+		pthread_mutex_init(&t->cache[i].lock, NULL);
+	build_byte_alphabet(t);
+
+	buf = read_file(t->path, &n);
+	if (!buf) {
+		sl_error("%s: cannot read the tokenizer: %s; give a tokenizer.json or a model "
+			 "directory holding one", t->path, strerror(errno ? errno : EIO));
+		goto out_free;
+	}
+	t->hash = sl_hash64(buf, n, 0x746f6b656e697a65ull);
+	root = json_loadb(buf, n, 0, &jerr);
+	free(buf);
+	if (!root) {
+		sl_error("%s:%d:%d: the tokenizer is not valid JSON: %s", t->path, jerr.line,
+			 jerr.column, jerr.text);
+		goto out_free;
+	}
+	if (!json_is_object(root)) {
+		sl_error("%s: the tokenizer must be a JSON object", t->path);
+		goto out_free;
+	}
+	if (load_model(t, json_object_get(root, "model")) ||
+	    load_normalizer(t, json_object_get(root, "normalizer")) ||
+	    load_pretok(t, json_object_get(root, "pre_tokenizer")) ||
+	    load_decoder(t, json_object_get(root, "decoder")) ||
+	    load_added(t, json_object_get(root, "added_tokens")) ||
+	    build_id_tables(t))
+		goto out_free;
+	if (t->byte_level) {
+		for (i = 0; i < 256; i++) {
+			if (t->byte_id[i] < 0) {
+				sl_error("%s: byte 0x%02x's character is not in the vocab; a byte-level "
+					 "BPE vocab holds all 256", t->path, i);
+				goto out_free;
+			}
+		}
+	}
+	json_decref(root);
+	return t;
+
+out_free:
+	json_decref(root);
+	sl_tokenizer_free(t);
+	return NULL;
+}
+
+void sl_tokenizer_free(struct sl_tokenizer *t)
+{
+	int i, j;
+
+	if (!t)
+		return;
+	for (i = 0; i < CACHE_STRIPES; i++) {
+		if (t->cache[i].slot)
+			for (j = 0; j < CACHE_SLOTS; j++)
+				free(t->cache[i].slot[j].blob);
+		free(t->cache[i].slot);
+		pthread_mutex_destroy(&t->cache[i].lock);
+	}
+	for (i = 0; i < t->n_pre; i++)
+		pcre2_code_free(t->pre[i].re);
+	for (i = 0; i < t->n_added; i++)
+		free(t->added[i].content);
+	free(t->added);
+	free(t->raw_set.idx);
+	free(t->norm_set.idx);
+	if (t->id_bytes)
+		for (i = 0; i < t->vocab_size; i++)
+			free(t->id_bytes[i]);
+	free(t->id_bytes);
+	free(t->id_nbytes);
+	free(t->id_str);
+	free(t->id_len);
+	free(t->merges.e);
+	str_map_free(&t->vocab);
+	free(t->vocab_arena);
+	free(t);
+}
+
+/* ---- encoding ----------------------------------------------------------------------------- */
+
+struct out {
+	int32_t **ids;
+	size_t *cap;
+	size_t n;
+};
+
+static int out_push(struct out *o, const int32_t *ids, size_t n)
+{
+	if (o->n + n > *o->cap) {
+		size_t cap = *o->cap ? *o->cap : 256;
+		int32_t *p;
+
+		while (cap < o->n + n)
+			cap *= 2;
+		p = realloc(*o->ids, cap * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		*o->ids = p;
+		*o->cap = cap;
+	}
+	memcpy(*o->ids + o->n, ids, n * sizeof(*ids));
+	o->n += n;
+	return 0;
+}
+
+struct sym {
+	int32_t id;
+	int32_t prev, next;		/* -1 = none */
+	uint32_t len;			/* bytes; 0 = merged away */
+};
+
+struct merge {
+	uint32_t rank;
+	int32_t pos;
+	int32_t new_id;
+};
+
+static inline bool merge_less(const struct merge *a, const struct merge *b)
+{
+	return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static void heap_push(struct merge *h, size_t *n, struct merge m)
+{
+	size_t i = (*n)++;
+
+	while (i) {
+		size_t p = (i - 1) / 2;
+
+		if (!merge_less(&m, &h[p]))
+			break;
+		h[i] = h[p];
+		i = p;
+	}
+	h[i] = m;
+}
+
+static struct merge heap_pop(struct merge *h, size_t *n)
+{
+	struct merge top = h[0], last = h[--(*n)];
+	size_t i = 0;
+
+	for (;;) {
+		size_t c = 2 * i + 1;
+
+		if (c >= *n)
+			break;
+		if (c + 1 < *n && merge_less(&h[c + 1], &h[c]))
+			c++;
+		if (!merge_less(&h[c], &last))
+			break;
+		h[i] = h[c];
+		i = c;
+	}
+	if (*n)
+		h[i] = last;
+	return top;
+}
+
+/* the alphabet spelling of a byte word, for whole-word vocabulary lookups */
+static size_t map_word(const struct sl_tokenizer *t, const char *w, size_t n, char *buf)
+{
+	size_t i, o = 0;
+
+	for (i = 0; i < n; i++) {
+		unsigned char b = w[i];
+
+		memcpy(buf + o, t->byte_chr[b], t->byte_chr_len[b]);
+		o += t->byte_chr_len[b];
+	}
+	return o;
+}
+
+/*
+ * BPE of one pre-token: HF's Word::merge_all.  Lowest rank first, leftmost among equal ranks;
+ * a queued merge whose pair has changed since is dropped.
+ */
+static int bpe_word(struct sl_tokenizer *t, const char *w, size_t n, struct out *o)
+{
+	struct sym sbuf[64], *s = sbuf;
+	struct merge hbuf[3 * 64], *h = hbuf;	/* pushes <= 3 per symbol */
+	size_t ns = 0, nh = 0, i;
+	int rc = 0;
+
+	__atomic_add_fetch(&t->bpe_count, 1, __ATOMIC_RELAXED);
+	if (t->ignore_merges) {
+		char mbuf[512], *mb = n * 2 <= sizeof(mbuf) ? mbuf : malloc(n * 2);
+		int32_t id;
+		size_t mn;
+
+		if (!mb)
+			return -ENOMEM;
+		mn = t->byte_level ? map_word(t, w, n, mb) : (memcpy(mb, w, n), n);
+		id = str_map_get(&t->vocab, mb, mn);
+		if (mb != mbuf)
+			free(mb);
+		if (id >= 0)
+			return out_push(o, &id, 1);
+	}
+	if (n > 64) {
+		s = malloc(n * sizeof(*s));
+		h = malloc(3 * n * sizeof(*h));
+		if (!s || !h) {
+			rc = -ENOMEM;
+			goto out_free;
+		}
+	}
+	/* the initial symbols: one per byte (byte level) or per character */
+	for (i = 0; i < n;) {
+		int32_t id;
+		uint32_t k;
+
+		if (t->byte_level) {
+			id = t->byte_id[(unsigned char)w[i]];
+			k = 1;
+		} else {
+			int32_t cp;
+			utf8proc_ssize_t kk = utf8proc_iterate((const utf8proc_uint8_t *)w + i,
+							       n - i, &cp);
+
+			k = kk > 0 ? (uint32_t)kk : 1;
+			id = str_map_get(&t->vocab, w + i, k);
+		}
+		i += k;
+		if (id < 0) {
+			/* no unk token: HF drops what the vocabulary cannot spell */
+			if (ns)
+				s[ns - 1].len += k;
+			continue;
+		}
+		s[ns].id = id;
+		s[ns].len = k;
+		s[ns].prev = (int32_t)ns - 1;
+		s[ns].next = (int32_t)ns + 1;
+		ns++;
+	}
+	if (!ns)
+		goto out_free;
+	s[ns - 1].next = -1;
+	for (i = 0; i + 1 < ns; i++) {
+		const struct pair_entry *pe = pair_map_get(&t->merges, s[i].id, s[i + 1].id);
+
+		if (pe)
+			heap_push(h, &nh, (struct merge){ pe->rank, (int32_t)i, pe->new_id });
+	}
+	while (nh) {
+		struct merge m = heap_pop(h, &nh);
+		struct sym *a = &s[m.pos], *b;
+		const struct pair_entry *pe;
+
+		if (!a->len || a->next < 0)
+			continue;
+		b = &s[a->next];
+		pe = pair_map_get(&t->merges, a->id, b->id);
+		if (!pe || pe->new_id != m.new_id)
+			continue;
+		a->id = m.new_id;
+		a->len += b->len;
+		b->len = 0;
+		a->next = b->next;
+		if (b->next >= 0)
+			s[b->next].prev = m.pos;
+		if (a->prev >= 0) {
+			pe = pair_map_get(&t->merges, s[a->prev].id, a->id);
+			if (pe)
+				heap_push(h, &nh, (struct merge){ pe->rank, a->prev, pe->new_id });
+		}
+		if (a->next >= 0) {
+			pe = pair_map_get(&t->merges, a->id, s[a->next].id);
+			if (pe)
+				heap_push(h, &nh, (struct merge){ pe->rank, m.pos, pe->new_id });
+		}
+	}
+	for (i = 0; i < ns; i = s[i].next < 0 ? ns : (size_t)s[i].next) {
+		rc = out_push(o, &s[i].id, 1);
+		if (rc)
+			break;
+	}
+out_free:
+	if (s != sbuf)
+		free(s);
+	if (h != hbuf)
+		free(h);
+	return rc;
+}
+
+static int word(struct sl_tokenizer *t, const char *w, size_t n, struct out *o)
+{
+	struct cache_stripe *cs;
+	struct cache_entry *e;
+	uint64_t hsh;
+	size_t start;
+	uint32_t i;
+	int rc;
+
+	if (!n)
+		return 0;
+	if (n > CACHE_MAX_WORD)
+		return bpe_word(t, w, n, o);
+	hsh = sl_hash64(w, n, 0x5741);
+	cs = &t->cache[hsh % CACHE_STRIPES];
+	i = (uint32_t)(hsh >> 20) & (CACHE_SLOTS - 1);
+	pthread_mutex_lock(&cs->lock);
+	if (cs->slot) {
+		for (;;) {
+			e = &cs->slot[i];
+			if (!e->blob)
+				break;
+			if (e->h == hsh && e->len == n && !memcmp(e->blob, w, n)) {
+				rc = out_push(o, (const int32_t *)(e->blob + ((n + 3) & ~3u)),
+					      e->nids);
+				pthread_mutex_unlock(&cs->lock);
+				return rc;
+			}
+			i = (i + 1) & (CACHE_SLOTS - 1);
+		}
+	}
+	pthread_mutex_unlock(&cs->lock);
+
+	start = o->n;
+	rc = bpe_word(t, w, n, o);
+	if (rc)
+		return rc;
+
+	pthread_mutex_lock(&cs->lock);
+	if (!cs->slot)
+		cs->slot = calloc(CACHE_SLOTS, sizeof(*cs->slot));
+	if (cs->slot && cs->used >= CACHE_SLOTS / 2) {
+		/* full: start over (bounded memory; the hot words come back quickly) */
+		for (i = 0; i < CACHE_SLOTS; i++) {
+			free(cs->slot[i].blob);
+			cs->slot[i].blob = NULL;
+		}
+		cs->used = 0;
+	}
+	if (cs->slot) {
+		size_t nids = o->n - start, pad = (n + 3) & ~3u;
+		char *blob = malloc(pad + nids * sizeof(int32_t));
+
+		i = (uint32_t)(hsh >> 20) & (CACHE_SLOTS - 1);
+		while (cs->slot[i].blob &&
+		       !(cs->slot[i].h == hsh && cs->slot[i].len == n &&
+			 !memcmp(cs->slot[i].blob, w, n)))
+			i = (i + 1) & (CACHE_SLOTS - 1);
+		if (blob && !cs->slot[i].blob) {
+			memcpy(blob, w, n);
+			memcpy(blob + pad, *o->ids + start, nids * sizeof(int32_t));
+			cs->slot[i] = (struct cache_entry){ hsh, (uint32_t)n, (uint32_t)nids, blob };
+			cs->used++;
+		} else {
+			free(blob);
+		}
+	}
+	pthread_mutex_unlock(&cs->lock);
+	return 0;
+}
+
+static int pretokenize(struct sl_tokenizer *t, int step, const char *s, size_t n,
+		       struct out *o);
+
+/* a piece that a pre-tokenizer step produced goes to the next step */
+static int emit(struct sl_tokenizer *t, int step, const char *s, size_t n, struct out *o)
+{
+	if (!n)
+		return 0;
+	return pretokenize(t, step + 1, s, n, o);
+}
+
+struct span {
+	size_t a, b;
+	bool match;
+};
+
+static int regex_spans(const struct pretok *p, const char *s, size_t n, struct span **sp,
+		       size_t *nsp, size_t *cap, bool stream, struct sl_tokenizer *t, int step,
+		       struct out *o)
+{
+	pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+	size_t prev = 0, at = 0;
+	int rc = 0;
+
+	if (!md)
+		return -ENOMEM;
+	*nsp = 0;
+	while (at <= n) {
+		PCRE2_SIZE *ov;
+		size_t ms, me;
+		int r;
+
+		if (p->jit)
+			r = pcre2_jit_match(p->re, (PCRE2_SPTR)s, n, at, 0, md, NULL);
+		else
+			r = pcre2_match(p->re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, md, NULL);
+		if (r == PCRE2_ERROR_JIT_STACKLIMIT)
+			r = pcre2_match(p->re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK |
+					PCRE2_NO_JIT, md, NULL);
+		if (r == PCRE2_ERROR_NOMATCH)
+			break;
+		if (r < 0) {
+			PCRE2_UCHAR msg[256];
+
+			pcre2_get_error_message(r, msg, sizeof(msg));
+			sl_error("%s: pre-tokenizer regex failed: %s", t->path, (char *)msg);
+			rc = -EINVAL;
+			goto out_free;
+		}
+		ov = pcre2_get_ovector_pointer(md);
+		ms = ov[0];
+		me = ov[1];
+		{
+			struct span parts[2] = { { prev, ms, false }, { ms, me, true } };
+			int k;
+
+			for (k = 0; k < 2; k++) {
+				if (parts[k].a == parts[k].b)
+					continue;
+				if (stream) {
+					/* Isolated, not inverted: both kinds go on as they are */
+					rc = emit(t, step, s + parts[k].a, parts[k].b - parts[k].a, o);
+					if (rc)
+						goto out_free;
+					continue;
+				}
+				if (*nsp == *cap) {
+					size_t c = *cap ? *cap * 2 : 64;
+					struct span *q = realloc(*sp, c * sizeof(*q));
+
+					if (!q) {
+						rc = -ENOMEM;
+						goto out_free;
+					}
+					*sp = q;
+					*cap = c;
+				}
+				(*sp)[(*nsp)++] = parts[k];
+			}
+		}
+		prev = me;
+		if (me > at) {
+			at = me;
+		} else {
+			/* an empty match: step over one character */
+			if (at >= n)
+				break;
+			at++;
+			while (at < n && ((unsigned char)s[at] & 0xc0) == 0x80)
+				at++;
+		}
+	}
+	if (prev < n) {
+		if (stream) {
+			rc = emit(t, step, s + prev, n - prev, o);
+		} else {
+			if (*nsp == *cap) {
+				size_t c = *cap ? *cap * 2 : 64;
+				struct span *q = realloc(*sp, c * sizeof(*q));
+
+				if (!q) {
+					rc = -ENOMEM;
+					goto out_free;
+				}
+				*sp = q;
+				*cap = c;
+			}
+			(*sp)[(*nsp)++] = (struct span){ prev, n, false };
+		}
+	}
+out_free:
+	pcre2_match_data_free(md);
+	return rc;
+}
+
+/* HF's SplitDelimiterBehavior over the spans of one piece */
+static int apply_split(struct sl_tokenizer *t, int step, const struct pretok *p, const char *s,
+		       struct span *sp, size_t nsp, struct out *o)
+{
+	size_t i, k = 0;
+	bool prev_match = false;
+	int rc = 0;
+
+	if (p->invert)
+		for (i = 0; i < nsp; i++)
+			sp[i].match = !sp[i].match;
+	switch (p->behavior) {
+	case SPLIT_ISOLATED:
+		k = nsp;
+		break;
+	case SPLIT_REMOVED:
+		for (i = 0; i < nsp; i++)
+			if (!sp[i].match)
+				sp[k++] = sp[i];
+		break;
+	case SPLIT_MERGED_PREV:
+		for (i = 0; i < nsp; i++) {
+			bool m = sp[i].match;
+
+			if (m && !prev_match && k)
+				sp[k - 1].b = sp[i].b;
+			else
+				sp[k++] = sp[i];
+			prev_match = m;
+		}
+		break;
+	case SPLIT_MERGED_NEXT:
+		/* from the right: a match joins the piece after it */
+		for (i = nsp; i-- > 0;) {
+			bool m = sp[i].match;
+
+			if (m && !prev_match && k)
+				sp[nsp - k].a = sp[i].a;
+			else
+				sp[nsp - ++k] = sp[i];
+			prev_match = m;
+		}
+		memmove(sp, sp + nsp - k, k * sizeof(*sp));
+		break;
+	case SPLIT_CONTIGUOUS:
+		for (i = 0; i < nsp; i++) {
+			bool m = sp[i].match;
+
+			if (m == prev_match && k)
+				sp[k - 1].b = sp[i].b;
+			else
+				sp[k++] = sp[i];
+			prev_match = m;
+		}
+		break;
+	}
+	for (i = 0; i < k && !rc; i++)
+		rc = emit(t, step, s + sp[i].a, sp[i].b - sp[i].a, o);
+	return rc;
+}
+
+static int pretokenize(struct sl_tokenizer *t, int step, const char *s, size_t n,
+		       struct out *o)
+{
+	const struct pretok *p;
+	struct span *sp = NULL;
+	size_t nsp = 0, cap = 0;
+	char *pre = NULL;
+	bool stream;
+	int rc;
+
+	if (step == t->n_pre)
+		return word(t, s, n, o);
+	p = &t->pre[step];
+	if (p->byte_level && p->add_prefix_space && s[0] != ' ') {
+		pre = malloc(n + 1);
+		if (!pre)
+			return -ENOMEM;
+		pre[0] = ' ';
+		memcpy(pre + 1, s, n);
+		s = pre;
+		n++;
+	}
+	if (!p->re) {
+		rc = emit(t, step, s, n, o);
+		goto out_free;
+	}
+	stream = p->behavior == SPLIT_ISOLATED && !p->invert;
+	rc = regex_spans(p, s, n, &sp, &nsp, &cap, stream, t, step, o);
+	if (!rc && !stream)
+		rc = apply_split(t, step, p, s, sp, nsp, o);
+out_free:
+	free(sp);
+	free(pre);
+	return rc;
+}
+
+/* is text already NFC/NFD: every character below U+0300 has no decomposition or combining */
+static bool below_0300(const char *s, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		unsigned char c = s[i];
+
+		if (c < 0x80)
+			continue;
+		/* U+0080..U+02FF are C2..CB lead bytes */
+		if (c < 0xc2 || c > 0xcb)
+			return false;
+		i++;
+	}
+	return true;
+}
+
+static bool ascii_only(const char *s, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		if ((unsigned char)s[i] >= 0x80)
+			return false;
+	return true;
+}
+
+/* *out = normalized copy (malloc'ed), or NULL when @s is already normal */
+static int normalize(const struct sl_tokenizer *t, const char *s, size_t n, char **out,
+		     size_t *out_n)
+{
+	char *cur = NULL;
+	size_t cur_n = n;
+	int i;
+
+	*out = NULL;
+	*out_n = n;
+	for (i = 0; i < t->n_norm; i++) {
+		utf8proc_option_t opt = UTF8PROC_STABLE;
+		utf8proc_uint8_t *r = NULL;
+		utf8proc_ssize_t rn;
+		const char *src = cur ? cur : s;
+
+		/* NFC of text below U+0300 is itself; NFKC/NFD/NFKD: only ASCII is safe */
+		if (t->norm[i] == NORM_NFC ? below_0300(src, cur_n) : ascii_only(src, cur_n))
+			continue;
+		switch (t->norm[i]) {
+		case NORM_NFC:
+			opt |= UTF8PROC_COMPOSE;
+			break;
+		case NORM_NFD:
+			opt |= UTF8PROC_DECOMPOSE;
+			break;
+		case NORM_NFKC:
+			opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+			break;
+		case NORM_NFKD:
+			opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+			break;
+		}
+		rn = utf8proc_map((const utf8proc_uint8_t *)src, cur_n, &r, opt);
+		if (rn < 0) {
+			sl_error("%s: normalization failed: %s", t->path, utf8proc_errmsg(rn));
+			free(cur);
+			return -EINVAL;
+		}
+		free(cur);
+		cur = (char *)r;
+		cur_n = rn;
+	}
+	if (cur && !(cur_n == n && !memcmp(cur, s, n))) {
+		*out = cur;
+		*out_n = cur_n;
+	} else {
+		free(cur);
+	}
+	return 0;
+}
+
+static bool is_ws(int32_t c)
+{
+	return (c >= 9 && c <= 13) || c == 0x20 || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+	       (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f ||
+	       c == 0x205f || c == 0x3000;
+}
+
+/* Rust regex's \w: alphabetic, marks, decimal digits, connector punctuation, join controls */
+static bool is_word_char(int32_t c)
+{
+	utf8proc_category_t k = utf8proc_category(c);
+
+	return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_ME) ||
+	       k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL ||
+	       k == UTF8PROC_CATEGORY_PC || c == 0x200c || c == 0x200d;
+}
+
+/* the code point that ends at s[n] (n > 0) */
+static int32_t last_char(const char *s, size_t n)
+{
+	size_t i = n - 1;
+	int32_t cp = -1;
+
+	while (i > 0 && ((unsigned char)s[i] & 0xc0) == 0x80)
+		i--;
+	utf8proc_iterate((const utf8proc_uint8_t *)s + i, n - i, &cp);
+	return cp;
+}
+
+static int text_piece(struct sl_tokenizer *t, const char *s, size_t n, bool split_special,
+		      bool normalized_stage, struct out *o);
+
+/*
+ * HF's AddedVocabulary::find_matches over one piece with one token set: leftmost-longest
+ * matches, skipped (but consumed) when special and split_special, or when single_word fails;
+ * lstrip/rstrip widen the match over whitespace.
+ */
+static int split_added(struct sl_tokenizer *t, const struct added_set *set, const char *s,
+		       size_t n, bool split_special, bool normalized_stage, struct out *o)
+{
+	size_t at = 0, done = 0;
+	int rc;
+
+	if (set->n)
+		while (at < n) {
+			unsigned char c = s[at];
+			const struct added *a = NULL;
+			size_t start, stop;
+			int k;
+
+			for (k = set->start[c]; k < set->start[c + 1]; k++) {
+				const struct added *x = &t->added[set->idx[k]];
+
+				if (x->len <= n - at && !memcmp(s + at, x->content, x->len)) {
+					a = x;
+					break;
+				}
+			}
+			if (!a) {
+				at++;
+				continue;
+			}
+			start = at;
+			stop = at + a->len;
+			at = stop;
+			if (split_special && a->special)
+				continue;
+			if (a->single_word) {
+				int32_t nx = -1;
+
+				if (stop < n)
+					utf8proc_iterate((const utf8proc_uint8_t *)s + stop, n - stop,
+							 &nx);
+				if ((start > 0 && is_word_char(last_char(s, start))) ||
+				    (stop < n && is_word_char(nx)))
+					continue;
+			}
+			if (a->lstrip) {
+				size_t ns = start;
+
+				while (ns > 0 && is_ws(last_char(s, ns))) {
+					size_t j = ns - 1;
+
+					while (j > 0 && ((unsigned char)s[j] & 0xc0) == 0x80)
+						j--;
+					ns = j;
+				}
+				start = ns > done ? ns : done;
+			}
+			if (a->rstrip) {
+				while (stop < n) {
+					int32_t cp;
+					utf8proc_ssize_t k2 = utf8proc_iterate(
+						(const utf8proc_uint8_t *)s + stop, n - stop, &cp);
+
+					if (k2 <= 0 || !is_ws(cp))
+						break;
+					stop += k2;
+				}
+			}
+			if (start > done) {
+				rc = text_piece(t, s + done, start - done, split_special,
+						normalized_stage, o);
+				if (rc)
+					return rc;
+			}
+			rc = out_push(o, &a->id, 1);
+			if (rc)
+				return rc;
+			done = stop;
+			if (at < stop)
+				at = stop;
+		}
+	if (done < n)
+		return text_piece(t, s + done, n - done, split_special, normalized_stage, o);
+	return 0;
+}
+
+/* text between raw added tokens: normalize, cut normalized added tokens, pre-tokenize */
+static int text_piece(struct sl_tokenizer *t, const char *s, size_t n, bool split_special,
+		      bool normalized_stage, struct out *o)
+{
+	char *norm = NULL;
+	size_t nn;
+	int rc;
+
+	if (normalized_stage)
+		return pretokenize(t, 0, s, n, o);
+	if (t->n_norm) {
+		rc = normalize(t, s, n, &norm, &nn);
+		if (rc)
+			return rc;
+		if (norm) {
+			s = norm;
+			n = nn;
+		}
+	}
+	rc = split_added(t, &t->norm_set, s, n, split_special, true, o);
+	free(norm);
+	return rc;
+}
+
+/* the first invalid byte's offset, or -1 */
+static long utf8_invalid_at(const char *s, size_t n)
+{
+	size_t i = 0;
+
+	while (i < n) {
+		int32_t cp;
+		utf8proc_ssize_t k;
+
+		if ((unsigned char)s[i] < 0x80) {
+			i++;
+			continue;
+		}
+		k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, n - i, &cp);
+		if (k <= 0)
+			return (long)i;
+		i += k;
+	}
+	return -1;
+}
+
+int sl_tokenizer_encode(struct sl_tokenizer *t, const char *text, size_t len,
+			bool split_special, int32_t **ids, size_t *cap)
+{
+	struct out o = { ids, cap, 0 };
+	long bad = utf8_invalid_at(text, len);
+	int rc;
+
+	if (bad >= 0) {
+		sl_error("the text is not valid UTF-8 (byte 0x%02x at offset %ld); fix the data's "
+			 "encoding", (unsigned char)text[bad], bad);
+		return -EILSEQ;
+	}
+	if (!len)
+		return 0;
+	rc = split_added(t, &t->raw_set, text, len, split_special, false, &o);
+	if (rc == -ENOMEM)
+		sl_error("%s: out of memory encoding a %zu-byte text", t->path, len);
+	if (rc)
+		return rc;
+	if (o.n > INT32_MAX) {
+		sl_error("a %zu-byte text makes more than %d tokens", len, INT32_MAX);
+		return -E2BIG;
+	}
+	return (int)o.n;
+}
+
+int sl_tokenizer_encode_cb(void *ctx, const char *text, size_t len, int32_t **ids, size_t *cap)
+{
+	return sl_tokenizer_encode(ctx, text, len, false, ids, cap);
+}
+
+/* ---- decoding ----------------------------------------------------------------------------- */
+
+int sl_tokenizer_decode(const struct sl_tokenizer *t, const int32_t *ids, size_t n, char **out,
+			size_t *out_len)
+{
+	size_t i, total = 0, o = 0;
+	char *raw, *res;
+
+	*out = NULL;
+	*out_len = 0;
+	for (i = 0; i < n; i++) {
+		if (ids[i] < 0 || ids[i] >= t->vocab_size || !t->id_bytes[ids[i]]) {
+			sl_error("%s: id %d is not in the vocabulary", t->path, ids[i]);
+			return -EINVAL;
+		}
+		total += t->id_nbytes[ids[i]];
+	}
+	raw = malloc(total + 1);
+	/* each invalid byte may become U+FFFD (3 bytes) */
+	res = malloc(total * 3 + 1);
+	if (!raw || !res) {
+		free(raw);
+		free(res);
+		return -ENOMEM;
+	}
+	for (i = 0; i < n; i++) {
+		memcpy(raw + o, t->id_bytes[ids[i]], t->id_nbytes[ids[i]]);
+		o += t->id_nbytes[ids[i]];
+	}
+	/* String::from_utf8_lossy */
+	for (i = 0, o = 0; i < total;) {
+		int32_t cp;
+		utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)raw + i, total - i,
+						      &cp);
+
+		if (k > 0) {
+			memcpy(res + o, raw + i, k);
+			o += k;
+			i += k;
+		} else {
+			/* Rust's from_utf8_lossy: a maximal invalid subpart is one U+FFFD */
+			unsigned char b0 = raw[i];
+			size_t j = i + 1, need = 0;
+			unsigned char lo = 0x80, hi = 0xbf;
+
+			if (b0 >= 0xc2 && b0 <= 0xdf)
+				need = 1;
+			else if (b0 >= 0xe0 && b0 <= 0xef)
+				need = 2;
+			else if (b0 >= 0xf0 && b0 <= 0xf4)
+				need = 3;
+			if (b0 == 0xe0)
+				lo = 0xa0;
+			else if (b0 == 0xed)
+				hi = 0x9f;
+			else if (b0 == 0xf0)
+				lo = 0x90;
+			else if (b0 == 0xf4)
+				hi = 0x8f;
+			if (need && j < total && (unsigned char)raw[j] >= lo &&
+			    (unsigned char)raw[j] <= hi) {
+				j++;
+				while (j < total && j - i <= need &&
+				       ((unsigned char)raw[j] & 0xc0) == 0x80)
+					j++;
+			}
+			memcpy(res + o, "\xef\xbf\xbd", 3);
+			o += 3;
+			i = j;
+		}
+	}
+	res[o] = 0;
+	free(raw);
+	*out = res;
+	*out_len = o;
+	return 0;
+}
+
+/* ---- small queries ------------------------------------------------------------------------ */
+
+int32_t sl_tokenizer_token_to_id(const struct sl_tokenizer *t, const char *token)
+{
+	size_t n = strlen(token);
+	int i;
+
+	for (i = 0; i < t->n_added; i++)
+		if (t->added[i].len == n && !memcmp(t->added[i].content, token, n))
+			return t->added[i].id;
+	return str_map_get(&t->vocab, token, n);
+}
+
+int sl_tokenizer_vocab_size(const struct sl_tokenizer *t)
+{
+	return t->vocab_size;
+}
+
+const char *sl_tokenizer_path(const struct sl_tokenizer *t)
+{
+	return t->path;
+}
+
+uint64_t sl_tokenizer_hash(const struct sl_tokenizer *t)
+{
+	return t->hash;
+}
+
+uint64_t sl_tokenizer_bpe_count(const struct sl_tokenizer *t)
+{
+	return __atomic_load_n(&t->bpe_count, __ATOMIC_RELAXED);
+}
