@@ -22,6 +22,7 @@
 #include "model.h"
 #include "modelio.h"
 #include "shard.h"
+#include "tokenizer.h"
 
 /* Whole units of a checkpoint, read as one rank (any world size wrote it). */
 static int read_checkpoint_units(const char *dir, const struct sl_model_files *mf,
@@ -106,6 +107,7 @@ int sl_cmd_score(int argc, char **argv)
 	char exported[SL_PATH_MAX + 64], probe[SL_PATH_MAX + 96], root[SL_PATH_MAX + 64];
 	char ckpt[SL_PATH_MAX + 64];
 	const char *weights, *ckpt_dir = NULL;
+	struct sl_tokenizer *tok = NULL;
 	float *scores = NULL;
 	int ret = 2, batch, n_init = 0, step, max_L;
 	bool have_mf = false;
@@ -178,6 +180,13 @@ int sl_cmd_score(int argc, char **argv)
 			.skip_errors = c->data.on_error == SL_ON_ERROR_SKIP, .vocab = mf.mc.vocab,
 		};
 
+		snprintf(probe, sizeof(probe), "%s/tokenizer.json", mf.dir);
+		if (sl_is_file(probe)) {
+			tok = sl_tokenizer_load(probe);
+			if (!tok)
+				goto out;
+			o.tokenizer = tok;
+		}
 		if (sl_data_load(&ds, a.data, &o))
 			goto out;
 	}
@@ -203,6 +212,8 @@ out:
 		be->destroy(be);
 	}
 	sl_data_free(&ds);
+	if (tok)
+		sl_tokenizer_free(tok);
 	if (have_mf)
 		sl_model_files_close(&mf);
 	free(c);

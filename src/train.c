@@ -33,6 +33,7 @@
 #include "optim.h"
 #include "shard.h"
 #include "tb.h"
+#include "tokenizer.h"
 
 static void usage(const char *cmd)
 {
@@ -266,15 +267,25 @@ out:
 	return ret;
 }
 
+/*
+ * Text records are tokenized once into the cache, the lines split over the ranks (and threads);
+ * then every rank loads the whole cache (the sampler orders all records by length).
+ */
 static int load_data(struct sl_dataset *ds, const char *path, const struct sl_config *c,
-		     int vocab, const char *what)
+		     int vocab, struct sl_tokenizer *tok, const struct sl_dist *d,
+		     const char *what)
 {
 	struct sl_data_opts o = {
 		.text_field = c->data.text_field, .label_field = c->data.label_field,
 		.max_state = c->data.max_state, .need_label = true,
 		.skip_errors = c->data.on_error == SL_ON_ERROR_SKIP, .vocab = vocab,
+		.tokenizer = tok, .progress = d->rank == 0,
 	};
 
+	if (tok && d->world > 1) {
+		if (!all_ok(sl_data_tokenize_part(path, &o, d->rank, d->world) == 0))
+			return -1;
+	}
 	if (sl_data_load(ds, path, &o))
 		return -1;
 	if (ds->skipped)
@@ -450,6 +461,8 @@ struct job {
 	char *yaml;
 	struct sl_gpulog *gpulog;	/* node's local rank 0 */
 	struct sl_tb *tb;		/* rank 0 */
+	struct sl_tokenizer *tok;	/* the model's, NULL without tokenizer.json */
+	char tok_path[SL_PATH_MAX + 32];
 	int R, steps, max_L, first_step;
 	char ckpt_root[SL_PATH_MAX + 64];
 };
@@ -699,6 +712,8 @@ static void job_free(struct job *j)
 		sl_model_files_close(&j->mf);
 	if (j->have_groups)
 		sl_groups_destroy(&j->g);
+	if (j->tok)
+		sl_tokenizer_free(j->tok);
 	free(j->yaml);
 	free(j->c);
 }
@@ -780,10 +795,19 @@ int sl_cmd_train(int argc, char **argv)
 	       j->mf.mc.hidden, j->mf.mc.n_heads, j->mf.mc.n_kv_heads, j->mf.mc.head_dim,
 	       j->mf.mc.vocab, j->mf.lay.total_numel / 1e6);
 
-	if (!all_ok(load_data(&j->train, j->c->data.train, j->c, j->mf.mc.vocab, "training") == 0))
+	/* the model's tokenizer, when it has one (pre-tokenized records do not need it) */
+	if (snprintf(j->tok_path, sizeof(j->tok_path), "%s/tokenizer.json", j->mf.dir) <
+	    (int)sizeof(j->tok_path) && sl_is_file(j->tok_path)) {
+		j->tok = sl_tokenizer_load(j->tok_path);
+		if (!all_ok(j->tok != NULL))
+			goto out;
+	}
+	if (!all_ok(load_data(&j->train, j->c->data.train, j->c, j->mf.mc.vocab, j->tok, &j->d,
+			      "training") == 0))
 		goto out;
 	if (!all_ok(!j->c->data.valid[0] ||
-		    load_data(&j->valid, j->c->data.valid, j->c, j->mf.mc.vocab, "validation") == 0))
+		    load_data(&j->valid, j->c->data.valid, j->c, j->mf.mc.vocab, j->tok, &j->d,
+			      "validation") == 0))
 		goto out;
 	if (!all_ok(sl_sampler_init(&j->smp, &j->train, j->c->train.batch, j->c->train.accum,
 				    j->d.world, j->c->data.shuffle, j->c->data.length_sort,
@@ -800,7 +824,7 @@ int sl_cmd_train(int argc, char **argv)
 		struct sl_provenance_input pin = {
 			.config_path = j->a.config, .model_dir = j->mf.dir,
 			.train_path = j->c->data.train, .valid_path = j->c->data.valid,
-			.argc = argc, .argv = argv, .world = j->d.world, .backend = "cpu",
+			.tokenizer_path = j->tok ? j->tok_path : NULL, .argc = argc, .argv = argv, .world = j->d.world, .backend = "cpu",
 		};
 
 		snprintf(path, sizeof(path), "%s/provenance.json", j->c->run.dir);

@@ -51,4 +51,21 @@ cmp -s "$T/a.tab" "$T/b.tab" || { fail "config.yaml differs from the resolved co
 expect_ok "score" "$SHARDLM" score conf/demo.yaml --set run.dir="$R" \
 	--data conf/demo/valid.jsonl
 [ "$(grep -c '"prob"' "$T/out")" = 64 ] || fail "score did not print 64 lines"
+
+# the README demo's text path: the real Qwen3 tokenizer, a model with its vocabulary, 3 steps on
+# two ranks (tokenized once into a cache in the test's folder)
+TOK=$("$top_srcdir/tools/fetch-tokenizer" qwen3 "$T/tokenizers") || fail "fetch-tokenizer"
+"$top_builddir/test/mkmodel" --out "$T/text-model" --vocab 151936 --hidden 32 --layers 1 \
+	--heads 2 --kv-heads 1 --head-dim 16 --intermediate 64 --seed 2 >/dev/null || fail "mkmodel"
+cp "$TOK" "$T/text-model/"
+if [ -n "${MPIRUN:-}" ]; then
+	expect_ok "text demo on 2 ranks" env SHARDLM_CACHE_DIR="$T/cache" "$MPIRUN" -np 2 \
+		--oversubscribe "$SHARDLM" train conf/demo-text.yaml --set model.path="$T/text-model" \
+		--set run.dir="$T/text-run" --set train.batch=8 --set train.steps=3 \
+		--set checkpoint.every=0
+	grep -q "dropped 164 of 320 records that exceed the training context (max_state 512)" \
+		"$T/text-run/train.log" || fail "text demo: no dropped-records line"
+	grep -Eq "step 3/3 " "$T/text-run/train.log" || fail "text demo: no step 3"
+	ls "$T/cache"/filings-train.jsonl-*.tok >/dev/null 2>&1 || fail "no tokenization cache"
+fi
 finish
