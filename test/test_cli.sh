@@ -67,7 +67,12 @@ expect_ok "score" "$SHARDLM" score "$T/base.yaml" --data "$T/ok.jsonl"
 [ "$(grep -c '"index"' "$T/out")" = 2 ] || fail "score printed $(grep -c index "$T/out") lines"
 
 if [ -n "${MPIRUN:-}" ] && command -v "$MPIRUN" >/dev/null 2>&1; then
-	expect_fail "two ranks refused" "one rank" "$MPIRUN" -np 2 --oversubscribe \
+	expect_ok "two ranks train" "$MPIRUN" -np 2 --oversubscribe \
 		"$SHARDLM" train "$T/base.yaml" --set run.dir="$T/r7"
+	expect_fail "score refuses several ranks" "one rank" "$MPIRUN" -np 2 --oversubscribe \
+		"$SHARDLM" score "$T/base.yaml" --data "$T/ok.jsonl"
+	expect_fail "node_size must divide the world" "node_size 3 does not divide" "$MPIRUN" \
+		-np 2 --oversubscribe "$SHARDLM" train "$T/base.yaml" --set run.dir="$T/r8" \
+		--set parallel.node_size=3
 fi
 finish
