@@ -1,5 +1,9 @@
 /*
  * sl_cuda.h: the only header through which C code reaches cuda/ (extern "C" launchers).
+ *
+ * Compute buffers are bf16 (2 bytes an element), stat buffers (RMSNorm rstd, attention lse) float,
+ * ids/lens/indices int32.  Every launcher is asynchronous on the context's stream unless it says
+ * otherwise; semantics are those of the matching op in src/backend.h.  Errors print and abort.
  */
 #ifndef SL_CUDA_H
 #define SL_CUDA_H
@@ -14,6 +18,65 @@ extern "C" {
 void sl_cuda_versions(char *buf, size_t n);
 /* Number of visible GPUs (0 when there is no driver or device). */
 int sl_cuda_device_count(void);
+
+/* ---- context: device, stream, cuBLASLt handle, 32 MB workspace, 64 MB reduction scratch ---- */
+struct sl_cuda;
+struct sl_cuda *sl_cuda_create(int device);	/* NULL + message when there is no such device */
+void sl_cuda_destroy(struct sl_cuda *c);
+void *sl_cuda_stream(struct sl_cuda *c);	/* the cudaStream_t every launcher runs on */
+size_t sl_cuda_fixed_bytes(struct sl_cuda *c);	/* device bytes the context holds itself */
+void *sl_cuda_malloc(struct sl_cuda *c, size_t bytes);	/* cudaMalloc; NULL + message */
+void sl_cuda_free(struct sl_cuda *c, void *p);
+void sl_cuda_memset0(struct sl_cuda *c, void *p, size_t bytes);
+/* synchronous copies (host buffers are free to reuse on return) */
+void sl_cuda_upload(struct sl_cuda *c, void *dst, const void *src, size_t bytes);
+void sl_cuda_download(struct sl_cuda *c, void *dst, const void *src, size_t bytes);
+void sl_cuda_sync(struct sl_cuda *c);
+void sl_cuda_timer_start(struct sl_cuda *c);
+double sl_cuda_timer_stop(struct sl_cuda *c);	/* ms since timer_start, waits for the stream */
+
+/* ---- ops (see src/backend.h) ---- */
+void sl_cuda_f32_to_bf16(struct sl_cuda *c, void *dst, const float *src, size_t n);
+void sl_cuda_bf16_to_f32(struct sl_cuda *c, float *dst, const void *src, size_t n);
+void sl_cuda_add(struct sl_cuda *c, void *y, const void *x, size_t n);
+void sl_cuda_add_f32(struct sl_cuda *c, float *y, const float *x, size_t n);
+void sl_cuda_embedding_fwd(struct sl_cuda *c, void *out, const int *ids, const void *table,
+			   int T, int H);
+void sl_cuda_embedding_bwd(struct sl_cuda *c, void *dtable, const int *ids, const void *dout,
+			   int T, int H);
+void sl_cuda_rmsnorm_fwd(struct sl_cuda *c, void *out, float *rstd, const void *x, const void *w,
+			 int T, int H, float eps);
+void sl_cuda_rmsnorm_bwd(struct sl_cuda *c, void *dx, void *dw, const void *dout, const void *x,
+			 const void *w, const float *rstd, int T, int H, int accumulate);
+void sl_cuda_matmul_fwd(struct sl_cuda *c, void *out, const void *x, const void *w,
+			const void *bias, int T, int K, int N);
+void sl_cuda_matmul_bwd(struct sl_cuda *c, void *dx, void *dw, void *dbias, const void *dout,
+			const void *x, const void *w, int T, int K, int N, int accumulate);
+void sl_cuda_qk_norm_rope_fwd(struct sl_cuda *c, void *out, float *rstd, const void *qkv,
+			      const void *qw, const void *kw, int T, int L, int nh, int nkv,
+			      int hd, float eps, float theta);
+void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dqw, void *dkw,
+			      const void *dout, const void *qkv, const void *qw, const void *kw,
+			      const float *rstd, int T, int L, int nh, int nkv, int hd, float eps,
+			      float theta);
+void sl_cuda_attention_fwd(struct sl_cuda *c, void *out, float *lse, const void *qkv,
+			   const int *lens, int B, int L, int nh, int nkv, int hd);
+void sl_cuda_attention_bwd(struct sl_cuda *c, void *dqkv, const void *dout, const void *out,
+			   const float *lse, const void *qkv, const int *lens, int B, int L,
+			   int nh, int nkv, int hd);
+void sl_cuda_swiglu_fwd(struct sl_cuda *c, void *h, const void *gu, int T, int I);
+void sl_cuda_swiglu_bwd(struct sl_cuda *c, void *dgu, const void *dh, const void *gu, int T,
+			int I);
+void sl_cuda_gather_rows(struct sl_cuda *c, void *out, const void *x, const int *idx, int n,
+			 int H);
+void sl_cuda_scatter_add_rows(struct sl_cuda *c, void *dx, const void *dout, const int *idx,
+			      int n, int H);
+void sl_cuda_bce_fwd_bwd(struct sl_cuda *c, double *loss_sum, void *dlogits, const void *logits,
+			 const float *labels, int n, float scale);
+void sl_cuda_sumsq_f32(struct sl_cuda *c, double *out, const float *g, size_t n);
+void sl_cuda_adamw_f32(struct sl_cuda *c, float *p, float *m, float *v, const float *grad,
+		       void *w_out, size_t n, float lr, float beta1, float beta2, float eps,
+		       float wd, float bc1, float bc2, float grad_scale);
 
 #ifdef __cplusplus
 }

@@ -140,6 +140,14 @@ struct sl_backend {
 	void (*adamw_f32)(struct sl_backend *be, float *p, float *m, float *v, const float *grad,
 			  void *w_out, size_t n, const struct sl_adamw_args *a);
 
+	/*
+	 * Optional (NULL: malloc/free): host memory the backend copies to and from fastest (pinned
+	 * memory on cuda), for the host-resident state of parallel.offload.  Zeroed; aborts on
+	 * failure, as alloc().
+	 */
+	void *(*host_alloc)(struct sl_backend *be, size_t bytes);
+	void (*host_free)(struct sl_backend *be, void *p);
+
 	void (*destroy)(struct sl_backend *be);
 };
 
@@ -147,5 +155,21 @@ struct sl_backend {
 struct sl_backend *sl_backend_cpu_create(void);
 /* The same backend built with double compute elements (gradient-check tests only). */
 struct sl_backend *sl_backend_cpu64_create(void);
+
+/*
+ * cuda backend (built with CUDA only): bf16 compute elements, float stats, on GPU @device (an
+ * index among the visible ones).  Returns NULL, with a message, when the device cannot be used.
+ * Device memory comes from an arena: cudaMalloc happens only when alloc() finds no free block,
+ * so the step loop's buffers, allocated at setup, cost none.
+ */
+struct sl_backend *sl_backend_cuda_create(int device);
+/* Peak bytes of device memory handed out by alloc() (plus the backend's fixed workspaces). */
+size_t sl_backend_cuda_peak_bytes(struct sl_backend *be);
+/* Restart the peak from what is in use now (e.g. at the start of every step). */
+void sl_backend_cuda_reset_peak(struct sl_backend *be);
+/* Bytes taken from the driver (arena chunks + workspaces), >= the peak. */
+size_t sl_backend_cuda_reserved_bytes(struct sl_backend *be);
+/* The cudaStream_t (as void *) every op runs on, for events and a communication stream. */
+void *sl_backend_cuda_stream(struct sl_backend *be);
 
 #endif

@@ -3,6 +3,7 @@
 # after `make check` (or `make -C test test_dist_gpu`) in a build configured with CUDA.
 #   test_dist_gpu: NCCL with 1 rank; 2 and 4 ranks sharing the GPU through the host-staged MPI
 #   communicator (NCCL refuses two ranks on one device), also as 2 pretended nodes of 2.
+#   test_cuda_ops, test_cuda_model: the cuda backend's ops and the tiny model against the cpu one.
 set -u
 : "${top_srcdir:=$(cd "$(dirname "$0")/.." && pwd)}"
 : "${top_builddir:=$top_srcdir}"
@@ -43,6 +44,10 @@ if python3 -c "import transformers" 2>/dev/null; then
 else
 	echo "SKIP: export loads in transformers (python3 has no transformers)"
 fi
+
+# the cuda backend against the cpu one: every op, then the whole tiny model (loss and gradients)
+gpu_test "cuda ops vs cpu" "$top_builddir/test/test_cuda_ops"
+gpu_test "cuda model vs cpu" "$top_builddir/test/test_cuda_model"
 
 grep -h "checks," "$LOG"
 echo "check-gpu: $passed passed, $failed failed"

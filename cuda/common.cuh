@@ -1,0 +1,87 @@
+// common.cuh: what the .cu files of cuda/ share: the context, error checks, bf16 helpers.
+// Internal to cuda/; C code sees only sl_cuda.h.
+#ifndef SL_CUDA_COMMON_CUH
+#define SL_CUDA_COMMON_CUH
+
+#include <cstdio>
+#include <cstdlib>
+#include <unistd.h>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublasLt.h>
+
+#include "sl_cuda.h"
+
+typedef __nv_bfloat16 bf16;
+
+// Leaf code knows no rank: host and file:line are what a failing call can name.
+static inline void sl_cuda_die(const char *what, const char *msg, const char *file, int line)
+{
+	char host[256] = "?";
+
+	gethostname(host, sizeof(host) - 1);
+	fprintf(stderr, "cuda error on %s at %s:%d: %s: %s\n", host, file, line, what, msg);
+	abort();
+}
+
+#define CUDA_CHECK(stmt)                                                                  \
+	do {                                                                              \
+		cudaError_t _e = (stmt);                                                  \
+		if (_e != cudaSuccess)                                                    \
+			sl_cuda_die(#stmt, cudaGetErrorString(_e), __FILE__, __LINE__);   \
+	} while (0)
+
+#define CUBLAS_CHECK(stmt)                                                                \
+	do {                                                                              \
+		cublasStatus_t _s = (stmt);                                               \
+		if (_s != CUBLAS_STATUS_SUCCESS)                                          \
+			sl_cuda_die(#stmt, cublasGetStatusString(_s), __FILE__, __LINE__); \
+	} while (0)
+
+// after a kernel launch: launch-configuration errors surface here, not at a later call
+#define CUDA_LAUNCHED() CUDA_CHECK(cudaGetLastError())
+
+struct gemm_entry;
+
+struct sl_cuda {
+	int device;
+	cudaStream_t stream;
+	cublasLtHandle_t lt;
+	void *ws;			// cuBLASLt workspace
+	size_t ws_bytes;
+	void *scratch;			// partial sums of the deterministic reductions
+	size_t scratch_bytes;
+	struct gemm_entry *gemms;	// cached matmul descriptors and algorithms, per shape
+	int n_gemms, cap_gemms;
+	cudaEvent_t ev0, ev1;		// sl_cuda_timer_*, made on first use
+};
+
+static __device__ __forceinline__ float bf(bf16 v)
+{
+	return __bfloat162float(v);
+}
+
+static __device__ __forceinline__ bf16 tobf(float v)
+{
+	return __float2bfloat16_rn(v);
+}
+
+// blocks for a grid-stride loop over n items: enough to fill the GPU, never more than needed
+static inline unsigned grid_for(size_t n, int threads)
+{
+	size_t b = (n + threads - 1) / threads;
+
+	if (b > 8192)
+		b = 8192;
+	return b ? (unsigned)b : 1;
+}
+
+// scratch as floats, checked against its size (sized at create; no allocation in the step loop)
+float *sl_cuda_scratch(struct sl_cuda *c, size_t bytes, const char *who);
+
+// dbias(N) += column sums of dout(T, N) (ops.cu), for the matmul backward (gemm.cu)
+extern "C" void sl_cuda_bias_grad(struct sl_cuda *c, void *dbias, const void *dout, int T, int N);
+// the matmul cache's descriptors (gemm.cu), released by sl_cuda_destroy (context.cu)
+void sl_cuda_gemm_cache_free(struct sl_cuda *c);
+
+#endif

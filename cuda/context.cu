@@ -1,0 +1,139 @@
+// context.cu: the per-device context (stream, cuBLASLt handle, workspace, scratch) and the raw
+// memory calls the cuda backend's arena is built on.
+#include "common.cuh"
+
+#define WORKSPACE_BYTES (32u << 20)	// cuBLASLt: large enough for its split-K / stream-K algorithms
+#define SCRATCH_BYTES (64u << 20)	// column-reduction partials, attention row dots, sum of squares
+
+extern "C" struct sl_cuda *sl_cuda_create(int device)
+{
+	struct sl_cuda *c;
+	int n = 0;
+
+	if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n) {
+		fprintf(stderr, "cuda: no device %d (%d visible)\n", device, n);
+		return NULL;
+	}
+	c = (struct sl_cuda *)calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	c->device = device;
+	CUDA_CHECK(cudaSetDevice(device));
+	// non-blocking: the legacy default stream must not serialize us against a comm stream
+	CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+	CUBLAS_CHECK(cublasLtCreate(&c->lt));
+	c->ws_bytes = WORKSPACE_BYTES;
+	c->scratch_bytes = SCRATCH_BYTES;
+	CUDA_CHECK(cudaMalloc(&c->ws, c->ws_bytes));
+	CUDA_CHECK(cudaMalloc(&c->scratch, c->scratch_bytes));
+	return c;
+}
+
+extern "C" void sl_cuda_destroy(struct sl_cuda *c)
+{
+	if (!c)
+		return;
+	CUDA_CHECK(cudaStreamSynchronize(c->stream));
+	sl_cuda_gemm_cache_free(c);
+	if (c->ev0) {
+		cudaEventDestroy(c->ev0);
+		cudaEventDestroy(c->ev1);
+	}
+	CUDA_CHECK(cudaFree(c->ws));
+	CUDA_CHECK(cudaFree(c->scratch));
+	CUBLAS_CHECK(cublasLtDestroy(c->lt));
+	CUDA_CHECK(cudaStreamDestroy(c->stream));
+	free(c);
+}
+
+extern "C" void *sl_cuda_stream(struct sl_cuda *c)
+{
+	return (void *)c->stream;
+}
+
+extern "C" size_t sl_cuda_fixed_bytes(struct sl_cuda *c)
+{
+	return c->ws_bytes + c->scratch_bytes;
+}
+
+float *sl_cuda_scratch(struct sl_cuda *c, size_t bytes, const char *who)
+{
+	if (bytes > c->scratch_bytes) {
+		fprintf(stderr, "cuda: %s needs %zu bytes of scratch, %zu reserved\n", who, bytes,
+			c->scratch_bytes);
+		abort();
+	}
+	return (float *)c->scratch;
+}
+
+extern "C" void *sl_cuda_malloc(struct sl_cuda *c, size_t bytes)
+{
+	void *p = NULL;
+	cudaError_t e = cudaMalloc(&p, bytes);
+
+	if (e != cudaSuccess) {
+		size_t fr = 0, tot = 0;
+
+		cudaGetLastError();	// clear the sticky-free allocation error
+		cudaMemGetInfo(&fr, &tot);
+		fprintf(stderr, "cuda: cannot allocate %zu bytes on device %d (%s; %zu of %zu free)\n",
+			bytes, c->device, cudaGetErrorString(e), fr, tot);
+		return NULL;
+	}
+	return p;
+}
+
+extern "C" void sl_cuda_free(struct sl_cuda *c, void *p)
+{
+	CUDA_CHECK(cudaFree(p));
+}
+
+extern "C" void sl_cuda_memset0(struct sl_cuda *c, void *p, size_t bytes)
+{
+	if (bytes)
+		CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c->stream));
+}
+
+// Copies are synchronous for the caller (the contract is memcpy-like: the host buffer may be
+// reused or read as soon as the call returns).
+extern "C" void sl_cuda_upload(struct sl_cuda *c, void *dst, const void *src, size_t bytes)
+{
+	if (!bytes)
+		return;
+	CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+	CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+extern "C" void sl_cuda_download(struct sl_cuda *c, void *dst, const void *src, size_t bytes)
+{
+	if (!bytes)
+		return;
+	CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+	CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+extern "C" void sl_cuda_sync(struct sl_cuda *c)
+{
+	CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+// Stream-ordered timing for benchmarks and tests: start records an event; stop records another,
+// waits for it and returns the milliseconds between the two.
+extern "C" void sl_cuda_timer_start(struct sl_cuda *c)
+{
+	if (!c->ev0) {
+		CUDA_CHECK(cudaEventCreate(&c->ev0));
+		CUDA_CHECK(cudaEventCreate(&c->ev1));
+	}
+	CUDA_CHECK(cudaEventRecord(c->ev0, c->stream));
+}
+
+extern "C" double sl_cuda_timer_stop(struct sl_cuda *c)
+{
+	float ms = 0;
+
+	CUDA_CHECK(cudaEventRecord(c->ev1, c->stream));
+	CUDA_CHECK(cudaEventSynchronize(c->ev1));
+	CUDA_CHECK(cudaEventElapsedTime(&ms, c->ev0, c->ev1));
+	return ms;
+}

@@ -1,0 +1,769 @@
+// ops.cu: the element-wise, normalization, rotary, embedding, row, loss and optimizer kernels of
+// the cuda backend, with their extern "C" launchers.  bf16 in memory, fp32 arithmetic.  Every
+// reduction runs in a fixed order (no atomics), so results repeat bit for bit.
+#include <cmath>
+
+#include "common.cuh"
+
+#define NT 256		// threads of the row and element-wise kernels
+
+// ---- reductions --------------------------------------------------------------------------
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+	for (int o = 16; o; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+// sum over the block (blockDim a multiple of 32, <= 1024); every thread gets the result
+static __device__ float block_sum(float v)
+{
+	__shared__ float sh[32];
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+
+	v = warp_sum(v);
+	__syncthreads();	// sh may still be read by a previous call
+	if (!lane)
+		sh[warp] = v;
+	__syncthreads();
+	v = lane < nw ? sh[lane] : 0.f;
+	return warp_sum(v);
+}
+
+// ---- casts and adds ----------------------------------------------------------------------
+
+__global__ void k_f32_to_bf16(bf16 *d, const float *s, size_t n)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x)
+		d[i] = tobf(s[i]);
+}
+
+__global__ void k_bf16_to_f32(float *d, const bf16 *s, size_t n)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x)
+		d[i] = bf(s[i]);
+}
+
+__global__ void k_add_bf16(bf16 *y, const bf16 *x, size_t n)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x)
+		y[i] = tobf(bf(y[i]) + bf(x[i]));
+}
+
+__global__ void k_add_f32(float *y, const float *x, size_t n)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x)
+		y[i] += x[i];
+}
+
+extern "C" void sl_cuda_f32_to_bf16(struct sl_cuda *c, void *dst, const float *src, size_t n)
+{
+	if (!n)
+		return;
+	k_f32_to_bf16<<<grid_for(n, NT), NT, 0, c->stream>>>((bf16 *)dst, src, n);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_bf16_to_f32(struct sl_cuda *c, float *dst, const void *src, size_t n)
+{
+	if (!n)
+		return;
+	k_bf16_to_f32<<<grid_for(n, NT), NT, 0, c->stream>>>(dst, (const bf16 *)src, n);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_add(struct sl_cuda *c, void *y, const void *x, size_t n)
+{
+	if (!n)
+		return;
+	k_add_bf16<<<grid_for(n, NT), NT, 0, c->stream>>>((bf16 *)y, (const bf16 *)x, n);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_add_f32(struct sl_cuda *c, float *y, const float *x, size_t n)
+{
+	if (!n)
+		return;
+	k_add_f32<<<grid_for(n, NT), NT, 0, c->stream>>>(y, x, n);
+	CUDA_LAUNCHED();
+}
+
+// ---- column sums over rows, in two deterministic passes ----------------------------------
+//
+// Weight gradients of norms and biases sum a (rows x cols) product over rows.  Pass 1: a grid of
+// (column tiles x row chunks) writes one partial per chunk and column (rows of a chunk summed in
+// a fixed order); pass 2 adds the chunks in order into the bf16 gradient.
+
+#define CS_W 32		// columns per tile
+#define CS_R 8		// row lanes per tile
+
+enum colsum_kind { CS_PLAIN, CS_RMSNORM };
+
+template <int KIND>
+__global__ void k_colsum_partial(float *part, const bf16 *g, const bf16 *x, const float *rstd,
+				 int R, int C, int rows_per_chunk)
+{
+	__shared__ float sh[CS_R][CS_W + 1];
+	int j = blockIdx.x * CS_W + threadIdx.x, chunk = blockIdx.y;
+	int r0 = chunk * rows_per_chunk, r1 = min(R, r0 + rows_per_chunk);
+	float acc = 0.f;
+
+	if (j < C) {
+		for (int r = r0 + threadIdx.y; r < r1; r += CS_R) {
+			size_t o = (size_t)r * C + j;
+
+			if (KIND == CS_RMSNORM)
+				acc += bf(g[o]) * bf(x[o]) * rstd[r];
+			else
+				acc += bf(g[o]);
+		}
+	}
+	sh[threadIdx.y][threadIdx.x] = acc;
+	__syncthreads();
+	if (threadIdx.y == 0 && j < C) {
+		for (int k = 1; k < CS_R; k++)
+			acc += sh[k][threadIdx.x];
+		part[(size_t)chunk * C + j] = acc;
+	}
+}
+
+__global__ void k_colsum_final(bf16 *out, const float *part, int C, int nchunk)
+{
+	int j = blockIdx.x * blockDim.x + threadIdx.x;
+	float acc = 0.f;
+
+	if (j >= C)
+		return;
+	for (int k = 0; k < nchunk; k++)
+		acc += part[(size_t)k * C + j];
+	out[j] = tobf(bf(out[j]) + acc);
+}
+
+static void colsum(struct sl_cuda *c, int kind, bf16 *out, const bf16 *g, const bf16 *x,
+		   const float *rstd, int R, int C)
+{
+	// ~64 rows a chunk, as many chunks as the scratch holds
+	int nchunk = (R + 63) / 64;
+	size_t cap = c->scratch_bytes / ((size_t)C * sizeof(float));
+
+	if (R <= 0 || C <= 0)
+		return;
+	if ((size_t)nchunk > cap)
+		nchunk = (int)cap;
+	if (nchunk > 2048)
+		nchunk = 2048;
+	if (nchunk < 1)
+		nchunk = 1;
+	int rpc = (R + nchunk - 1) / nchunk;
+	nchunk = (R + rpc - 1) / rpc;
+	float *part = sl_cuda_scratch(c, (size_t)nchunk * C * sizeof(float), "column sum");
+	dim3 grid((C + CS_W - 1) / CS_W, nchunk), blk(CS_W, CS_R);
+
+	if (kind == CS_RMSNORM)
+		k_colsum_partial<CS_RMSNORM><<<grid, blk, 0, c->stream>>>(part, g, x, rstd, R, C, rpc);
+	else
+		k_colsum_partial<CS_PLAIN><<<grid, blk, 0, c->stream>>>(part, g, x, rstd, R, C, rpc);
+	CUDA_LAUNCHED();
+	k_colsum_final<<<(C + NT - 1) / NT, NT, 0, c->stream>>>(out, part, C, nchunk);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_bias_grad(struct sl_cuda *c, void *dbias, const void *dout, int T, int N)
+{
+	colsum(c, CS_PLAIN, (bf16 *)dbias, (const bf16 *)dout, NULL, NULL, T, N);
+}
+
+// ---- embedding ---------------------------------------------------------------------------
+
+__global__ void k_embedding_fwd(bf16 *out, const int *ids, const bf16 *tab, int T, int H)
+{
+	for (int t = blockIdx.x; t < T; t += gridDim.x) {
+		const bf16 *s = tab + (size_t)ids[t] * H;
+		bf16 *d = out + (size_t)t * H;
+
+		for (int j = threadIdx.x; j < H; j += blockDim.x)
+			d[j] = s[j];
+	}
+}
+
+#define EMB_VEC 8	// columns a thread accumulates per pass
+
+// Deterministic scatter-add without atomics or sorting: the block of token t works only when t is
+// the first occurrence of its id; it then collects every later token with that id, in token
+// order (an ordered compaction per chunk of NT ids), and sums their rows in fp32 before a single
+// add into the bf16 table row.  Each table row thus has one writer and one summation order.
+__global__ void __launch_bounds__(NT) k_embedding_bwd(bf16 *dtab, const int *ids, const bf16 *g,
+						      int T, int H)
+{
+	__shared__ int match[NT];
+	__shared__ int wcount[NT / 32];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+	for (int t = blockIdx.x; t < T; t += gridDim.x) {
+		int id = ids[t], before = 0;
+
+		for (int u = threadIdx.x; u < t && !before; u += NT)
+			before = ids[u] == id;
+		if (__syncthreads_or(before))
+			continue;
+		for (int c0 = 0; c0 < H; c0 += NT * EMB_VEC) {
+			float acc[EMB_VEC];
+
+			for (int v = 0; v < EMB_VEC; v++)
+				acc[v] = 0.f;
+			for (int u0 = t; u0 < T; u0 += NT) {
+				int u = u0 + threadIdx.x;
+				int hit = u < T && ids[u] == id;
+				unsigned bal = __ballot_sync(0xffffffffu, hit);
+				int off = 0, tot = 0;
+
+				if (!lane)
+					wcount[warp] = __popc(bal);
+				__syncthreads();
+				for (int w = 0; w < NT / 32; w++) {
+					off += w < warp ? wcount[w] : 0;
+					tot += wcount[w];
+				}
+				if (hit)
+					match[off + __popc(bal & ((1u << lane) - 1))] = u;
+				__syncthreads();
+				for (int k = 0; k < tot; k++) {
+					const bf16 *row = g + (size_t)match[k] * H;
+
+					for (int v = 0; v < EMB_VEC; v++) {
+						int j = c0 + v * NT + threadIdx.x;
+
+						if (j < H)
+							acc[v] += bf(row[j]);
+					}
+				}
+				__syncthreads();	// match and wcount are rewritten next chunk
+			}
+			bf16 *d = dtab + (size_t)id * H;
+
+			for (int v = 0; v < EMB_VEC; v++) {
+				int j = c0 + v * NT + threadIdx.x;
+
+				if (j < H)
+					d[j] = tobf(bf(d[j]) + acc[v]);
+			}
+		}
+	}
+}
+
+extern "C" void sl_cuda_embedding_fwd(struct sl_cuda *c, void *out, const int *ids,
+				      const void *table, int T, int H)
+{
+	if (T <= 0)
+		return;
+	k_embedding_fwd<<<T < 65535 ? T : 65535, NT, 0, c->stream>>>((bf16 *)out, ids,
+								   (const bf16 *)table, T, H);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_embedding_bwd(struct sl_cuda *c, void *dtable, const int *ids,
+				      const void *dout, int T, int H)
+{
+	if (T <= 0)
+		return;
+	k_embedding_bwd<<<T < 65535 ? T : 65535, NT, 0, c->stream>>>((bf16 *)dtable, ids,
+								   (const bf16 *)dout, T, H);
+	CUDA_LAUNCHED();
+}
+
+// ---- RMSNorm -----------------------------------------------------------------------------
+
+__global__ void k_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, int H,
+			      float eps)
+{
+	const bf16 *xr = x + (size_t)blockIdx.x * H;
+	bf16 *o = out + (size_t)blockIdx.x * H;
+	float ss = 0.f, r;
+
+	for (int j = threadIdx.x; j < H; j += blockDim.x) {
+		float v = bf(xr[j]);
+
+		ss += v * v;
+	}
+	ss = block_sum(ss);
+	r = 1.f / sqrtf(ss / H + eps);
+	if (!threadIdx.x)
+		rstd[blockIdx.x] = r;
+	// (x * r) * w, in that order, as Hugging Face's Qwen3RMSNorm
+	for (int j = threadIdx.x; j < H; j += blockDim.x)
+		o[j] = tobf((bf(xr[j]) * r) * bf(w[j]));
+}
+
+__global__ void k_rmsnorm_bwd_dx(bf16 *dx, const bf16 *g, const bf16 *x, const bf16 *w,
+				 const float *rstd, int H, int accumulate)
+{
+	size_t o = (size_t)blockIdx.x * H;
+	float r = rstd[blockIdx.x], s = 0.f, k;
+
+	for (int j = threadIdx.x; j < H; j += blockDim.x)
+		s += bf(g[o + j]) * bf(w[j]) * bf(x[o + j]);
+	s = block_sum(s);
+	k = s * r * r * r / H;
+	for (int j = threadIdx.x; j < H; j += blockDim.x) {
+		float v = r * bf(w[j]) * bf(g[o + j]) - bf(x[o + j]) * k;
+
+		dx[o + j] = tobf(accumulate ? bf(dx[o + j]) + v : v);
+	}
+}
+
+static int row_threads(int H)
+{
+	return H >= 1024 ? 512 : H > 128 ? 256 : 64;
+}
+
+extern "C" void sl_cuda_rmsnorm_fwd(struct sl_cuda *c, void *out, float *rstd, const void *x,
+				    const void *w, int T, int H, float eps)
+{
+	if (T <= 0)
+		return;
+	k_rmsnorm_fwd<<<T, row_threads(H), 0, c->stream>>>((bf16 *)out, rstd, (const bf16 *)x,
+							   (const bf16 *)w, H, eps);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_rmsnorm_bwd(struct sl_cuda *c, void *dx, void *dw, const void *dout,
+				    const void *x, const void *w, const float *rstd, int T, int H,
+				    int accumulate)
+{
+	if (T <= 0)
+		return;
+	k_rmsnorm_bwd_dx<<<T, row_threads(H), 0, c->stream>>>((bf16 *)dx, (const bf16 *)dout,
+							      (const bf16 *)x, (const bf16 *)w,
+							      rstd, H, accumulate);
+	CUDA_LAUNCHED();
+	colsum(c, CS_RMSNORM, (bf16 *)dw, (const bf16 *)dout, (const bf16 *)x, rstd, T, H);
+}
+
+// ---- q/k RMSNorm + rotary ----------------------------------------------------------------
+
+#define QK_WARPS 8
+#define HD_MAX 256
+
+// cos and sin of position p for pair i, from angles in double like the cpu reference (long
+// positions would lose the low bits of the angle in float), rounded to float once.
+static __device__ __forceinline__ void rope_cs(int p, int i, int hd, float theta, float *cs,
+					       float *sn)
+{
+	double ang = p * pow((double)theta, -2.0 * i / hd), s, co;
+
+	sincos(ang, &s, &co);
+	*cs = (float)co;
+	*sn = (float)s;
+}
+
+// one block per token; warp per head; cos/sin of the token's position computed once in shared
+__global__ void __launch_bounds__(QK_WARPS * 32)
+k_qk_norm_rope_fwd(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, const bf16 *kw,
+		   int L, int nh, int nkv, int hd, float eps, float theta)
+{
+	__shared__ float cs[HD_MAX / 2], sn[HD_MAX / 2];
+	__shared__ float nb[QK_WARPS][HD_MAX];
+	const int t = blockIdx.x, W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const bf16 *in = qkv + (size_t)t * W;
+	bf16 *o = out + (size_t)t * W;
+
+	for (int i = threadIdx.x; i < half; i += blockDim.x)
+		rope_cs(t % L, i, hd, theta, &cs[i], &sn[i]);
+	__syncthreads();
+	for (int j = warp; j < nq; j += QK_WARPS) {
+		const bf16 *x = in + (size_t)j * hd, *w = j < nh ? qw : kw;
+		float *n = nb[warp], ss = 0.f, r;
+
+		for (int i = lane; i < hd; i += 32) {
+			float v = bf(x[i]);
+
+			ss += v * v;
+		}
+		ss = warp_sum(ss);
+		r = 1.f / sqrtf(ss / hd + eps);
+		if (!lane)
+			rstd[(size_t)t * nq + j] = r;
+		for (int i = lane; i < hd; i += 32)
+			n[i] = (bf(x[i]) * r) * bf(w[i]);
+		__syncwarp();
+		for (int i = lane; i < half; i += 32) {
+			o[(size_t)j * hd + i] = tobf(n[i] * cs[i] - n[i + half] * sn[i]);
+			o[(size_t)j * hd + i + half] = tobf(n[i + half] * cs[i] + n[i] * sn[i]);
+		}
+		__syncwarp();
+	}
+	for (int i = threadIdx.x; i < nkv * hd; i += blockDim.x)
+		o[(size_t)nq * hd + i] = in[(size_t)nq * hd + i];
+}
+
+// gradient w.r.t. the normed, un-rotated element i, from the rotated gradient dy
+static __device__ __forceinline__ float rope_back(const bf16 *dy, const float *cs, const float *sn,
+						  int i, int half)
+{
+	if (i < half)
+		return bf(dy[i]) * cs[i] + bf(dy[i + half]) * sn[i];
+	i -= half;
+	return -bf(dy[i]) * sn[i] + bf(dy[i + half]) * cs[i];
+}
+
+__global__ void __launch_bounds__(QK_WARPS * 32)
+k_qk_norm_rope_bwd(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *qw, const bf16 *kw,
+		   const float *rstd, int L, int nh, int nkv, int hd, float theta)
+{
+	__shared__ float cs[HD_MAX / 2], sn[HD_MAX / 2];
+	const int t = blockIdx.x, W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+	for (int i = threadIdx.x; i < half; i += blockDim.x)
+		rope_cs(t % L, i, hd, theta, &cs[i], &sn[i]);
+	__syncthreads();
+	for (int j = warp; j < nq; j += QK_WARPS) {
+		size_t off = (size_t)t * W + (size_t)j * hd;
+		const bf16 *x = qkv + off, *dy = dout + off, *w = j < nh ? qw : kw;
+		float r = rstd[(size_t)t * nq + j], s = 0.f, k;
+
+		for (int i = lane; i < hd; i += 32)
+			s += rope_back(dy, cs, sn, i, half) * bf(w[i]) * bf(x[i]);
+		s = warp_sum(s);
+		k = s * r * r * r / hd;
+		for (int i = lane; i < hd; i += 32)
+			dqkv[off + i] = tobf(r * bf(w[i]) * rope_back(dy, cs, sn, i, half) -
+					     bf(x[i]) * k);
+	}
+	for (int i = threadIdx.x; i < nkv * hd; i += blockDim.x) {
+		size_t off = (size_t)t * W + (size_t)nq * hd + i;
+
+		dqkv[off] = dout[off];
+	}
+}
+
+// norm weight gradients, pass 1: blockIdx.y 0 = q heads, 1 = k heads; block (hd, R) sums the
+// tokens of chunk blockIdx.x (lanes of y take every R-th token; cos/sin once per token)
+__global__ void k_qk_dw_partial(float *part, const bf16 *dout, const bf16 *qkv, const float *rstd,
+				int T, int L, int nh, int nkv, int hd, float theta, int tpc)
+{
+	extern __shared__ float red[];	// (R, hd)
+	const int W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2, kind = blockIdx.y;
+	const int i = threadIdx.x, ii = i < half ? i : i - half, R = blockDim.y;
+	const int j0 = kind ? nh : 0, j1 = kind ? nq : nh;
+	int t0 = blockIdx.x * tpc, t1 = min(T, t0 + tpc);
+	float acc = 0.f;
+
+	for (int t = t0 + threadIdx.y; t < t1; t += R) {
+		float c, s;
+
+		rope_cs(t % L, ii, hd, theta, &c, &s);
+		for (int j = j0; j < j1; j++) {
+			size_t off = (size_t)t * W + (size_t)j * hd;
+			const bf16 *dy = dout + off;
+			float dn = i < half ? bf(dy[i]) * c + bf(dy[i + half]) * s :
+					      -bf(dy[ii]) * s + bf(dy[ii + half]) * c;
+
+			acc += dn * bf(qkv[off + i]) * rstd[(size_t)t * nq + j];
+		}
+	}
+	red[threadIdx.y * hd + i] = acc;
+	__syncthreads();
+	if (!threadIdx.y) {
+		for (int k = 1; k < R; k++)
+			acc += red[k * hd + i];
+		part[((size_t)kind * gridDim.x + blockIdx.x) * hd + i] = acc;
+	}
+}
+
+__global__ void k_qk_dw_final(bf16 *dqw, bf16 *dkw, const float *part, int nchunk, int hd)
+{
+	int i = threadIdx.x, kind = blockIdx.x;
+	bf16 *d = kind ? dkw : dqw;
+	float acc = 0.f;
+
+	for (int k = 0; k < nchunk; k++)
+		acc += part[((size_t)kind * nchunk + k) * hd + i];
+	d[i] = tobf(bf(d[i]) + acc);
+}
+
+static int check_hd(int hd, const char *who)
+{
+	if (hd < 2 || hd > HD_MAX || hd % 2) {
+		fprintf(stderr, "cuda: %s: head_dim %d unsupported (even, 2..%d)\n", who, hd, HD_MAX);
+		abort();
+	}
+	return hd;
+}
+
+extern "C" void sl_cuda_qk_norm_rope_fwd(struct sl_cuda *c, void *out, float *rstd,
+					 const void *qkv, const void *qw, const void *kw, int T,
+					 int L, int nh, int nkv, int hd, float eps, float theta)
+{
+	check_hd(hd, "qk_norm_rope_fwd");
+	if (T <= 0)
+		return;
+	k_qk_norm_rope_fwd<<<T, QK_WARPS * 32, 0, c->stream>>>((bf16 *)out, rstd,
+		(const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, L, nh, nkv, hd, eps, theta);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dqw, void *dkw,
+					 const void *dout, const void *qkv, const void *qw,
+					 const void *kw, const float *rstd, int T, int L, int nh,
+					 int nkv, int hd, float eps, float theta)
+{
+	int R, tpc, nchunk;
+
+	check_hd(hd, "qk_norm_rope_bwd");
+	if (T <= 0)
+		return;
+	k_qk_norm_rope_bwd<<<T, QK_WARPS * 32, 0, c->stream>>>((bf16 *)dqkv, (const bf16 *)dout,
+		(const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, rstd, L, nh, nkv, hd, theta);
+	CUDA_LAUNCHED();
+	R = 256 / hd > 0 ? 256 / hd : 1;
+	tpc = 32;
+	nchunk = (T + tpc - 1) / tpc;
+	if (nchunk > 1024) {
+		nchunk = 1024;
+		tpc = (T + nchunk - 1) / nchunk;
+		nchunk = (T + tpc - 1) / tpc;
+	}
+	float *part = sl_cuda_scratch(c, (size_t)2 * nchunk * hd * sizeof(float), "qk norm dw");
+	k_qk_dw_partial<<<dim3(nchunk, 2), dim3(hd, R), (size_t)R * hd * sizeof(float),
+			  c->stream>>>(part, (const bf16 *)dout, (const bf16 *)qkv, rstd, T, L, nh,
+				       nkv, hd, theta, tpc);
+	CUDA_LAUNCHED();
+	k_qk_dw_final<<<2, hd, 0, c->stream>>>((bf16 *)dqw, (bf16 *)dkw, part, nchunk, hd);
+	CUDA_LAUNCHED();
+}
+
+// ---- SwiGLU ------------------------------------------------------------------------------
+
+__global__ void k_swiglu_fwd(bf16 *h, const bf16 *gu, int T, int I)
+{
+	size_t n = (size_t)T * I;
+
+	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n;
+	     e += (size_t)gridDim.x * blockDim.x) {
+		size_t t = e / I, i = e % I;
+		float g = bf(gu[t * 2 * I + i]), u = bf(gu[t * 2 * I + I + i]);
+
+		h[e] = tobf(g / (1.f + expf(-g)) * u);
+	}
+}
+
+__global__ void k_swiglu_bwd(bf16 *dgu, const bf16 *dh, const bf16 *gu, int T, int I)
+{
+	size_t n = (size_t)T * I;
+
+	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n;
+	     e += (size_t)gridDim.x * blockDim.x) {
+		size_t t = e / I, i = e % I, o = t * 2 * I + i;
+		float g = bf(gu[o]), u = bf(gu[o + I]), d = bf(dh[e]);
+		float sg = 1.f / (1.f + expf(-g));
+
+		dgu[o] = tobf(d * u * sg * (1.f + g * (1.f - sg)));
+		dgu[o + I] = tobf(d * g * sg);
+	}
+}
+
+extern "C" void sl_cuda_swiglu_fwd(struct sl_cuda *c, void *h, const void *gu, int T, int I)
+{
+	size_t n = (size_t)T * I;
+
+	if (!n)
+		return;
+	k_swiglu_fwd<<<grid_for(n, NT), NT, 0, c->stream>>>((bf16 *)h, (const bf16 *)gu, T, I);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_swiglu_bwd(struct sl_cuda *c, void *dgu, const void *dh, const void *gu,
+				   int T, int I)
+{
+	size_t n = (size_t)T * I;
+
+	if (!n)
+		return;
+	k_swiglu_bwd<<<grid_for(n, NT), NT, 0, c->stream>>>((bf16 *)dgu, (const bf16 *)dh,
+							   (const bf16 *)gu, T, I);
+	CUDA_LAUNCHED();
+}
+
+// ---- rows --------------------------------------------------------------------------------
+
+__global__ void k_gather_rows(bf16 *out, const bf16 *x, const int *idx, int n, int H)
+{
+	for (int i = blockIdx.x; i < n; i += gridDim.x)
+		for (int j = threadIdx.x; j < H; j += blockDim.x)
+			out[(size_t)i * H + j] = x[(size_t)idx[i] * H + j];
+}
+
+// one thread per column walks the rows in order: repeated indices add in a fixed order, no races
+__global__ void k_scatter_add_rows(bf16 *dx, const bf16 *g, const int *idx, int n, int H)
+{
+	int j = blockIdx.x * blockDim.x + threadIdx.x;
+
+	if (j >= H)
+		return;
+	for (int i = 0; i < n; i++) {
+		bf16 *d = dx + (size_t)idx[i] * H + j;
+
+		*d = tobf(bf(*d) + bf(g[(size_t)i * H + j]));
+	}
+}
+
+extern "C" void sl_cuda_gather_rows(struct sl_cuda *c, void *out, const void *x, const int *idx,
+				    int n, int H)
+{
+	if (n <= 0)
+		return;
+	k_gather_rows<<<n < 65535 ? n : 65535, NT, 0, c->stream>>>((bf16 *)out, (const bf16 *)x,
+								   idx, n, H);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_scatter_add_rows(struct sl_cuda *c, void *dx, const void *dout,
+					 const int *idx, int n, int H)
+{
+	if (n <= 0)
+		return;
+	k_scatter_add_rows<<<(H + NT - 1) / NT, NT, 0, c->stream>>>((bf16 *)dx,
+								   (const bf16 *)dout, idx, n, H);
+	CUDA_LAUNCHED();
+}
+
+// ---- BCE ---------------------------------------------------------------------------------
+
+// one block; per-thread sums in double, then a fixed-order tree
+__global__ void k_bce(double *loss_sum, bf16 *dz, const bf16 *z, const float *y, int n, float scale)
+{
+	__shared__ double sh[NT];
+	double s = 0;
+
+	for (int i = threadIdx.x; i < n; i += NT) {
+		double x = bf(z[i]), yy = y[i], sg;
+
+		s += fmax(x, 0.0) - x * yy + log1p(exp(-fabs(x)));
+		if (x >= 0) {
+			sg = 1 / (1 + exp(-x));
+		} else {
+			double e = exp(x);
+
+			sg = e / (1 + e);
+		}
+		dz[i] = tobf((float)(scale * (sg - yy)));
+	}
+	sh[threadIdx.x] = s;
+	__syncthreads();
+	for (int o = NT / 2; o; o >>= 1) {
+		if (threadIdx.x < o)
+			sh[threadIdx.x] += sh[threadIdx.x + o];
+		__syncthreads();
+	}
+	if (!threadIdx.x)
+		*loss_sum = sh[0];
+}
+
+extern "C" void sl_cuda_bce_fwd_bwd(struct sl_cuda *c, double *loss_sum, void *dlogits,
+				    const void *logits, const float *labels, int n, float scale)
+{
+	k_bce<<<1, NT, 0, c->stream>>>(loss_sum, (bf16 *)dlogits, (const bf16 *)logits, labels, n,
+				       scale);
+	CUDA_LAUNCHED();
+}
+
+// ---- optimizer ---------------------------------------------------------------------------
+
+#define SQ_BLOCKS 512	// fixed, so the summation tree does not depend on the device
+
+__global__ void k_sumsq_partial(double *part, const float *g, size_t n)
+{
+	__shared__ double sh[NT];
+	double s = 0;
+
+	for (size_t i = blockIdx.x * (size_t)NT + threadIdx.x; i < n; i += (size_t)SQ_BLOCKS * NT)
+		s += (double)g[i] * g[i];
+	sh[threadIdx.x] = s;
+	__syncthreads();
+	for (int o = NT / 2; o; o >>= 1) {
+		if (threadIdx.x < o)
+			sh[threadIdx.x] += sh[threadIdx.x + o];
+		__syncthreads();
+	}
+	if (!threadIdx.x)
+		part[blockIdx.x] = sh[0];
+}
+
+__global__ void k_sumsq_final(double *out, const double *part)
+{
+	__shared__ double sh[SQ_BLOCKS];
+
+	for (int i = threadIdx.x; i < SQ_BLOCKS; i += blockDim.x)
+		sh[i] = part[i];
+	__syncthreads();
+	for (int o = SQ_BLOCKS / 2; o; o >>= 1) {
+		for (int i = threadIdx.x; i < o; i += blockDim.x)
+			sh[i] += sh[i + o];
+		__syncthreads();
+	}
+	if (!threadIdx.x)
+		*out = sh[0];
+}
+
+extern "C" void sl_cuda_sumsq_f32(struct sl_cuda *c, double *out, const float *g, size_t n)
+{
+	double *part = (double *)sl_cuda_scratch(c, SQ_BLOCKS * sizeof(double), "sumsq");
+
+	k_sumsq_partial<<<SQ_BLOCKS, NT, 0, c->stream>>>(part, g, n);
+	CUDA_LAUNCHED();
+	k_sumsq_final<<<1, NT, 0, c->stream>>>(out, part);
+	CUDA_LAUNCHED();
+}
+
+// torch's AdamW step in its order; explicit _rn intrinsics so nvcc contracts nothing into FMAs
+// and the fp32 results equal the cpu reference's
+__global__ void k_adamw(float *p, float *m, float *v, const float *grad, bf16 *wo, size_t n,
+			float decay, float w1, float b2, float w2, float bc2s, float step,
+			float eps, float gs, int lerp_lo)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		float g = __fmul_rn(grad[i], gs);
+		float pi = __fmul_rn(p[i], decay);
+		float mi = m[i], vi, den;
+
+		mi = lerp_lo ? __fadd_rn(mi, __fmul_rn(w1, __fsub_rn(g, mi))) :
+			       __fsub_rn(g, __fmul_rn(__fsub_rn(g, mi), __fsub_rn(1.f, w1)));
+		vi = __fmul_rn(v[i], b2);
+		vi = __fadd_rn(vi, __fmul_rn(__fmul_rn(w2, g), g));
+		den = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2s), eps);
+		pi = __fadd_rn(pi, __fdiv_rn(__fmul_rn(step, mi), den));
+		p[i] = pi;
+		m[i] = mi;
+		v[i] = vi;
+		if (wo)
+			wo[i] = tobf(pi);
+	}
+}
+
+extern "C" void sl_cuda_adamw_f32(struct sl_cuda *c, float *p, float *m, float *v,
+				  const float *grad, void *w_out, size_t n, float lr, float beta1,
+				  float beta2, float eps, float wd, float bc1, float bc2,
+				  float grad_scale)
+{
+	// the scalars torch forms as Python floats (double), rounded to float once
+	const float decay = (float)(1.0 - (double)lr * wd);
+	const float w1 = (float)(1.0 - (double)beta1);
+	const float w2 = (float)(1.0 - (double)beta2);
+	const float bc2s = (float)sqrt((double)bc2);
+	const float step = (float)(-((double)lr / bc1));
+
+	if (!n)
+		return;
+	k_adamw<<<grid_for(n, NT), NT, 0, c->stream>>>(p, m, v, grad, (bf16 *)w_out, n, decay, w1,
+						       beta2, w2, bc2s, step, eps, grad_scale,
+						       fabsf(w1) < 0.5f);
+	CUDA_LAUNCHED();
+}

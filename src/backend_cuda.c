@@ -1,0 +1,407 @@
+/*
+ * backend_cuda: the cuda backend (bf16 compute, float stats) over the launchers of cuda/.
+ *
+ * Owns device memory as an arena: alloc() carves blocks from chunks it cudaMallocs when nothing
+ * free fits (so only setup, while buffers are first made, reaches cudaMalloc), free() returns a
+ * block to the arena and merges it with free neighbours; the step loop's alloc/free pairs reuse
+ * blocks.  Bytes in use and their peak are tracked for the trainer's peak_gpu_bytes.  Every op
+ * runs on the context's one stream, in issue order; download() and sync() wait for it.
+ */
+#include "sl_build.h"
+
+#ifdef SL_HAVE_CUDA
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "sl_cuda.h"
+
+#define ARENA_ALIGN 256			/* cuBLASLt's and vector loads' best alignment */
+#define ARENA_CHUNK (256ull << 20)	/* smallest chunk taken from the driver */
+
+struct blk {
+	char *p;
+	size_t size;
+	bool free;
+	int chunk;
+	struct blk *prev, *next;	/* address order; neighbours may be of other chunks */
+};
+
+struct cuda_priv {
+	struct sl_cuda *c;
+	struct blk *head;
+	void **chunks;
+	int n_chunks;
+	size_t in_use, peak, reserved;
+};
+
+static struct cuda_priv *P(struct sl_backend *be)
+{
+	return be->priv;
+}
+
+static struct sl_cuda *C(struct sl_backend *be)
+{
+	return P(be)->c;
+}
+
+/* ---- memory ------------------------------------------------------------------------------ */
+
+static void oom(const char *what, size_t bytes)
+{
+	fprintf(stderr, "cuda backend: out of memory (%s, %zu bytes)\n", what, bytes);
+	abort();
+}
+
+/* a new chunk of at least @bytes, as one free block at the end of the list */
+static struct blk *arena_grow(struct cuda_priv *pr, size_t bytes)
+{
+	size_t n = bytes > ARENA_CHUNK ? (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20) :
+					 ARENA_CHUNK;
+	void *p = sl_cuda_malloc(pr->c, n), **ch;
+	struct blk *b, *t;
+
+	if (!p && n > bytes)	/* the whole chunk does not fit: try just what is asked */
+		p = sl_cuda_malloc(pr->c, n = (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
+	if (!p)
+		return NULL;
+	ch = realloc(pr->chunks, (size_t)(pr->n_chunks + 1) * sizeof(*ch));
+	b = calloc(1, sizeof(*b));
+	if (!ch || !b)
+		oom("arena bookkeeping", sizeof(*b));
+	pr->chunks = ch;
+	ch[pr->n_chunks] = p;
+	b->p = p;
+	b->size = n;
+	b->free = true;
+	b->chunk = pr->n_chunks++;
+	pr->reserved += n;
+	for (t = pr->head; t && t->next; t = t->next)
+		;
+	b->prev = t;
+	if (t)
+		t->next = b;
+	else
+		pr->head = b;
+	return b;
+}
+
+static void *cuda_alloc(struct sl_backend *be, size_t bytes)
+{
+	struct cuda_priv *pr = P(be);
+	size_t n = (bytes ? bytes + ARENA_ALIGN - 1 : ARENA_ALIGN) / ARENA_ALIGN * ARENA_ALIGN;
+	struct blk *best = NULL;
+
+	for (struct blk *b = pr->head; b; b = b->next)	/* best fit keeps large blocks whole */
+		if (b->free && b->size >= n && (!best || b->size < best->size))
+			best = b;
+	if (!best)
+		best = arena_grow(pr, n);
+	if (!best)
+		oom("alloc", bytes);
+	if (best->size > n) {	/* split: the tail stays free */
+		struct blk *t = calloc(1, sizeof(*t));
+
+		if (!t)
+			oom("arena bookkeeping", sizeof(*t));
+		t->p = best->p + n;
+		t->size = best->size - n;
+		t->free = true;
+		t->chunk = best->chunk;
+		t->prev = best;
+		t->next = best->next;
+		if (best->next)
+			best->next->prev = t;
+		best->next = t;
+		best->size = n;
+	}
+	best->free = false;
+	pr->in_use += n;
+	if (pr->in_use > pr->peak)
+		pr->peak = pr->in_use;
+	sl_cuda_memset0(pr->c, best->p, n);
+	return best->p;
+}
+
+/* merges b with its successor when both are free and of one chunk */
+static void merge_next(struct blk *b)
+{
+	struct blk *n = b->next;
+
+	if (!n || !b->free || !n->free || n->chunk != b->chunk)
+		return;
+	b->size += n->size;
+	b->next = n->next;
+	if (n->next)
+		n->next->prev = b;
+	free(n);
+}
+
+static void cuda_free(struct sl_backend *be, void *p)
+{
+	struct cuda_priv *pr = P(be);
+	struct blk *b;
+
+	if (!p)
+		return;
+	for (b = pr->head; b && b->p != (char *)p; b = b->next)
+		;
+	if (!b || b->free) {
+		fprintf(stderr, "cuda backend: free of %p, which %s\n", p,
+			b ? "is already free" : "the arena never gave out");
+		abort();
+	}
+	/* memory may still be read by queued kernels; a later alloc's work is queued after them */
+	b->free = true;
+	pr->in_use -= b->size;
+	merge_next(b);
+	if (b->prev)
+		merge_next(b->prev);
+}
+
+static void cuda_zero(struct sl_backend *be, void *p, size_t bytes)
+{
+	sl_cuda_memset0(C(be), p, bytes);
+}
+
+static void cuda_upload(struct sl_backend *be, void *dst, const void *src, size_t bytes)
+{
+	sl_cuda_upload(C(be), dst, src, bytes);
+}
+
+static void cuda_download(struct sl_backend *be, void *dst, const void *src, size_t bytes)
+{
+	sl_cuda_download(C(be), dst, src, bytes);
+}
+
+static void cuda_sync(struct sl_backend *be)
+{
+	sl_cuda_sync(C(be));
+}
+
+static void cuda_to_compute(struct sl_backend *be, void *dst, const float *src, size_t n)
+{
+	sl_cuda_f32_to_bf16(C(be), dst, src, n);
+}
+
+static void cuda_to_f32(struct sl_backend *be, float *dst, const void *src, size_t n)
+{
+	sl_cuda_bf16_to_f32(C(be), dst, src, n);
+}
+
+/* ---- ops --------------------------------------------------------------------------------- */
+
+static void cuda_embedding_fwd(struct sl_backend *be, void *out, const int32_t *ids,
+			       const void *table, int T, int H)
+{
+	sl_cuda_embedding_fwd(C(be), out, ids, table, T, H);
+}
+
+static void cuda_embedding_bwd(struct sl_backend *be, void *dtable, const int32_t *ids,
+			       const void *dout, int T, int H)
+{
+	sl_cuda_embedding_bwd(C(be), dtable, ids, dout, T, H);
+}
+
+static void cuda_rmsnorm_fwd(struct sl_backend *be, void *out, void *rstd, const void *x,
+			     const void *w, int T, int H, float eps)
+{
+	sl_cuda_rmsnorm_fwd(C(be), out, rstd, x, w, T, H, eps);
+}
+
+static void cuda_rmsnorm_bwd(struct sl_backend *be, void *dx, void *dw, const void *dout,
+			     const void *x, const void *w, const void *rstd, int T, int H,
+			     bool accumulate)
+{
+	sl_cuda_rmsnorm_bwd(C(be), dx, dw, dout, x, w, rstd, T, H, accumulate);
+}
+
+static void cuda_matmul_fwd(struct sl_backend *be, void *out, const void *x, const void *w,
+			    const void *bias, int T, int K, int N)
+{
+	sl_cuda_matmul_fwd(C(be), out, x, w, bias, T, K, N);
+}
+
+static void cuda_matmul_bwd(struct sl_backend *be, void *dx, void *dw, void *dbias,
+			    const void *dout, const void *x, const void *w, int T, int K, int N,
+			    bool accumulate)
+{
+	sl_cuda_matmul_bwd(C(be), dx, dw, dbias, dout, x, w, T, K, N, accumulate);
+}
+
+static void cuda_add(struct sl_backend *be, void *y, const void *x, size_t n)
+{
+	sl_cuda_add(C(be), y, x, n);
+}
+
+static void cuda_add_f32(struct sl_backend *be, float *y, const float *x, size_t n)
+{
+	sl_cuda_add_f32(C(be), y, x, n);
+}
+
+static void cuda_qk_norm_rope_fwd(struct sl_backend *be, void *out, void *rstd, const void *qkv,
+				  const void *q_norm_w, const void *k_norm_w, int T, int L,
+				  int nh, int nkv, int hd, float eps, float theta)
+{
+	sl_cuda_qk_norm_rope_fwd(C(be), out, rstd, qkv, q_norm_w, k_norm_w, T, L, nh, nkv, hd, eps,
+				 theta);
+}
+
+static void cuda_qk_norm_rope_bwd(struct sl_backend *be, void *dqkv, void *dq_norm_w,
+				  void *dk_norm_w, const void *dout, const void *qkv,
+				  const void *q_norm_w, const void *k_norm_w, const void *rstd,
+				  int T, int L, int nh, int nkv, int hd, float eps, float theta)
+{
+	sl_cuda_qk_norm_rope_bwd(C(be), dqkv, dq_norm_w, dk_norm_w, dout, qkv, q_norm_w, k_norm_w,
+				 rstd, T, L, nh, nkv, hd, eps, theta);
+}
+
+static void cuda_attention_fwd(struct sl_backend *be, void *out, void *lse, const void *qkv,
+			       const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+{
+	sl_cuda_attention_fwd(C(be), out, lse, qkv, lens, B, L, nh, nkv, hd);
+}
+
+static void cuda_attention_bwd(struct sl_backend *be, void *dqkv, const void *dout,
+			       const void *out, const void *lse, const void *qkv,
+			       const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+{
+	sl_cuda_attention_bwd(C(be), dqkv, dout, out, lse, qkv, lens, B, L, nh, nkv, hd);
+}
+
+static void cuda_swiglu_fwd(struct sl_backend *be, void *h, const void *gu, int T, int I)
+{
+	sl_cuda_swiglu_fwd(C(be), h, gu, T, I);
+}
+
+static void cuda_swiglu_bwd(struct sl_backend *be, void *dgu, const void *dh, const void *gu,
+			    int T, int I)
+{
+	sl_cuda_swiglu_bwd(C(be), dgu, dh, gu, T, I);
+}
+
+static void cuda_gather_rows(struct sl_backend *be, void *out, const void *x, const int32_t *idx,
+			     int n, int H)
+{
+	sl_cuda_gather_rows(C(be), out, x, idx, n, H);
+}
+
+static void cuda_scatter_add_rows(struct sl_backend *be, void *dx, const void *dout,
+				  const int32_t *idx, int n, int H)
+{
+	sl_cuda_scatter_add_rows(C(be), dx, dout, idx, n, H);
+}
+
+static void cuda_bce_fwd_bwd(struct sl_backend *be, double *loss_sum, void *dlogits,
+			     const void *logits, const float *labels, int n, float scale)
+{
+	sl_cuda_bce_fwd_bwd(C(be), loss_sum, dlogits, logits, labels, n, scale);
+}
+
+static void cuda_sumsq_f32(struct sl_backend *be, double *out, const float *g, size_t n)
+{
+	sl_cuda_sumsq_f32(C(be), out, g, n);
+}
+
+static void cuda_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, const float *grad,
+			   void *w_out, size_t n, const struct sl_adamw_args *a)
+{
+	sl_cuda_adamw_f32(C(be), p, m, v, grad, w_out, n, a->lr, a->beta1, a->beta2, a->eps,
+			  a->weight_decay, a->bc1, a->bc2, a->grad_scale);
+}
+
+static void cuda_destroy(struct sl_backend *be)
+{
+	struct cuda_priv *pr = P(be);
+	struct blk *b, *n;
+
+	sl_cuda_sync(pr->c);
+	for (b = pr->head; b; b = n) {
+		n = b->next;
+		free(b);
+	}
+	for (int i = 0; i < pr->n_chunks; i++)
+		sl_cuda_free(pr->c, pr->chunks[i]);
+	free(pr->chunks);
+	sl_cuda_destroy(pr->c);
+	free(pr);
+	free(be);
+}
+
+struct sl_backend *sl_backend_cuda_create(int device)
+{
+	struct sl_backend *be = calloc(1, sizeof(*be));
+	struct cuda_priv *pr = calloc(1, sizeof(*pr));
+
+	if (!be || !pr) {
+		fprintf(stderr, "cuda backend: out of host memory\n");
+		goto out_free;
+	}
+	pr->c = sl_cuda_create(device);
+	if (!pr->c) {
+		fprintf(stderr, "cuda backend: cannot use GPU %d\n", device);
+		goto out_free;
+	}
+	be->name = "cuda";
+	be->elt = 2;		/* bf16 */
+	be->stat_elt = 4;	/* float */
+	be->priv = pr;
+	be->alloc = cuda_alloc;
+	be->free = cuda_free;
+	be->zero = cuda_zero;
+	be->upload = cuda_upload;
+	be->download = cuda_download;
+	be->sync = cuda_sync;
+	be->to_compute = cuda_to_compute;
+	be->to_f32 = cuda_to_f32;
+	be->embedding_fwd = cuda_embedding_fwd;
+	be->embedding_bwd = cuda_embedding_bwd;
+	be->rmsnorm_fwd = cuda_rmsnorm_fwd;
+	be->rmsnorm_bwd = cuda_rmsnorm_bwd;
+	be->matmul_fwd = cuda_matmul_fwd;
+	be->matmul_bwd = cuda_matmul_bwd;
+	be->add = cuda_add;
+	be->add_f32 = cuda_add_f32;
+	be->qk_norm_rope_fwd = cuda_qk_norm_rope_fwd;
+	be->qk_norm_rope_bwd = cuda_qk_norm_rope_bwd;
+	be->attention_fwd = cuda_attention_fwd;
+	be->attention_bwd = cuda_attention_bwd;
+	be->swiglu_fwd = cuda_swiglu_fwd;
+	be->swiglu_bwd = cuda_swiglu_bwd;
+	be->gather_rows = cuda_gather_rows;
+	be->scatter_add_rows = cuda_scatter_add_rows;
+	be->bce_fwd_bwd = cuda_bce_fwd_bwd;
+	be->sumsq_f32 = cuda_sumsq_f32;
+	be->adamw_f32 = cuda_adamw_f32;
+	be->destroy = cuda_destroy;
+	return be;
+
+out_free:
+	free(pr);
+	free(be);
+	return NULL;
+}
+
+size_t sl_backend_cuda_peak_bytes(struct sl_backend *be)
+{
+	return P(be)->peak + sl_cuda_fixed_bytes(C(be));
+}
+
+void sl_backend_cuda_reset_peak(struct sl_backend *be)
+{
+	P(be)->peak = P(be)->in_use;
+}
+
+size_t sl_backend_cuda_reserved_bytes(struct sl_backend *be)
+{
+	return P(be)->reserved + sl_cuda_fixed_bytes(C(be));
+}
+
+void *sl_backend_cuda_stream(struct sl_backend *be)
+{
+	return sl_cuda_stream(C(be));
+}
+
+#endif /* SL_HAVE_CUDA */

@@ -1,0 +1,726 @@
+/*
+ * test_cuda_ops: every op of the cuda backend against the cpu backend (the numeric reference) on
+ * random inputs: a fresh seed each run (printed; pass one as argv[1] to repeat a run), values never
+ * all zero, outputs poisoned with NaN first so that an element the op fails to write fails the
+ * check.  Inputs are rounded to bf16 before the cpu sees them, so only the arithmetic's rounding
+ * differs: bf16 outputs must match to about 1e-2 relative (norm-wise, and element-wise against the
+ * output's scale), f32 outputs of the optimizer to float rounding.  Several shapes each, odd sizes
+ * and padded batches included.  Prints a table of op, shape, errors and GPU time.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "testutil.h"
+
+static struct sl_backend *cpu, *gpu;
+
+/* ---- random numbers and bf16 on the host --------------------------------------------------- */
+
+static uint64_t rng = 1;
+
+static uint64_t rnext(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+static double runif(void)
+{
+	return ((rnext() >> 11) + 0.5) / 9007199254740992.0;
+}
+
+static double rnorm(void)
+{
+	return sqrt(-2 * log(runif())) * cos(2 * M_PI * runif());
+}
+
+static uint16_t f2bf(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	if ((u & 0x7fffffff) > 0x7f800000)
+		return 0x7fc0;
+	u += 0x7fff + ((u >> 16) & 1);	/* round to nearest even */
+	return (uint16_t)(u >> 16);
+}
+
+static float bf2f(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static float round_bf(float f)
+{
+	return bf2f(f2bf(f));
+}
+
+/* ---- paired buffers: the same values on both backends -------------------------------------- */
+
+enum kind { BF, F32, I32, STAT };
+
+struct buf {
+	enum kind k;
+	size_t n;
+	float *h;	/* host values (bf16-exact for BF) */
+	int32_t *hi;	/* ints */
+	void *c, *g;	/* cpu and gpu buffers */
+};
+
+static size_t gelt(enum kind k)
+{
+	return k == BF ? 2 : 4;
+}
+
+static struct buf *mk(enum kind k, size_t n)
+{
+	struct buf *b = calloc(1, sizeof(*b));
+
+	b->k = k;
+	b->n = n;
+	b->h = calloc(n ? n : 1, sizeof(float));
+	b->hi = calloc(n ? n : 1, sizeof(int32_t));
+	b->c = cpu->alloc(cpu, n * 4);
+	b->g = gpu->alloc(gpu, n * gelt(k));
+	return b;
+}
+
+static void put(struct buf *b)
+{
+	if (b->k == I32) {
+		cpu->upload(cpu, b->c, b->hi, b->n * 4);
+		gpu->upload(gpu, b->g, b->hi, b->n * 4);
+		return;
+	}
+	cpu->upload(cpu, b->c, b->h, b->n * 4);
+	if (b->k == BF) {
+		uint16_t *t = malloc(b->n * 2 + 2);
+
+		for (size_t i = 0; i < b->n; i++)
+			t[i] = f2bf(b->h[i]);
+		gpu->upload(gpu, b->g, t, b->n * 2);
+		free(t);
+	} else {
+		gpu->upload(gpu, b->g, b->h, b->n * 4);
+	}
+}
+
+/* random N(0, s^2) values (bf16-exact) on both sides */
+static struct buf *rnd(enum kind k, size_t n, double s)
+{
+	struct buf *b = mk(k, n);
+
+	for (size_t i = 0; i < n; i++)
+		b->h[i] = k == BF ? round_bf((float)(s * rnorm())) : (float)(s * rnorm());
+	put(b);
+	return b;
+}
+
+/* an output: NaN on both sides, so nothing unwritten passes */
+static struct buf *out(enum kind k, size_t n)
+{
+	struct buf *b = mk(k, n);
+
+	for (size_t i = 0; i < n; i++)
+		b->h[i] = NAN;
+	put(b);
+	return b;
+}
+
+static struct buf *ints(size_t n, int lo, int hi)
+{
+	struct buf *b = mk(I32, n);
+
+	for (size_t i = 0; i < n; i++)
+		b->hi[i] = lo + (int)(rnext() % (uint64_t)(hi - lo + 1));
+	put(b);
+	return b;
+}
+
+static void drop(struct buf *b)
+{
+	cpu->free(cpu, b->c);
+	gpu->free(gpu, b->g);
+	free(b->h);
+	free(b->hi);
+	free(b);
+}
+
+/* the gpu's values as floats */
+static float *gget(struct buf *b)
+{
+	float *f = malloc(b->n * 4 + 4);
+
+	if (b->k == BF) {
+		uint16_t *t = malloc(b->n * 2 + 2);
+
+		gpu->download(gpu, t, b->g, b->n * 2);
+		for (size_t i = 0; i < b->n; i++)
+			f[i] = bf2f(t[i]);
+		free(t);
+	} else {
+		gpu->download(gpu, f, b->g, b->n * 4);
+	}
+	return f;
+}
+
+static float *cget(struct buf *b)
+{
+	float *f = malloc(b->n * 4 + 4);
+
+	cpu->download(cpu, f, b->c, b->n * 4);
+	return f;
+}
+
+/* ---- comparison and the table -------------------------------------------------------------- */
+
+static double t_ms;	/* gpu time of the op under test */
+
+static double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* wall time of one call, the launch included (the stream drained before and after) */
+#define TIMED(stmt)                                                     \
+	do {                                                            \
+		gpu->sync(gpu);                                         \
+		t_ms = now_ms();                                        \
+		stmt;                                                   \
+		gpu->sync(gpu);                                         \
+		t_ms = now_ms() - t_ms;                                 \
+	} while (0)
+
+/*
+ * gpu vs cpu values of one output: norm-relative error <= tol, every element within
+ * 4 tol (|want| + 0.05 max|want|), everything finite.
+ */
+static void cmp(const char *op, const char *shape, const char *what, struct buf *b, double tol)
+{
+	float *g = gget(b), *c = cget(b);
+	double num = 0, den = 0, mx = 0, worst = 0;
+	size_t bad = 0, nonfin = 0;
+
+	for (size_t i = 0; i < b->n; i++)
+		if (fabs(c[i]) > mx)
+			mx = fabs(c[i]);
+	for (size_t i = 0; i < b->n; i++) {
+		double d = (double)g[i] - c[i];
+
+		if (!isfinite(g[i]) || !isfinite(c[i])) {
+			nonfin++;
+			continue;
+		}
+		num += d * d;
+		den += (double)c[i] * c[i];
+		if (fabs(d) > 4 * tol * (fabs(c[i]) + 0.05 * mx))
+			bad++;
+		if (mx > 0 && fabs(d) / mx > worst)
+			worst = fabs(d) / mx;
+	}
+	double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+	bool ok = !nonfin && !bad && rel <= tol;
+
+	CHECK(ok, "%s %s %s: rel %.3g (tol %.3g), %zu elements off, %zu not finite", op, shape,
+	      what, rel, tol, bad, nonfin);
+	printf("%-18s %-28s %-8s %10.2e %10.2e %8.3f  %s\n", op, shape, what, rel, worst, t_ms,
+	       ok ? "ok" : "FAIL");
+	free(g);
+	free(c);
+}
+
+
+/* ---- the ops ------------------------------------------------------------------------------- */
+
+#define TOL 1e-2
+
+static void t_casts(size_t n)
+{
+	char sh[64];
+	struct buf *s = rnd(F32, n, 3), *d = out(BF, n), *back = out(F32, n);
+	uint16_t *g = malloc(n * 2 + 2);
+	size_t bad = 0;
+
+	snprintf(sh, sizeof(sh), "n=%zu", n);
+	TIMED(gpu->to_compute(gpu, d->g, s->g, n));
+	gpu->download(gpu, g, d->g, n * 2);
+	for (size_t i = 0; i < n; i++)
+		bad += g[i] != f2bf(s->h[i]);
+	CHECK(bad == 0, "to_compute: %zu elements not rounded to nearest even", bad);
+	printf("%-18s %-28s %-8s %10zu %10s %8.3f  %s\n", "to_compute", sh, "bits", bad, "-", t_ms,
+	       bad ? "FAIL" : "ok");
+	cpu->to_compute(cpu, d->c, s->c, n);
+	cpu->to_f32(cpu, back->c, d->c, n);
+	TIMED(gpu->to_f32(gpu, back->g, d->g, n));
+	/* cpu round trip is exact; compare against the rounded values */
+	for (size_t i = 0; i < n; i++)
+		back->h[i] = round_bf(s->h[i]);
+	cpu->upload(cpu, back->c, back->h, n * 4);
+	cmp("to_f32", sh, "out", back, 0);
+	free(g);
+	drop(s);
+	drop(d);
+	drop(back);
+}
+
+static void t_add(size_t n)
+{
+	char sh[64];
+	struct buf *y = rnd(BF, n, 1), *x = rnd(BF, n, 1), *yf = rnd(F32, n, 1), *xf = rnd(F32, n, 1);
+
+	snprintf(sh, sizeof(sh), "n=%zu", n);
+	cpu->add(cpu, y->c, x->c, n);
+	TIMED(gpu->add(gpu, y->g, x->g, n));
+	cmp("add", sh, "y", y, TOL);
+	cpu->add_f32(cpu, yf->c, xf->c, n);
+	TIMED(gpu->add_f32(gpu, yf->g, xf->g, n));
+	cmp("add_f32", sh, "y", yf, 1e-7);
+	drop(y);
+	drop(x);
+	drop(yf);
+	drop(xf);
+}
+
+static void t_embedding(int V, int H, int T)
+{
+	char sh[64];
+	struct buf *tab = rnd(BF, (size_t)V * H, 1), *ids = ints(T, 0, V - 1);
+	struct buf *o = out(BF, (size_t)T * H), *g = rnd(BF, (size_t)T * H, 1);
+	struct buf *dt = rnd(BF, (size_t)V * H, 1);
+
+	snprintf(sh, sizeof(sh), "V=%d H=%d T=%d", V, H, T);
+	cpu->embedding_fwd(cpu, o->c, ids->c, tab->c, T, H);
+	TIMED(gpu->embedding_fwd(gpu, o->g, ids->g, tab->g, T, H));
+	cmp("embedding_fwd", sh, "out", o, 0);
+	cpu->embedding_bwd(cpu, dt->c, ids->c, g->c, T, H);
+	TIMED(gpu->embedding_bwd(gpu, dt->g, ids->g, g->g, T, H));
+	cmp("embedding_bwd", sh, "dtable", dt, TOL);
+	drop(tab);
+	drop(ids);
+	drop(o);
+	drop(g);
+	drop(dt);
+}
+
+static void t_rmsnorm(int T, int H, bool acc)
+{
+	char sh[64];
+	struct buf *x = rnd(BF, (size_t)T * H, 2), *w = rnd(BF, H, 1), *o = out(BF, (size_t)T * H);
+	struct buf *rs = out(STAT, T), *g = rnd(BF, (size_t)T * H, 1);
+	struct buf *dx = acc ? rnd(BF, (size_t)T * H, 1) : out(BF, (size_t)T * H);
+	struct buf *dw = rnd(BF, H, 1);
+
+	snprintf(sh, sizeof(sh), "T=%d H=%d%s", T, H, acc ? " acc" : "");
+	cpu->rmsnorm_fwd(cpu, o->c, rs->c, x->c, w->c, T, H, 1e-6f);
+	TIMED(gpu->rmsnorm_fwd(gpu, o->g, rs->g, x->g, w->g, T, H, 1e-6f));
+	cmp("rmsnorm_fwd", sh, "out", o, TOL);
+	cmp("rmsnorm_fwd", sh, "rstd", rs, 1e-5);
+	/* the backward from the cpu's rstd on both sides: it is an input here */
+	{
+		float *rc = cget(rs);
+
+		gpu->upload(gpu, rs->g, rc, (size_t)T * 4);
+		free(rc);
+	}
+	cpu->rmsnorm_bwd(cpu, dx->c, dw->c, g->c, x->c, w->c, rs->c, T, H, acc);
+	TIMED(gpu->rmsnorm_bwd(gpu, dx->g, dw->g, g->g, x->g, w->g, rs->g, T, H, acc));
+	cmp("rmsnorm_bwd", sh, "dx", dx, TOL);
+	cmp("rmsnorm_bwd", sh, "dw", dw, TOL);
+	drop(x);
+	drop(w);
+	drop(o);
+	drop(rs);
+	drop(g);
+	drop(dx);
+	drop(dw);
+}
+
+static void t_matmul(int T, int K, int N, bool bias, bool acc)
+{
+	char sh[64];
+	double s = 1 / sqrt(K);
+	struct buf *x = rnd(BF, (size_t)T * K, 1), *w = rnd(BF, (size_t)N * K, s);
+	struct buf *b = bias ? rnd(BF, N, 1) : NULL, *o = out(BF, (size_t)T * N);
+	struct buf *g = rnd(BF, (size_t)T * N, 1);
+	struct buf *dx = acc ? rnd(BF, (size_t)T * K, 1) : out(BF, (size_t)T * K);
+	struct buf *dw = rnd(BF, (size_t)N * K, 1), *db = bias ? rnd(BF, N, 1) : NULL;
+
+	snprintf(sh, sizeof(sh), "T=%d K=%d N=%d%s%s", T, K, N, bias ? " bias" : "",
+		 acc ? " acc" : "");
+	cpu->matmul_fwd(cpu, o->c, x->c, w->c, b ? b->c : NULL, T, K, N);
+	TIMED(gpu->matmul_fwd(gpu, o->g, x->g, w->g, b ? b->g : NULL, T, K, N));
+	cmp("matmul_fwd", sh, "out", o, TOL);
+	cpu->matmul_bwd(cpu, dx->c, dw->c, db ? db->c : NULL, g->c, x->c, w->c, T, K, N, acc);
+	TIMED(gpu->matmul_bwd(gpu, dx->g, dw->g, db ? db->g : NULL, g->g, x->g, w->g, T, K, N,
+			      acc));
+	cmp("matmul_bwd", sh, "dx", dx, TOL);
+	cmp("matmul_bwd", sh, "dw", dw, TOL);
+	if (db)
+		cmp("matmul_bwd", sh, "dbias", db, TOL);
+	drop(x);
+	drop(w);
+	drop(o);
+	drop(g);
+	drop(dx);
+	drop(dw);
+	if (b) {
+		drop(b);
+		drop(db);
+	}
+}
+
+/* a padded batch: B records of lengths lens (the first is L) */
+static struct buf *mk_lens(int B, int L)
+{
+	struct buf *l = mk(I32, B);
+
+	for (int b = 0; b < B; b++)
+		l->hi[b] = b == 0 ? L : 1 + (int)(rnext() % (uint64_t)L);
+	if (B > 2)
+		l->hi[B - 1] = 1;	/* a one-token record */
+	put(l);
+	return l;
+}
+
+static void t_qk(int B, int L, int nh, int nkv, int hd)
+{
+	char sh[64];
+	int T = B * L, W = (nh + 2 * nkv) * hd, nq = nh + nkv;
+	struct buf *x = rnd(BF, (size_t)T * W, 1), *qw = rnd(BF, hd, 1), *kw = rnd(BF, hd, 1);
+	struct buf *o = out(BF, (size_t)T * W), *rs = out(STAT, (size_t)T * nq);
+	struct buf *g = rnd(BF, (size_t)T * W, 1), *dx = out(BF, (size_t)T * W);
+	struct buf *dq = rnd(BF, hd, 1), *dk = rnd(BF, hd, 1);
+	float theta = 1e6f;
+
+	snprintf(sh, sizeof(sh), "T=%dx%d h=%d/%d hd=%d", B, L, nh, nkv, hd);
+	cpu->qk_norm_rope_fwd(cpu, o->c, rs->c, x->c, qw->c, kw->c, T, L, nh, nkv, hd, 1e-6f,
+			      theta);
+	TIMED(gpu->qk_norm_rope_fwd(gpu, o->g, rs->g, x->g, qw->g, kw->g, T, L, nh, nkv, hd, 1e-6f,
+				    theta));
+	cmp("qk_norm_rope_fwd", sh, "out", o, TOL);
+	cmp("qk_norm_rope_fwd", sh, "rstd", rs, 1e-5);
+	{
+		float *rc = cget(rs);
+
+		gpu->upload(gpu, rs->g, rc, (size_t)T * nq * 4);
+		free(rc);
+	}
+	cpu->qk_norm_rope_bwd(cpu, dx->c, dq->c, dk->c, g->c, x->c, qw->c, kw->c, rs->c, T, L, nh,
+			      nkv, hd, 1e-6f, theta);
+	TIMED(gpu->qk_norm_rope_bwd(gpu, dx->g, dq->g, dk->g, g->g, x->g, qw->g, kw->g, rs->g, T, L,
+				    nh, nkv, hd, 1e-6f, theta));
+	cmp("qk_norm_rope_bwd", sh, "dqkv", dx, TOL);
+	cmp("qk_norm_rope_bwd", sh, "dq_norm_w", dq, TOL);
+	cmp("qk_norm_rope_bwd", sh, "dk_norm_w", dk, TOL);
+	drop(x);
+	drop(qw);
+	drop(kw);
+	drop(o);
+	drop(rs);
+	drop(g);
+	drop(dx);
+	drop(dq);
+	drop(dk);
+}
+
+static void t_attention(int B, int L, int nh, int nkv, int hd, double qs)
+{
+	char sh[64];
+	int T = B * L, W = (nh + 2 * nkv) * hd;
+	struct buf *lens = mk_lens(B, L), *qkv = rnd(BF, (size_t)T * W, qs);
+	struct buf *o = out(BF, (size_t)T * nh * hd), *lse = out(STAT, (size_t)T * nh);
+	struct buf *g = rnd(BF, (size_t)T * nh * hd, 1), *d = out(BF, (size_t)T * W);
+	double flops = 0;
+
+	for (int b = 0; b < B; b++)
+		flops += 2.0 * lens->hi[b] * (lens->hi[b] + 1) * hd * nh;	/* QK^T + PV, causal */
+	snprintf(sh, sizeof(sh), "%dx%d h=%d/%d hd=%d", B, L, nh, nkv, hd);
+	cpu->attention_fwd(cpu, o->c, lse->c, qkv->c, lens->c, B, L, nh, nkv, hd);
+	TIMED(gpu->attention_fwd(gpu, o->g, lse->g, qkv->g, lens->g, B, L, nh, nkv, hd));
+	cmp("attention_fwd", sh, "out", o, TOL);
+	cmp("attention_fwd", sh, "lse", lse, 1e-3);
+	if (L >= 512)
+		printf("  attention_fwd %s: %.2f TFLOP/s\n", sh, flops / t_ms / 1e9);
+	/*
+	 * The backward from the same inputs on both sides: the cpu's out rounded to bf16 and its
+	 * lse.  (From its own forward each side would differ by out's bf16 rounding, which a peaked
+	 * softmax amplifies in dout . out - dout . v; test_cuda_model covers that path end to end.)
+	 */
+	{
+		float *oc = cget(o), *lc = cget(lse);
+
+		for (size_t k = 0; k < o->n; k++)
+			o->h[k] = round_bf(oc[k]);
+		put(o);
+		gpu->upload(gpu, lse->g, lc, lse->n * 4);
+		free(oc);
+		free(lc);
+	}
+	cpu->attention_bwd(cpu, d->c, g->c, o->c, lse->c, qkv->c, lens->c, B, L, nh, nkv, hd);
+	TIMED(gpu->attention_bwd(gpu, d->g, g->g, o->g, lse->g, qkv->g, lens->g, B, L, nh, nkv, hd));
+	cmp("attention_bwd", sh, "dqkv", d, 2 * TOL);
+	if (L >= 512)
+		printf("  attention_bwd %s: %.2f TFLOP/s (2.5x fwd flops)\n", sh,
+		       2.5 * flops / t_ms / 1e9);
+	drop(lens);
+	drop(qkv);
+	drop(o);
+	drop(lse);
+	drop(g);
+	drop(d);
+}
+
+static void t_swiglu(int T, int I)
+{
+	char sh[64];
+	struct buf *gu = rnd(BF, (size_t)T * 2 * I, 2), *h = out(BF, (size_t)T * I);
+	struct buf *dh = rnd(BF, (size_t)T * I, 1), *dgu = out(BF, (size_t)T * 2 * I);
+
+	snprintf(sh, sizeof(sh), "T=%d I=%d", T, I);
+	cpu->swiglu_fwd(cpu, h->c, gu->c, T, I);
+	TIMED(gpu->swiglu_fwd(gpu, h->g, gu->g, T, I));
+	cmp("swiglu_fwd", sh, "h", h, TOL);
+	cpu->swiglu_bwd(cpu, dgu->c, dh->c, gu->c, T, I);
+	TIMED(gpu->swiglu_bwd(gpu, dgu->g, dh->g, gu->g, T, I));
+	cmp("swiglu_bwd", sh, "dgu", dgu, TOL);
+	drop(gu);
+	drop(h);
+	drop(dh);
+	drop(dgu);
+}
+
+static void t_rows(int R, int n, int H)
+{
+	char sh[64];
+	struct buf *x = rnd(BF, (size_t)R * H, 1), *idx = ints(n, 0, R - 1);
+	struct buf *o = out(BF, (size_t)n * H), *dx = rnd(BF, (size_t)R * H, 1);
+	struct buf *g = rnd(BF, (size_t)n * H, 1);
+
+	snprintf(sh, sizeof(sh), "R=%d n=%d H=%d", R, n, H);
+	cpu->gather_rows(cpu, o->c, x->c, idx->c, n, H);
+	TIMED(gpu->gather_rows(gpu, o->g, x->g, idx->g, n, H));
+	cmp("gather_rows", sh, "out", o, 0);
+	cpu->scatter_add_rows(cpu, dx->c, g->c, idx->c, n, H);
+	TIMED(gpu->scatter_add_rows(gpu, dx->g, g->g, idx->g, n, H));
+	cmp("scatter_add_rows", sh, "dx", dx, TOL);
+	drop(x);
+	drop(idx);
+	drop(o);
+	drop(dx);
+	drop(g);
+}
+
+static void t_bce(int n)
+{
+	char sh[64];
+	struct buf *z = rnd(BF, n, 8), *y = mk(F32, n), *dz = out(BF, n);
+	double *lg = gpu->alloc(gpu, 8), lc = NAN, lgh = NAN;
+
+	for (int i = 0; i < n; i++)
+		y->h[i] = (float)runif();
+	put(y);
+	snprintf(sh, sizeof(sh), "n=%d", n);
+	cpu->bce_fwd_bwd(cpu, &lc, dz->c, z->c, y->c, n, 0.25f);
+	TIMED(gpu->bce_fwd_bwd(gpu, lg, dz->g, z->g, y->g, n, 0.25f));
+	gpu->download(gpu, &lgh, lg, 8);
+	cmp("bce_fwd_bwd", sh, "dlogits", dz, TOL);
+	CHECK_CLOSE(lgh, lc, 1e-6, 0);
+	printf("%-18s %-28s %-8s %10.2e %10s %8.3f  %s\n", "bce_fwd_bwd", sh, "loss",
+	       fabs(lgh - lc) / fabs(lc), "-", t_ms, fabs(lgh - lc) <= 1e-6 * fabs(lc) ? "ok" : "FAIL");
+	gpu->free(gpu, lg);
+	drop(z);
+	drop(y);
+	drop(dz);
+}
+
+static void t_sumsq(size_t n)
+{
+	char sh[64];
+	struct buf *g = rnd(F32, n, 1);
+	double *og = gpu->alloc(gpu, 8), c = NAN, h = NAN;
+
+	snprintf(sh, sizeof(sh), "n=%zu", n);
+	cpu->sumsq_f32(cpu, &c, g->c, n);
+	TIMED(gpu->sumsq_f32(gpu, og, g->g, n));
+	gpu->download(gpu, &h, og, 8);
+	CHECK_CLOSE(h, c, 1e-12, 0);
+	printf("%-18s %-28s %-8s %10.2e %10s %8.3f  %s\n", "sumsq_f32", sh, "sum",
+	       fabs(h - c) / c, "-", t_ms, fabs(h - c) <= 1e-12 * c ? "ok" : "FAIL");
+	gpu->free(gpu, og);
+	drop(g);
+}
+
+static void t_adamw(size_t n, bool wout)
+{
+	char sh[64];
+	struct buf *p = rnd(F32, n, 1), *m = rnd(F32, n, 0.1), *v = mk(F32, n);
+	struct buf *gr = rnd(F32, n, 1), *wo = wout ? out(BF, n) : NULL;
+	struct sl_adamw_args a = { .lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+				   .weight_decay = 0.1f, .bc1 = 1 - powf(0.9f, 7),
+				   .bc2 = 1 - powf(0.95f, 7), .grad_scale = 0.7f };
+
+	for (size_t i = 0; i < n; i++)
+		v->h[i] = (float)(0.01 * runif());
+	put(v);
+	snprintf(sh, sizeof(sh), "n=%zu%s", n, wout ? " w_out" : "");
+	cpu->adamw_f32(cpu, p->c, m->c, v->c, gr->c, wo ? wo->c : NULL, n, &a);
+	TIMED(gpu->adamw_f32(gpu, p->g, m->g, v->g, gr->g, wo ? wo->g : NULL, n, &a));
+	cmp("adamw_f32", sh, "p", p, 1e-7);
+	cmp("adamw_f32", sh, "m", m, 1e-7);
+	cmp("adamw_f32", sh, "v", v, 1e-7);
+	if (wo)
+		cmp("adamw_f32", sh, "w_out", wo, 4e-3);
+	drop(p);
+	drop(m);
+	drop(v);
+	drop(gr);
+	if (wo)
+		drop(wo);
+}
+
+/* a 4B-like matmul and attention shape, timed (no cpu reference: too slow there) */
+static void bench(void)
+{
+	const int T = 8192, H = 2560, Q = (32 + 16) * 128, I = 9728;
+	size_t big = (size_t)T * 2 * I;
+	void *x = gpu->alloc(gpu, (size_t)T * I * 2), *w = gpu->alloc(gpu, (size_t)2 * I * H * 2);
+	void *o = gpu->alloc(gpu, big * 2);
+	float *f = gpu->alloc(gpu, big * 4);
+	struct { const char *name; int K, N; } mm[] = {
+		{ "qkv", H, Q }, { "o_proj", 32 * 128, H }, { "gate_up", H, 2 * I }, { "down", I, H },
+	};
+
+	/* random, non-zero operands: the rounding of N(0,1) floats */
+	for (int r = 0; r < 2; r++) {
+		uint16_t *hbuf = malloc(big * 2);
+
+		for (size_t i = 0; i < big; i++)
+			hbuf[i] = f2bf((float)(rnorm() * 0.05));
+		gpu->upload(gpu, r ? o : x, hbuf, (r ? big : (size_t)T * I) * 2);
+		gpu->upload(gpu, w, hbuf, (size_t)2 * I * H * 2);
+		free(hbuf);
+	}
+	printf("\nbench (4B shape, T = %d tokens):\n", T);
+	for (size_t k = 0; k < sizeof(mm) / sizeof(mm[0]); k++) {
+		double fl = 2.0 * T * mm[k].K * mm[k].N, ms;
+
+		/* warm-up: the first call of a shape queries cuBLASLt's heuristic */
+		gpu->matmul_fwd(gpu, o, x, w, NULL, T, mm[k].K, mm[k].N);
+		gpu->matmul_bwd(gpu, x, w, NULL, o, x, w, T, mm[k].K, mm[k].N, false);
+		TIMED(for (int i = 0; i < 10; i++)
+			      gpu->matmul_fwd(gpu, o, x, w, NULL, T, mm[k].K, mm[k].N));
+		ms = t_ms / 10;
+		printf("  matmul_fwd %-8s T=%d K=%d N=%d: %.3f ms, %.0f TFLOP/s\n", mm[k].name, T,
+		       mm[k].K, mm[k].N, ms, fl / ms / 1e9);
+		TIMED(for (int i = 0; i < 5; i++)
+			      gpu->matmul_bwd(gpu, x, w, NULL, o, x, w, T, mm[k].K, mm[k].N, false));
+		ms = t_ms / 5;
+		printf("  matmul_bwd %-8s (dx + dw): %.3f ms, %.0f TFLOP/s\n", mm[k].name, ms,
+		       2 * fl / ms / 1e9);
+	}
+	{
+		/* attention: 4 records of 2048, 32 heads, 8 kv heads, hd 128 */
+		int B = 4, L = 2048, nh = 32, nkv = 8, hd = 128, W = (nh + 2 * nkv) * hd;
+		int32_t hl[4] = { 2048, 2048, 2048, 2048 };
+		int32_t *lens = gpu->alloc(gpu, sizeof(hl));
+		void *qkv = o, *att = x, *dq = (char *)o + (size_t)B * L * W * 2;
+		double fl = 4.0 * B * ((double)L * (L + 1) / 2) * hd * nh, ms;
+
+		gpu->upload(gpu, lens, hl, sizeof(hl));
+		gpu->attention_fwd(gpu, att, f, qkv, lens, B, L, nh, nkv, hd);
+		TIMED(gpu->attention_fwd(gpu, att, f, qkv, lens, B, L, nh, nkv, hd));
+		ms = t_ms;
+		printf("  attention_fwd 4x2048 h=32/8 hd=128: %.2f ms, %.1f TFLOP/s\n", ms,
+		       fl / ms / 1e9);
+		TIMED(gpu->attention_bwd(gpu, dq, att, att, f, qkv, lens, B, L, nh, nkv, hd));
+		ms = t_ms;
+		printf("  attention_bwd 4x2048 h=32/8 hd=128: %.2f ms, %.1f TFLOP/s (2.5x fwd)\n",
+		       ms, 2.5 * fl / ms / 1e9);
+		gpu->free(gpu, lens);
+	}
+	gpu->free(gpu, x);
+	gpu->free(gpu, w);
+	gpu->free(gpu, o);
+	gpu->free(gpu, f);
+}
+
+int main(int argc, char **argv)
+{
+	uint64_t seed = argc > 1 && strcmp(argv[1], "--bench") ? strtoull(argv[1], NULL, 0) :
+			(uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+	bool do_bench = argc > 1 && !strcmp(argv[argc - 1], "--bench");
+
+	rng = seed ? seed : 1;
+	printf("test_cuda_ops: seed %llu\n", (unsigned long long)seed);
+	cpu = sl_backend_cpu_create();
+	gpu = sl_backend_cuda_create(0);
+	if (!cpu || !gpu) {
+		fprintf(stderr, "test_cuda_ops: no %s backend\n", cpu ? "cuda" : "cpu");
+		return 77;
+	}
+	printf("%-18s %-28s %-8s %10s %10s %8s\n", "op", "shape", "output", "rel.err", "max/scale",
+	       "gpu ms");
+
+	t_casts(1);
+	t_casts(100003);
+	t_add(1);
+	t_add(77777);
+	t_embedding(37, 70, 50);
+	t_embedding(1000, 2100, 300);
+	t_embedding(5, 64, 1000);	/* heavy repeats */
+	t_rmsnorm(1, 12, false);
+	t_rmsnorm(7, 33, true);
+	t_rmsnorm(130, 1000, false);
+	t_rmsnorm(512, 2560, true);
+	t_matmul(5, 12, 1, false, false);
+	t_matmul(37, 64, 96, true, false);
+	t_matmul(33, 70, 46, true, true);
+	t_matmul(256, 512, 384, false, true);
+	t_qk(2, 9, 4, 2, 8);
+	t_qk(3, 17, 4, 2, 16);
+	t_qk(2, 40, 8, 2, 64);
+	t_qk(2, 33, 4, 4, 128);
+	t_qk(1, 20, 2, 1, 256);
+	t_attention(3, 9, 4, 2, 8, 1);
+	t_attention(4, 37, 4, 2, 16, 1);
+	t_attention(3, 70, 8, 2, 64, 1);
+	t_attention(3, 150, 4, 1, 128, 1);
+	t_attention(2, 100, 4, 4, 128, 3);	/* peaked softmax */
+	t_attention(2, 45, 2, 1, 256, 1);
+	t_attention(2, 40, 3, 3, 6, 1);		/* hd not a power of 2 */
+	t_attention(2, 600, 8, 2, 128, 1);
+	t_swiglu(7, 13);
+	t_swiglu(64, 1000);
+	t_rows(50, 5, 70);
+	t_rows(9, 20, 300);	/* repeated indices */
+	t_bce(1);
+	t_bce(5);
+	t_bce(300);
+	t_sumsq(1);
+	t_sumsq(1000);
+	t_sumsq(3000001);
+	t_adamw(1, true);
+	t_adamw(1000, false);
+	t_adamw(100001, true);
+	if (do_bench)
+		bench();
+	printf("peak %zu bytes, reserved %zu\n", sl_backend_cuda_peak_bytes(gpu),
+	       sl_backend_cuda_reserved_bytes(gpu));
+	gpu->destroy(gpu);
+	cpu->destroy(cpu);
+	return test_exit("test_cuda_ops");
+}
