@@ -28,3 +28,8 @@ extern "C" int sl_cuda_device_count(void)
 		return 0;
 	return n;
 }
+
+extern "C" int sl_cuda_pci_bus_id(int device, char *buf, int n)
+{
+	return cudaDeviceGetPCIBusId(buf, n, device) == cudaSuccess ? 0 : -1;
+}
