@@ -270,18 +270,29 @@ k_attn_dkdv(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, cons
 	}
 }
 
-// ---- tensor-core forward (head_dim 64 and 128) ---------------------------------------------
+// ---- tensor-core path (head_dim 64 and 128) ------------------------------------------------
 //
-// FlashAttention-2's forward on mma.sync m16n8k16 (bf16 in, fp32 accumulate): a block of 4 warps
-// owns 64 queries, each warp 16 of them, with Q held as A fragments in registers; key tiles of 64
-// go through shared memory, K row-major (the B operand of S = Q K^T reads key rows) and V
-// transposed (the B operand of O += P V reads, per output dim, consecutive keys), both padded by
-// 8 elements a row so the fragment loads of a warp fall in distinct banks.  S stays in registers
-// and becomes P's A fragments directly (the accumulator layout of two n-tiles is the A layout of
-// one k-step).  Row max and sum are kept per quad of lanes (the 4 lanes that share a row).
+// FlashAttention-2 on mma.sync m16n8k16 (bf16 in, fp32 accumulate).  A block of 4 warps owns 64
+// rows (queries in the forward and the dq kernel, keys in the dk/dv kernel), each warp 16 of them;
+// the other operand streams through shared memory in tiles of 64 rows, double-buffered with
+// cp.async so the next tile loads while this one computes.  Every tile is stored row-major as it
+// lies in memory (row pitch HD + 8 elements: the 8 row addresses of an ldmatrix then fall in
+// distinct banks); ldmatrix (.trans where the product wants the other orientation) turns it into
+// mma fragments, so nothing is transposed by hand.  Scores stay in registers: the accumulator
+// layout of two n-tiles is the A-operand layout of one k-step, so P (or dS) feeds the next product
+// directly.  Causal: tiles wholly after a block's rows are never loaded, and the mask is applied
+// only on the tiles that cross the diagonal or the record's end.
+//
+// Backward: a dq kernel over query blocks and a dk/dv kernel over key blocks (the group's query
+// heads in a fixed order), 7 products instead of FA2's 5 but no atomics and no partial-sum
+// buffers: results repeat bit for bit.  The backward computes in steps of 32 columns to keep the
+// live scores (S and dP) at 32 registers.
 
-#define MMA_BQ 64
-#define MMA_BK 64
+#define FA_BM 64		// rows a block owns (16 per warp)
+#define FA_BN 64		// rows of a streamed shared-memory tile
+#define FA_SUB 32		// columns per compute step in the backward
+#define FA_THR 128
+#define LOG2E 1.4426950408889634f
 
 static __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, const uint32_t *b)
 {
@@ -303,72 +314,189 @@ static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
 	return *(uint32_t *)&v;
 }
 
-template <int HD>
-__global__ void __launch_bounds__(128)
-k_attn_fwd_mma(bf16 *out, float *lse, const bf16 *qkv, const int *lens, int L, int nh, int nkv,
-	       float scale_log2)
+static __device__ __forceinline__ uint32_t smem_u32(const void *p)
 {
-	const int KP = HD + 8, VP = MMA_BK + 8;
-	__shared__ __align__(16) bf16 ks[MMA_BK * (HD + 8)];
-	__shared__ __align__(16) bf16 vt[HD * (MMA_BK + 8)];
+	return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global -> shared without passing through registers; !valid writes zeros (rows past
+// the record: their products must be finite and their keys contribute nothing)
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+		     "r"(valid ? 16 : 0));
+}
+
+static __device__ __forceinline__ void cp_commit(void)
+{
+	asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// all but the newest group complete (the newest is the tile being prefetched)
+static __device__ __forceinline__ void cp_wait1(void)
+{
+	asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
+static __device__ __forceinline__ void ldsm4(uint32_t *r, uint32_t addr)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(addr));
+}
+
+static __device__ __forceinline__ void ldsm4t(uint32_t *r, uint32_t addr)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(addr));
+}
+
+// one MUFU instruction; -inf gives 0 (masked scores)
+static __device__ __forceinline__ float fexp2(float x)
+{
+	float y;
+
+	asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+	return y;
+}
+
+// rows [row0, row0 + NR) of a (rows, stride) bf16 matrix, columns [0, HD) from g, into sh with
+// pitch HD + 8; rows at or past rend are zeros
+template <int HD, int NR>
+static __device__ __forceinline__ void tile_async(bf16 *sh, const bf16 *g, size_t stride, int row0,
+						  int rend)
+{
+	const int CPR = HD / 8;
+
+#pragma unroll
+	for (int e = threadIdx.x; e < NR * CPR; e += FA_THR) {
+		int r = e / CPR, c = (e % CPR) * 8;
+		bool ok = row0 + r < rend;
+
+		cp_async16(smem_u32(sh + r * (HD + 8) + c), ok ? g + (size_t)(row0 + r) * stride + c : g,
+			   ok);
+	}
+}
+
+// Byte offsets of this lane's ldmatrix row address in a pitch-P tile, for the three operand
+// shapes (lane l addresses row l%8 of 8x8 matrix l/8):
+//  B, not transposed (tile rows are the n index, e.g. keys for S = Q K^T): matrices (n 0-7, k lo),
+//    (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi) -> b of n-tile 0 in r0,r1, of n-tile 1 in r2,r3;
+//  B, transposed (tile rows are the k index, e.g. keys for O += P V): (k lo, n 0-7), (k hi, n 0-7),
+//    (k lo, n 8-15), (k hi, n 8-15);
+//  A (tile rows are the m index): (m lo, k lo), (m hi, k lo), (m lo, k hi), (m hi, k hi).
+template <int P> static __device__ __forceinline__ uint32_t off_b(int lane)
+{
+	return (uint32_t)((((lane >> 4) * 8 + (lane & 7)) * P + ((lane >> 3) & 1) * 8) * 2);
+}
+
+template <int P> static __device__ __forceinline__ uint32_t off_bt(int lane)
+{
+	return (uint32_t)(((((lane >> 3) & 1) * 8 + (lane & 7)) * P + (lane >> 4) * 8) * 2);
+}
+
+#define off_a off_bt	// the same lane pattern: rows from bit 3, columns from bit 4
+
+// a warp's 16 rows x HD columns of a row-major matrix as A fragments, straight from global memory
+// (once per block); rows at or past len are zeros
+template <int HD>
+static __device__ __forceinline__ void load_afrag(uint32_t (*f)[4], const bf16 *p0, size_t stride,
+						  bool ok0, bool ok1, int tq)
+{
+	const bf16 *p1 = p0 + 8 * stride;
+
+#pragma unroll
+	for (int k = 0; k < HD / 16; k++) {
+		f[k][0] = ok0 ? ld32(p0 + k * 16 + tq * 2) : 0u;
+		f[k][1] = ok1 ? ld32(p1 + k * 16 + tq * 2) : 0u;
+		f[k][2] = ok0 ? ld32(p0 + k * 16 + tq * 2 + 8) : 0u;
+		f[k][3] = ok1 ? ld32(p1 + k * 16 + tq * 2 + 8) : 0u;
+	}
+}
+
+// accumulator pairs (n-tiles 2kk, 2kk+1) as the A fragment of k-step kk
+static __device__ __forceinline__ void acc_to_a(uint32_t *a, const float *c0, const float *c1)
+{
+	a[0] = pack_bf2(c0[0], c0[1]);
+	a[1] = pack_bf2(c0[2], c0[3]);
+	a[2] = pack_bf2(c1[0], c1[1]);
+	a[3] = pack_bf2(c1[2], c1[3]);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(FA_THR, 2)
+k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, int L, int nh, int nkv,
+	 float sl2)
+{
+	const int P = HD + 8, TILE = FA_BN * P;
+	extern __shared__ __align__(16) bf16 fa_sm[];
+	bf16 *ks = fa_sm, *vs = fa_sm + 2 * TILE;
 	const int W = (nh + 2 * nkv) * HD, b = blockIdx.z, h = blockIdx.y, grp = nh / nkv;
-	const int q0 = blockIdx.x * MMA_BQ, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-	const int g = lane >> 2, tq = lane & 3, len = lens[b];
+	// the longest blocks (last queries) first, so the short ones fill the tail
+	const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_BM, warp = threadIdx.x >> 5;
+	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, len = lens[b];
 	const bf16 *base = qkv + (size_t)b * L * W;
-	const int kcol = (nh + h / grp) * HD, vcol = (nh + nkv + h / grp) * HD;
-	const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+	const bf16 *kg = base + (size_t)(nh + h / grp) * HD, *vg = base + (size_t)(nh + nkv + h / grp) * HD;
+	const int wr = q0 + warp * 16, r0 = wr + g, r1 = r0 + 8;
+	const int kend = q0 < len ? min(len, q0 + FA_BM) : 0, nt = (kend + FA_BN - 1) / FA_BN;
+	const uint32_t ob = off_b<P>(lane), obt = off_bt<P>(lane);
 	uint32_t qf[HD / 16][4];
 	float o[HD / 8][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
-	for (int k = 0; k < HD / 16; k++) {
-		const bf16 *p0 = base + (size_t)r0 * W + (size_t)h * HD + k * 16 + tq * 2;
-		const bf16 *p1 = p0 + (size_t)8 * W;
-
-		qf[k][0] = r0 < len ? ld32(p0) : 0u;
-		qf[k][1] = r1 < len ? ld32(p1) : 0u;
-		qf[k][2] = r0 < len ? ld32(p0 + 8) : 0u;
-		qf[k][3] = r1 < len ? ld32(p1 + 8) : 0u;
+	if (nt > 0) {
+		tile_async<HD, FA_BN>(ks, kg, W, 0, kend);
+		tile_async<HD, FA_BN>(vs, vg, W, 0, kend);
 	}
+	cp_commit();
+	load_afrag<HD>(qf, base + (size_t)r0 * W + (size_t)h * HD, W, r0 < len, r1 < len, tq);
+#pragma unroll
 	for (int n = 0; n < HD / 8; n++)
 		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-	const int kend = q0 < len ? min(len, q0 + MMA_BQ) : 0;
-	for (int k0 = 0; k0 < kend; k0 += MMA_BK) {
-		__syncthreads();
-		for (int e = threadIdx.x; e < MMA_BK * HD / 8; e += 128) {
-			int r = e / (HD / 8), c = (e % (HD / 8)) * 8;
-			uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+	for (int t = 0; t < nt; t++) {
+		const int k0 = t * FA_BN, st = t & 1;
 
-			if (k0 + r < kend) {
-				kv = *(const uint4 *)(base + (size_t)(k0 + r) * W + kcol + c);
-				vv = *(const uint4 *)(base + (size_t)(k0 + r) * W + vcol + c);
-			}
-			*(uint4 *)(ks + r * KP + c) = kv;
-			const bf16 *ve = (const bf16 *)&vv;
-			for (int j = 0; j < 8; j++)
-				vt[(c + j) * VP + r] = ve[j];
+		if (t + 1 < nt) {
+			tile_async<HD, FA_BN>(ks + (st ^ 1) * TILE, kg, W, k0 + FA_BN, kend);
+			tile_async<HD, FA_BN>(vs + (st ^ 1) * TILE, vg, W, k0 + FA_BN, kend);
 		}
+		cp_commit();
+		cp_wait1();
 		__syncthreads();
+		const uint32_t kb = smem_u32(ks + st * TILE) + ob, vb = smem_u32(vs + st * TILE) + obt;
+		float s[FA_BN / 8][4];
 
-		float s[MMA_BK / 8][4];
-		for (int n = 0; n < MMA_BK / 8; n++)
+#pragma unroll
+		for (int n = 0; n < FA_BN / 8; n++)
 			s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-		for (int k = 0; k < HD / 16; k++) {
-			for (int n = 0; n < MMA_BK / 8; n++) {
-				const bf16 *kp = ks + (n * 8 + g) * KP + k * 16 + tq * 2;
-				uint32_t bb[2] = { ld32(kp), ld32(kp + 8) };
+#pragma unroll
+		for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+			for (int np = 0; np < FA_BN / 16; np++) {
+				uint32_t bb[4];
 
-				mma16816(s[n], qf[k], bb);
+				ldsm4(bb, kb + (np * 16 * P + kk * 16) * 2);
+				mma16816(s[2 * np], qf[kk], bb);
+				mma16816(s[2 * np + 1], qf[kk], bb + 2);
 			}
 		}
-		// scale to log2 units; mask keys after the query and past the record
-		float mx0 = m0, mx1 = m1;
-		for (int n = 0; n < MMA_BK / 8; n++) {
-			for (int e = 0; e < 4; e++) {
-				int row = e < 2 ? r0 : r1, key = k0 + n * 8 + tq * 2 + (e & 1);
-				float v = s[n][e] * scale_log2;
+		// keys after the query or past the record: only on the diagonal and the last tile
+		if (k0 + FA_BN - 1 > wr || k0 + FA_BN > len) {
+#pragma unroll
+			for (int n = 0; n < FA_BN / 8; n++) {
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					int row = e < 2 ? r0 : r1, key = k0 + n * 8 + tq * 2 + (e & 1);
 
-				s[n][e] = key > row || key >= len ? -INFINITY : v;
+					if (key > row || key >= len)
+						s[n][e] = -INFINITY;
+				}
 			}
+		}
+		float mx0 = m0, mx1 = m1;
+
+#pragma unroll
+		for (int n = 0; n < FA_BN / 8; n++) {
 			mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
 			mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
 		}
@@ -376,306 +504,334 @@ k_attn_fwd_mma(bf16 *out, float *lse, const bf16 *qkv, const int *lens, int L, i
 		mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
 		mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
 		mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-		// a row with nothing unmasked yet keeps max -inf: subtract 0 instead (no inf - inf)
-		float b0 = mx0 == -INFINITY ? 0.f : mx0, b1 = mx1 == -INFINITY ? 0.f : mx1;
-		float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+		// max in log2 units; a row with nothing unmasked yet subtracts 0 (no inf - inf)
+		const float b0 = mx0 == -INFINITY ? 0.f : mx0 * sl2;
+		const float b1 = mx1 == -INFINITY ? 0.f : mx1 * sl2;
+		const float c0 = fexp2(m0 * sl2 - b0), c1 = fexp2(m1 * sl2 - b1);
 
 		m0 = mx0;
 		m1 = mx1;
 		l0 *= c0;
 		l1 *= c1;
+#pragma unroll
 		for (int n = 0; n < HD / 8; n++) {
 			o[n][0] *= c0;
 			o[n][1] *= c0;
 			o[n][2] *= c1;
 			o[n][3] *= c1;
 		}
-		for (int n = 0; n < MMA_BK / 8; n++) {
-			s[n][0] = exp2f(s[n][0] - b0);
-			s[n][1] = exp2f(s[n][1] - b0);
-			s[n][2] = exp2f(s[n][2] - b1);
-			s[n][3] = exp2f(s[n][3] - b1);
+#pragma unroll
+		for (int n = 0; n < FA_BN / 8; n++) {
+			s[n][0] = fexp2(fmaf(s[n][0], sl2, -b0));
+			s[n][1] = fexp2(fmaf(s[n][1], sl2, -b0));
+			s[n][2] = fexp2(fmaf(s[n][2], sl2, -b1));
+			s[n][3] = fexp2(fmaf(s[n][3], sl2, -b1));
 			l0 += s[n][0] + s[n][1];
 			l1 += s[n][2] + s[n][3];
 		}
-		for (int kk = 0; kk < MMA_BK / 16; kk++) {
-			uint32_t pa[4] = { pack_bf2(s[2 * kk][0], s[2 * kk][1]),
-					   pack_bf2(s[2 * kk][2], s[2 * kk][3]),
-					   pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-					   pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3]) };
+#pragma unroll
+		for (int kk = 0; kk < FA_BN / 16; kk++) {
+			uint32_t pa[4];
 
-			for (int n = 0; n < HD / 8; n++) {
-				const bf16 *vp = vt + (n * 8 + g) * VP + kk * 16 + tq * 2;
-				uint32_t bb[2] = { ld32(vp), ld32(vp + 8) };
+			acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+			for (int np = 0; np < HD / 16; np++) {
+				uint32_t bb[4];
 
-				mma16816(o[n], pa, bb);
+				ldsm4t(bb, vb + (kk * 16 * P + np * 16) * 2);
+				mma16816(o[2 * np], pa, bb);
+				mma16816(o[2 * np + 1], pa, bb + 2);
 			}
 		}
+		__syncthreads();	// the next iteration's prefetch overwrites this stage
 	}
 	l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
 	l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
 	l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
 	l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
 	for (int half = 0; half < 2; half++) {
-		int row = half ? r1 : r0;
-		float l = half ? l1 : l0, m = half ? m1 : m0;
-		bool act = row < len;
+		const int row = half ? r1 : r0;
+		const float l = half ? l1 : l0, m = half ? m1 : m0;
+		const bool act = row < len;
 
 		if (row >= L)
 			continue;
 		bf16 *y = out + ((size_t)b * L + row) * nh * HD + (size_t)h * HD;
-		for (int n = 0; n < HD / 8; n++) {
-			float a = act ? o[n][2 * half] / l : 0.f, c = act ? o[n][2 * half + 1] / l : 0.f;
-
-			*(uint32_t *)(y + n * 8 + tq * 2) = pack_bf2(a, c);
-		}
+		const float inv = act ? 1.f / l : 0.f;
+#pragma unroll
+		for (int n = 0; n < HD / 8; n++)
+			*(uint32_t *)(y + n * 8 + tq * 2) =
+				pack_bf2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
 		if (!tq)
 			lse[((size_t)b * L + row) * nh + h] =
-				act ? (m + log2f(l)) * 0.69314718055994531f : 0.f;
+				act ? (m * sl2 + log2f(l)) * 0.69314718055994531f : 0.f;
 	}
 }
 
-// Backward on tensor cores, same layout ideas, 32-row tiles so three or four tiles fit in 48 KB.
-// dq kernel: a warp's 16 queries hold Q and dO as A fragments; per key tile S = Q K^T and
-// dP = dO V^T (K and V row-major in shared memory), dS = P (dP - D) rounded to bf16 becomes the A
-// operand of dQ += dS K (K transposed in shared memory).
-#define MMA_BT 32
-
+// dq: a warp's 16 queries hold Q and dO as A fragments; per key step S = Q K^T and dP = dO V^T
+// (K, V not transposed), dS = P (dP - D) rounded to bf16 is the A operand of dQ += dS K (K
+// transposed by ldmatrix)
 template <int HD>
-__global__ void __launch_bounds__(128)
-k_attn_dq_mma(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf16 *qkv,
-	      const int *lens, int L, int nh, int nkv, float scale_log2, float scale)
+__global__ void __launch_bounds__(FA_THR, 2)
+k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf16 *qkv,
+	const int *lens, int L, int nh, int nkv, float sl2, float scale)
 {
-	const int KP = HD + 8, TP = MMA_BT + 8;
-	__shared__ __align__(16) bf16 ks[MMA_BT * (HD + 8)], vs[MMA_BT * (HD + 8)];
-	__shared__ __align__(16) bf16 kt[HD * (MMA_BT + 8)];
+	const int P = HD + 8, TILE = FA_BN * P;
+	extern __shared__ __align__(16) bf16 fa_sm[];
+	bf16 *ks = fa_sm, *vs = fa_sm + 2 * TILE;
 	const int W = (nh + 2 * nkv) * HD, OW = nh * HD, b = blockIdx.z, h = blockIdx.y;
-	const int grp = nh / nkv, q0 = blockIdx.x * MMA_BQ, warp = threadIdx.x >> 5;
+	const int grp = nh / nkv, q0 = (gridDim.x - 1 - blockIdx.x) * FA_BM, warp = threadIdx.x >> 5;
 	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, len = lens[b];
 	const bf16 *base = qkv + (size_t)b * L * W, *gbase = dout + (size_t)b * L * OW;
-	const int kcol = (nh + h / grp) * HD, vcol = (nh + nkv + h / grp) * HD;
-	const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+	const bf16 *kg = base + (size_t)(nh + h / grp) * HD, *vg = base + (size_t)(nh + nkv + h / grp) * HD;
+	const int wr = q0 + warp * 16, r0 = wr + g, r1 = r0 + 8;
+	const int kend = q0 < len ? min(len, q0 + FA_BM) : 0, nt = (kend + FA_BN - 1) / FA_BN;
+	const uint32_t ob = off_b<P>(lane), obt = off_bt<P>(lane);
 	uint32_t qf[HD / 16][4], gf[HD / 16][4];
 	float dq[HD / 8][4], ls0 = 0.f, ls1 = 0.f, D0 = 0.f, D1 = 0.f;
 
-	for (int k = 0; k < HD / 16; k++) {
-		const bf16 *p0 = base + (size_t)r0 * W + (size_t)h * HD + k * 16 + tq * 2;
-		const bf16 *p1 = p0 + (size_t)8 * W;
-		const bf16 *o0 = gbase + (size_t)r0 * OW + (size_t)h * HD + k * 16 + tq * 2;
-		const bf16 *o1 = o0 + (size_t)8 * OW;
-
-		qf[k][0] = r0 < len ? ld32(p0) : 0u;
-		qf[k][1] = r1 < len ? ld32(p1) : 0u;
-		qf[k][2] = r0 < len ? ld32(p0 + 8) : 0u;
-		qf[k][3] = r1 < len ? ld32(p1 + 8) : 0u;
-		gf[k][0] = r0 < len ? ld32(o0) : 0u;
-		gf[k][1] = r1 < len ? ld32(o1) : 0u;
-		gf[k][2] = r0 < len ? ld32(o0 + 8) : 0u;
-		gf[k][3] = r1 < len ? ld32(o1 + 8) : 0u;
+	if (nt > 0) {
+		tile_async<HD, FA_BN>(ks, kg, W, 0, kend);
+		tile_async<HD, FA_BN>(vs, vg, W, 0, kend);
 	}
+	cp_commit();
+	load_afrag<HD>(qf, base + (size_t)r0 * W + (size_t)h * HD, W, r0 < len, r1 < len, tq);
+	load_afrag<HD>(gf, gbase + (size_t)r0 * OW + (size_t)h * HD, OW, r0 < len, r1 < len, tq);
 	if (r0 < len) {
-		ls0 = lse[((size_t)b * L + r0) * nh + h] * 1.4426950408889634f;
+		ls0 = lse[((size_t)b * L + r0) * nh + h] * LOG2E;
 		D0 = D[((size_t)b * L + r0) * nh + h];
 	}
 	if (r1 < len) {
-		ls1 = lse[((size_t)b * L + r1) * nh + h] * 1.4426950408889634f;
+		ls1 = lse[((size_t)b * L + r1) * nh + h] * LOG2E;
 		D1 = D[((size_t)b * L + r1) * nh + h];
 	}
+#pragma unroll
 	for (int n = 0; n < HD / 8; n++)
 		dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
-	const int kend = q0 < len ? min(len, q0 + MMA_BQ) : 0;
-	for (int k0 = 0; k0 < kend; k0 += MMA_BT) {
+	for (int t = 0; t < nt; t++) {
+		const int k0 = t * FA_BN, st = t & 1;
+
+		if (t + 1 < nt) {
+			tile_async<HD, FA_BN>(ks + (st ^ 1) * TILE, kg, W, k0 + FA_BN, kend);
+			tile_async<HD, FA_BN>(vs + (st ^ 1) * TILE, vg, W, k0 + FA_BN, kend);
+		}
+		cp_commit();
+		cp_wait1();
 		__syncthreads();
-		for (int e = threadIdx.x; e < MMA_BT * HD / 8; e += 128) {
-			int r = e / (HD / 8), c = (e % (HD / 8)) * 8;
-			uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+		const uint32_t kb = smem_u32(ks + st * TILE), vb = smem_u32(vs + st * TILE);
 
-			if (k0 + r < kend) {
-				kv = *(const uint4 *)(base + (size_t)(k0 + r) * W + kcol + c);
-				vv = *(const uint4 *)(base + (size_t)(k0 + r) * W + vcol + c);
+#pragma unroll
+		for (int sub = 0; sub < FA_BN / FA_SUB; sub++) {
+			const int c0 = k0 + sub * FA_SUB;
+			float s[FA_SUB / 8][4], dp[FA_SUB / 8][4];
+
+			if (c0 > wr + 15)
+				continue;	// every key after every query of this warp
+#pragma unroll
+			for (int n = 0; n < FA_SUB / 8; n++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					s[n][e] = dp[n][e] = 0.f;
+#pragma unroll
+			for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+				for (int np = 0; np < FA_SUB / 16; np++) {
+					const uint32_t o = ((sub * FA_SUB + np * 16) * P + kk * 16) * 2;
+					uint32_t bk[4], bv[4];
+
+					ldsm4(bk, kb + ob + o);
+					ldsm4(bv, vb + ob + o);
+					mma16816(s[2 * np], qf[kk], bk);
+					mma16816(s[2 * np + 1], qf[kk], bk + 2);
+					mma16816(dp[2 * np], gf[kk], bv);
+					mma16816(dp[2 * np + 1], gf[kk], bv + 2);
+				}
 			}
-			*(uint4 *)(ks + r * KP + c) = kv;
-			*(uint4 *)(vs + r * KP + c) = vv;
-			const bf16 *ke = (const bf16 *)&kv;
-			for (int j = 0; j < 8; j++)
-				kt[(c + j) * TP + r] = ke[j];
+			const bool msk = c0 + FA_SUB - 1 > wr || c0 + FA_SUB > len;
+#pragma unroll
+			for (int n = 0; n < FA_SUB / 8; n++) {
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const int row = e < 2 ? r0 : r1, key = c0 + n * 8 + tq * 2 + (e & 1);
+					float p = fexp2(fmaf(s[n][e], sl2, -(e < 2 ? ls0 : ls1)));
+
+					if (msk && (key > row || key >= len))
+						p = 0.f;
+					s[n][e] = p * (dp[n][e] - (e < 2 ? D0 : D1));
+				}
+			}
+#pragma unroll
+			for (int kk = 0; kk < FA_SUB / 16; kk++) {
+				uint32_t da[4];
+
+				acc_to_a(da, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+				for (int np = 0; np < HD / 16; np++) {
+					uint32_t bk[4];
+
+					ldsm4t(bk, kb + obt + ((sub * FA_SUB + kk * 16) * P + np * 16) * 2);
+					mma16816(dq[2 * np], da, bk);
+					mma16816(dq[2 * np + 1], da, bk + 2);
+				}
+			}
 		}
 		__syncthreads();
-
-		float s[MMA_BT / 8][4], dp[MMA_BT / 8][4];
-		for (int n = 0; n < MMA_BT / 8; n++)
-			for (int e = 0; e < 4; e++)
-				s[n][e] = dp[n][e] = 0.f;
-		for (int k = 0; k < HD / 16; k++) {
-			for (int n = 0; n < MMA_BT / 8; n++) {
-				const bf16 *kp = ks + (n * 8 + g) * KP + k * 16 + tq * 2;
-				const bf16 *vp = vs + (n * 8 + g) * KP + k * 16 + tq * 2;
-				uint32_t kb[2] = { ld32(kp), ld32(kp + 8) };
-				uint32_t vb[2] = { ld32(vp), ld32(vp + 8) };
-
-				mma16816(s[n], qf[k], kb);
-				mma16816(dp[n], gf[k], vb);
-			}
-		}
-		for (int n = 0; n < MMA_BT / 8; n++) {
-			for (int e = 0; e < 4; e++) {
-				int row = e < 2 ? r0 : r1, key = k0 + n * 8 + tq * 2 + (e & 1);
-				float p = key > row || key >= len || row >= len ? 0.f :
-					  exp2f(s[n][e] * scale_log2 - (e < 2 ? ls0 : ls1));
-
-				s[n][e] = p * (dp[n][e] - (e < 2 ? D0 : D1));
-			}
-		}
-		for (int kk = 0; kk < MMA_BT / 16; kk++) {
-			uint32_t da[4] = { pack_bf2(s[2 * kk][0], s[2 * kk][1]),
-					   pack_bf2(s[2 * kk][2], s[2 * kk][3]),
-					   pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-					   pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3]) };
-
-			for (int n = 0; n < HD / 8; n++) {
-				const bf16 *kp = kt + (n * 8 + g) * TP + kk * 16 + tq * 2;
-				uint32_t kb[2] = { ld32(kp), ld32(kp + 8) };
-
-				mma16816(dq[n], da, kb);
-			}
-		}
 	}
+#pragma unroll
 	for (int half = 0; half < 2; half++) {
-		int row = half ? r1 : r0;
-		bool act = row < len;
+		const int row = half ? r1 : r0;
+		const float f = row < len ? scale : 0.f;
 
 		if (row >= L)
 			continue;
 		bf16 *y = dqkv + ((size_t)b * L + row) * W + (size_t)h * HD;
+#pragma unroll
 		for (int n = 0; n < HD / 8; n++)
 			*(uint32_t *)(y + n * 8 + tq * 2) =
-				pack_bf2(act ? dq[n][2 * half] * scale : 0.f,
-					 act ? dq[n][2 * half + 1] * scale : 0.f);
+				pack_bf2(dq[n][2 * half] * f, dq[n][2 * half + 1] * f);
 	}
 }
 
-// dk/dv kernel: a warp's 16 keys hold K and V as A fragments; per query tile (of each query head
-// of the kv group, in order) S^T = K Q^T and dP^T = V dO^T, then dV += P^T dO and
-// dK += dS^T Q with Q and dO transposed in shared memory.
+// dk/dv: a block's 64 keys (and values) sit in shared memory for the whole kernel; query tiles of
+// each query head of the kv group stream through, in a fixed order (heads ascending, queries
+// ascending).  Per step a warp's 16 keys give S^T = K Q^T and dP^T = V dO^T (A from K, V; B from
+// Q, dO untransposed), then dV += P^T dO and dK += dS^T Q (B transposed by ldmatrix).
 template <int HD>
-__global__ void __launch_bounds__(128)
-k_attn_dkdv_mma(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf16 *qkv,
-		const int *lens, int L, int nh, int nkv, float scale_log2, float scale)
+__global__ void __launch_bounds__(FA_THR, 2)
+k_fa_dkdv(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf16 *qkv,
+	  const int *lens, int L, int nh, int nkv, float sl2, float scale)
 {
-	const int QP = HD + 8, TP = MMA_BT + 8;
-	__shared__ __align__(16) bf16 qs[MMA_BT * (HD + 8)], gs[MMA_BT * (HD + 8)];
-	__shared__ __align__(16) bf16 qt[HD * (MMA_BT + 8)], gt[HD * (MMA_BT + 8)];
-	__shared__ float lss[MMA_BT], Ds[MMA_BT];
+	const int P = HD + 8, TILE = FA_BN * P;
+	extern __shared__ __align__(16) bf16 fa_sm[];
+	bf16 *ks = fa_sm, *vs = ks + FA_BM * P, *qs = vs + FA_BM * P, *gs = qs + 2 * TILE;
+	float *lss = (float *)(gs + 2 * TILE), *Ds = lss + 2 * FA_BN;
 	const int W = (nh + 2 * nkv) * HD, OW = nh * HD, b = blockIdx.z, kv = blockIdx.y;
-	const int grp = nh / nkv, j0 = blockIdx.x * MMA_BQ, warp = threadIdx.x >> 5;
+	const int grp = nh / nkv, j0 = blockIdx.x * FA_BM, warp = threadIdx.x >> 5;
 	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, len = lens[b];
 	const bf16 *base = qkv + (size_t)b * L * W, *gbase = dout + (size_t)b * L * OW;
-	const int r0 = j0 + warp * 16 + g, r1 = r0 + 8;
-	uint32_t kf[HD / 16][4], vf[HD / 16][4];
+	const int wk = j0 + warp * 16, r0 = wk + g, r1 = r0 + 8;
+	const int ntq = j0 < len ? (len - j0 + FA_BN - 1) / FA_BN : 0, nt = grp * ntq;
+	const uint32_t ob = off_b<P>(lane), obt = off_bt<P>(lane);
+	const uint32_t ka = smem_u32(ks + warp * 16 * P) + off_a<P>(lane);
+	const uint32_t va = smem_u32(vs + warp * 16 * P) + off_a<P>(lane);
 	float dk[HD / 8][4], dv[HD / 8][4];
 
-	for (int k = 0; k < HD / 16; k++) {
-		const bf16 *p0 = base + (size_t)r0 * W + (size_t)(nh + kv) * HD + k * 16 + tq * 2;
-		const bf16 *p1 = p0 + (size_t)8 * W;
-		const bf16 *v0 = p0 + (size_t)nkv * HD, *v1 = p1 + (size_t)nkv * HD;
+	// issue the loads of step t (query head, query tile) into stage t & 1
+	auto issue = [&](int t) {
+		const int h = kv * grp + t / ntq, i0 = j0 + (t % ntq) * FA_BN, st = t & 1;
 
-		kf[k][0] = r0 < len ? ld32(p0) : 0u;
-		kf[k][1] = r1 < len ? ld32(p1) : 0u;
-		kf[k][2] = r0 < len ? ld32(p0 + 8) : 0u;
-		kf[k][3] = r1 < len ? ld32(p1 + 8) : 0u;
-		vf[k][0] = r0 < len ? ld32(v0) : 0u;
-		vf[k][1] = r1 < len ? ld32(v1) : 0u;
-		vf[k][2] = r0 < len ? ld32(v0 + 8) : 0u;
-		vf[k][3] = r1 < len ? ld32(v1 + 8) : 0u;
+		tile_async<HD, FA_BN>(qs + st * TILE, base + (size_t)h * HD, W, i0, len);
+		tile_async<HD, FA_BN>(gs + st * TILE, gbase + (size_t)h * HD, OW, i0, len);
+		for (int e = threadIdx.x; e < FA_BN; e += FA_THR) {
+			const size_t tr = ((size_t)b * L + i0 + e) * nh + h;
+			const bool ok = i0 + e < len;
+
+			lss[st * FA_BN + e] = ok ? lse[tr] * LOG2E : 0.f;
+			Ds[st * FA_BN + e] = ok ? D[tr] : 0.f;
+		}
+	};
+
+	if (nt > 0) {
+		tile_async<HD, FA_BM>(ks, base + (size_t)(nh + kv) * HD, W, j0, len);
+		tile_async<HD, FA_BM>(vs, base + (size_t)(nh + nkv + kv) * HD, W, j0, len);
+		issue(0);
 	}
+	cp_commit();
+#pragma unroll
 	for (int n = 0; n < HD / 8; n++)
 		for (int e = 0; e < 4; e++)
 			dk[n][e] = dv[n][e] = 0.f;
-	for (int h = kv * grp; h < (kv + 1) * grp; h++) {
-		for (int i0 = j0; i0 < len; i0 += MMA_BT) {
-			__syncthreads();
-			for (int e = threadIdx.x; e < MMA_BT * HD / 8; e += 128) {
-				int r = e / (HD / 8), c = (e % (HD / 8)) * 8;
-				uint4 qv = make_uint4(0, 0, 0, 0), gv = qv;
+	for (int t = 0; t < nt; t++) {
+		const int i0 = j0 + (t % ntq) * FA_BN, st = t & 1;
 
-				if (i0 + r < len) {
-					qv = *(const uint4 *)(base + (size_t)(i0 + r) * W +
-							      (size_t)h * HD + c);
-					gv = *(const uint4 *)(gbase + (size_t)(i0 + r) * OW +
-							      (size_t)h * HD + c);
-				}
-				*(uint4 *)(qs + r * QP + c) = qv;
-				*(uint4 *)(gs + r * QP + c) = gv;
-				const bf16 *qe = (const bf16 *)&qv, *ge = (const bf16 *)&gv;
-				for (int j = 0; j < 8; j++) {
-					qt[(c + j) * TP + r] = qe[j];
-					gt[(c + j) * TP + r] = ge[j];
-				}
-			}
-			for (int e = threadIdx.x; e < MMA_BT; e += 128) {
-				size_t t = (size_t)b * L + i0 + e;
+		if (t + 1 < nt)
+			issue(t + 1);
+		cp_commit();
+		cp_wait1();
+		__syncthreads();
+		const uint32_t qb = smem_u32(qs + st * TILE), gb = smem_u32(gs + st * TILE);
+		const float *lsl = lss + st * FA_BN, *Dl = Ds + st * FA_BN;
 
-				lss[e] = i0 + e < len ? lse[t * nh + h] * 1.4426950408889634f : 0.f;
-				Ds[e] = i0 + e < len ? D[t * nh + h] : 0.f;
-			}
-			__syncthreads();
+#pragma unroll
+		for (int sub = 0; sub < FA_BN / FA_SUB; sub++) {
+			const int c0 = i0 + sub * FA_SUB;
+			float s[FA_SUB / 8][4], dp[FA_SUB / 8][4];
 
-			float s[MMA_BT / 8][4], dp[MMA_BT / 8][4];
-			for (int n = 0; n < MMA_BT / 8; n++)
+			// every query before every key of this warp, or all queries padding
+			if (c0 + FA_SUB - 1 < wk || c0 >= len)
+				continue;
+#pragma unroll
+			for (int n = 0; n < FA_SUB / 8; n++)
+#pragma unroll
 				for (int e = 0; e < 4; e++)
 					s[n][e] = dp[n][e] = 0.f;
-			for (int k = 0; k < HD / 16; k++) {
-				for (int n = 0; n < MMA_BT / 8; n++) {
-					const bf16 *qp = qs + (n * 8 + g) * QP + k * 16 + tq * 2;
-					const bf16 *gp = gs + (n * 8 + g) * QP + k * 16 + tq * 2;
-					uint32_t qb[2] = { ld32(qp), ld32(qp + 8) };
-					uint32_t gb[2] = { ld32(gp), ld32(gp + 8) };
+#pragma unroll
+			for (int kk = 0; kk < HD / 16; kk++) {
+				uint32_t ak[4], av[4];
 
-					mma16816(s[n], kf[k], qb);
-					mma16816(dp[n], vf[k], gb);
+				ldsm4(ak, ka + kk * 32);
+				ldsm4(av, va + kk * 32);
+#pragma unroll
+				for (int np = 0; np < FA_SUB / 16; np++) {
+					const uint32_t o = ((sub * FA_SUB + np * 16) * P + kk * 16) * 2;
+					uint32_t bq[4], bg[4];
+
+					ldsm4(bq, qb + ob + o);
+					ldsm4(bg, gb + ob + o);
+					mma16816(s[2 * np], ak, bq);
+					mma16816(s[2 * np + 1], ak, bq + 2);
+					mma16816(dp[2 * np], av, bg);
+					mma16816(dp[2 * np + 1], av, bg + 2);
 				}
 			}
-			for (int n = 0; n < MMA_BT / 8; n++) {
+			const bool msk = c0 < wk + 15 || c0 + FA_SUB > len;
+#pragma unroll
+			for (int n = 0; n < FA_SUB / 8; n++) {
+#pragma unroll
 				for (int e = 0; e < 4; e++) {
-					int key = e < 2 ? r0 : r1, qc = n * 8 + tq * 2 + (e & 1);
-					int qi = i0 + qc;
-					float p = qi < key || qi >= len || key >= len ? 0.f :
-						  exp2f(s[n][e] * scale_log2 - lss[qc]);
+					const int key = e < 2 ? r0 : r1;
+					const int qc = sub * FA_SUB + n * 8 + tq * 2 + (e & 1), q = i0 + qc;
+					float p = fexp2(fmaf(s[n][e], sl2, -lsl[qc]));
 
+					if (msk && (q < key || q >= len))
+						p = 0.f;
 					s[n][e] = p;
-					dp[n][e] = p * (dp[n][e] - Ds[qc]);
+					dp[n][e] = p * (dp[n][e] - Dl[qc]);
 				}
 			}
-			for (int kk = 0; kk < MMA_BT / 16; kk++) {
-				uint32_t pa[4] = { pack_bf2(s[2 * kk][0], s[2 * kk][1]),
-						   pack_bf2(s[2 * kk][2], s[2 * kk][3]),
-						   pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-						   pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3]) };
-				uint32_t da[4] = { pack_bf2(dp[2 * kk][0], dp[2 * kk][1]),
-						   pack_bf2(dp[2 * kk][2], dp[2 * kk][3]),
-						   pack_bf2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-						   pack_bf2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]) };
+#pragma unroll
+			for (int kk = 0; kk < FA_SUB / 16; kk++) {
+				uint32_t pa[4], da[4];
 
-				for (int n = 0; n < HD / 8; n++) {
-					const bf16 *gp = gt + (n * 8 + g) * TP + kk * 16 + tq * 2;
-					const bf16 *qp = qt + (n * 8 + g) * TP + kk * 16 + tq * 2;
-					uint32_t gb[2] = { ld32(gp), ld32(gp + 8) };
-					uint32_t qb[2] = { ld32(qp), ld32(qp + 8) };
+				acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+				acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+				for (int np = 0; np < HD / 16; np++) {
+					const uint32_t o = ((sub * FA_SUB + kk * 16) * P + np * 16) * 2;
+					uint32_t bg[4], bq[4];
 
-					mma16816(dv[n], pa, gb);
-					mma16816(dk[n], da, qb);
+					ldsm4t(bg, gb + obt + o);
+					ldsm4t(bq, qb + obt + o);
+					mma16816(dv[2 * np], pa, bg);
+					mma16816(dv[2 * np + 1], pa, bg + 2);
+					mma16816(dk[2 * np], da, bq);
+					mma16816(dk[2 * np + 1], da, bq + 2);
 				}
 			}
 		}
+		__syncthreads();
 	}
+#pragma unroll
 	for (int half = 0; half < 2; half++) {
-		int row = half ? r1 : r0;
-		bool act = row < len;
+		const int row = half ? r1 : r0;
+		const bool act = row < len;
 
 		if (row >= L)
 			continue;
 		bf16 *yk = dqkv + ((size_t)b * L + row) * W + (size_t)(nh + kv) * HD;
 		bf16 *yv = yk + (size_t)nkv * HD;
+#pragma unroll
 		for (int n = 0; n < HD / 8; n++) {
 			*(uint32_t *)(yk + n * 8 + tq * 2) =
 				pack_bf2(act ? dk[n][2 * half] * scale : 0.f,
@@ -684,6 +840,57 @@ k_attn_dkdv_mma(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, 
 				pack_bf2(act ? dv[n][2 * half] : 0.f, act ? dv[n][2 * half + 1] : 0.f);
 		}
 	}
+}
+
+template <int HD> static size_t fa_smem_fwd(void)
+{
+	return (size_t)4 * FA_BN * (HD + 8) * sizeof(bf16);
+}
+
+template <int HD> static size_t fa_smem_dkdv(void)
+{
+	return (size_t)(2 * FA_BM + 4 * FA_BN) * (HD + 8) * sizeof(bf16) + 4 * FA_BN * sizeof(float);
+}
+
+// above 48 KB a kernel needs its dynamic shared-memory limit raised, once
+template <typename K> static void fa_allow(K kernel, size_t bytes, bool *done)
+{
+	if (!*done) {
+		CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+						(int)bytes));
+		*done = true;
+	}
+}
+
+template <int HD>
+static void fa_fwd(struct sl_cuda *c, bf16 *out, float *lse, const bf16 *qkv, const int *lens,
+		   int B, int L, int nh, int nkv, float sl2)
+{
+	static bool done;
+	size_t sm = fa_smem_fwd<HD>();
+
+	fa_allow(k_fa_fwd<HD>, sm, &done);
+	k_fa_fwd<HD><<<dim3((L + FA_BM - 1) / FA_BM, nh, B), FA_THR, sm, c->stream>>>(
+		out, lse, qkv, lens, L, nh, nkv, sl2);
+	CUDA_LAUNCHED();
+}
+
+template <int HD>
+static void fa_bwd(struct sl_cuda *c, bf16 *dqkv, const bf16 *dout, const float *lse,
+		   const float *D, const bf16 *qkv, const int *lens, int B, int L, int nh, int nkv,
+		   float sl2, float scale)
+{
+	static bool done_q, done_kv;
+	size_t smq = fa_smem_fwd<HD>(), smk = fa_smem_dkdv<HD>();
+
+	fa_allow(k_fa_dq<HD>, smq, &done_q);
+	fa_allow(k_fa_dkdv<HD>, smk, &done_kv);
+	k_fa_dq<HD><<<dim3((L + FA_BM - 1) / FA_BM, nh, B), FA_THR, smq, c->stream>>>(
+		dqkv, dout, lse, D, qkv, lens, L, nh, nkv, sl2, scale);
+	CUDA_LAUNCHED();
+	k_fa_dkdv<HD><<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), FA_THR, smk, c->stream>>>(
+		dqkv, dout, lse, D, qkv, lens, L, nh, nkv, sl2, scale);
+	CUDA_LAUNCHED();
 }
 
 // the tensor-core path unless SL_ATTN=generic (a switch for comparing the two)
@@ -741,15 +948,12 @@ extern "C" void sl_cuda_attention_fwd(struct sl_cuda *c, void *out, float *lse, 
 	if (B <= 0 || L <= 0)
 		return;
 	if (use_mma(hd, qkv, out)) {
-		dim3 mgrid((L + MMA_BQ - 1) / MMA_BQ, nh, B);
-
 		if (hd == 128)
-			k_attn_fwd_mma<128><<<mgrid, 128, 0, c->stream>>>((bf16 *)out, lse,
-				(const bf16 *)qkv, lens, L, nh, nkv, scale_log2);
+			fa_fwd<128>(c, (bf16 *)out, lse, (const bf16 *)qkv, lens, B, L, nh, nkv,
+				    scale_log2);
 		else
-			k_attn_fwd_mma<64><<<mgrid, 128, 0, c->stream>>>((bf16 *)out, lse,
-				(const bf16 *)qkv, lens, L, nh, nkv, scale_log2);
-		CUDA_LAUNCHED();
+			fa_fwd<64>(c, (bf16 *)out, lse, (const bf16 *)qkv, lens, B, L, nh, nkv,
+				   scale_log2);
 		return;
 	}
 	DISPATCH(dpt, k_attn_fwd, grid, (bf16 *)out, lse, (const bf16 *)qkv, lens, L, nh, nkv, hd,
@@ -774,26 +978,13 @@ extern "C" void sl_cuda_attention_bwd(struct sl_cuda *c, void *dqkv, const void 
 	CUDA_LAUNCHED();
 	if (use_mma(hd, qkv, dqkv) && (uintptr_t)dout % 16 == 0) {
 		float sl2 = (float)(1.4426950408889634 / sqrt((double)hd));
-		dim3 gq((L + MMA_BQ - 1) / MMA_BQ, nh, B), gk((L + MMA_BQ - 1) / MMA_BQ, nkv, B);
 
-		if (hd == 128) {
-			k_attn_dq_mma<128><<<gq, 128, 0, c->stream>>>((bf16 *)dqkv,
-				(const bf16 *)dout, lse, D, (const bf16 *)qkv, lens, L, nh, nkv, sl2,
-				scale);
-			CUDA_LAUNCHED();
-			k_attn_dkdv_mma<128><<<gk, 128, 0, c->stream>>>((bf16 *)dqkv,
-				(const bf16 *)dout, lse, D, (const bf16 *)qkv, lens, L, nh, nkv, sl2,
-				scale);
-		} else {
-			k_attn_dq_mma<64><<<gq, 128, 0, c->stream>>>((bf16 *)dqkv,
-				(const bf16 *)dout, lse, D, (const bf16 *)qkv, lens, L, nh, nkv, sl2,
-				scale);
-			CUDA_LAUNCHED();
-			k_attn_dkdv_mma<64><<<gk, 128, 0, c->stream>>>((bf16 *)dqkv,
-				(const bf16 *)dout, lse, D, (const bf16 *)qkv, lens, L, nh, nkv, sl2,
-				scale);
-		}
-		CUDA_LAUNCHED();
+		if (hd == 128)
+			fa_bwd<128>(c, (bf16 *)dqkv, (const bf16 *)dout, lse, D, (const bf16 *)qkv,
+				    lens, B, L, nh, nkv, sl2, scale);
+		else
+			fa_bwd<64>(c, (bf16 *)dqkv, (const bf16 *)dout, lse, D, (const bf16 *)qkv,
+				   lens, B, L, nh, nkv, sl2, scale);
 		return;
 	}
 	DISPATCH(dpt, k_attn_dq, dim3((L + ROWS - 1) / ROWS, nh, B), (bf16 *)dqkv,

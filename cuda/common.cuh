@@ -54,6 +54,11 @@ struct sl_cuda {
 	struct gemm_entry *gemms;	// cached matmul descriptors and algorithms, per shape
 	int n_gemms, cap_gemms;
 	cudaEvent_t ev0, ev1;		// sl_cuda_timer_*, made on first use
+	// small uploads (micro-batch ids, lengths, labels) go through pinned staging slots and do
+	// not wait for the stream; each slot's event says when its copy has left the host
+	char *stage;			// STAGE_SLOTS x STAGE_BYTES pinned host memory, or NULL
+	cudaEvent_t stage_ev[8];
+	unsigned stage_next;
 };
 
 static __device__ __forceinline__ float bf(bf16 v)

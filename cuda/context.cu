@@ -1,9 +1,13 @@
 // context.cu: the per-device context (stream, cuBLASLt handle, workspace, scratch) and the raw
 // memory calls the cuda backend's arena is built on.
+#include <cstring>
+
 #include "common.cuh"
 
 #define WORKSPACE_BYTES (32u << 20)	// cuBLASLt: large enough for its split-K / stream-K algorithms
 #define SCRATCH_BYTES (64u << 20)	// column-reduction partials, attention row dots, sum of squares
+#define STAGE_SLOTS 8			// as many small uploads in flight before one waits
+#define STAGE_BYTES (1u << 20)		// larger uploads (weights, shards) stay synchronous
 
 extern "C" struct sl_cuda *sl_cuda_create(int device)
 {
@@ -26,6 +30,14 @@ extern "C" struct sl_cuda *sl_cuda_create(int device)
 	c->scratch_bytes = SCRATCH_BYTES;
 	CUDA_CHECK(cudaMalloc(&c->ws, c->ws_bytes));
 	CUDA_CHECK(cudaMalloc(&c->scratch, c->scratch_bytes));
+	// without pinned memory every upload simply stays synchronous
+	if (cudaHostAlloc((void **)&c->stage, (size_t)STAGE_SLOTS * STAGE_BYTES,
+			  cudaHostAllocDefault) != cudaSuccess) {
+		cudaGetLastError();
+		c->stage = NULL;
+	}
+	for (int i = 0; c->stage && i < STAGE_SLOTS; i++)
+		CUDA_CHECK(cudaEventCreateWithFlags(&c->stage_ev[i], cudaEventDisableTiming));
 	return c;
 }
 
@@ -38,6 +50,11 @@ extern "C" void sl_cuda_destroy(struct sl_cuda *c)
 	if (c->ev0) {
 		cudaEventDestroy(c->ev0);
 		cudaEventDestroy(c->ev1);
+	}
+	if (c->stage) {
+		for (int i = 0; i < STAGE_SLOTS; i++)
+			cudaEventDestroy(c->stage_ev[i]);
+		cudaFreeHost(c->stage);
 	}
 	CUDA_CHECK(cudaFree(c->ws));
 	CUDA_CHECK(cudaFree(c->scratch));
@@ -94,12 +111,25 @@ extern "C" void sl_cuda_memset0(struct sl_cuda *c, void *p, size_t bytes)
 		CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c->stream));
 }
 
-// Copies are synchronous for the caller (the contract is memcpy-like: the host buffer may be
-// reused or read as soon as the call returns).
+// Copies are memcpy-like for the caller: the host buffer may be reused or read as soon as the call
+// returns.  A small upload is copied into a pinned staging slot first, so the transfer can run
+// in stream order without the host waiting for the GPU to drain (every consumer, NCCL included,
+// runs on this stream, and the host-staged communicator downloads, which synchronizes); a slot
+// is reused only after its previous copy has completed.
 extern "C" void sl_cuda_upload(struct sl_cuda *c, void *dst, const void *src, size_t bytes)
 {
 	if (!bytes)
 		return;
+	if (c->stage && bytes <= STAGE_BYTES) {
+		unsigned i = c->stage_next++ % STAGE_SLOTS;
+		char *slot = c->stage + (size_t)i * STAGE_BYTES;
+
+		CUDA_CHECK(cudaEventSynchronize(c->stage_ev[i]));
+		memcpy(slot, src, bytes);
+		CUDA_CHECK(cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, c->stream));
+		CUDA_CHECK(cudaEventRecord(c->stage_ev[i], c->stream));
+		return;
+	}
 	CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
 	CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }

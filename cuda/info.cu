@@ -33,3 +33,10 @@ extern "C" int sl_cuda_pci_bus_id(int device, char *buf, int n)
 {
 	return cudaDeviceGetPCIBusId(buf, n, device) == cudaSuccess ? 0 : -1;
 }
+
+extern "C" size_t sl_cuda_device_memory(int device)
+{
+	cudaDeviceProp p;
+
+	return cudaGetDeviceProperties(&p, device) == cudaSuccess ? p.totalGlobalMem : 0;
+}

@@ -20,6 +20,8 @@ void sl_cuda_versions(char *buf, size_t n);
 int sl_cuda_device_count(void);
 /* The PCI bus id of @device ("0000:41:00.0"), for the GPU log.  0 or -1. */
 int sl_cuda_pci_bus_id(int device, char *buf, int n);
+/* Total memory of @device in bytes (0 when unknown). */
+size_t sl_cuda_device_memory(int device);
 
 /* ---- context: device, stream, cuBLASLt handle, 32 MB workspace, 64 MB reduction scratch ---- */
 struct sl_cuda;

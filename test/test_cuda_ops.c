@@ -614,6 +614,8 @@ static void bench(void)
 		gpu->upload(gpu, w, hbuf, (size_t)2 * I * H * 2);
 		free(hbuf);
 	}
+	double gemm_ms = 0, attn_ms = 0;
+
 	printf("\nbench (4B shape, T = %d tokens):\n", T);
 	for (size_t k = 0; k < sizeof(mm) / sizeof(mm[0]); k++) {
 		double fl = 2.0 * T * mm[k].K * mm[k].N, ms;
@@ -624,11 +626,13 @@ static void bench(void)
 		TIMED(for (int i = 0; i < 10; i++)
 			      gpu->matmul_fwd(gpu, o, x, w, NULL, T, mm[k].K, mm[k].N));
 		ms = t_ms / 10;
+		gemm_ms += ms;
 		printf("  matmul_fwd %-8s T=%d K=%d N=%d: %.3f ms, %.0f TFLOP/s\n", mm[k].name, T,
 		       mm[k].K, mm[k].N, ms, fl / ms / 1e9);
 		TIMED(for (int i = 0; i < 5; i++)
 			      gpu->matmul_bwd(gpu, x, w, NULL, o, x, w, T, mm[k].K, mm[k].N, false));
 		ms = t_ms / 5;
+		gemm_ms += ms;
 		printf("  matmul_bwd %-8s (dx + dw): %.3f ms, %.0f TFLOP/s\n", mm[k].name, ms,
 		       2 * fl / ms / 1e9);
 	}
@@ -642,14 +646,23 @@ static void bench(void)
 
 		gpu->upload(gpu, lens, hl, sizeof(hl));
 		gpu->attention_fwd(gpu, att, f, qkv, lens, B, L, nh, nkv, hd);
-		TIMED(gpu->attention_fwd(gpu, att, f, qkv, lens, B, L, nh, nkv, hd));
-		ms = t_ms;
+		TIMED(for (int i = 0; i < 5; i++)
+			      gpu->attention_fwd(gpu, att, f, qkv, lens, B, L, nh, nkv, hd));
+		ms = t_ms / 5;
+		attn_ms += ms;
 		printf("  attention_fwd 4x2048 h=32/8 hd=128: %.2f ms, %.1f TFLOP/s\n", ms,
 		       fl / ms / 1e9);
-		TIMED(gpu->attention_bwd(gpu, dq, att, att, f, qkv, lens, B, L, nh, nkv, hd));
-		ms = t_ms;
+		gpu->attention_bwd(gpu, dq, att, att, f, qkv, lens, B, L, nh, nkv, hd);
+		TIMED(for (int i = 0; i < 5; i++)
+			      gpu->attention_bwd(gpu, dq, att, att, f, qkv, lens, B, L, nh, nkv, hd));
+		ms = t_ms / 5;
+		attn_ms += ms;
 		printf("  attention_bwd 4x2048 h=32/8 hd=128: %.2f ms, %.1f TFLOP/s (2.5x fwd)\n",
 		       ms, 2.5 * fl / ms / 1e9);
+		/* one decoder layer's GEMM and attention time, forward + backward, and x36 layers */
+		printf("  per layer (fwd+bwd, %d tokens): gemm %.2f ms, attention %.2f ms; "
+		       "36 layers: gemm %.0f ms, attention %.0f ms\n", T, gemm_ms, attn_ms,
+		       36 * gemm_ms, 36 * attn_ms);
 		gpu->free(gpu, lens);
 	}
 	gpu->free(gpu, x);
@@ -703,6 +716,7 @@ int main(int argc, char **argv)
 	t_attention(2, 45, 2, 1, 256, 1);
 	t_attention(2, 40, 3, 3, 6, 1);		/* hd not a power of 2 */
 	t_attention(2, 600, 8, 2, 128, 1);
+	t_attention(2, 333, 6, 2, 64, 2);	/* several key and query tiles, hd 64 */
 	t_swiglu(7, 13);
 	t_swiglu(64, 1000);
 	t_rows(50, 5, 70);
