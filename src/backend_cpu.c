@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "adamw_math.h"
 #include "backend.h"
 
 #include <cblas.h>
@@ -690,37 +691,17 @@ static void cpu_sumsq_f32(struct sl_backend *be, double *out, const float *g, si
 	*out = s;
 }
 
-/*
- * The order of operations and the float rounding of each scalar follow torch's single-tensor
- * AdamW: its Python-float scalars (1 - lr*wd, 1 - beta1, lr/bc1, sqrt(bc2)) are formed in double
- * and rounded to float once, and lerp_/addcmul_/addcdiv_ evaluate as its CPU kernels do.
- */
+/* The update itself is sl_adamw_elem (adamw_math.h), shared with the offloaded host optimizer. */
 static void cpu_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, const float *grad,
 			  void *w_out, size_t n, const struct sl_adamw_args *a)
 {
-	const float decay = (float)(1.0 - (double)a->lr * a->weight_decay);
-	const float w1 = (float)(1.0 - (double)a->beta1);
-	const float b2 = a->beta2, w2 = (float)(1.0 - (double)a->beta2);
-	const float bc2s = (float)sqrt((double)a->bc2);
-	const float step = (float)(-((double)a->lr / a->bc1));
-	const float eps = a->eps, gs = a->grad_scale;
-	const bool lerp_lo = fabsf(w1) < 0.5f;
+	const struct sl_adamw_consts k = sl_adamw_consts(a);
 	real *wo = w_out;
 
 #pragma omp parallel for simd schedule(static)
 	for (size_t i = 0; i < n; i++) {
-		float g = grad[i] * gs;
-		float pi = p[i] * decay;
-		float mi = lerp_lo ? m[i] + w1 * (g - m[i]) : g - (g - m[i]) * (1 - w1);
-		float vi = v[i] * b2;
-		float den;
+		float pi = sl_adamw_elem(&k, &p[i], &m[i], &v[i], grad[i]);
 
-		vi = vi + w2 * g * g;
-		den = sqrtf(vi) / bc2s + eps;
-		pi = pi + step * mi / den;
-		p[i] = pi;
-		m[i] = mi;
-		v[i] = vi;
 		if (wo)
 			wo[i] = pi;
 	}

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -1210,10 +1211,14 @@ static int verify_rank_file(const char *dir, const struct idx *ix, int i, int ns
 		       h5_msg(), advice);
 		return -1;
 	}
-	attr_get(f, "step", H5T_NATIVE_INT32, 1, &step);
-	attr_get(f, "shard_size", H5T_NATIVE_INT32, 1, &shard_size);
-	attr_get(f, "shard_rank", H5T_NATIVE_INT32, 1, &shard_rank);
-	attr_get(f, "n_units", H5T_NATIVE_INT32, 1, &n_units);
+	if (attr_get(f, "step", H5T_NATIVE_INT32, 1, &step) < 0 ||
+	    attr_get(f, "shard_size", H5T_NATIVE_INT32, 1, &shard_size) < 0 ||
+	    attr_get(f, "shard_rank", H5T_NATIVE_INT32, 1, &shard_rank) < 0 ||
+	    attr_get(f, "n_units", H5T_NATIVE_INT32, 1, &n_units) < 0) {
+		ck_err(path, "its step/shard attributes are missing or unreadable: the file is "
+		       "damaged or not a shardlm rank file; %s", advice);
+		goto out_close_file;
+	}
 	if (step != ix->step || shard_size != ix->shard_size || shard_rank != i ||
 	    n_units != ix->n_units) {
 		ck_err(path, "is step %d, shard %d of %d, %d units; index.h5 expects step %d, shard "
@@ -1273,8 +1278,9 @@ static int read_set(hid_t f, const char *path, const char *dir, const char *set,
 		}
 		sp = H5_CHECK(H5Dget_space(d));
 		nd = H5Sget_simple_extent_ndims(sp);
-		H5Sget_simple_extent_dims(sp, dims, NULL);
-		if (nd != t->ndim || (int64_t)dims[0] != t->shape[0] ||
+		/* the rank comes from the file: dims[] holds two */
+		if (nd < 1 || nd > 2 || H5Sget_simple_extent_dims(sp, dims, NULL) < 0 ||
+		    nd != t->ndim || (int64_t)dims[0] != t->shape[0] ||
 		    (nd == 2 && (int64_t)dims[1] != t->shape[1])) {
 			ck_err(path, "%s has shape [%llu%s%llu], the model needs [%lld%s%lld]: the "
 			       "checkpoint is of another model", name, (unsigned long long)dims[0],
@@ -1390,6 +1396,20 @@ int sl_ckpt_read(const char *dir, const struct sl_ckpt_geom *g, struct sl_ckpt_s
 		       ix.n_units, g->lay->n_units);
 		rc = -1;
 	}
+	/* sizes from the file bound what verification reads: they must be the model's */
+	for (int u = 0; rc == 0 && u < ix.n_units; u++) {
+		uint64_t S = (uint64_t)ix.shard_size, numel = g->lay->unit_numel[u];
+
+		/* shards cover the unit, padded by at most an alignment's worth */
+		if (ix.unit_numel[u] != numel || ix.shard[u] > numel / S + 4096 ||
+		    ix.shard[u] * S < numel) {
+			ck_err(path, "unit %d: %llu elements in %d shards of %llu, the model has %llu: "
+			       "the checkpoint is of another model or damaged", u,
+			       (unsigned long long)ix.unit_numel[u], ix.shard_size,
+			       (unsigned long long)ix.shard[u], (unsigned long long)numel);
+			rc = -1;
+		}
+	}
 	if (rc == 0 && want_opt && !ix.optimizer) {
 		ck_err(path, "holds no optimizer state (written with checkpoint.optimizer: false)");
 		rc = -1;
@@ -1436,4 +1456,55 @@ out_free:
 	if (f >= 0)
 		H5Fclose(f);
 	return ret;
+}
+
+int sl_ckpt_check_space(const char *root, double bytes_each, int keep)
+{
+	char probe[4096];
+	struct step_ent *e = NULL;
+	struct statvfs vfs;
+	double avail, need;
+	int n = 0, have = 0, fd;
+
+	if (mkdir_p(root) < 0)
+		return -1;
+	/* writable: a real file, since permissions alone do not tell (read-only mounts, ACLs) */
+	if (snprintf(probe, sizeof(probe), "%s/.write-test-%d", root, (int)getpid()) >=
+	    (int)sizeof(probe))
+		return -1;
+	fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	if (fd < 0 || write(fd, "x", 1) != 1) {
+		sl_error("%s: the checkpoint directory is not writable: %s; fix its permissions or "
+			 "point checkpoint.dir / run.dir elsewhere", root, strerror(errno));
+		if (fd >= 0) {
+			close(fd);
+			unlink(probe);
+		}
+		return -1;
+	}
+	close(fd);
+	unlink(probe);
+	if (statvfs(root, &vfs) != 0) {
+		sl_error("%s: cannot query the file system: %s", root, strerror(errno));
+		return -1;
+	}
+	/* complete checkpoints already there count towards keep; the write of keep+1 comes first */
+	if (scan_steps(root, &e, &n) < 0)
+		return -1;
+	for (int i = 0; i < n; i++)
+		have += e[i].complete;
+	free(e);
+	if (keep > 0 && have > keep)
+		have = keep;
+	need = (double)(keep > 0 ? keep + 1 - have : 1) * bytes_each;
+	avail = (double)vfs.f_bavail * (double)vfs.f_frsize;
+	if (need > avail) {
+		sl_error("%s: %.2f GB free, checkpoints need %.2f GB (checkpoint.keep %d + 1 being "
+			 "written, %.2f GB each, %d already there): free space, lower it with --set "
+			 "checkpoint.keep=N or --set checkpoint.optimizer=false, or point "
+			 "checkpoint.dir at a larger disk", root, avail / 1e9, need / 1e9, keep,
+			 bytes_each / 1e9, have);
+		return -ENOSPC;
+	}
+	return 0;
 }

@@ -73,6 +73,13 @@ int sl_ckpt_read(const char *dir, const struct sl_ckpt_geom *g, struct sl_ckpt_s
  * Not collective: one rank may ask and broadcast. */
 int sl_ckpt_has_optimizer(const char *dir);
 
+/*
+ * Before training (one rank): @root (created if missing) is writable and its file system has
+ * room for @keep + 1 checkpoints of @bytes_each (those already complete there counted); else an
+ * error naming what is free and needed, with what to change.  0 or negative.
+ */
+int sl_ckpt_check_space(const char *root, double bytes_each, int keep);
+
 /* The resolved config stored in @dir's index.h5 (malloc'ed YAML), NULL after an error. */
 char *sl_ckpt_read_config(const char *dir);
 

@@ -133,6 +133,7 @@ static const struct key_def keys[] = {
 	INT("checkpoint.keep", checkpoint.keep, "2", GE(1)),
 	STR("checkpoint.dir", checkpoint.dir, "checkpoints"),
 	BOOL("checkpoint.optimizer", checkpoint.optimizer, "true"),
+	INT("checkpoint.term_grace_s", checkpoint.term_grace_s, "25", GE(0)),
 	ENUM("export.dtype", export_.dtype, "bf16", export_vals),
 	/* sl_config_load replaces this with runs/<config name> unless a file or --set names one */
 	STR("run.dir", run.dir, "runs/default"),
@@ -201,6 +202,53 @@ cfg_err(struct load_ctx *lc, const struct loc *at, const char *key, const char *
  * The position of @node in the file @base names.  A --set option (line -1) is its own location:
  * positions inside the option's text would mean nothing to the user.
  */
+static struct loc node_loc(const struct loc *base, const yaml_node_t *node);
+
+/*
+ * libyaml resolves an alias (*name) to the anchored node itself, so a node with two parents is
+ * an alias.  A config has no use for them, and refusing them keeps any walk of the document
+ * linear in the file's size (no "billion laughs").
+ */
+static int refuse_aliases(struct load_ctx *lc, yaml_document_t *doc, const struct loc *file)
+{
+	size_t n = doc->nodes.top - doc->nodes.start;
+	unsigned char *refs = calloc(n + 1, 1);
+	int rc = 0;
+
+	if (!refs)
+		return -ENOMEM;
+	for (yaml_node_t *nd = doc->nodes.start; nd < doc->nodes.top && !rc; nd++) {
+		int kids[2], nk = 0;
+
+		if (nd->type == YAML_SEQUENCE_NODE) {
+			for (yaml_node_item_t *it = nd->data.sequence.items.start;
+			     it < nd->data.sequence.items.top && !rc; it++)
+				if (*it >= 1 && (size_t)*it <= n && refs[*it]++)
+					rc = *it;
+			continue;
+		}
+		if (nd->type != YAML_MAPPING_NODE)
+			continue;
+		for (yaml_node_pair_t *p = nd->data.mapping.pairs.start;
+		     p < nd->data.mapping.pairs.top && !rc; p++) {
+			kids[0] = p->key;
+			kids[1] = p->value;
+			for (nk = 0; nk < 2 && !rc; nk++)
+				if (kids[nk] >= 1 && (size_t)kids[nk] <= n && refs[kids[nk]]++)
+					rc = kids[nk];
+		}
+	}
+	free(refs);
+	if (rc) {
+		struct loc at = node_loc(file, yaml_document_get_node(doc, rc));
+
+		cfg_err(lc, &at, NULL, "YAML anchors and aliases (&name, *name) are not supported "
+			"in a config: write the value out (or use include:)");
+		return -EINVAL;
+	}
+	return 0;
+}
+
 static struct loc node_loc(const struct loc *base, const yaml_node_t *node)
 {
 	struct loc l = { base->file, 0, 0 };
@@ -890,6 +938,8 @@ static int load_file(struct load_ctx *lc, const char *path, const struct loc *fr
 	real = realpath(path, NULL);
 	if (!real) {
 		rc = -errno;
+		cfg_err(lc, from ? from : &file, from ? "include" : NULL,
+			"cannot resolve the path of '%s': %s", path, strerror(-rc));
 		goto out_close;
 	}
 	for (int i = 0; i < lc->depth; i++) {
@@ -958,6 +1008,9 @@ static int load_file(struct load_ctx *lc, const char *path, const struct loc *fr
 	}
 	if (!root || (root->type == YAML_SCALAR_NODE && is_null_scalar(root)))
 		goto out_free_doc;	/* an empty file sets nothing */
+	rc = refuse_aliases(lc, &doc, &file);
+	if (rc)
+		goto out_free_doc;
 	if (root->type != YAML_MAPPING_NODE) {
 		struct loc at = node_loc(&file, root);
 

@@ -95,6 +95,8 @@ struct sl_config {
 		int keep;
 		char dir[SL_PATH_MAX];		/* relative to run.dir unless absolute */
 		bool optimizer;
+		int term_grace_s;		/* seconds after SIGTERM/SIGINT to stop with a
+						 * checkpoint; 0 = exit at once */
 	} checkpoint;
 
 	struct {

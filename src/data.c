@@ -37,6 +37,8 @@
 #define SHOW_SKIPPED 5
 /* a length-sorted bucket holds this many steps */
 #define BUCKET_STEPS 16
+/* one record line; a longer one is refused before it is parsed (or, read, kept in memory) */
+#define MAX_RECORD_BYTES ((size_t)256 << 20)
 
 /* ---- loading ------------------------------------------------------------------------------ */
 
@@ -343,6 +345,40 @@ static int no_records(const struct sl_dataset *ds, const struct sl_data_opts *o)
 
 static int load_text(struct sl_dataset *ds, const char *path, const struct sl_data_opts *o);
 
+/*
+ * getline(), except that the buffer stops growing at MAX_RECORD_BYTES: a longer line's whole
+ * length is returned with only its start kept, for the caller to refuse.
+ */
+static ssize_t read_line(FILE *f, char **line, size_t *cap)
+{
+	size_t n = 0, total = 0;
+	int c;
+
+	while ((c = getc_unlocked(f)) != EOF) {
+		if (++total <= MAX_RECORD_BYTES) {
+			if (n + 2 > *cap) {
+				size_t nc = *cap ? 2 * *cap : 4096;
+				char *p;
+
+				if (nc > MAX_RECORD_BYTES + 2)
+					nc = MAX_RECORD_BYTES + 2;
+				p = realloc(*line, nc);
+				if (!p)
+					return -1;
+				*line = p;
+				*cap = nc;
+			}
+			(*line)[n++] = (char)c;
+		}
+		if (c == '\n')
+			break;
+	}
+	if (total == 0)
+		return -1;
+	(*line)[n] = '\0';
+	return (ssize_t)total;
+}
+
 int sl_data_load(struct sl_dataset *ds, const char *path, const struct sl_data_opts *o)
 {
 	struct loader ld = { .ds = ds, .o = o };
@@ -375,11 +411,18 @@ int sl_data_load(struct sl_dataset *ds, const char *path, const struct sl_data_o
 		sl_error("%s: cannot open the data file: %s", path, strerror(errno));
 		return rc;
 	}
-	while ((got = getline(&line, &cap, f)) >= 0) {
+	while ((got = read_line(f, &line, &cap)) >= 0) {
 		char *s = line;
 		size_t n = got;
 
 		ld.line++;
+		if (n > MAX_RECORD_BYTES) {
+			rc = bad(&ld, "the line is longer than %zu MB, the limit for one record: "
+				 "is the file JSONL (one record per line)?", MAX_RECORD_BYTES >> 20);
+			if (rc < 0)
+				goto out_free;
+			continue;
+		}
 		/* an editor's UTF-8 byte-order mark is no part of the first record */
 		if (ld.line == 1 && n >= 3 && !memcmp(s, "\xef\xbb\xbf", 3)) {
 			s += 3;
@@ -479,6 +522,15 @@ struct tok_result {
 	float *label;			/* (n) */
 	uint32_t *ids;			/* (n_ids) */
 };
+
+/* a cache's record offsets never go back (the first and last are checked by the caller) */
+static bool offsets_rise(const int64_t *off, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++)
+		if (off[i + 1] < off[i])
+			return false;
+	return true;
+}
 
 static void tok_result_free(struct tok_result *r)
 {
@@ -647,6 +699,11 @@ static void parse_record(const struct sl_data_opts *o, const char *tf, const cha
 	size_t cap = 0, i;
 
 	r->label = NAN;
+	if (len > MAX_RECORD_BYTES) {
+		r->err = msgf("the line is longer than %zu MB, the limit for one record: is the "
+			      "file JSONL (one record per line)?", MAX_RECORD_BYTES >> 20);
+		return;
+	}
 	root = json_loadb(buf, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
 	if (!root) {
 		r->err = msgf("invalid JSON at column %d: %s%s", jerr.column, jerr.text,
@@ -959,7 +1016,7 @@ static int cache_read(const char *file, uint64_t key, int part, int nparts,
 	if (!r->off || !r->line || !r->label || !r->ids ||
 	    fread(r->off, 8, h.n + 1, f) != h.n + 1 || fread(r->line, 8, h.n, f) != h.n ||
 	    fread(r->label, 4, h.n, f) != h.n || fread(r->ids, 4, h.n_ids, f) != h.n_ids ||
-	    r->off[0] != 0 || (uint64_t)r->off[h.n] != h.n_ids) {
+	    r->off[0] != 0 || (uint64_t)r->off[h.n] != h.n_ids || !offsets_rise(r->off, h.n)) {
 		sl_warn("%s: the tokenization cache is unreadable; tokenizing again", file);
 		tok_result_free(r);
 		rc = 1;

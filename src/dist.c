@@ -14,10 +14,14 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -42,6 +46,11 @@ static int self_rank = -1;
 
 /* bf16 sum for MPI, created on first use, freed by sl_dist_finalize */
 static MPI_Op bf16_sum_op = MPI_OP_NULL;
+
+#ifdef SL_DIST_NCCL
+static void wd_nccl_add(void *comm);
+static void wd_nccl_remove(void *comm);
+#endif
 
 void sl_dist_abort(const char *why)
 {
@@ -174,6 +183,7 @@ void sl_dist_finalize(struct sl_dist *d)
 {
 	int finalized = 0;
 
+	sl_watchdog_stop();
 	MPI_Finalized(&finalized);
 	if (finalized)
 		return;
@@ -272,6 +282,7 @@ static void nccl_init(struct sl_comm *c)
 	MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, c->mpi));
 	NCCL_CHECK(ncclCommInitRank(&comm, c->size, id, c->rank));
 	c->nccl = comm;
+	wd_nccl_add(comm);
 }
 #endif
 
@@ -322,8 +333,10 @@ int sl_comm_create(struct sl_comm *c, MPI_Comm parent, int color, int key,
 void sl_comm_destroy(struct sl_comm *c)
 {
 #ifdef SL_DIST_NCCL
-	if (c->nccl)
+	if (c->nccl) {
+		wd_nccl_remove(c->nccl);
 		NCCL_CHECK(ncclCommDestroy((ncclComm_t)c->nccl));
+	}
 #endif
 	c->nccl = NULL;
 	if (c->mpi != MPI_COMM_NULL)
@@ -594,4 +607,148 @@ void sl_groups_destroy(struct sl_groups *g)
 	sl_comm_destroy(&g->replica);
 	sl_comm_destroy(&g->shard);
 	sl_comm_destroy(&g->world);
+}
+
+/*
+ * The watchdog.  A rank that dies leaves the others blocked in their next collective: MPI notices
+ * only when the launcher tells it, and NCCL never does by itself.  So the main thread arms a
+ * deadline before each step (and each checkpoint write) and disarms it after; a thread checks it
+ * every second and, once it passes, names this rank and host and aborts the whole job.  With
+ * NCCL it also polls each communicator's asynchronous error and aborts the communicators on one,
+ * since a NCCL kernel waiting for a dead peer never returns.
+ */
+#define WD_MAX_NCCL 16
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t wake;
+	pthread_t thread;
+	bool running, stop;
+	double deadline;		/* sl_now() seconds; 0 = disarmed */
+	double armed_for;		/* seconds */
+	char what[160];
+	void *nccl[WD_MAX_NCCL];	/* ncclComm_t */
+} wd = { .lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER };
+
+#ifdef SL_DIST_NCCL
+static void wd_nccl_add(void *comm)
+{
+	pthread_mutex_lock(&wd.lock);
+	for (int i = 0; i < WD_MAX_NCCL; i++)
+		if (!wd.nccl[i]) {
+			wd.nccl[i] = comm;
+			break;
+		}
+	pthread_mutex_unlock(&wd.lock);
+}
+
+static void wd_nccl_remove(void *comm)
+{
+	pthread_mutex_lock(&wd.lock);
+	for (int i = 0; i < WD_MAX_NCCL; i++)
+		if (wd.nccl[i] == comm)
+			wd.nccl[i] = NULL;
+	pthread_mutex_unlock(&wd.lock);
+}
+#endif
+
+/* called with wd.lock held: never returns */
+static void wd_abort(const char *why)
+{
+	fflush(stdout);
+	fprintf(stderr, "%s rank %d: error: %s; aborting the job\n", self_host, self_rank, why);
+	fflush(stderr);
+#ifdef SL_DIST_NCCL
+	for (int i = 0; i < WD_MAX_NCCL; i++)
+		if (wd.nccl[i])
+			ncclCommAbort((ncclComm_t)wd.nccl[i]);
+#endif
+	MPI_Abort(MPI_COMM_WORLD, 1);
+	_exit(1);
+}
+
+static void *wd_main(void *arg)
+{
+	char why[512];
+
+	pthread_mutex_lock(&wd.lock);
+	while (!wd.stop) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += 1;
+		pthread_cond_timedwait(&wd.wake, &wd.lock, &ts);
+		if (wd.stop)
+			break;
+		if (wd.deadline > 0 && sl_now() > wd.deadline) {
+			snprintf(why, sizeof(why), "no progress in %.0f s during %s (a rank died or "
+				 "hangs; the launcher's messages name it); raise parallel.timeout_s "
+				 "if this was only slow", wd.armed_for, wd.what);
+			wd_abort(why);
+		}
+#ifdef SL_DIST_NCCL
+		for (int i = 0; i < WD_MAX_NCCL; i++) {
+			ncclResult_t err = ncclSuccess;
+
+			if (!wd.nccl[i] || ncclCommGetAsyncError((ncclComm_t)wd.nccl[i], &err) !=
+			    ncclSuccess || err == ncclSuccess || err == ncclInProgress)
+				continue;
+			snprintf(why, sizeof(why), "NCCL asynchronous error during %s: %s (%s)",
+				 wd.what[0] ? wd.what : "start-up", ncclGetErrorString(err),
+				 ncclGetLastError(NULL));
+			wd_abort(why);
+		}
+#endif
+	}
+	pthread_mutex_unlock(&wd.lock);
+	return NULL;
+}
+
+int sl_watchdog_start(void)
+{
+	int rc;
+
+	if (wd.running)
+		return 0;
+	wd.stop = false;
+	wd.deadline = 0;
+	rc = pthread_create(&wd.thread, NULL, wd_main, NULL);
+	if (rc) {
+		sl_error("cannot start the watchdog thread: %s", strerror(rc));
+		return -rc;
+	}
+	wd.running = true;
+	return 0;
+}
+
+void sl_watchdog_arm(double seconds, const char *fmt, ...)
+{
+	va_list ap;
+
+	pthread_mutex_lock(&wd.lock);
+	va_start(ap, fmt);
+	vsnprintf(wd.what, sizeof(wd.what), fmt, ap);
+	va_end(ap);
+	wd.armed_for = seconds;
+	wd.deadline = sl_now() + seconds;
+	pthread_mutex_unlock(&wd.lock);
+}
+
+void sl_watchdog_disarm(void)
+{
+	pthread_mutex_lock(&wd.lock);
+	wd.deadline = 0;
+	pthread_mutex_unlock(&wd.lock);
+}
+
+void sl_watchdog_stop(void)
+{
+	if (!wd.running)
+		return;
+	pthread_mutex_lock(&wd.lock);
+	wd.stop = true;
+	pthread_cond_signal(&wd.wake);
+	pthread_mutex_unlock(&wd.lock);
+	pthread_join(wd.thread, NULL);
+	wd.running = false;
 }

@@ -43,6 +43,18 @@ void sl_dist_abort(const char *why) __attribute__((noreturn));
  */
 int sl_dist_device(const struct sl_dist *d, int n_devices);
 
+/*
+ * The watchdog (a thread): between sl_watchdog_arm and sl_watchdog_disarm the main thread must
+ * get through within @seconds, else this rank prints "no progress in N s during WHAT" with its
+ * host and rank and aborts the job (a peer died or hangs).  With NCCL it also polls the
+ * communicators' asynchronous errors and aborts them on one.  sl_dist_finalize stops it.
+ */
+int sl_watchdog_start(void);
+void sl_watchdog_arm(double seconds, const char *what_fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+void sl_watchdog_disarm(void);
+void sl_watchdog_stop(void);
+
 /* A failed library call: "host rank R: file:line: lib: stmt: msg", then abort every rank. */
 void sl_dist_fatal(const char *lib, const char *stmt, const char *msg, const char *file, int line)
 	__attribute__((noreturn));

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "plan.h"
 #include "tokenizer.h"
 #include "train.h"
 
@@ -20,7 +21,11 @@ static void usage(FILE *out)
 		"  config CONFIG [--set KEY=VALUE]...           validate and print the resolved config\n"
 		"  tokenize --tokenizer PATH [--split-special]  JSONL text in, token ids out\n"
 		"  export CHECKPOINT --out DIR                   a checkpoint as a Hugging Face model\n"
-		"  plan                                          arrives with its issue\n",
+		"  plan CONFIG [--gpus N] [--gpu-mem GB] [--host-mem GB]\n"
+		"                                                memory per GPU and node: does it fit?\n"
+		"train's exit status: 0 done, 1 aborted (a rank died or hung), 2 error, 3 stopped by a\n"
+		"signal after a checkpoint (resubmit to resume), 4 train.max_bad_steps non-finite steps,\n"
+		"128+N signal N without a new checkpoint (README: Exit status)\n",
 		PACKAGE_VERSION);
 }
 
@@ -46,11 +51,8 @@ int main(int argc, char **argv)
 		return sl_cmd_tokenize(argc - 1, argv + 1);
 	if (strcmp(cmd, "export") == 0)
 		return sl_cmd_export(argc - 1, argv + 1);
-	if (strcmp(cmd, "plan") == 0) {
-		fprintf(stderr, "shardlm: '%s' is not in this version yet (it arrives with its "
-			"issue)\n", cmd);
-		return 2;
-	}
+	if (strcmp(cmd, "plan") == 0)
+		return sl_cmd_plan(argc - 1, argv + 1);
 	if (*cmd)
 		fprintf(stderr, "shardlm: unknown command '%s'\n", cmd);
 	usage(stderr);

@@ -8,6 +8,7 @@
 #ifndef SL_METRICS_H
 #define SL_METRICS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,6 +23,7 @@ struct sl_step_metrics {
 	long tokens;			/* real tokens */
 	long padded_tokens;		/* padding added to micro-batches */
 	long long peak_gpu_bytes;	/* 0 on the cpu backend */
+	bool skipped;			/* non-finite loss or gradient: no update */
 };
 
 struct sl_metrics;

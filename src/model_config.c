@@ -342,6 +342,15 @@ int sl_model_config_load(struct sl_model_config *mc, const char *path)
 			 "(%d)", path, mc->n_heads, mc->n_kv_heads);
 		goto out_free_root;
 	}
+	/* sizes from the file size every buffer: bound them before anything is allocated */
+	if ((double)mc->vocab * mc->hidden > 1e12 || (double)mc->n_heads * mc->head_dim > 1e6 ||
+	    (double)mc->hidden * mc->intermediate * mc->n_layers > 1e13) {
+		sl_error("%s: vocab_size %d, hidden_size %d, intermediate_size %d, %d layers, %d "
+			 "heads of %d: more than any model shardlm can train; the file is damaged",
+			 path, mc->vocab, mc->hidden, mc->intermediate, mc->n_layers, mc->n_heads,
+			 mc->head_dim);
+		goto out_free_root;
+	}
 	if (mc->head_dim % 2) {
 		sl_error("%s: head_dim (%d) must be even (the rotary embedding rotates pairs)", path,
 			 mc->head_dim);

@@ -7,6 +7,10 @@
  * only if its slot was reused (parallel.reshard_after_forward bounds the pool; otherwise every unit
  * keeps its slot through the step).  With one rank per shard group the rank's shard is the whole
  * unit and no collective runs.
+ *
+ * With parallel.offload the host half of each transfer is synchronous here (upload/download
+ * return when done: memcpy on the cpu backend, which runs this path in the tests); the cuda
+ * backend will overlap them with compute through async copies on pinned host_alloc memory.
  */
 #include "shard.h"
 
@@ -14,12 +18,61 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "adamw_math.h"
 #include "log.h"
 #include "optim.h"
 
 static bool single(const struct sl_shard *s)
 {
 	return s->S == 1;
+}
+
+/* The model reads the rank's own compute shard in place: one rank, weights on the device. */
+static bool in_place(const struct sl_shard *s)
+{
+	return single(s) && !s->host_params;
+}
+
+static void *host_alloc(struct sl_shard *s, size_t bytes)
+{
+	struct sl_backend *b = s->be;
+	void *p = NULL;
+
+	if (b->host_alloc)
+		return b->host_alloc(b, bytes);
+	if (posix_memalign(&p, 64, bytes ? bytes : 64)) {
+		sl_error("out of host memory for the offloaded state (%zu bytes); `shardlm plan` "
+			 "shows what the job needs", bytes);
+		sl_dist_abort("out of host memory");
+	}
+	memset(p, 0, bytes);
+	return p;
+}
+
+static void host_free(struct sl_shard *s, void *p)
+{
+	struct sl_backend *b = s->be;
+
+	if (!p)
+		return;
+	if (b->host_free)
+		b->host_free(b, p);
+	else
+		free(p);
+}
+
+/* Buffers of the optimizer state live where offload puts them. */
+static void *state_alloc(struct sl_shard *s, size_t bytes)
+{
+	return s->host_state ? host_alloc(s, bytes) : s->be->alloc(s->be, bytes);
+}
+
+static void state_free(struct sl_shard *s, void *p)
+{
+	if (s->host_state)
+		host_free(s, p);
+	else
+		s->be->free(s->be, p);
 }
 
 /* Take a slot of @pool for unit @unit: prefer one that already holds it, then a free one, then
@@ -61,17 +114,27 @@ out:
 static const void *unit_weights(void *ctx, int unit)
 {
 	struct sl_shard *s = ctx;
+	struct sl_backend *b = s->be;
 	struct sl_shard_unit *u = &s->u[unit];
 	struct sl_shard_slot *slot;
 	bool fresh;
 
-	if (single(s))
+	if (in_place(s))
 		return u->w_shard;
 	slot = take_slot(s, s->wslots, s->n_wslots, unit, &fresh);
 	u->wslot = slot - s->wslots;
-	if (fresh)
+	if (!fresh)
+		return slot->buf;
+	if (s->host_params && single(s)) {
+		b->upload(b, slot->buf, u->w_shard, u->shard * b->elt);
+	} else if (s->host_params) {
+		b->upload(b, s->d_wstage, u->w_shard, u->shard * b->elt);
+		sl_comm_all_gather(s->shard_comm, slot->buf, s->d_wstage, u->shard,
+				   s->compute_dtype);
+	} else {
 		sl_comm_all_gather(s->shard_comm, slot->buf, u->w_shard, u->shard,
 				   s->compute_dtype);
+	}
 	return slot->buf;
 }
 
@@ -80,7 +143,7 @@ static void release_weights(void *ctx, int unit)
 	struct sl_shard *s = ctx;
 	struct sl_shard_unit *u = &s->u[unit];
 
-	if (single(s) || u->wslot < 0)
+	if (in_place(s) || u->wslot < 0)
 		return;
 	s->wslots[u->wslot].in_use = false;
 }
@@ -95,6 +158,14 @@ static void *unit_grads(void *ctx, int unit)
 	slot = take_slot(s, s->gslots, s->n_gslots, unit, &fresh);
 	s->be->zero(s->be, slot->buf, s->u[unit].padded * s->be->elt);
 	return slot->buf;
+}
+
+/* y += x on host f32 buffers (the offloaded gradient accumulators) */
+static void host_add(float *y, const float *x, size_t n)
+{
+#pragma omp parallel for simd schedule(static)
+	for (size_t i = 0; i < n; i++)
+		y[i] += x[i];
 }
 
 /* The unit's backward is done: reduce its gradient into this rank's f32 shard accumulator. */
@@ -112,15 +183,24 @@ static void release_grads(void *ctx, int unit)
 	if (!slot)
 		sl_dist_abort("internal error: gradients released for a unit never asked for");
 	/* the first micro-batch of a step writes the accumulator, later ones add to it */
-	dst = u->grads_seen ? s->rs_out : u->grad32;
+	dst = u->grads_seen || s->host_state ? s->rs_out : u->grad32;
 	if (single(s)) {
 		b->to_f32(b, dst, slot->buf, u->numel);
 	} else {
 		b->to_f32(b, s->g32_full, slot->buf, u->padded);
 		sl_comm_reduce_scatter(s->shard_comm, dst, s->g32_full, u->shard, SL_COMM_F32);
 	}
-	if (u->grads_seen)
+	if (s->host_state) {
+		/* offload: the reduced shard goes to the host now, not at the step's end */
+		if (!u->grads_seen) {
+			b->download(b, u->grad32, s->rs_out, u->shard * sizeof(float));
+		} else {
+			b->download(b, s->h_scratch, s->rs_out, u->shard * sizeof(float));
+			host_add(u->grad32, s->h_scratch, u->shard);
+		}
+	} else if (u->grads_seen) {
 		b->add_f32(b, u->grad32, s->rs_out, u->shard);
+	}
 	u->grads_seen = true;
 	slot->in_use = false;
 	slot->unit = -1;
@@ -142,6 +222,9 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	s->S = o->shard_comm ? o->shard_comm->size : 1;
 	s->shard_rank = o->shard_comm ? o->shard_comm->rank : 0;
 	s->reshard_after_forward = o->reshard_after_forward;
+	s->offload = o->offload;
+	s->host_state = o->offload != SL_OFFLOAD_NONE;
+	s->host_params = o->offload == SL_OFFLOAD_PARAMS;
 	s->compute_dtype = be->elt == 2 ? SL_COMM_BF16 : be->elt == 8 ? SL_COMM_F64 : SL_COMM_F32;
 	s->u = calloc(lay->n_units, sizeof(*s->u));
 	s->shard_sizes = calloc(lay->n_units, sizeof(size_t));
@@ -155,19 +238,23 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 		u->shard = u->padded / s->S;
 		u->off = (size_t)s->shard_rank * u->shard;
 		u->wslot = -1;
-		u->master = b->alloc(b, u->shard * sizeof(float));
-		u->m = b->alloc(b, u->shard * sizeof(float));
-		u->v = b->alloc(b, u->shard * sizeof(float));
-		u->grad32 = b->alloc(b, u->shard * sizeof(float));
-		u->w_shard = b->alloc(b, u->shard * b->elt);
+		u->master = state_alloc(s, u->shard * sizeof(float));
+		u->m = state_alloc(s, u->shard * sizeof(float));
+		u->v = state_alloc(s, u->shard * sizeof(float));
+		u->grad32 = state_alloc(s, u->shard * sizeof(float));
+		u->w_shard = s->host_params ? host_alloc(s, u->shard * b->elt) :
+			b->alloc(b, u->shard * b->elt);
 		s->shard_sizes[i] = u->shard;
 		if (u->padded > max_padded)
 			max_padded = u->padded;
 		if (u->shard > max_shard)
 			max_shard = u->shard;
 	}
-	/* the model holds one unit at a time; prefetch adds units in flight */
-	s->n_wslots = single(s) ? 0 : o->reshard_after_forward ?
+	/*
+	 * The model holds one unit at a time; prefetch adds units in flight.  Offloaded params
+	 * always use the small pool: keeping every unit on the device would defeat the offload.
+	 */
+	s->n_wslots = in_place(s) ? 0 : o->reshard_after_forward || s->host_params ?
 		(o->prefetch + 2 < s->n_units ? o->prefetch + 2 : s->n_units) : s->n_units;
 	s->n_gslots = 2;
 	s->wslots = calloc(s->n_wslots ? s->n_wslots : 1, sizeof(*s->wslots));
@@ -184,6 +271,10 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 		s->g32_full = b->alloc(b, max_padded * sizeof(float));
 	s->rs_out = b->alloc(b, max_shard * sizeof(float));
 	s->d_sumsq = b->alloc(b, sizeof(double));
+	if (s->host_state)
+		s->h_scratch = host_alloc(s, max_shard * sizeof(float));
+	if (s->host_params)
+		s->d_wstage = b->alloc(b, max_shard * b->elt);
 	s->src = (struct sl_unit_source){ .ctx = s, .weights = unit_weights, .grads = unit_grads,
 					  .release_fwd = release_weights,
 					  .release_bwd = release_grads };
@@ -199,11 +290,14 @@ void sl_shard_destroy(struct sl_shard *s)
 	for (int i = 0; i < s->n_units; i++) {
 		struct sl_shard_unit *u = &s->u[i];
 
-		b->free(b, u->master);
-		b->free(b, u->m);
-		b->free(b, u->v);
-		b->free(b, u->grad32);
-		b->free(b, u->w_shard);
+		state_free(s, u->master);
+		state_free(s, u->m);
+		state_free(s, u->v);
+		state_free(s, u->grad32);
+		if (s->host_params)
+			host_free(s, u->w_shard);
+		else
+			b->free(b, u->w_shard);
 	}
 	for (int i = 0; i < s->n_wslots; i++)
 		b->free(b, s->wslots[i].buf);
@@ -213,6 +307,9 @@ void sl_shard_destroy(struct sl_shard *s)
 		b->free(b, s->g32_full);
 	b->free(b, s->rs_out);
 	b->free(b, s->d_sumsq);
+	host_free(s, s->h_scratch);
+	if (s->d_wstage)
+		b->free(b, s->d_wstage);
 	free(s->wslots);
 	free(s->gslots);
 	free(s->u);
@@ -246,12 +343,40 @@ void sl_shard_get_state(struct sl_shard *s, int ui, float *master, float *m, flo
 {
 	struct sl_backend *b = s->be;
 	struct sl_shard_unit *u = &s->u[ui];
+	size_t n = u->shard * sizeof(float);
 
-	b->download(b, master, u->master, u->shard * sizeof(float));
+	if (s->host_state) {
+		memcpy(master, u->master, n);
+		if (m)
+			memcpy(m, u->m, n);
+		if (v)
+			memcpy(v, u->v, n);
+		return;
+	}
+	b->download(b, master, u->master, n);
 	if (m)
-		b->download(b, m, u->m, u->shard * sizeof(float));
+		b->download(b, m, u->m, n);
 	if (v)
-		b->download(b, v, u->v, u->shard * sizeof(float));
+		b->download(b, v, u->v, n);
+}
+
+/*
+ * Offload: the compute copy of unit @ui's host master shard, made by the backend's to_compute
+ * (so it rounds exactly as the on-device path does): master up to f32 scratch, converted into
+ * the device compute shard, or, with offload: params, into staging and back down to the host.
+ */
+static void refresh_compute(struct sl_shard *s, int ui)
+{
+	struct sl_backend *b = s->be;
+	struct sl_shard_unit *u = &s->u[ui];
+
+	b->upload(b, s->rs_out, u->master, u->shard * sizeof(float));
+	if (s->host_params) {
+		b->to_compute(b, s->d_wstage, s->rs_out, u->shard);
+		b->download(b, u->w_shard, s->d_wstage, u->shard * b->elt);
+	} else {
+		b->to_compute(b, u->w_shard, s->rs_out, u->shard);
+	}
 }
 
 void sl_shard_set_state(struct sl_shard *s, int ui, const float *master, const float *m,
@@ -259,7 +384,22 @@ void sl_shard_set_state(struct sl_shard *s, int ui, const float *master, const f
 {
 	struct sl_backend *b = s->be;
 	struct sl_shard_unit *u = &s->u[ui];
+	size_t n = u->shard * sizeof(float);
 
+	if (s->host_state) {
+		memcpy(u->master, master, n);
+		if (m)
+			memcpy(u->m, m, n);
+		else
+			memset(u->m, 0, n);
+		if (v)
+			memcpy(u->v, v, n);
+		else
+			memset(u->v, 0, n);
+		refresh_compute(s, ui);
+		invalidate_slots(s);
+		return;
+	}
 	b->upload(b, u->master, master, u->shard * sizeof(float));
 	if (m)
 		b->upload(b, u->m, m, u->shard * sizeof(float));
@@ -303,6 +443,53 @@ void sl_shard_begin_step(struct sl_shard *s)
 		s->u[i].grads_seen = false;
 }
 
+/* Sum of squares in double, parallel as the cpu backend's sumsq_f32 is. */
+static double host_sumsq(const float *g, size_t n)
+{
+	double sum = 0;
+
+#pragma omp parallel for simd reduction(+ : sum) schedule(static)
+	for (size_t i = 0; i < n; i++)
+		sum += (double)g[i] * g[i];
+	return sum;
+}
+
+/* The offloaded AdamW: the same element update as the cpu backend's adamw_f32 (adamw_math.h). */
+static void host_adamw(float *p, float *m, float *v, const float *grad, size_t n,
+		       const struct sl_adamw_args *a)
+{
+	const struct sl_adamw_consts k = sl_adamw_consts(a);
+
+#pragma omp parallel for simd schedule(static)
+	for (size_t i = 0; i < n; i++)
+		sl_adamw_elem(&k, &p[i], &m[i], &v[i], grad[i]);
+}
+
+/* HSDP on host accumulators: MPI reduces host memory; device communicators go through rs_out. */
+static void host_replica_reduce(struct sl_shard *s, struct sl_shard_unit *u)
+{
+	struct sl_backend *b = s->be;
+	size_t n = u->shard * sizeof(float);
+
+	if (s->replica_comm->kind == SL_COMM_MPI) {
+		sl_comm_all_reduce(s->replica_comm, u->grad32, u->shard, SL_COMM_F32);
+		return;
+	}
+	b->upload(b, s->rs_out, u->grad32, n);
+	sl_comm_all_reduce(s->replica_comm, s->rs_out, u->shard, SL_COMM_F32);
+	b->download(b, u->grad32, s->rs_out, n);
+}
+
+/* The part of tensor @ti in unit @u's shard: [*lo, *hi) in unit elements; false when empty. */
+static bool shard_part(const struct sl_tensor_info *ti, const struct sl_shard_unit *u, size_t *lo,
+		       size_t *hi)
+{
+	*lo = ti->offset > u->off ? ti->offset : u->off;
+	*hi = ti->offset + ti->numel < u->off + u->shard ? ti->offset + ti->numel :
+		u->off + u->shard;
+	return *lo < *hi;
+}
+
 int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, double *grad_norm)
 {
 	struct sl_backend *b = s->be;
@@ -313,6 +500,14 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 		struct sl_shard_unit *u = &s->u[i];
 
 		/* a unit with no gradient this step (cannot happen for this model) counts as 0 */
+		if (s->host_state) {
+			if (!u->grads_seen)
+				memset(u->grad32, 0, u->shard * sizeof(float));
+			if (s->replica_comm && s->replica_comm->size > 1)
+				host_replica_reduce(s, u);
+			sumsq += host_sumsq(u->grad32, u->shard);
+			continue;
+		}
 		if (!u->grads_seen)
 			b->zero(b, u->grad32, u->shard * sizeof(float));
 		if (s->replica_comm && s->replica_comm->size > 1)
@@ -322,7 +517,8 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 		sumsq += part;
 	}
 	if (!single(s))
-		sl_comm_all_reduce(s->shard_comm, &sumsq, 1, SL_COMM_F64);
+		/* a host scalar: MPI whatever carries the tensors (NCCL wants device memory) */
+		MPI_Allreduce(MPI_IN_PLACE, &sumsq, 1, MPI_DOUBLE, MPI_SUM, s->shard_comm->mpi);
 	*grad_norm = sqrt(sumsq);
 	if (!isfinite(*grad_norm))
 		return 1;
@@ -334,23 +530,31 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 	};
 	/*
 	 * One update per (tensor ∩ this rank's shard): learning rate and decay differ between the
-	 * tensors of a unit, and a shard boundary may cut a tensor anywhere.
+	 * tensors of a unit, and a shard boundary may cut a tensor anywhere.  Offloaded, a unit's
+	 * new compute weights go back as soon as its tensors are done (tensors are in unit order).
 	 */
-	for (int t = 0; t < lay->n_tensors; t++) {
-		const struct sl_tensor_info *ti = &lay->t[t];
-		struct sl_shard_unit *u = &s->u[ti->unit];
-		size_t lo = ti->offset > u->off ? ti->offset : u->off;
-		size_t hi = ti->offset + ti->numel < u->off + u->shard ?
-			ti->offset + ti->numel : u->off + u->shard;
-		size_t k;
+	for (int t = 0, ui = 0; ui < s->n_units; ui++) {
+		struct sl_shard_unit *u = &s->u[ui];
 
-		if (lo >= hi)
-			continue;
-		k = lo - u->off;
-		a.lr = h->lr * (ti->head ? h->head_lr_mult : 1.0);
-		a.weight_decay = ti->decay ? h->weight_decay : 0.0;
-		b->adamw_f32(b, u->master + k, u->m + k, u->v + k, u->grad32 + k,
-			     (char *)u->w_shard + k * b->elt, hi - lo, &a);
+		for (; t < lay->n_tensors && lay->t[t].unit == ui; t++) {
+			const struct sl_tensor_info *ti = &lay->t[t];
+			size_t lo, hi, k;
+
+			if (!shard_part(ti, u, &lo, &hi))
+				continue;
+			k = lo - u->off;
+			a.lr = h->lr * (ti->head ? h->head_lr_mult : 1.0);
+			a.weight_decay = ti->decay ? h->weight_decay : 0.0;
+			if (s->host_state)
+				host_adamw(u->master + k, u->m + k, u->v + k, u->grad32 + k,
+					   hi - lo, &a);
+			else
+				b->adamw_f32(b, u->master + k, u->m + k, u->v + k,
+					     u->grad32 + k, (char *)u->w_shard + k * b->elt,
+					     hi - lo, &a);
+		}
+		if (s->host_state)
+			refresh_compute(s, ui);
 	}
 	invalidate_slots(s);
 	return 0;

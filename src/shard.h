@@ -9,6 +9,13 @@
  * backward is done its gradient is reduce-scattered (in fp32, precision.reduce) into the shard's
  * accumulator.  With HSDP the accumulators are then summed over the replica group.  The optimizer
  * and the global gradient norm run on shards.  Knows the communicators and the backend, no data.
+ *
+ * parallel.offload: optimizer keeps master, m, v and the gradient accumulator in host memory (the
+ * backend's host_alloc: pinned on cuda): each unit's reduced gradient shard is downloaded when
+ * its backward ends (added on the host for later micro-batches), AdamW runs on the host (the cpu
+ * backend's arithmetic, adamw_math.h) and each updated shard goes back up as compute weights.
+ * parallel.offload: params also keeps the compute-precision shard copy on the host and uploads a
+ * unit (its shard, then all-gathered) into a pool of prefetch + 2 device slots ahead of use.
  */
 #ifndef SL_SHARD_H
 #define SL_SHARD_H
@@ -17,6 +24,7 @@
 #include <stddef.h>
 
 #include "backend.h"
+#include "config.h"
 #include "dist.h"
 #include "model.h"
 
@@ -34,10 +42,12 @@ struct sl_shard_unit {
 	size_t padded;			/* numel rounded up to a multiple of S */
 	size_t shard;			/* padded / S: elements this rank owns */
 	size_t off;			/* first owned element: shard index * shard */
-	float *master;			/* (shard) f32 */
-	float *m, *v;			/* (shard) f32 AdamW moments */
-	float *grad32;			/* (shard) f32 gradient accumulated over the step */
-	void *w_shard;			/* (shard) compute precision copy of master */
+	float *master;			/* (shard) f32; host memory with offload */
+	float *m, *v;			/* (shard) f32 AdamW moments; host with offload */
+	float *grad32;			/* (shard) f32 gradient accumulated over the step; host
+					 * with offload */
+	void *w_shard;			/* (shard) compute precision copy of master; host with
+					 * offload: params */
 	int wslot;			/* gather slot holding the full unit, or -1 */
 	bool grads_seen;		/* a micro-batch already reduced into grad32 */
 };
@@ -64,6 +74,11 @@ struct sl_shard {
 	float *g32_full;		/* (max padded) f32 scratch: the unit's gradient */
 	float *rs_out;			/* (max shard) f32 scratch: its reduced shard */
 	double *d_sumsq;		/* (1) device scratch */
+	enum sl_offload offload;
+	bool host_state;		/* master, m, v, grad32 in host memory */
+	bool host_params;		/* w_shard in host memory too */
+	float *h_scratch;		/* (max shard) f32 host: a later micro-batch's gradient */
+	void *d_wstage;			/* (max shard) compute, device: offload params staging */
 	unsigned long tick;
 	size_t *shard_sizes;		/* (n_units) for checkpoints */
 	struct sl_unit_source src;	/* what the model reads units through */
@@ -74,6 +89,7 @@ struct sl_shard_opts {
 	struct sl_comm *replica_comm;	/* may be NULL */
 	bool reshard_after_forward;
 	int prefetch;			/* units ahead (sizes the slot pool) */
+	enum sl_offload offload;	/* parallel.offload */
 };
 
 int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_layout *lay,

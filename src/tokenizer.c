@@ -33,6 +33,8 @@
 #define CACHE_STRIPES 64
 #define CACHE_SLOTS 4096		/* per stripe, a power of two */
 #define MAX_STEPS 16			/* normalizers / pre-tokenizers in a sequence */
+/* token ids size per-id tables: bound them (the largest real vocabularies are ~1M) */
+#define MAX_TOKEN_ID ((1 << 24) - 1)
 
 /* ---- hashing ------------------------------------------------------------------------------ */
 
@@ -601,9 +603,9 @@ static int load_added(struct sl_tokenizer *t, json_t *arr)
 		int k;
 
 		if (!json_is_string(c) || !json_is_integer(id) || json_integer_value(id) < 0 ||
-		    json_integer_value(id) > INT32_MAX) {
-			sl_error("%s: added_tokens[%zu] needs a string \"content\" and an id >= 0",
-				 t->path, i);
+		    json_integer_value(id) > MAX_TOKEN_ID) {
+			sl_error("%s: added_tokens[%zu] needs a string \"content\" and an id in [0, "
+				 "%d]", t->path, i, MAX_TOKEN_ID);
 			return -EINVAL;
 		}
 		a->special = jbool(e, "special", false);
@@ -728,8 +730,9 @@ static int load_model(struct sl_tokenizer *t, json_t *model)
 		size_t n = strlen(key);
 
 		if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-		    json_integer_value(v) > INT32_MAX) {
-			sl_error("%s: vocab entry \"%s\" needs an integer id >= 0", t->path, key);
+		    json_integer_value(v) > MAX_TOKEN_ID) {
+			sl_error("%s: vocab entry \"%s\" needs an integer id in [0, %d]", t->path,
+				 key, MAX_TOKEN_ID);
 			return -EINVAL;
 		}
 		memcpy(ap, key, n + 1);

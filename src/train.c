@@ -31,7 +31,12 @@
 #include "model.h"
 #include "modelio.h"
 #include "optim.h"
+#include "plan.h"
 #include "shard.h"
+#ifdef SL_HAVE_CUDA
+#include "sl_cuda.h"
+#endif
+#include "signals.h"
 #include "tb.h"
 #include "tokenizer.h"
 
@@ -125,12 +130,21 @@ int sl_cmd_parse(const char *cmd, int argc, char **argv, struct sl_cmd_args *a)
 
 int sl_check_supported(const struct sl_config *c, bool training)
 {
-	if (c->backend == SL_BACKEND_CUDA) {
-		sl_error("%s: backend: cuda is not in this version yet (the CUDA backend arrives "
-			 "with its own issue); set backend: cpu", c->source);
+#ifndef SL_HAVE_CUDA
+	if (c->backend == SL_BACKEND_CUDA && training) {
+		sl_error("%s: backend: cuda, but this shardlm was built without CUDA; configure "
+			 "--with-cuda on a machine with the CUDA toolkit, or set backend: cpu",
+			 c->source);
 		return -1;
 	}
-	if (c->precision.compute == SL_PREC_BF16) {
+#endif
+	if (c->backend == SL_BACKEND_CUDA && c->precision.compute == SL_PREC_FP32) {
+		sl_error("%s: precision.compute: fp32 on the cuda backend is not supported (it "
+			 "computes in bf16 with fp32 accumulation); set precision.compute: auto",
+			 c->source);
+		return -1;
+	}
+	if (c->backend == SL_BACKEND_CPU && c->precision.compute == SL_PREC_BF16) {
 		sl_error("%s: precision.compute: bf16 needs the cuda backend; the cpu backend "
 			 "computes in fp32 (set precision.compute: auto or fp32)", c->source);
 		return -1;
@@ -147,10 +161,9 @@ int sl_check_supported(const struct sl_config *c, bool training)
 			 c->source);
 		return -1;
 	}
-	if (c->parallel.offload != SL_OFFLOAD_NONE || c->parallel.context != 1 ||
-	    c->parallel.expert != 1) {
-		sl_error("%s: parallel.offload, parallel.context and parallel.expert are not in "
-			 "this version yet; leave them at none, 1 and 1", c->source);
+	if (c->parallel.context != 1 || c->parallel.expert != 1) {
+		sl_error("%s: parallel.context and parallel.expert are not in this version yet; "
+			 "leave them at 1", c->source);
 		return -1;
 	}
 	return 0;
@@ -463,8 +476,15 @@ struct job {
 	struct sl_tb *tb;		/* rank 0 */
 	struct sl_tokenizer *tok;	/* the model's, NULL without tokenizer.json */
 	char tok_path[SL_PATH_MAX + 32];
+	bool cuda;			/* the cuda backend */
+	int device;			/* its GPU */
+	enum sl_comm_kind comm_kind;
+	struct sl_comm_copy copy;	/* staged collectives: the backend's copies */
 	int R, steps, max_L, first_step;
 	char ckpt_root[SL_PATH_MAX + 64];
+	int last_ckpt_step;		/* newest complete checkpoint of this run, 0 = none */
+	double last_ckpt_s;		/* its write time, 0 = none written by this job */
+	long skipped_steps;		/* non-finite steps skipped in this job */
 };
 
 static struct sl_ckpt_geom geom_of(struct job *j)
@@ -509,14 +529,29 @@ static int write_checkpoint(struct job *j, int step)
 	int ret;
 
 	alloc_host_state(j, &ma, &mm, &mv);
-	for (int u = 0; u < j->sh.n_units; u++)
+	for (int u = 0; u < j->sh.n_units; u++) {
 		sl_shard_get_state(&j->sh, u, ma[u], mm[u], mv[u]);
+		bytes += j->sh.u[u].shard * 4.0 * (j->c->checkpoint.optimizer ? 3 : 1);
+	}
+	/* a long collective: the timeout plus this rank's bytes at a slow 20 MB/s */
+	sl_watchdog_arm(j->c->parallel.timeout_s + bytes / 20e6, "checkpoint step-%06d", step);
 	ret = sl_ckpt_write(j->ckpt_root, &g, &st, ma, mm, mv, j->c->checkpoint.optimizer,
 			    j->c->checkpoint.keep, MPI_COMM_WORLD, &bytes, &secs);
+	sl_watchdog_disarm();
 	free_host_state(j->sh.n_units, ma, mm, mv);
-	if (ret == 0)
+	if (ret == 0) {
 		sl_log("checkpoint step-%06d: %.1f MB in %.2f s (%.0f MB/s)", step, bytes / 1e6,
 		       secs, bytes / 1e6 / fmax(secs, 1e-9));
+		j->last_ckpt_step = step;
+		j->last_ckpt_s = secs;
+	} else if (j->last_ckpt_step) {
+		sl_error("checkpoint step-%06d could not be written (see above); stopping. The last "
+			 "complete checkpoint, step-%06d, is kept: fix the cause and resubmit to "
+			 "resume from it", step, j->last_ckpt_step);
+	} else {
+		sl_error("checkpoint step-%06d could not be written (see above); stopping (this "
+			 "run has no earlier checkpoint)", step);
+	}
 	return ret;
 }
 
@@ -541,6 +576,7 @@ static int resume_from(struct job *j, const char *dir)
 	for (int u = 0; u < j->sh.n_units; u++)
 		sl_shard_set_state(&j->sh, u, ma[u], has_opt ? mm[u] : NULL, has_opt ? mv[u] : NULL);
 	j->first_step = st.step + 1;
+	j->last_ckpt_step = st.step;
 	sl_log("resuming from %s (step %d of %d)%s", dir, st.step, j->steps,
 	       has_opt ? "" : "; it holds weights only: AdamW moments start from zero");
 	ret = 0;
@@ -572,6 +608,248 @@ static int export_final(struct job *j)
 	return 0;
 }
 
+/*
+ * Tests only: SHARDLM_TEST_NAN_STEP=N (or N-M) makes those steps' loss and gradient non-finite,
+ * so the bad-step path is tested without a model that diverges.  No production use.
+ */
+static bool test_nan_step(int step)
+{
+	const char *e = getenv("SHARDLM_TEST_NAN_STEP");
+	int a, b;
+
+	if (!e || sscanf(e, "%d-%d", &a, &b) < 1)
+		return false;
+	if (!strchr(e, '-'))
+		b = a;
+	return step >= a && step <= b;
+}
+
+static void poison_gradient(struct job *j, double *loss)
+{
+	float nan = NAN;
+
+	*loss = NAN;
+	if (j->d.rank != 0)
+		return;		/* the norm is summed over ranks: one NaN reaches all */
+	if (j->sh.host_state)
+		j->sh.u[0].grad32[0] = nan;
+	else
+		j->be->upload(j->be, j->sh.u[0].grad32, &nan, sizeof(nan));
+}
+
+/* A skipped step's records, by line of the data file, for the log. */
+static void log_step_records(struct job *j, int step)
+{
+	int *idx = malloc(j->R * sizeof(int)), n, used = 0;
+	char buf[512];
+
+	if (!idx || (n = sl_sampler_step(&j->smp, step - 1, idx)) < 0) {
+		free(idx);
+		return;
+	}
+	buf[0] = 0;
+	for (int i = 0; i < n && used < (int)sizeof(buf) - 32; i++)
+		used += snprintf(buf + used, sizeof(buf) - used, "%s%ld", i ? "," : "",
+				 j->train.rec[idx[i]].line);
+	sl_log("step %d skipped: its %d record(s) are lines %s%s of %s", step, n, buf,
+	       used >= (int)sizeof(buf) - 32 ? ",..." : "", j->train.path);
+	free(idx);
+}
+
+/*
+ * train.max_bad_steps non-finite steps in a row: stop with a checkpoint of the last good step
+ * (skipped steps leave the shards alone, so they still hold it).  The exit status.
+ */
+static int bad_steps_stop(struct job *j, int step, int bad)
+{
+	int good = step - bad;
+
+	sl_error("%d steps in a row with a non-finite loss or gradient (train.max_bad_steps %d); "
+		 "stopping after step %d. Lower optim.lr or check the records logged above",
+		 bad, j->c->train.max_bad_steps, step);
+	if (good > j->last_ckpt_step && write_checkpoint(j, good))
+		return SL_EXIT_ERROR;
+	if (j->last_ckpt_step)
+		sl_log("the last good step's state is checkpoint step-%06d", j->last_ckpt_step);
+	return SL_EXIT_BAD_STEPS;
+}
+
+/*
+ * At a step boundary: stop when a signal asked for it (signals.h), after a checkpoint when there
+ * is time.  0 = go on, else the exit status.
+ */
+static int signal_stop(struct job *j, int step)
+{
+	bool ckpt;
+	int sig = sl_signals_agree(MPI_COMM_WORLD, j->last_ckpt_s, &ckpt);
+
+	if (!sig)
+		return 0;
+	if (!ckpt) {
+		sl_log("%s: no time for a checkpoint within checkpoint.term_grace_s (%d s; the last "
+		       "write took %.0f s): stopping after step %d without one; resubmitting "
+		       "resumes from step %d", sl_signals_name(sig), j->c->checkpoint.term_grace_s,
+		       j->last_ckpt_s, step, j->last_ckpt_step);
+		return 128 + sig;
+	}
+	if (j->last_ckpt_step != step && write_checkpoint(j, step))
+		return SL_EXIT_ERROR;
+	sl_log("%s: stopped after step %d with checkpoint step-%06d; resubmit to resume "
+	       "(exit status %d)", sl_signals_name(sig), step, step, SL_EXIT_STOPPED);
+	return SL_EXIT_STOPPED;
+}
+
+/* The cuda backend's extras; a build without CUDA has none of them. */
+static void gpu_reset_peak(struct job *j)
+{
+#ifdef SL_HAVE_CUDA
+	if (j->cuda)
+		sl_backend_cuda_reset_peak(j->be);
+#endif
+}
+
+static double gpu_peak(struct job *j)
+{
+#ifdef SL_HAVE_CUDA
+	if (j->cuda)
+		return (double)sl_backend_cuda_peak_bytes(j->be);
+#endif
+	return 0;
+}
+
+static void *gpu_stream(struct job *j)
+{
+#ifdef SL_HAVE_CUDA
+	if (j->cuda)
+		return sl_backend_cuda_stream(j->be);
+#endif
+	return NULL;
+}
+
+static double gpu_memory(struct job *j)
+{
+#ifdef SL_HAVE_CUDA
+	if (j->cuda)
+		return (double)sl_cuda_device_memory(j->device);
+#endif
+	return 0;
+}
+
+/* H100/H200 dense bf16 peak, the MFU denominator (DESIGN.md §3) */
+#define SL_PEAK_FLOPS 989e12
+
+/*
+ * Model FLOPs of one micro-batch's forward and backward: 6 per parameter of every matrix
+ * multiply (heads included, embedding excluded) per real token, plus causal attention: per
+ * record of n tokens, QK^T and PV cost 2 * hd * n(n+1)/2 multiply-adds each per head and layer,
+ * times 3 for forward and backward.  Padding is not counted.
+ */
+static double model_flops(const struct job *j, const struct sl_host_batch *hb)
+{
+	const struct sl_model_config *mc = &j->mf.mc;
+	double f = 0, p = sl_model_matmul_params(mc, &j->mf.lay);
+
+	for (int b = 0; b < hb->B; b++) {
+		double n = hb->lens[b];
+
+		f += 6 * p * n + 3 * 4.0 * mc->head_dim * mc->n_heads * mc->n_layers * n * (n + 1) / 2;
+	}
+	return f;
+}
+
+#ifdef SL_HAVE_CUDA
+static void staged_to_host(void *ctx, void *host, const void *dev, size_t bytes)
+{
+	struct sl_backend *be = ctx;
+
+	be->download(be, host, dev, bytes);
+}
+
+static void staged_to_device(void *ctx, void *dev, const void *host, size_t bytes)
+{
+	struct sl_backend *be = ctx;
+
+	be->upload(be, dev, host, bytes);
+}
+
+static void staged_sync(void *ctx)
+{
+	struct sl_backend *be = ctx;
+
+	be->sync(be);
+}
+#endif
+
+/*
+ * The backend, and the collectives that go with it: MPI on host buffers for the cpu backend;
+ * for cuda, NCCL when every rank of the node has a GPU of its own, else (several ranks sharing
+ * a GPU, as in tests) MPI staged through host memory, since NCCL refuses two ranks on one device.
+ */
+static int create_backend(struct job *j)
+{
+	j->comm_kind = SL_COMM_MPI;
+	if (j->c->backend == SL_BACKEND_CPU) {
+		j->be = sl_backend_cpu_create();
+		return j->be ? 0 : -1;
+	}
+#ifdef SL_HAVE_CUDA
+	int n = sl_cuda_device_count();
+
+	if (n == 0) {
+		sl_error("backend: cuda, but no GPU is visible to this rank (CUDA_VISIBLE_DEVICES, "
+			 "the Slurm --gpus request?)");
+		return -1;
+	}
+	j->device = sl_dist_device(&j->d, n);
+	j->be = sl_backend_cuda_create(j->device);
+	if (!j->be)
+		return -1;
+	j->cuda = true;
+	j->copy = (struct sl_comm_copy){ .ctx = j->be, .to_host = staged_to_host,
+					 .to_device = staged_to_device, .sync = staged_sync };
+	j->comm_kind = j->d.hw_local_size > n ? SL_COMM_MPI_STAGED : SL_COMM_NCCL;
+	sl_log("backend cuda: %d rank(s) on this node, %d GPU(s); collectives through %s",
+	       j->d.hw_local_size, n, j->comm_kind == SL_COMM_NCCL ? "NCCL" :
+	       "MPI staged through host memory (ranks share GPUs)");
+	return 0;
+#else
+	return -1;
+#endif
+}
+
+/* The GPU log on each node's first rank: the GPUs this node's ranks use, by PCI bus id. */
+static void start_gpu_log(struct job *j)
+{
+	char mine[64] = "", *all = NULL;
+	const char **ids = NULL;
+	int n = 0;
+
+	if (j->cuda) {
+		MPI_Comm hw;
+
+#ifdef SL_HAVE_CUDA
+		sl_cuda_pci_bus_id(j->device, mine, sizeof(mine));
+#endif
+		/* the real node's ranks, whatever parallel.node_size pretends */
+		MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, j->d.rank, MPI_INFO_NULL,
+				    &hw);
+		if (j->d.hw_local_rank == 0)
+			all = calloc(j->d.hw_local_size, sizeof(mine));
+		MPI_Gather(mine, sizeof(mine), MPI_CHAR, all, sizeof(mine), MPI_CHAR, 0, hw);
+		MPI_Comm_free(&hw);
+		n = j->d.hw_local_size;
+		ids = calloc(n, sizeof(*ids));
+		for (int i = 0; all && i < n; i++)
+			ids[i] = all + i * sizeof(mine);
+	}
+	/* the cpu backend uses no GPU: then the node's GPUs, if any, are sampled for reference */
+	if (j->d.hw_local_rank == 0)
+		j->gpulog = sl_gpulog_start(j->c->gpu_log.file, j->c->gpu_log.every_s,
+					    j->cuda ? ids : NULL, j->cuda ? n : 0);
+	free(ids);
+	free(all);
+}
+
 static int run_steps(struct job *j)
 {
 	const struct sl_config *c = j->c;
@@ -592,9 +870,11 @@ static int run_steps(struct job *j)
 	for (int step = j->first_step; step <= j->steps; step++) {
 		struct sl_step_metrics sm = { .step = step };
 		struct sl_optim_hparams h;
-		double t0 = sl_now(), mine[4] = { 0 }, sums[4];
-		int status;
+		double t0 = sl_now(), mine[5] = { 0 }, sums[5], peak;
+		int status, stop;
 
+		sl_watchdog_arm(c->parallel.timeout_s, "step %d", step);
+		gpu_reset_peak(j);
 		sl_shard_begin_step(&j->sh);
 		for (int acc = 0; acc < c->train.accum; acc++) {
 			int n = sl_sampler_microbatch(&j->smp, step - 1, acc, j->d.rank, idx);
@@ -610,6 +890,7 @@ static int run_steps(struct job *j)
 			mine[1] += n;
 			mine[2] += j->hb.tokens;
 			mine[3] += j->hb.padded_tokens;
+			mine[4] += model_flops(j, &j->hb);
 		}
 		h = (struct sl_optim_hparams){
 			.lr = sl_lr_at(c->optim.schedule, c->optim.lr, c->optim.min_lr,
@@ -618,9 +899,16 @@ static int run_steps(struct job *j)
 			.beta2 = c->optim.betas[1], .eps = c->optim.eps,
 			.weight_decay = c->optim.weight_decay, .clip = c->optim.clip, .step = step,
 		};
-		status = sl_shard_optim_step(&j->sh, &h, &sm.grad_norm);
+		if (test_nan_step(step))
+			poison_gradient(j, &mine[0]);
+		/* the loss first: a non-finite one skips the update as a non-finite norm does */
+		MPI_Allreduce(mine, sums, 5, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+		peak = gpu_peak(j);
+		MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+		sm.peak_gpu_bytes = (long long)peak;
+		sm.grad_norm = NAN;
+		status = isfinite(sums[0]) ? sl_shard_optim_step(&j->sh, &h, &sm.grad_norm) : 1;
 		j->be->sync(j->be);
-		MPI_Allreduce(mine, sums, 4, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
 		sm.loss = sums[0] / j->R;
 		sm.records = (long)sums[1];
 		sm.tokens = (long)sums[2];
@@ -628,17 +916,22 @@ static int run_steps(struct job *j)
 		sm.lr = h.lr;
 		sm.time_s = sl_now() - t0;
 		sm.end_unix = sl_unix_time();
+		sl_signals_step_done(sm.time_s);
 		if (status) {
 			bad_steps++;
-			sl_warn("step %d: gradient norm is not finite (loss %g); skipped the update "
-				"(%d of train.max_bad_steps %d in a row)", step, sm.loss, bad_steps,
-				c->train.max_bad_steps);
+			sm.skipped = true;
+			sl_metrics_run_int(j->met, "skipped_steps", ++j->skipped_steps);
+			if (j->d.rank == 0)
+				sl_warn("step %d: the loss (%g) or gradient norm (%g) is not finite; "
+					"skipped the update (%d of train.max_bad_steps %d in a row)",
+					step, sm.loss, sm.grad_norm, bad_steps,
+					c->train.max_bad_steps);
+			log_step_records(j, step);
 			if (bad_steps >= c->train.max_bad_steps) {
-				sl_error("%d steps in a row with a non-finite gradient; stopping. "
-					 "Lower optim.lr or check the data", bad_steps);
 				sl_metrics_add_step(j->met, &sm);
 				if (j->d.rank == 0)
 					sl_metrics_write(j->met);
+				ret = bad_steps_stop(j, step, bad_steps);
 				goto out;
 			}
 		} else {
@@ -654,13 +947,26 @@ static int run_steps(struct job *j)
 			sl_tb_close(j->tb);
 			j->tb = NULL;
 		}
-		if (step % c->run.log_every == 0 || step == j->steps || step == j->first_step)
+		if (j->tb && j->cuda) {
+			sl_tb_scalar(j->tb, "train/mfu", step,
+				     sums[4] / fmax(sm.time_s, 1e-9) / j->d.world / SL_PEAK_FLOPS);
+			sl_tb_scalar(j->tb, "gpu/peak_memory_gb", step, peak / 1e9);
+		}
+		if (step % c->run.log_every == 0 || step == j->steps || step == j->first_step) {
+			char gpu[96] = "";
+
+			if (j->cuda)
+				snprintf(gpu, sizeof(gpu), "  mfu %.1f%%  peak_gpu %.1f GB",
+					 100 * sums[4] / fmax(sm.time_s, 1e-9) / j->d.world /
+					 SL_PEAK_FLOPS, peak / 1e9);
 			sl_log("step %d/%d  loss %.4f  lr %.3e  grad_norm %.4f  s/step %.3f  "
-			       "tokens/s %.0f  peak_gpu -  world %d", step, j->steps, sm.loss, sm.lr,
-			       sm.grad_norm, sm.time_s, sm.tokens / fmax(sm.time_s, 1e-9),
+			       "tokens/s %.0f%s  world %d", step, j->steps, sm.loss, sm.lr,
+			       sm.grad_norm, sm.time_s, sm.tokens / fmax(sm.time_s, 1e-9), gpu,
 			       j->d.world);
+		}
 		if (j->valid.n && ((c->train.eval_every && step % c->train.eval_every == 0) ||
 				   step == j->steps)) {
+			sl_watchdog_arm(c->parallel.timeout_s, "evaluation after step %d", step);
 			evaluate(j->be, j->model, &j->sh.src, &j->valid, c->train.batch, j->max_L,
 				 pad, j->d.rank, j->d.world, ev);
 			sl_metrics_add_eval_stats(j->met, step, j->valid.n, 3,
@@ -678,10 +984,16 @@ static int run_steps(struct job *j)
 			sl_tb_flush(j->tb);
 		if (j->d.rank == 0 && sl_metrics_write(j->met))
 			sl_dist_abort("cannot write training_metrics.json");
-		if (c->checkpoint.every > 0 &&
+		sl_watchdog_disarm();
+		if (c->checkpoint.every > 0 && !status &&
 		    (step % c->checkpoint.every == 0 || step == j->steps) &&
 		    write_checkpoint(j, step))
 			goto out;
+		stop = signal_stop(j, step);
+		if (stop) {
+			ret = stop;
+			goto out;
+		}
 	}
 	format_duration(sl_now() - t_train0, dur, sizeof(dur));
 	sl_log("trained steps %d to %d in %s", j->first_step, j->steps, dur);
@@ -734,7 +1046,8 @@ static void metrics_run_info(struct job *j)
 	sl_metrics_run_int(j->met, "params", (long long)j->mf.lay.total_numel);
 	sl_metrics_run_int(j->met, "max_state", j->c->data.max_state);
 	sl_metrics_run_int(j->met, "steps", j->steps);
-	sl_metrics_run_string(j->met, "backend", "cpu");
+	sl_metrics_run_int(j->met, "skipped_steps", 0);
+	sl_metrics_run_string(j->met, "backend", j->cuda ? "cuda" : "cpu");
 	sl_metrics_run_double(j->met, "start_unix", sl_unix_time());
 	sl_metrics_run_string(j->met, "start_local", when);
 	if (j->first_step > 1)
@@ -766,6 +1079,15 @@ int sl_cmd_train(int argc, char **argv)
 		goto out;
 	if (sl_dist_set_node_size(&j->d, j->c->parallel.node_size))
 		goto out;
+	sl_signals_install(j->c->checkpoint.term_grace_s);
+	if (sl_watchdog_start())
+		goto out;
+	/* the backend first: a GPU that cannot be used stops the job before the run directory */
+	if (!all_ok(create_backend(j) == 0))
+		goto out;
+	/* the memory plan before anything is loaded (GPU size 0: the cpu backend, host only) */
+	if (!all_ok(sl_plan_check_job(j->c, j->d.world, j->d.local_size, gpu_memory(j)) == 0))
+		goto out;
 	sl_checkpoint_root(j->c, j->ckpt_root, sizeof(j->ckpt_root));
 	if (j->d.rank == 0)
 		verdict = prepare_run_dir(j->c, j->a.fresh, ckpt_dir, sizeof(ckpt_dir));
@@ -794,6 +1116,12 @@ int sl_cmd_train(int argc, char **argv)
 	       "%.2fM parameters", j->mf.dir, j->mf.mc.model_type, j->mf.mc.n_layers,
 	       j->mf.mc.hidden, j->mf.mc.n_heads, j->mf.mc.n_kv_heads, j->mf.mc.head_dim,
 	       j->mf.mc.vocab, j->mf.lay.total_numel / 1e6);
+	/* room for the checkpoints (fp32 weights, + 2 moments) before anything heavy is read */
+	if (!all_ok(j->d.rank != 0 ||
+		    sl_ckpt_check_space(j->ckpt_root, 4.04 * j->mf.lay.total_numel *
+					(j->c->checkpoint.optimizer ? 3 : 1),
+					j->c->checkpoint.every ? j->c->checkpoint.keep : 0) == 0))
+		goto out;
 
 	/* the model's tokenizer, when it has one (pre-tokenized records do not need it) */
 	if (snprintf(j->tok_path, sizeof(j->tok_path), "%s/tokenizer.json", j->mf.dir) <
@@ -824,7 +1152,8 @@ int sl_cmd_train(int argc, char **argv)
 		struct sl_provenance_input pin = {
 			.config_path = j->a.config, .model_dir = j->mf.dir,
 			.train_path = j->c->data.train, .valid_path = j->c->data.valid,
-			.tokenizer_path = j->tok ? j->tok_path : NULL, .argc = argc, .argv = argv, .world = j->d.world, .backend = "cpu",
+			.tokenizer_path = j->tok ? j->tok_path : NULL, .argc = argc, .argv = argv, .world = j->d.world,
+			.backend = j->c->backend == SL_BACKEND_CUDA ? "cuda" : "cpu",
 		};
 
 		snprintf(path, sizeof(path), "%s/provenance.json", j->c->run.dir);
@@ -833,18 +1162,19 @@ int sl_cmd_train(int argc, char **argv)
 	if (!all_ok(verdict == 0))
 		goto out;
 
-	j->be = sl_backend_cpu_create();
-	if (!all_ok(j->be != NULL))
-		goto out;
 	if (!all_ok(sl_groups_create(&j->g, &j->d, j->c->parallel.shard_group == SL_SHARD_NODE,
-				     SL_COMM_MPI, NULL) == 0))
+				     j->comm_kind, &j->copy) == 0))
 		goto out;
 	j->have_groups = true;
+	if (j->cuda) {
+		/* collectives run in order with the compute on the backend's stream */
+		j->g.world.stream = j->g.shard.stream = j->g.replica.stream = gpu_stream(j);
+	}
 	{
 		struct sl_shard_opts so = {
 			.shard_comm = &j->g.shard, .replica_comm = &j->g.replica,
 			.reshard_after_forward = j->c->parallel.reshard_after_forward,
-			.prefetch = j->c->parallel.prefetch,
+			.prefetch = j->c->parallel.prefetch, .offload = j->c->parallel.offload,
 		};
 
 		if (!all_ok(sl_shard_create(&j->sh, j->be, &j->mf.lay, &so) == 0))
@@ -887,22 +1217,25 @@ int sl_cmd_train(int argc, char **argv)
 		snprintf(path, sizeof(path), "%s/tb", j->c->run.dir);
 		j->tb = sl_tb_open(path);
 	}
-	/* the cpu backend uses no GPU: sample the node's GPUs, if it has any, for reference */
-	if (j->d.hw_local_rank == 0)
-		j->gpulog = sl_gpulog_start(j->c->gpu_log.file, j->c->gpu_log.every_s, NULL, 0);
+	start_gpu_log(j);
 
-	if (run_steps(j))
+	verdict = run_steps(j);
+	if (verdict) {
+		ret = verdict > 0 ? verdict : 2;	/* > 0: a stop's exit status */
 		goto out;
+	}
 	if (export_final(j))
 		goto out;
 	ret = 0;
 out:
+	sl_signals_restore();
 	job_free(j);
 	format_duration(sl_log_elapsed(), dur, sizeof(dur));
 	if (ret == 0)
 		sl_log("done: the job ran %s", dur);
 	else
-		sl_log("failed after %s", dur);
+		sl_log("%s after %s (exit status %d)", ret == SL_EXIT_STOPPED ? "stopped" : "failed",
+		       dur, ret);
 	sl_log_close_file();
 	sl_dist_finalize(&j->d);
 	return ret;

@@ -31,14 +31,17 @@ static void usage(FILE *f)
 		prog);
 }
 
-/* gnuplot's single-quoted string: no escapes, '' is a quote */
+/*
+ * gnuplot's single-quoted string: no escapes (nor backquote substitution), '' is a quote.  A line
+ * break would end the command and start another (gnuplot has system()): it becomes a '?'.
+ */
 static void put_quoted(FILE *f, const char *s)
 {
 	fputc('\'', f);
 	for (; *s; s++) {
 		if (*s == '\'')
 			fputc('\'', f);
-		fputc(*s, f);
+		fputc(*s == '\n' || *s == '\r' ? '?' : *s, f);
 	}
 	fputc('\'', f);
 }

@@ -1,0 +1,473 @@
+/*
+ * plan: memory planner (see plan.h).
+ *
+ * Every count below names the buffer it stands for; when shard.c, model.c, train.c or a backend
+ * changes what it allocates, this file changes with it (test_plan checks the cpu counts against
+ * what the code allocates on a small model).  Each buffer is rounded up to the backend
+ * allocator's granularity: 64 bytes on cpu (aligned_alloc), 256 on cuda (its arena).
+ */
+#include "plan.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "log.h"
+#include "modelio.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+#define CUDA_WORKSPACE (32ull << 20)	/* cuBLASLt workspace (cuda/context.cu) */
+#define CUDA_SCRATCH (64ull << 20)	/* reduction scratch (cuda/context.cu) */
+/* CUDA context, cuBLASLt handle and kernels: outside the arena; to be measured on the H200 */
+#define CUDA_CONTEXT (600ull << 20)
+
+static const char *const cat_name[SL_PLAN_N] = {
+	[SL_PLAN_WEIGHTS] = "weights",
+	[SL_PLAN_GRADS] = "gradients",
+	[SL_PLAN_OPTIM] = "master + moments (fp32)",
+	[SL_PLAN_ACTS] = "activations",
+	[SL_PLAN_COMM] = "communication buffers",
+	[SL_PLAN_WORKSPACE] = "workspace",
+	[SL_PLAN_HEAD] = "head / loss / batch",
+	[SL_PLAN_RUNTIME] = "CUDA context (estimate)",
+	[SL_PLAN_CKPT] = "checkpoint staging",
+};
+
+struct counter {
+	size_t align;
+};
+
+/* one allocation of @bytes, as the allocator hands it out */
+static size_t A(const struct counter *k, size_t bytes)
+{
+	if (!bytes)
+		bytes = 1;
+	return (bytes + k->align - 1) / k->align * k->align;
+}
+
+static size_t zmax(size_t a, size_t b)
+{
+	return a > b ? a : b;
+}
+
+/* model.c: sl_model_create's workspace for T tokens, B records; SL_PLAN_ACTS and SL_PLAN_HEAD */
+static void count_model(const struct counter *k, const struct sl_model_config *mc, size_t T,
+			size_t B, bool ckpt, size_t e, size_t s, size_t out[SL_PLAN_N])
+{
+	const size_t H = mc->hidden, I = mc->intermediate, nh = mc->n_heads, nkv = mc->n_kv_heads;
+	const size_t hd = mc->head_dim, Q = (nh + 2 * nkv) * hd, nL = mc->n_layers;
+	const size_t n_acts = ckpt ? 1 : nL;
+	size_t acts;
+
+	/* struct acts: what one layer's backward needs from its forward */
+	acts = A(k, T * H * e)			/* xn1 */
+	     + A(k, T * s)			/* rstd1 */
+	     + 2 * A(k, T * Q * e)		/* qkv, qkvr */
+	     + A(k, T * (nh + nkv) * s)		/* rstd_qk */
+	     + A(k, T * nh * hd * e)		/* att */
+	     + A(k, T * nh * s)			/* lse */
+	     + 2 * A(k, T * H * e)		/* h, xn2 */
+	     + A(k, T * s)			/* rstd2 */
+	     + A(k, T * 2 * I * e)		/* gu */
+	     + A(k, T * I * e);			/* act */
+	out[SL_PLAN_ACTS] += (nL + 1) * A(k, T * H * e)	/* x: every layer's input + final */
+		+ n_acts * acts				/* nL sets, or 1 when checkpointing */
+		+ 2 * A(k, T * H * e)			/* gx, gn */
+		+ A(k, T * zmax(2 * I, Q) * e)		/* gb1 */
+		+ A(k, T * zmax(zmax(I, Q), nh * hd) * e);	/* gb2 */
+	out[SL_PLAN_HEAD] += 4 * A(k, B * H * e)	/* xl, xnf, gxnf, gxl */
+		+ A(k, B * s)				/* rstdf */
+		+ 2 * A(k, B * e)			/* logits, dlogits */
+		+ A(k, sizeof(double))			/* loss_dev */
+		+ A(k, B * sizeof(float));		/* scores_f32 */
+}
+
+int sl_plan_compute(const struct sl_config *c, const struct sl_model_config *mc,
+		    const struct sl_layout *lay, const struct sl_plan_opts *o, struct sl_plan *p)
+{
+	struct counter dk, hk = { .align = 64 };
+	size_t e, sum_w = 0, sum_f = 0, sum_hf = 0, sum_hw = 0, T, B, L, load;
+	bool host_state, host_params;
+
+	memset(p, 0, sizeof(*p));
+	if (o->gpus < 1) {
+		sl_error("plan: --gpus must be at least 1");
+		return -1;
+	}
+	p->gpus = o->gpus;
+	p->node_size = o->node_size > 0 ? o->node_size : c->parallel.node_size > 0 ?
+		c->parallel.node_size : (o->gpus < 8 ? o->gpus : 8);
+	if (p->node_size > p->gpus)
+		p->node_size = p->gpus;
+	p->S = c->parallel.shard_group == SL_SHARD_NODE ? p->node_size : p->gpus;
+	p->cuda = c->backend == SL_BACKEND_CUDA;
+	e = c->precision.compute == SL_PREC_BF16 ? 2 : c->precision.compute == SL_PREC_FP32 ? 4 :
+		p->cuda ? 2 : 4;
+	p->elt = e;
+	p->stat_elt = p->cuda ? 4 : e;		/* cuda keeps stats in float, cpu in compute type */
+	dk.align = p->cuda ? 256 : 64;
+	p->offload = o->offload >= 0 ? (enum sl_offload)o->offload : c->parallel.offload;
+	p->ckpt = o->ckpt >= 0 ? o->ckpt : c->train.activation_checkpointing;
+	p->batch = c->train.batch;
+	p->seq = c->data.max_state;
+	p->gpu_mem = o->gpu_mem;
+	p->host_mem = o->host_mem;
+	host_state = p->offload != SL_OFFLOAD_NONE;
+	host_params = p->offload == SL_OFFLOAD_PARAMS;
+
+	/* shard.c: per unit, padded to a multiple of S, this rank's shard of it */
+	for (int u = 0; u < lay->n_units; u++) {
+		size_t numel = lay->unit_numel[u];
+		size_t padded = (numel + p->S - 1) / p->S * p->S, shard = padded / p->S;
+
+		p->params += numel;
+		p->shard_elems += shard;
+		p->max_padded = zmax(p->max_padded, padded);
+		p->max_shard = zmax(p->max_shard, shard);
+		sum_w += A(&dk, shard * e);		/* w_shard on the device */
+		sum_f += A(&dk, shard * sizeof(float));	/* one of master, m, v, grad32 */
+		sum_hf += A(&hk, shard * sizeof(float));	/* the same on the host */
+		sum_hw += A(&hk, shard * e);		/* w_shard on the host */
+	}
+	/* gather slots: none when one rank reads its own device shard in place */
+	if (p->S == 1 && !host_params)
+		p->n_wslots = 0;
+	else if (c->parallel.reshard_after_forward || host_params)
+		p->n_wslots = c->parallel.prefetch + 2 < lay->n_units ? c->parallel.prefetch + 2 :
+			lay->n_units;
+	else
+		p->n_wslots = lay->n_units;
+
+	p->dev[SL_PLAN_WEIGHTS] = (host_params ? 0 : sum_w) +
+		(size_t)p->n_wslots * A(&dk, p->max_padded * e);
+	p->dev[SL_PLAN_GRADS] = 2 * A(&dk, p->max_padded * e) +	/* gslots */
+		(host_state ? 0 : sum_f);				/* grad32 */
+	p->dev[SL_PLAN_OPTIM] = host_state ? 0 : 3 * sum_f;		/* master, m, v */
+	p->dev[SL_PLAN_COMM] = (p->S > 1 ? A(&dk, p->max_padded * sizeof(float)) : 0) /* g32_full */
+		+ A(&dk, p->max_shard * sizeof(float))			/* rs_out */
+		+ A(&dk, sizeof(double))				/* d_sumsq */
+		+ (host_params ? A(&dk, p->max_shard * e) : 0);		/* d_wstage */
+	p->dev[SL_PLAN_WORKSPACE] = p->cuda ? CUDA_WORKSPACE + CUDA_SCRATCH : 0;
+	p->dev[SL_PLAN_RUNTIME] = p->cuda ? CUDA_CONTEXT : 0;
+
+	/* model.c at the configured batch and length; train.c's device batch */
+	B = (size_t)p->batch;
+	L = (size_t)p->seq;
+	T = B * L;
+	count_model(&dk, mc, T, B, p->ckpt, e, p->stat_elt, p->dev);
+	p->dev[SL_PLAN_HEAD] += A(&dk, T * sizeof(int32_t)) +	/* ids */
+		3 * A(&dk, B * sizeof(int32_t));		/* lens, last, labels */
+	for (int i = 0; i < SL_PLAN_N; i++)
+		p->dev_total += p->dev[i];
+
+	/* host, per rank: the offloaded state */
+	p->host[SL_PLAN_OPTIM] = host_state ? 3 * sum_hf : 0;
+	p->host[SL_PLAN_GRADS] = host_state ? sum_hf + A(&hk, p->max_shard * sizeof(float)) : 0;
+	p->host[SL_PLAN_WEIGHTS] = host_params ? sum_hw : 0;
+	/*
+	 * Transient: a checkpoint copies master, m and v of every unit to host buffers (train.c);
+	 * loading holds one whole unit in fp32 at a time.  They never overlap: count the larger.
+	 */
+	load = 0;
+	for (int u = 0; u < lay->n_units; u++)
+		load = zmax(load, lay->unit_numel[u] * sizeof(float));
+	p->host[SL_PLAN_CKPT] = zmax(c->checkpoint.every > 0 ? 3 * p->shard_elems * sizeof(float)
+				     : 0, load);
+	for (int i = 0; i < SL_PLAN_N; i++)
+		p->host_rank += p->host[i];
+	if (!p->cuda)
+		p->host_rank += p->dev_total;	/* the cpu backend's "device" is host memory */
+	p->host_node = p->host_rank * (size_t)p->node_size;
+
+	p->gpu_fits = !p->cuda || !p->gpu_mem || p->dev_total <= p->gpu_mem;
+	p->host_fits = !p->host_mem || p->host_node <= p->host_mem;
+	return 0;
+}
+
+bool sl_plan_fits(const struct sl_plan *p)
+{
+	return p->gpu_fits && p->host_fits;
+}
+
+double sl_plan_parse_mem(const char *s)
+{
+	char *end;
+	double v = strtod(s, &end);
+
+	if (end == s || !(v > 0) || !isfinite(v))
+		return -1;
+	if (!*end || !strcasecmp(end, "GB") || !strcasecmp(end, "G"))
+		return v * 1e9;
+	if (!strcasecmp(end, "GiB"))
+		return v * GIB;
+	return -1;
+}
+
+static double gib(size_t b)
+{
+	return b / GIB;
+}
+
+/* A variant of the config: offload and checkpointing as given, or more GPUs. */
+static bool variant_fits(const struct sl_config *c, const struct sl_model_config *mc,
+			 const struct sl_layout *lay, const struct sl_plan_opts *o, int offload,
+			 int ckpt, int gpus)
+{
+	struct sl_plan_opts v = *o;
+	struct sl_plan q;
+
+	v.offload = offload;
+	v.ckpt = ckpt;
+	v.gpus = gpus;
+	return sl_plan_compute(c, mc, lay, &v, &q) == 0 && sl_plan_fits(&q);
+}
+
+/* Settings that would make it fit, least intrusive first. */
+static void print_advice(const struct sl_plan *p, const struct sl_config *c,
+			 const struct sl_model_config *mc, const struct sl_layout *lay,
+			 const struct sl_plan_opts *o, FILE *out)
+{
+	static const struct { int offload, ckpt; const char *what; } tries[] = {
+		{ SL_OFFLOAD_NONE, 1, "train.activation_checkpointing: true" },
+		{ SL_OFFLOAD_OPTIMIZER, -1, "parallel.offload: optimizer" },
+		{ SL_OFFLOAD_OPTIMIZER, 1,
+		  "parallel.offload: optimizer and train.activation_checkpointing: true" },
+		{ SL_OFFLOAD_PARAMS, -1, "parallel.offload: params" },
+		{ SL_OFFLOAD_PARAMS, 1,
+		  "parallel.offload: params and train.activation_checkpointing: true" },
+	};
+	int n = 0, cur_ckpt = p->ckpt;
+
+	fprintf(out, "to make it fit, set one of:\n");
+	for (size_t i = 0; i < sizeof(tries) / sizeof(tries[0]); i++) {
+		int ck = tries[i].ckpt < 0 ? cur_ckpt : tries[i].ckpt;
+
+		/* never undo a setting; with checkpointing on, the "keep" entries cover it */
+		if ((int)tries[i].offload < (int)p->offload || (cur_ckpt && tries[i].ckpt == 1) ||
+		    ((int)tries[i].offload == (int)p->offload && ck == cur_ckpt))
+			continue;
+		if (variant_fits(c, mc, lay, o, tries[i].offload, ck, p->gpus)) {
+			fprintf(out, "  %s\n", tries[i].what);
+			n++;
+		}
+	}
+	if (c->parallel.shard_group == SL_SHARD_WORLD) {
+		for (int g = p->gpus + 1; g <= 4096; g++) {
+			if (variant_fits(c, mc, lay, o, p->offload, cur_ckpt, g)) {
+				fprintf(out, "  more GPUs: %d (FSDP shards the state over them; "
+					"records per step grow with the data-parallel ranks)\n", g);
+				n++;
+				break;
+			}
+		}
+	} else {
+		fprintf(out, "  (parallel.shard_group: node keeps a whole copy of the state per "
+			"node; shard_group: world spreads it over every GPU)\n");
+	}
+	if (!n)
+		fprintf(out, "  nothing tried fits (offload, checkpointing, up to 4096 GPUs): a "
+			"shorter data.max_state or a smaller train.batch, or more host memory\n");
+}
+
+void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
+		   const struct sl_model_config *mc, const struct sl_layout *lay,
+		   const struct sl_plan_opts *o, FILE *out)
+{
+	fprintf(out, "plan for %s: %s, %d layers, hidden %d, %.3f B parameters\n", c->source,
+		mc->model_type, mc->n_layers, mc->hidden, p->params / 1e9);
+	fprintf(out, "  %d GPU(s), %d per node, shard group of %d (%s); backend %s, compute "
+		"%zu-byte elements; batch %d x %d tokens (data.max_state); activation "
+		"checkpointing %s; offload %s; prefetch %d\n", p->gpus, p->node_size, p->S,
+		c->parallel.shard_group == SL_SHARD_NODE ? "HSDP" : "FSDP",
+		sl_backend_name(c->backend), p->elt, p->batch, p->seq, p->ckpt ? "on" : "off",
+		sl_offload_name(p->offload), c->parallel.prefetch);
+	fprintf(out, "  sizes in GiB (2^30 bytes); --gpu-mem and --host-mem read GB (10^9 bytes) "
+		"unless written 80GiB\n\n");
+	fprintf(out, "%-28s %12s %14s\n", p->cuda ? "per GPU" : "per rank (device)", "GiB",
+		"bytes");
+	for (int i = 0; i < SL_PLAN_N; i++)
+		if (i != SL_PLAN_CKPT && (p->dev[i] || i < SL_PLAN_WORKSPACE))
+			fprintf(out, "  %-26s %12.2f %14zu\n", cat_name[i], gib(p->dev[i]),
+				p->dev[i]);
+	fprintf(out, "  %-26s %12.2f %14zu\n", "total", gib(p->dev_total), p->dev_total);
+	fprintf(out, "  (weights: %d gathered unit(s) in flight of up to %zu elements; "
+		"activations for %d x %d tokens%s)\n\n", p->n_wslots, p->max_padded, p->batch,
+		p->seq, p->ckpt ? ", one layer's set with checkpointing" : "");
+	fprintf(out, "%-28s %12s %14s\n", "host, per rank", "GiB", "bytes");
+	for (int i = 0; i < SL_PLAN_N; i++)
+		if (p->host[i] || i == SL_PLAN_OPTIM)
+			fprintf(out, "  %-26s %12.2f %14zu%s\n", cat_name[i], gib(p->host[i]),
+				p->host[i], i == SL_PLAN_CKPT ? "  (transient)" : "");
+	if (!p->cuda)
+		fprintf(out, "  %-26s %12.2f %14zu\n", "device buffers (cpu)", gib(p->dev_total),
+			p->dev_total);
+	fprintf(out, "  %-26s %12.2f %14zu\n", "total", gib(p->host_rank), p->host_rank);
+	fprintf(out, "  %-26s %12.2f %14zu  (%d rank(s))\n\n", "per node", gib(p->host_node),
+		p->host_node, p->node_size);
+
+	if (p->cuda && p->gpu_mem)
+		fprintf(out, "GPU: %.2f GiB of %.2f GiB (%.0f GB): %s\n", gib(p->dev_total),
+			p->gpu_mem / GIB, p->gpu_mem / 1e9, p->gpu_fits ? "fits" : "DOES NOT FIT");
+	else if (p->cuda)
+		fprintf(out, "GPU: %.2f GiB: not checked (no --gpu-mem)\n", gib(p->dev_total));
+	if (p->host_mem)
+		fprintf(out, "host: %.2f GiB per node of %.2f GiB (%.0f GB): %s\n",
+			gib(p->host_node), p->host_mem / GIB, p->host_mem / 1e9,
+			p->host_fits ? "fits" : "DOES NOT FIT");
+	else
+		fprintf(out, "host: %.2f GiB per node: not checked (no --host-mem)\n",
+			gib(p->host_node));
+	fprintf(out, "verdict: %s\n", sl_plan_fits(p) ? "fits" : "does not fit");
+	if (!sl_plan_fits(p))
+		print_advice(p, c, mc, lay, o, out);
+}
+
+/* This node's physical memory (bytes), 0 when unknown. */
+static double node_memory(void)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[256];
+	double kb = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "MemTotal: %lf kB", &kb) == 1)
+			break;
+	fclose(f);
+	return kb * 1024;
+}
+
+int sl_plan_check_job(const struct sl_config *c, int world, int node_size, double gpu_bytes)
+{
+	struct sl_model_files mf;
+	struct sl_plan_opts o = { .gpus = world, .node_size = node_size, .gpu_mem = gpu_bytes,
+				  .host_mem = node_memory(), .offload = -1, .ckpt = -1 };
+	struct sl_plan p;
+	int ret = -1;
+
+	if (sl_model_files_open(&mf, c->model.path, c->model.revision))
+		return -1;
+	if (sl_plan_compute(c, &mf.mc, &mf.lay, &o, &p))
+		goto out_close;
+	ret = 0;
+	if (!sl_plan_fits(&p)) {
+		char *buf = NULL;
+		size_t len = 0;
+		FILE *f = open_memstream(&buf, &len);
+
+		sl_plan_print(&p, c, &mf.mc, &mf.lay, &o, f);
+		fclose(f);
+		sl_error("%s does not fit in memory (host: %.2f GiB per node of %.2f GiB here%s); "
+			 "refused before loading anything.  The plan (shardlm plan %s --gpus %d):"
+			 "\n%s", c->source, gib(p.host_node), o.host_mem / GIB,
+			 p.gpu_fits ? "" : "; GPU too", c->source, world, buf);
+		free(buf);
+		ret = -1;
+	}
+out_close:
+	sl_model_files_close(&mf);
+	return ret;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: shardlm plan CONFIG [--set KEY=VALUE]... [--gpus N] [--gpu-mem GB] "
+		"[--host-mem GB]\n"
+		"  --gpus N       ranks (one per GPU), default 1\n"
+		"  --gpu-mem GB   memory per GPU, default 80 (an H100); 141 for an H200; GB = "
+		"10^9 bytes, or write 79.6GiB\n"
+		"  --host-mem GB  memory per node; not checked when absent\n"
+		"Sizes are reported in GiB (2^30 bytes).  Exit status: 0 fits, 1 does not fit, "
+		"2 error.\n");
+}
+
+int sl_cmd_plan(int argc, char **argv)
+{
+	struct sl_config *c = calloc(1, sizeof(*c));
+	struct sl_model_files mf;
+	struct sl_plan_opts o = { .gpus = 1, .gpu_mem = 80e9, .offload = -1, .ckpt = -1 };
+	struct sl_plan p;
+	const char *config = NULL;
+	char *set[256];
+	int nset = 0, ret = 2;
+
+	if (!c)
+		return 2;
+	for (int i = 1; i < argc; i++) {
+		const char *s = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+		if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+			usage(stdout);
+			ret = 0;
+			goto out_free;
+		}
+		if (!strcmp(s, "--set") || !strcmp(s, "--gpus") || !strcmp(s, "--gpu-mem") ||
+		    !strcmp(s, "--host-mem")) {
+			if (!v) {
+				sl_error("%s needs a value", s);
+				goto out_usage;
+			}
+			i++;
+			if (!strcmp(s, "--set")) {
+				if (nset == 256 || !strchr(v, '=')) {
+					sl_error("--set needs KEY=VALUE (at most 256)");
+					goto out_usage;
+				}
+				set[nset++] = (char *)v;
+			} else if (!strcmp(s, "--gpus")) {
+				char *end;
+				long n = strtol(v, &end, 10);
+
+				if (*end || n < 1 || n > 1 << 20) {
+					sl_error("--gpus %s: expected a positive integer", v);
+					goto out_usage;
+				}
+				o.gpus = (int)n;
+			} else {
+				double b = sl_plan_parse_mem(v);
+
+				if (b < 0) {
+					sl_error("%s %s: expected a size in GB (e.g. 80, 141GB or "
+						 "79.6GiB)", s, v);
+					goto out_usage;
+				}
+				*(!strcmp(s, "--gpu-mem") ? &o.gpu_mem : &o.host_mem) = b;
+			}
+			continue;
+		}
+		if (s[0] == '-' || config) {
+			sl_error(s[0] == '-' ? "unknown option %s for 'plan'" :
+				 "one config file only (%s)", s);
+			goto out_usage;
+		}
+		config = s;
+	}
+	if (!config) {
+		sl_error("no config file given");
+		goto out_usage;
+	}
+	if (sl_config_load(c, config, set, nset, false))
+		goto out_free;
+	if (!c->model.path[0]) {
+		sl_error("%s: model.path is not set: the planner reads the model's config.json",
+			 config);
+		goto out_free;
+	}
+	if (sl_model_files_open(&mf, c->model.path, c->model.revision))
+		goto out_free;
+	if (sl_plan_compute(c, &mf.mc, &mf.lay, &o, &p) == 0) {
+		sl_plan_print(&p, c, &mf.mc, &mf.lay, &o, stdout);
+		ret = sl_plan_fits(&p) ? 0 : 1;
+	}
+	sl_model_files_close(&mf);
+	goto out_free;
+
+out_usage:
+	usage(stderr);
+out_free:
+	free(c);
+	return ret;
+}

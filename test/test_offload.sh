@@ -1,0 +1,104 @@
+#!/bin/sh
+# parallel.offload and the memory planner, on the CPU backend:
+#  - offload: optimizer and offload: params train to the same losses as on-device optimizer
+#    state (1e-5 relative over 20 steps, accum 2 so host accumulation runs), on 1 and 2 ranks;
+#  - `shardlm plan` verdicts and exit status for the 27B shape (fixture config.json, no weights);
+#  - `train` refuses a config that cannot fit this machine's memory before it loads anything
+#    (the 27B fixture has no weights: reaching the loader would fail differently).
+. "${top_srcdir:-$(dirname "$0")/..}/test/lib.sh"
+
+if ! command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1; then
+	echo "no mpirun: skipped"; exit 77
+fi
+MPIRUN=${MPIRUN:-mpirun}
+MODEL="$T/model"
+FIX="$top_srcdir/test/fixtures/plan/qwen3-27b"
+"$top_builddir/test/mkmodel" --out "$MODEL" --vocab 61 --hidden 20 --layers 2 --heads 4 \
+	--kv-heads 2 --head-dim 6 --intermediate 36 --seed 5 >/dev/null || fail "mkmodel"
+python3 - "$T/data.jsonl" <<'PY'
+import random, sys
+r = random.Random(11)
+with open(sys.argv[1], "w") as f:
+    for i in range(48):
+        n = r.randint(3, 17)
+        ids = [r.randrange(1, 61) for _ in range(n)]
+        f.write('{"input_ids": %s, "label": %.3f}\n' % (ids, sum(t < 30 for t in ids) / n))
+PY
+cat >"$T/base.yaml" <<YAML
+model: {path: $MODEL}
+backend: cpu
+data: {train: $T/data.jsonl, max_state: 32, seed: 3}
+train: {steps: 20, eval_every: 0, accum: 2}
+optim: {lr: 3.0e-3, warmup: 2, weight_decay: 0.1, clip: 1.0}
+checkpoint: {every: 10, keep: 2}
+export: {dtype: fp32}
+YAML
+
+# run NAME NP BATCH OFFLOAD: 12 records per step whatever NP
+run() {
+	ok
+	if ! "$MPIRUN" -np "$2" --oversubscribe "$SHARDLM" train "$T/base.yaml" \
+		--set run.dir="$T/$1" --set train.batch="$3" --set parallel.offload="$4" \
+		>"$T/$1.out" 2>&1; then
+		fail "$1: exited non-zero"; tail -n 20 "$T/$1.out" >&2
+	fi
+}
+
+# close A B: every loss of run B within 1e-5 (relative) of run A's, 20 steps, and it learns
+close() {
+	ok
+	python3 - "$T/$1/training_metrics.json" "$T/$2/training_metrics.json" <<'PY' ||
+import json, sys
+a = [s["loss"] for s in json.load(open(sys.argv[1]))["steps"]]
+b = [s["loss"] for s in json.load(open(sys.argv[2]))["steps"]]
+assert len(a) == len(b) == 20, (len(a), len(b))
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"{sys.argv[2].split('/')[-2]}: worst relative loss difference {worst:.2e}")
+assert worst <= 1e-5, (a, b)
+assert min(a[-5:]) < a[0]
+PY
+	fail "losses of $2 differ from $1 by more than 1e-5"
+}
+
+for np in 1 2; do
+	b=$((6 / np))
+	run none$np $np $b none
+	run opt$np $np $b optimizer
+	run par$np $np $b params
+	close none$np opt$np
+	close none$np par$np
+done
+close none1 none2
+
+# `shardlm plan` on the 27B shape: exit 0 fits, 1 does not, with the advice
+cat >"$T/27b.yaml" <<YAML
+model: {path: $FIX}
+backend: cuda
+data: {max_state: 2048}
+train: {batch: 1}
+YAML
+ok
+"$SHARDLM" plan "$T/27b.yaml" >"$T/p.out" 2>&1
+[ $? = 1 ] || fail "plan 1 x 80 GB, no offload: expected exit 1"
+grep -q "DOES NOT FIT" "$T/p.out" && grep -q "parallel.offload: params" "$T/p.out" &&
+	grep -q "GiB (2^30 bytes)" "$T/p.out" || { fail "plan output"; cat "$T/p.out" >&2; }
+expect_ok "plan params offload fits" "$SHARDLM" plan "$T/27b.yaml" --set parallel.offload=params
+expect_ok "plan 141 GB optimizer offload fits" "$SHARDLM" plan "$T/27b.yaml" --gpu-mem 141 \
+	--set parallel.offload=optimizer
+expect_fail "plan 8 x 80 GB FSDP" "train.activation_checkpointing: true" "$SHARDLM" plan \
+	"$T/27b.yaml" --gpus 8
+expect_fail "plan bad --gpu-mem" "expected a size" "$SHARDLM" plan "$T/27b.yaml" --gpu-mem x
+
+# train refuses before loading: the cpu backend's 27B needs ~550 GiB of host memory
+cat >"$T/27b-cpu.yaml" <<YAML
+model: {path: $FIX}
+backend: cpu
+data: {train: $T/data.jsonl, max_state: 2048}
+train: {batch: 1}
+YAML
+expect_fail "train refuses an unfittable config" "does not fit in memory.*refused before" \
+	"$SHARDLM" train "$T/27b-cpu.yaml" --set run.dir="$T/big"
+ok
+grep -qi "safetensors" "$T/out" && fail "train reached the weights before refusing"
+[ -e "$T/big" ] && fail "train made the run directory before refusing"
+finish
