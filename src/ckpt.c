@@ -84,18 +84,6 @@ static const char *h5_msg(void)
 	return buf[0] ? buf : "no detail from HDF5";
 }
 
-/* "@file: <message>" */
-static void ck_err(const char *file, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void ck_err(const char *file, const char *fmt, ...)
-{
-	char msg[1024];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	sl_error("%s: %s", file, msg);
-}
 
 /* "@file: @call failed: <HDF5's reason>" for I/O that can fail on a full disk or a bad file */
 static void h5_err(const char *file, const char *call, const char *what)
@@ -554,6 +542,34 @@ out_close_space:
 	return rc;
 }
 
+/*
+ * Close @f (written as @tmp) and commit it as @path: give back the unused reservation, fsync,
+ * rename.  @rc is the writer's status so far; on any failure @tmp is removed.  *bytes: its size.
+ */
+static int commit_h5(hid_t f, const char *tmp, const char *path, int rc, double *bytes)
+{
+	struct stat st;
+
+	/* close flushes metadata: on a full disk this is where the failure shows */
+	if (H5Fclose(f) < 0) {
+		h5_err(tmp, "H5Fclose", "");
+		rc = -1;
+	}
+	trim_space(tmp);
+	if (rc == 0)
+		rc = fsync_path(tmp, false);
+	if (rc == 0 && stat(tmp, &st) == 0)
+		*bytes = st.st_size;
+	if (rc == 0 && rename(tmp, path) != 0) {
+		sl_error("%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+		rc = -1;
+	}
+	if (rc < 0)
+		unlink(tmp);
+	return rc;
+}
+
+
 /* This rank's rank-RRRRR.h5: written as .tmp, closed, fsync'ed, renamed.  *bytes: its size. */
 static int write_rank_file(const char *dir, const struct sl_ckpt_geom *g,
 			   const struct sl_ckpt_state *s, float *const *const bufs[3], int nsets,
@@ -564,7 +580,6 @@ static int write_rank_file(const char *dir, const struct sl_ckpt_geom *g,
 	int32_t n_units = lay->n_units, opt = nsets == 3;
 	size_t need = 65536;		/* superblock, root group and attributes, with room */
 	hid_t f, grp;
-	struct stat st;
 	int rc = -1;
 
 	snprintf(name, sizeof(name), "rank-%05d.h5", g->rank);
@@ -608,23 +623,7 @@ static int write_rank_file(const char *dir, const struct sl_ckpt_geom *g,
 	}
 	rc = 0;
 out_close_file:
-	/* close flushes metadata: on a full disk this is where the failure shows */
-	if (H5Fclose(f) < 0) {
-		h5_err(tmp, "H5Fclose", "");
-		rc = -1;
-	}
-	trim_space(tmp);
-	if (rc == 0)
-		rc = fsync_path(tmp, false);
-	if (rc == 0 && stat(tmp, &st) == 0)
-		*bytes = st.st_size;
-	if (rc == 0 && rename(tmp, path) != 0) {
-		sl_error("%s: cannot rename to %s: %s", tmp, name, strerror(errno));
-		rc = -1;
-	}
-	if (rc < 0)
-		unlink(tmp);
-	return rc;
+	return commit_h5(f, tmp, path, rc, bytes);
 }
 
 /*
@@ -692,7 +691,6 @@ static int write_index(const char *dir, const struct sl_ckpt_geom *g, const stru
 	int32_t n_units = lay->n_units, n_tensors = lay->n_tensors, opt = nsets == 3;
 	uint64_t *numel;
 	hid_t f, grp;
-	struct stat st;
 	int rc = -1;
 
 	if (join(path, sizeof(path), dir, "index.h5") < 0 ||
@@ -751,21 +749,7 @@ static int write_index(const char *dir, const struct sl_ckpt_geom *g, const stru
 	}
 	rc = 0;
 out_close_file:
-	if (H5Fclose(f) < 0) {
-		h5_err(tmp, "H5Fclose", "");
-		rc = -1;
-	}
-	trim_space(tmp);
-	if (rc == 0)
-		rc = fsync_path(tmp, false);
-	if (rc == 0 && stat(tmp, &st) == 0)
-		*bytes = st.st_size;
-	if (rc == 0 && rename(tmp, path) != 0) {
-		sl_error("%s: cannot rename to index.h5: %s", tmp, strerror(errno));
-		rc = -1;
-	}
-	if (rc < 0)
-		unlink(tmp);
+	rc = commit_h5(f, tmp, path, rc, bytes);
 out_free:
 	free(numel);
 	free(files);
@@ -1121,7 +1105,7 @@ static int idx_read(hid_t f, const char *path, struct idx *ix)
 	}
 	return 0;
 out_bad:
-	ck_err(path, "missing or malformed checkpoint attributes (not a shardlm checkpoint index, "
+	sl_error_at(path, "missing or malformed checkpoint attributes (not a shardlm checkpoint index, "
 	       "or a damaged one): remove this checkpoint directory");
 out_free:
 	idx_free(ix);
@@ -1142,13 +1126,13 @@ static int verify_dataset(hid_t f, const char *path, const char *set, int u, siz
 
 	snprintf(name, sizeof(name), "/%s/unit-%04d", set, u);
 	if (H5Lexists(f, set, H5P_DEFAULT) <= 0 || H5Lexists(f, name, H5P_DEFAULT) <= 0) {
-		ck_err(path, "%s is missing: the file is incomplete or not this checkpoint's; %s",
+		sl_error_at(path, "%s is missing: the file is incomplete or not this checkpoint's; %s",
 		       name, advice);
 		return -1;
 	}
 	d = H5Dopen2(f, name, H5P_DEFAULT);
 	if (d < 0) {
-		ck_err(path, "%s cannot be opened (%s): the file is damaged; %s", name, h5_msg(),
+		sl_error_at(path, "%s cannot be opened (%s): the file is damaged; %s", name, h5_msg(),
 		       advice);
 		return -1;
 	}
@@ -1157,7 +1141,7 @@ static int verify_dataset(hid_t f, const char *path, const char *set, int u, siz
 	    H5Sget_simple_extent_dims(sp, &dim, NULL) < 0 || dim != want ||
 	    attr_get(d, "numel", H5T_NATIVE_UINT64, 1, &numel) < 0 || numel != want ||
 	    attr_get(d, "checksum", H5T_NATIVE_UINT64, 1, &sum) < 0) {
-		ck_err(path, "%s has %llu elements, index.h5 says %zu, or lacks its numel/checksum "
+		sl_error_at(path, "%s has %llu elements, index.h5 says %zu, or lacks its numel/checksum "
 		       "attributes: %s", name, (unsigned long long)dim, want, advice);
 		goto out_close_space;
 	}
@@ -1167,7 +1151,7 @@ static int verify_dataset(hid_t f, const char *path, const char *set, int u, siz
 		msp = H5_CHECK(H5Screate_simple(1, &cnt, NULL));
 		H5_CHECK(H5Sselect_hyperslab(sp, H5S_SELECT_SET, &off, NULL, &cnt, NULL));
 		if (H5Dread(d, H5T_NATIVE_FLOAT, msp, sp, H5P_DEFAULT, buf) < 0) {
-			ck_err(path, "%s cannot be read (%s): the file is truncated or damaged; %s",
+			sl_error_at(path, "%s cannot be read (%s): the file is truncated or damaged; %s",
 			       name, h5_msg(), advice);
 			H5Sclose(msp);
 			goto out_close_space;
@@ -1176,7 +1160,7 @@ static int verify_dataset(hid_t f, const char *path, const char *set, int u, siz
 		h = fnv1a(h, buf, cnt * sizeof(float));
 	}
 	if (h != sum) {
-		ck_err(path, "%s checksum mismatch: the file was altered or damaged; %s", name,
+		sl_error_at(path, "%s checksum mismatch: the file was altered or damaged; %s", name,
 		       advice);
 		goto out_close_space;
 	}
@@ -1202,12 +1186,12 @@ static int verify_rank_file(const char *dir, const struct idx *ix, int i, int ns
 	if (join(path, sizeof(path), dir, ix->files[i]) < 0)
 		return -1;
 	if (stat(path, &st) != 0) {
-		ck_err(path, "missing (index.h5 lists it): the checkpoint is incomplete; %s", advice);
+		sl_error_at(path, "missing (index.h5 lists it): the checkpoint is incomplete; %s", advice);
 		return -1;
 	}
 	f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
 	if (f < 0) {
-		ck_err(path, "cannot be opened as HDF5 (%s): the file is truncated or damaged; %s",
+		sl_error_at(path, "cannot be opened as HDF5 (%s): the file is truncated or damaged; %s",
 		       h5_msg(), advice);
 		return -1;
 	}
@@ -1215,13 +1199,13 @@ static int verify_rank_file(const char *dir, const struct idx *ix, int i, int ns
 	    attr_get(f, "shard_size", H5T_NATIVE_INT32, 1, &shard_size) < 0 ||
 	    attr_get(f, "shard_rank", H5T_NATIVE_INT32, 1, &shard_rank) < 0 ||
 	    attr_get(f, "n_units", H5T_NATIVE_INT32, 1, &n_units) < 0) {
-		ck_err(path, "its step/shard attributes are missing or unreadable: the file is "
+		sl_error_at(path, "its step/shard attributes are missing or unreadable: the file is "
 		       "damaged or not a shardlm rank file; %s", advice);
 		goto out_close_file;
 	}
 	if (step != ix->step || shard_size != ix->shard_size || shard_rank != i ||
 	    n_units != ix->n_units) {
-		ck_err(path, "is step %d, shard %d of %d, %d units; index.h5 expects step %d, shard "
+		sl_error_at(path, "is step %d, shard %d of %d, %d units; index.h5 expects step %d, shard "
 		       "%d of %d, %d units: the file belongs to another checkpoint; %s", step,
 		       shard_rank, shard_size, n_units, ix->step, i, ix->shard_size, ix->n_units,
 		       advice);
@@ -1268,7 +1252,7 @@ static int read_set(hid_t f, const char *path, const char *dir, const char *set,
 
 		snprintf(name, sizeof(name), "/%s/%s", set, t->name);
 		if (H5Lexists(f, set, H5P_DEFAULT) <= 0 || H5Lexists(f, name, H5P_DEFAULT) <= 0) {
-			ck_err(path, "%s is missing: the checkpoint is of another model", name);
+			sl_error_at(path, "%s is missing: the checkpoint is of another model", name);
 			goto out_close_dapl;
 		}
 		d = H5Dopen2(f, name, dapl);
@@ -1282,7 +1266,7 @@ static int read_set(hid_t f, const char *path, const char *dir, const char *set,
 		if (nd < 1 || nd > 2 || H5Sget_simple_extent_dims(sp, dims, NULL) < 0 ||
 		    nd != t->ndim || (int64_t)dims[0] != t->shape[0] ||
 		    (nd == 2 && (int64_t)dims[1] != t->shape[1])) {
-			ck_err(path, "%s has shape [%llu%s%llu], the model needs [%lld%s%lld]: the "
+			sl_error_at(path, "%s has shape [%llu%s%llu], the model needs [%lld%s%lld]: the "
 			       "checkpoint is of another model", name, (unsigned long long)dims[0],
 			       nd == 2 ? ", " : "", nd == 2 ? (unsigned long long)dims[1] : 0ull,
 			       (long long)t->shape[0], t->ndim == 2 ? ", " : "",
@@ -1334,11 +1318,11 @@ int sl_ckpt_has_optimizer(const char *dir)
 		return -1;
 	f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
 	if (f < 0) {
-		ck_err(path, "cannot be opened as HDF5 (%s)", h5_msg());
+		sl_error_at(path, "cannot be opened as HDF5 (%s)", h5_msg());
 		return -1;
 	}
 	if (attr_get(f, "optimizer", H5T_NATIVE_INT32, 1, &opt) < 0) {
-		ck_err(path, "no optimizer attribute: not a shardlm checkpoint index");
+		sl_error_at(path, "no optimizer attribute: not a shardlm checkpoint index");
 		H5Fclose(f);
 		return -1;
 	}
@@ -1356,12 +1340,12 @@ char *sl_ckpt_read_config(const char *dir)
 		return NULL;
 	f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
 	if (f < 0) {
-		ck_err(path, "cannot be opened as HDF5 (%s)", h5_msg());
+		sl_error_at(path, "cannot be opened as HDF5 (%s)", h5_msg());
 		return NULL;
 	}
 	config = attr_get_str(f, "config");
 	if (!config)
-		ck_err(path, "has no config attribute: not a shardlm checkpoint index");
+		sl_error_at(path, "has no config attribute: not a shardlm checkpoint index");
 	H5Fclose(f);
 	return config;
 }
@@ -1384,7 +1368,7 @@ int sl_ckpt_read(const char *dir, const struct sl_ckpt_geom *g, struct sl_ckpt_s
 	if (rc == 0) {
 		f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
 		if (f < 0) {
-			ck_err(path, "cannot be opened as HDF5 (%s): %s", h5_msg(),
+			sl_error_at(path, "cannot be opened as HDF5 (%s): %s", h5_msg(),
 			       "remove this checkpoint directory (its COMPLETE marker is wrong)");
 			rc = -1;
 		}
@@ -1392,7 +1376,7 @@ int sl_ckpt_read(const char *dir, const struct sl_ckpt_geom *g, struct sl_ckpt_s
 	if (rc == 0)
 		rc = idx_read(f, path, &ix);
 	if (rc == 0 && ix.n_units != g->lay->n_units) {
-		ck_err(path, "has %d units, the model has %d: the checkpoint is of another model",
+		sl_error_at(path, "has %d units, the model has %d: the checkpoint is of another model",
 		       ix.n_units, g->lay->n_units);
 		rc = -1;
 	}
@@ -1403,7 +1387,7 @@ int sl_ckpt_read(const char *dir, const struct sl_ckpt_geom *g, struct sl_ckpt_s
 		/* shards cover the unit, padded by at most an alignment's worth */
 		if (ix.unit_numel[u] != numel || ix.shard[u] > numel / S + 4096 ||
 		    ix.shard[u] * S < numel) {
-			ck_err(path, "unit %d: %llu elements in %d shards of %llu, the model has %llu: "
+			sl_error_at(path, "unit %d: %llu elements in %d shards of %llu, the model has %llu: "
 			       "the checkpoint is of another model or damaged", u,
 			       (unsigned long long)ix.unit_numel[u], ix.shard_size,
 			       (unsigned long long)ix.shard[u], (unsigned long long)numel);
@@ -1411,13 +1395,13 @@ int sl_ckpt_read(const char *dir, const struct sl_ckpt_geom *g, struct sl_ckpt_s
 		}
 	}
 	if (rc == 0 && want_opt && !ix.optimizer) {
-		ck_err(path, "holds no optimizer state (written with checkpoint.optimizer: false)");
+		sl_error_at(path, "holds no optimizer state (written with checkpoint.optimizer: false)");
 		rc = -1;
 	}
 	if (rc == 0) {
 		config = attr_get_str(f, "config");
 		if (!config) {
-			ck_err(path, "has no config attribute: remove this checkpoint directory");
+			sl_error_at(path, "has no config attribute: remove this checkpoint directory");
 			rc = -1;
 		}
 	}

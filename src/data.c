@@ -1594,3 +1594,18 @@ void sl_host_batch_free(struct sl_host_batch *hb)
 	free(hb->labels);
 	memset(hb, 0, sizeof(*hb));
 }
+
+static int cmp_longest_first(const void *a, const void *b, void *arg)
+{
+	const struct sl_dataset *ds = arg;
+	int x = *(const int *)a, y = *(const int *)b;
+
+	if (ds->rec[x].len != ds->rec[y].len)
+		return ds->rec[y].len - ds->rec[x].len;
+	return x - y;
+}
+
+void sl_data_sort_longest_first(const struct sl_dataset *ds, int *idx, int n)
+{
+	qsort_r(idx, n, sizeof(int), cmp_longest_first, (void *)ds);
+}

@@ -144,6 +144,9 @@ int sl_sampler_step(struct sl_sampler *s, long step, int *idx);
 /* The epoch (0-based) that stream record 0 of step @step belongs to. */
 long sl_sampler_epoch_of(const struct sl_sampler *s, long step);
 
+/* Sort record indices idx[0..n) longest first (ties by index), for scoring in batches. */
+void sl_data_sort_longest_first(const struct sl_dataset *ds, int *idx, int n);
+
 /* A padded micro-batch on the host. */
 struct sl_host_batch {
 	int B, L;

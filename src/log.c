@@ -118,6 +118,17 @@ void sl_error(const char *fmt, ...)
 	va_end(ap);
 }
 
+void sl_error_at(const char *where, const char *fmt, ...)
+{
+	char msg[4096];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	sl_error("%s: %s", where, msg);
+}
+
 void sl_warn(const char *fmt, ...)
 {
 	va_list ap;

@@ -24,6 +24,8 @@ void sl_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "shardlm: error: ..." (a user error: what is wrong, where, what to do) */
 void sl_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void sl_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* sl_error() of "@where: <message>" (a file, file:line, a key) */
+void sl_error_at(const char *where, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* wall clock */
 double sl_now(void);				/* seconds, monotonic */

@@ -49,18 +49,6 @@ static bool is_dir(const char *p)
 	return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-/* "@file: <message>" */
-static void st_err(const char *file, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void st_err(const char *file, const char *fmt, ...)
-{
-	char msg[2048];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	sl_error("%s: %s", file, msg);
-}
 
 /* @a/@b into @out; refuses to truncate */
 static int join(char *out, size_t n, const char *a, const char *b)
@@ -421,15 +409,15 @@ static int parse_entry(const char *file, const char *name, json_t *e, uint64_t d
 	json_t *v;
 
 	if (!json_is_object(e)) {
-		st_err(file, "tensor %s: header entry is not an object", name);
+		sl_error_at(file, "tensor %s: header entry is not an object", name);
 		return -1;
 	}
 	if (!json_is_string(dt)) {
-		st_err(file, "tensor %s: dtype is missing or not a string", name);
+		sl_error_at(file, "tensor %s: dtype is missing or not a string", name);
 		return -1;
 	}
 	if (!json_is_array(shape) || json_array_size(shape) > 8) {
-		st_err(file, "tensor %s: shape is missing or not a list of at most 8 dimensions",
+		sl_error_at(file, "tensor %s: shape is missing or not a list of at most 8 dimensions",
 		       name);
 		return -1;
 	}
@@ -438,12 +426,12 @@ static int parse_entry(const char *file, const char *name, json_t *e, uint64_t d
 		uint64_t d;
 
 		if (!get_u64(v, &d)) {
-			st_err(file, "tensor %s: shape[%zu] is not a non-negative integer", name, i);
+			sl_error_at(file, "tensor %s: shape[%zu] is not a non-negative integer", name, i);
 			return -1;
 		}
 		t->shape[i] = (int64_t)d;
 		if (d && numel > UINT64_MAX / d) {
-			st_err(file, "tensor %s: shape overflows", name);
+			sl_error_at(file, "tensor %s: shape overflows", name);
 			return -1;
 		}
 		numel *= d;
@@ -451,17 +439,17 @@ static int parse_entry(const char *file, const char *name, json_t *e, uint64_t d
 	t->numel = numel;
 	if (!json_is_array(offs) || json_array_size(offs) != 2 ||
 	    !get_u64(json_array_get(offs, 0), &b) || !get_u64(json_array_get(offs, 1), &end)) {
-		st_err(file, "tensor %s: data_offsets must be [begin, end] (non-negative integers)",
+		sl_error_at(file, "tensor %s: data_offsets must be [begin, end] (non-negative integers)",
 		       name);
 		return -1;
 	}
 	if (end < b) {
-		st_err(file, "tensor %s: data_offsets [%llu, %llu] end before they begin", name,
+		sl_error_at(file, "tensor %s: data_offsets [%llu, %llu] end before they begin", name,
 		       (unsigned long long)b, (unsigned long long)end);
 		return -1;
 	}
 	if (end > data_size) {
-		st_err(file, "tensor %s: data_offsets [%llu, %llu] go beyond the data (%llu bytes); "
+		sl_error_at(file, "tensor %s: data_offsets [%llu, %llu] go beyond the data (%llu bytes); "
 		       "the file is truncated or corrupt", name, (unsigned long long)b,
 		       (unsigned long long)end, (unsigned long long)data_size);
 		return -1;
@@ -482,7 +470,7 @@ static int parse_entry(const char *file, const char *name, json_t *e, uint64_t d
 			want = UINT64_MAX;
 		if (end - b != want) {
 			shape_str(sbuf, sizeof(sbuf), t->ndim, t->shape);
-			st_err(file, "tensor %s: data_offsets [%llu, %llu] hold %llu bytes, but "
+			sl_error_at(file, "tensor %s: data_offsets [%llu, %llu] hold %llu bytes, but "
 			       "shape %s of %s needs %llu", name, (unsigned long long)b,
 			       (unsigned long long)end, (unsigned long long)(end - b), sbuf,
 			       t->dtype_name, (unsigned long long)want);
@@ -513,16 +501,16 @@ static int st_add_file(struct sl_weights *w, const char *path)
 
 	fd = open(path, O_RDONLY);
 	if (fd < 0) {
-		st_err(path, "cannot open: %s", strerror(errno));
+		sl_error_at(path, "cannot open: %s", strerror(errno));
 		return -1;
 	}
 	if (fstat(fd, &st)) {
-		st_err(path, "cannot stat: %s", strerror(errno));
+		sl_error_at(path, "cannot stat: %s", strerror(errno));
 		close(fd);
 		return -1;
 	}
 	if (st.st_size < 8) {
-		st_err(path, "file is %lld bytes, shorter than the 8-byte header length: truncated, "
+		sl_error_at(path, "file is %lld bytes, shorter than the 8-byte header length: truncated, "
 		       "or not a safetensors file", (long long)st.st_size);
 		close(fd);
 		return -1;
@@ -530,13 +518,13 @@ static int st_add_file(struct sl_weights *w, const char *path)
 	map = mmap(NULL, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
 	close(fd);
 	if (map == MAP_FAILED) {
-		st_err(path, "cannot mmap: %s", strerror(errno));
+		sl_error_at(path, "cannot mmap: %s", strerror(errno));
 		return -1;
 	}
 	f = realloc(w->files, (w->n_files + 1) * sizeof(*f));
 	if (!f) {
 		munmap(map, st.st_size);
-		st_err(path, "out of memory");
+		sl_error_at(path, "out of memory");
 		return -1;
 	}
 	w->files = f;
@@ -545,31 +533,31 @@ static int st_add_file(struct sl_weights *w, const char *path)
 	f->size = st.st_size;
 	f->path = strdup(path);
 	if (!f->path) {
-		st_err(path, "out of memory");
+		sl_error_at(path, "out of memory");
 		return -1;
 	}
 
 	base = map;
 	memcpy(&hlen, base, 8);
 	if (hlen > ST_MAX_HEADER) {
-		st_err(path, "header length %llu is absurd (over 100 MB): not a safetensors file",
+		sl_error_at(path, "header length %llu is absurd (over 100 MB): not a safetensors file",
 		       (unsigned long long)hlen);
 		return -1;
 	}
 	if (hlen > (uint64_t)st.st_size - 8) {
-		st_err(path, "header length %llu goes beyond the end of the file (%lld bytes): "
+		sl_error_at(path, "header length %llu goes beyond the end of the file (%lld bytes): "
 		       "truncated", (unsigned long long)hlen, (long long)st.st_size);
 		return -1;
 	}
 	data_size = st.st_size - 8 - hlen;
 	hdr = json_loadb((const char *)base + 8, hlen, JSON_REJECT_DUPLICATES, &jerr);
 	if (!hdr) {
-		st_err(path, "header is not valid JSON (header byte %d: %s)", jerr.position,
+		sl_error_at(path, "header is not valid JSON (header byte %d: %s)", jerr.position,
 		       jerr.text);
 		return -1;
 	}
 	if (!json_is_object(hdr)) {
-		st_err(path, "header is not a JSON object");
+		sl_error_at(path, "header is not a JSON object");
 		goto out_free_hdr;
 	}
 
@@ -578,14 +566,14 @@ static int st_add_file(struct sl_weights *w, const char *path)
 		struct sl_st_tensor *t = realloc(w->tensors, (w->n_tensors + cap + 1) * sizeof(*t));
 
 		if (!t) {
-			st_err(path, "out of memory");
+			sl_error_at(path, "out of memory");
 			goto out_free_hdr;
 		}
 		w->tensors = t;
 	}
 	ranges = calloc(cap + 1, sizeof(*ranges));
 	if (!ranges) {
-		st_err(path, "out of memory");
+		sl_error_at(path, "out of memory");
 		goto out_free_hdr;
 	}
 	json_object_foreach(hdr, key, e) {
@@ -595,12 +583,12 @@ static int st_add_file(struct sl_weights *w, const char *path)
 
 		if (!strcmp(key, "__metadata__")) {
 			if (!json_is_object(e)) {
-				st_err(path, "__metadata__ is not an object");
+				sl_error_at(path, "__metadata__ is not an object");
 				goto out_free_ranges;
 			}
 			json_object_foreach(e, mk, mv) {
 				if (!json_is_string(mv)) {
-					st_err(path, "__metadata__.%s is not a string", mk);
+					sl_error_at(path, "__metadata__.%s is not a string", mk);
 					goto out_free_ranges;
 				}
 			}
@@ -611,7 +599,7 @@ static int st_add_file(struct sl_weights *w, const char *path)
 			goto out_free_ranges;
 		t->name = strdup(key);
 		if (!t->name) {
-			st_err(path, "out of memory");
+			sl_error_at(path, "out of memory");
 			goto out_free_ranges;
 		}
 		ranges[nr].name = t->name;
@@ -629,7 +617,7 @@ static int st_add_file(struct sl_weights *w, const char *path)
 		if (b->begin == b->end)
 			continue;
 		if (prev >= 0 && b->begin < a->end) {
-			st_err(path, "tensors %s [%llu, %llu] and %s [%llu, %llu] overlap", a->name,
+			sl_error_at(path, "tensors %s [%llu, %llu] and %s [%llu, %llu] overlap", a->name,
 			       (unsigned long long)a->begin, (unsigned long long)a->end, b->name,
 			       (unsigned long long)b->begin, (unsigned long long)b->end);
 			goto out_free_ranges;

@@ -46,16 +46,6 @@ static int read_checkpoint_units(const char *dir, const struct sl_model_files *m
 	return ret;
 }
 
-static int cmp_len_desc(const void *a, const void *b, void *arg)
-{
-	const struct sl_dataset *ds = arg;
-	int x = *(const int *)a, y = *(const int *)b;
-
-	if (ds->rec[x].len != ds->rec[y].len)
-		return ds->rec[y].len - ds->rec[x].len;
-	return x - y;
-}
-
 /* logits of every record of @ds, micro-batches of @batch records of similar length */
 static void score_all(struct sl_backend *be, struct sl_model *m, const struct sl_unit_source *src,
 		      const struct sl_dataset *ds, int batch, int max_L, int32_t pad, float *out)
@@ -69,7 +59,7 @@ static void score_all(struct sl_backend *be, struct sl_model *m, const struct sl
 
 	for (int i = 0; i < ds->n; i++)
 		order[i] = i;
-	qsort_r(order, ds->n, sizeof(int), cmp_len_desc, (void *)ds);
+	sl_data_sort_longest_first(ds, order, ds->n);
 	sl_host_batch_alloc(&hb, batch, max_L);
 	for (int i = 0; i < ds->n; i += batch) {
 		int n = ds->n - i < batch ? ds->n - i : batch;

@@ -351,16 +351,6 @@ static const struct sl_batch_dev *dev_batch_upload(struct sl_backend *be, struct
 	return &d->view;
 }
 
-static int cmp_len_desc(const void *a, const void *b, void *arg)
-{
-	const struct sl_dataset *ds = arg;
-	int x = *(const int *)a, y = *(const int *)b;
-
-	if (ds->rec[x].len != ds->rec[y].len)
-		return ds->rec[y].len - ds->rec[x].len;
-	return x - y;
-}
-
 enum { EV_N, EV_BCE, EV_SE, EV_P, EV_Y, EV_PP, EV_YY, EV_PY, EV_COUNT };
 
 /*
@@ -380,7 +370,7 @@ static void evaluate(struct sl_backend *be, struct sl_model *m, const struct sl_
 
 	for (int i = rank; i < ds->n; i += world)
 		order[n_mine++] = i;
-	qsort_r(order, n_mine, sizeof(int), cmp_len_desc, (void *)ds);
+	sl_data_sort_longest_first(ds, order, n_mine);
 	sl_host_batch_alloc(&hb, batch, max_L);
 	dev_batch_alloc(be, &db, batch, max_L);
 	for (int i = 0; i < n_mine; i += batch) {
