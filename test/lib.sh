@@ -40,3 +40,19 @@ finish() {
 	[ "$failures" -eq 0 ] && rm -rf "$T"
 	[ "$failures" -eq 0 ]
 }
+
+# tiny_fsdp_inputs DIR: a tiny random model (hidden 20, head_dim 6, intermediate 36: no unit size
+# divides evenly by 3 or 4 ranks) in DIR/model and 48 pre-tokenized records in DIR/data.jsonl
+tiny_fsdp_inputs() {
+	"$top_builddir/test/mkmodel" --out "$1/model" --vocab 61 --hidden 20 --layers 2 --heads 4 \
+		--kv-heads 2 --head-dim 6 --intermediate 36 --seed 5 >/dev/null || fail "mkmodel"
+	python3 - "$1/data.jsonl" <<'PY'
+import random, sys
+r = random.Random(11)
+with open(sys.argv[1], "w") as f:
+    for i in range(48):
+        n = r.randint(3, 17)
+        ids = [r.randrange(1, 61) for _ in range(n)]
+        f.write('{"input_ids": %s, "label": %.3f}\n' % (ids, sum(t < 30 for t in ids) / n))
+PY
+}

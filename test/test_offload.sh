@@ -13,17 +13,7 @@ fi
 MPIRUN=${MPIRUN:-mpirun}
 MODEL="$T/model"
 FIX="$top_srcdir/test/fixtures/plan/qwen3-27b"
-"$top_builddir/test/mkmodel" --out "$MODEL" --vocab 61 --hidden 20 --layers 2 --heads 4 \
-	--kv-heads 2 --head-dim 6 --intermediate 36 --seed 5 >/dev/null || fail "mkmodel"
-python3 - "$T/data.jsonl" <<'PY'
-import random, sys
-r = random.Random(11)
-with open(sys.argv[1], "w") as f:
-    for i in range(48):
-        n = r.randint(3, 17)
-        ids = [r.randrange(1, 61) for _ in range(n)]
-        f.write('{"input_ids": %s, "label": %.3f}\n' % (ids, sum(t < 30 for t in ids) / n))
-PY
+tiny_fsdp_inputs "$T"
 cat >"$T/base.yaml" <<YAML
 model: {path: $MODEL}
 backend: cpu
