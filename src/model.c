@@ -14,11 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
+#include "model_impl.h"
 
-/* tensor offsets are multiples of this many elements (64-byte alignment for fp32) */
-#define SL_ALIGN 16
-#define NO_OFF SIZE_MAX
 
 static size_t align_up(size_t n)
 {
@@ -191,70 +188,7 @@ double sl_model_matmul_params(const struct sl_model_config *mc, const struct sl_
 
 /* ---- model ------------------------------------------------------------------------------- */
 
-/* a decoder layer's tensors, as element offsets in its unit; NO_OFF when absent */
-struct layer_off {
-	size_t ln1;	/* (H) */
-	size_t wqkv;	/* ((nh + 2 nkv) hd, H) */
-	size_t bqkv;	/* ((nh + 2 nkv) hd) */
-	size_t wo;	/* (H, nh hd) */
-	size_t bo;	/* (H) */
-	size_t qn, kn;	/* (hd) */
-	size_t ln2;	/* (H) */
-	size_t wgu;	/* (2I, H) */
-	size_t wd;	/* (H, I) */
-};
-
-/* what a layer's backward needs from its forward */
-struct acts {
-	void *xn1;	/* (T, H) input_layernorm output */
-	void *rstd1;	/* (T) stat */
-	void *qkv;	/* (T, Q) fused q, k, v projection */
-	void *qkvr;	/* (T, Q) q, k normed and rotated; v */
-	void *rstd_qk;	/* (T, nh + nkv) stat */
-	void *att;	/* (T, nh hd) attention output */
-	void *lse;	/* (T, nh) stat */
-	void *h;	/* (T, H) residual stream after attention */
-	void *xn2;	/* (T, H) post_attention_layernorm output */
-	void *rstd2;	/* (T) stat */
-	void *gu;	/* (T, 2I) gate | up */
-	void *act;	/* (T, I) silu(gate) * up */
-};
-
-struct sl_model {
-	struct sl_backend *be;
-	int max_tokens, max_records;
-	bool ckpt;
-	int V, H, nh, nkv, hd, I, Q, nL;	/* Q = (nh + 2 nkv) hd */
-	float eps, theta;
-	bool bias;
-
-	struct layer_off *lo;		/* (nL) */
-	size_t norm_off, score_off;	/* in the head unit */
-
-	void **x;		/* (nL + 1) of (T, H): layer inputs; the last, the final hidden */
-	struct acts *acts;	/* (nL), or (1) reused by every layer when checkpointing */
-	int n_acts;
-
-	void *gx;		/* (T, H) gradient of the residual stream */
-	void *gn;		/* (T, H) gradient of a norm's output */
-	void *gb1;		/* (T, max(2I, Q)) */
-	void *gb2;		/* (T, max(I, Q, nh hd)) */
-
-	void *xl;		/* (B, H) last-token hidden states */
-	void *xnf;		/* (B, H) after the final norm */
-	void *rstdf;		/* (B) stat */
-	void *logits;		/* (B) */
-	void *dlogits;		/* (B) */
-	void *gxnf, *gxl;	/* (B, H) */
-	double *loss_dev;	/* (1) */
-	float *scores_f32;	/* (B) */
-
-	void **bufs;		/* everything above that came from be->alloc, to free */
-	int n_bufs, cap_bufs;
-	size_t ws_bytes;
-};
-
-static void *ws_alloc(struct sl_model *m, size_t n, size_t elt)
+void *sl_model_ws_alloc(struct sl_model *m, size_t n, size_t elt)
 {
 	void *p;
 
@@ -271,17 +205,6 @@ static void *ws_alloc(struct sl_model *m, size_t n, size_t elt)
 	m->bufs[m->n_bufs++] = p;
 	m->ws_bytes += n * elt;
 	return p;
-}
-
-/* element @off of a compute-type buffer */
-static inline void *at(const struct sl_model *m, const void *base, size_t off)
-{
-	return (char *)base + off * m->be->elt;
-}
-
-static inline const void *at_opt(const struct sl_model *m, const void *base, size_t off)
-{
-	return off == NO_OFF ? NULL : at(m, base, off);
 }
 
 static const struct sl_tensor_info *find_layer_tensor(const struct sl_layout *lay, int l,
@@ -359,18 +282,18 @@ static int alloc_acts(struct sl_model *m, struct acts *a, size_t T)
 {
 	const size_t e = m->be->elt, s = m->be->stat_elt;
 
-	a->xn1 = ws_alloc(m, T * m->H, e);
-	a->rstd1 = ws_alloc(m, T, s);
-	a->qkv = ws_alloc(m, T * m->Q, e);
-	a->qkvr = ws_alloc(m, T * m->Q, e);
-	a->rstd_qk = ws_alloc(m, T * (m->nh + m->nkv), s);
-	a->att = ws_alloc(m, T * m->nh * m->hd, e);
-	a->lse = ws_alloc(m, T * m->nh, s);
-	a->h = ws_alloc(m, T * m->H, e);
-	a->xn2 = ws_alloc(m, T * m->H, e);
-	a->rstd2 = ws_alloc(m, T, s);
-	a->gu = ws_alloc(m, T * 2 * m->I, e);
-	a->act = ws_alloc(m, T * m->I, e);
+	a->xn1 = sl_model_ws_alloc(m, T * m->H, e);
+	a->rstd1 = sl_model_ws_alloc(m, T, s);
+	a->qkv = sl_model_ws_alloc(m, T * m->Q, e);
+	a->qkvr = sl_model_ws_alloc(m, T * m->Q, e);
+	a->rstd_qk = sl_model_ws_alloc(m, T * (m->nh + m->nkv), s);
+	a->att = sl_model_ws_alloc(m, T * m->nh * m->hd, e);
+	a->lse = sl_model_ws_alloc(m, T * m->nh, s);
+	a->h = sl_model_ws_alloc(m, T * m->H, e);
+	a->xn2 = sl_model_ws_alloc(m, T * m->H, e);
+	a->rstd2 = sl_model_ws_alloc(m, T, s);
+	a->gu = sl_model_ws_alloc(m, T * 2 * m->I, e);
+	a->act = sl_model_ws_alloc(m, T * m->I, e);
 	return a->act ? 0 : -ENOMEM;
 }
 
@@ -442,24 +365,24 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 	m->score_off = score->offset;
 
 	for (int l = 0; l <= m->nL; l++)
-		if (!(m->x[l] = ws_alloc(m, T * m->H, be->elt)))
+		if (!(m->x[l] = sl_model_ws_alloc(m, T * m->H, be->elt)))
 			goto out_free_model;
 	for (int i = 0; i < m->n_acts; i++)
 		if (alloc_acts(m, &m->acts[i], T))
 			goto out_free_model;
-	m->gx = ws_alloc(m, T * m->H, be->elt);
-	m->gn = ws_alloc(m, T * m->H, be->elt);
-	m->gb1 = ws_alloc(m, T * zmax(2 * (size_t)m->I, m->Q), be->elt);
-	m->gb2 = ws_alloc(m, T * zmax(zmax(m->I, m->Q), (size_t)m->nh * m->hd), be->elt);
-	m->xl = ws_alloc(m, B * m->H, be->elt);
-	m->xnf = ws_alloc(m, B * m->H, be->elt);
-	m->rstdf = ws_alloc(m, B, be->stat_elt);
-	m->logits = ws_alloc(m, B, be->elt);
-	m->dlogits = ws_alloc(m, B, be->elt);
-	m->gxnf = ws_alloc(m, B * m->H, be->elt);
-	m->gxl = ws_alloc(m, B * m->H, be->elt);
-	m->loss_dev = ws_alloc(m, 1, sizeof(double));
-	m->scores_f32 = ws_alloc(m, B, sizeof(float));
+	m->gx = sl_model_ws_alloc(m, T * m->H, be->elt);
+	m->gn = sl_model_ws_alloc(m, T * m->H, be->elt);
+	m->gb1 = sl_model_ws_alloc(m, T * zmax(2 * (size_t)m->I, m->Q), be->elt);
+	m->gb2 = sl_model_ws_alloc(m, T * zmax(zmax(m->I, m->Q), (size_t)m->nh * m->hd), be->elt);
+	m->xl = sl_model_ws_alloc(m, B * m->H, be->elt);
+	m->xnf = sl_model_ws_alloc(m, B * m->H, be->elt);
+	m->rstdf = sl_model_ws_alloc(m, B, be->stat_elt);
+	m->logits = sl_model_ws_alloc(m, B, be->elt);
+	m->dlogits = sl_model_ws_alloc(m, B, be->elt);
+	m->gxnf = sl_model_ws_alloc(m, B * m->H, be->elt);
+	m->gxl = sl_model_ws_alloc(m, B * m->H, be->elt);
+	m->loss_dev = sl_model_ws_alloc(m, 1, sizeof(double));
+	m->scores_f32 = sl_model_ws_alloc(m, B, sizeof(float));
 	if (!m->scores_f32)
 		goto out_free_model;
 	return m;

@@ -84,7 +84,7 @@ struct sl_layout {
 	size_t total_numel;
 };
 
-/* task: 0 = classify (score.weight head of num_labels rows) */
+/* task: 0 = classify (score.weight head), 1 = sft (causal-LM head); config.h's enum sl_task */
 int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout *lay);
 void sl_layout_free(struct sl_layout *lay);
 const struct sl_tensor_info *sl_layout_find(const struct sl_layout *lay, const char *name);
