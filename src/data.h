@@ -19,6 +19,8 @@
 
 struct sl_record {
 	const int32_t *ids;		/* (len) into the dataset's pool */
+	const uint8_t *mask;		/* (len) 1 = token t is a target, predicted from the logits
+					 * at t-1; NULL for classify records */
 	int len;
 	float label;			/* NaN when the data has no labels (scoring) */
 	long line;			/* 1-based line in the file */
