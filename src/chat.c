@@ -18,44 +18,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "chat_impl.h"
 #include "log.h"
 #include "tokenizer.h"
-
-/* ---- growing buffers ---------------------------------------------------------------------- */
-
-struct sbuf {
-	char *s;
-	size_t n, cap;
-	bool oom;
-};
-
-static void sb_put(struct sbuf *b, const char *s, size_t n)
-{
-	if (b->oom)
-		return;
-	if (b->n + n + 1 > b->cap) {
-		size_t c = b->cap ? b->cap : 256;
-		char *p;
-
-		while (c < b->n + n + 1)
-			c *= 2;
-		p = realloc(b->s, c);
-		if (!p) {
-			b->oom = true;
-			return;
-		}
-		b->s = p;
-		b->cap = c;
-	}
-	memcpy(b->s + b->n, s, n);
-	b->n += n;
-	b->s[b->n] = 0;
-}
-
-static void sb_puts(struct sbuf *b, const char *s)
-{
-	sb_put(b, s, strlen(s));
-}
 
 static char *msgf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static char *msgf(const char *fmt, ...)
@@ -69,308 +34,6 @@ static char *msgf(const char *fmt, ...)
 	va_end(ap);
 	return s ? s : strdup("out of memory");
 }
-
-/* ---- tojson: Python's json.dumps(x, ensure_ascii=False) ----------------------------------- */
-
-static void dump_string(struct sbuf *b, const char *s, size_t n)
-{
-	size_t i, run = 0;
-
-	sb_put(b, "\"", 1);
-	for (i = 0; i < n; i++) {
-		unsigned char c = s[i];
-		char esc[8];
-
-		if (c >= 0x20 && c != '"' && c != '\\')
-			continue;
-		sb_put(b, s + run, i - run);
-		run = i + 1;
-		switch (c) {
-		case '"':
-			sb_put(b, "\\\"", 2);
-			break;
-		case '\\':
-			sb_put(b, "\\\\", 2);
-			break;
-		case '\n':
-			sb_put(b, "\\n", 2);
-			break;
-		case '\r':
-			sb_put(b, "\\r", 2);
-			break;
-		case '\t':
-			sb_put(b, "\\t", 2);
-			break;
-		case '\b':
-			sb_put(b, "\\b", 2);
-			break;
-		case '\f':
-			sb_put(b, "\\f", 2);
-			break;
-		default:
-			snprintf(esc, sizeof(esc), "\\u%04x", c);
-			sb_put(b, esc, 6);
-		}
-	}
-	sb_put(b, s + run, n - run);
-	sb_put(b, "\"", 1);
-}
-
-/*
- * repr(float): the shortest digits that read back as @x (the correctly rounded p-digit decimal
- * for the smallest p that round-trips), fixed notation when the decimal point falls within
- * -4 < decpt <= 16, else d.ddde+XX.
- */
-static void dump_real(struct sbuf *b, double x)
-{
-	char e[40], digits[24], out[64];
-	int p, nd = 0, exp10, decpt, i, o = 0;
-	const char *q;
-
-	if (isnan(x) || isinf(x)) {
-		sb_puts(b, isnan(x) ? "NaN" : x < 0 ? "-Infinity" : "Infinity");
-		return;
-	}
-	if (x == 0) {
-		sb_puts(b, signbit(x) ? "-0.0" : "0.0");
-		return;
-	}
-	for (p = 1; p <= 17; p++) {
-		snprintf(e, sizeof(e), "%.*e", p - 1, x);
-		if (strtod(e, NULL) == x)
-			break;
-	}
-	q = e;
-	if (*q == '-')
-		out[o++] = *q++;
-	for (; *q && *q != 'e'; q++)
-		if (*q >= '0' && *q <= '9')
-			digits[nd++] = *q;
-	exp10 = atoi(q + 1);
-	while (nd > 1 && digits[nd - 1] == '0')
-		nd--;
-	decpt = exp10 + 1;
-	if (decpt <= -4 || decpt > 16) {
-		out[o++] = digits[0];
-		if (nd > 1) {
-			out[o++] = '.';
-			memcpy(out + o, digits + 1, nd - 1);
-			o += nd - 1;
-		}
-		o += snprintf(out + o, sizeof(out) - o, "e%c%02d", exp10 < 0 ? '-' : '+',
-			      abs(exp10));
-	} else if (decpt <= 0) {
-		out[o++] = '0';
-		out[o++] = '.';
-		for (i = 0; i < -decpt; i++)
-			out[o++] = '0';
-		memcpy(out + o, digits, nd);
-		o += nd;
-	} else if (decpt < nd) {
-		memcpy(out + o, digits, decpt);
-		o += decpt;
-		out[o++] = '.';
-		memcpy(out + o, digits + decpt, nd - decpt);
-		o += nd - decpt;
-	} else {
-		memcpy(out + o, digits, nd);
-		o += nd;
-		for (i = nd; i < decpt; i++)
-			out[o++] = '0';
-		out[o++] = '.';
-		out[o++] = '0';
-	}
-	sb_put(b, out, o);
-}
-
-static void dump_json(struct sbuf *b, json_t *j)
-{
-	const char *k;
-	json_t *v;
-	size_t i;
-	bool first = true;
-	char num[32];
-
-	switch (json_typeof(j)) {
-	case JSON_OBJECT:
-		sb_put(b, "{", 1);
-		/* jansson keeps insertion order, as Python's dicts do */
-		json_object_foreach(j, k, v) {
-			if (!first)
-				sb_put(b, ", ", 2);
-			first = false;
-			dump_string(b, k, strlen(k));
-			sb_put(b, ": ", 2);
-			dump_json(b, v);
-		}
-		sb_put(b, "}", 1);
-		break;
-	case JSON_ARRAY:
-		sb_put(b, "[", 1);
-		json_array_foreach(j, i, v) {
-			if (i)
-				sb_put(b, ", ", 2);
-			dump_json(b, v);
-		}
-		sb_put(b, "]", 1);
-		break;
-	case JSON_STRING:
-		dump_string(b, json_string_value(j), json_string_length(j));
-		break;
-	case JSON_INTEGER:
-		snprintf(num, sizeof(num), "%" JSON_INTEGER_FORMAT, json_integer_value(j));
-		sb_puts(b, num);
-		break;
-	case JSON_REAL:
-		dump_real(b, json_real_value(j));
-		break;
-	case JSON_TRUE:
-		sb_puts(b, "true");
-		break;
-	case JSON_FALSE:
-		sb_puts(b, "false");
-		break;
-	case JSON_NULL:
-		sb_puts(b, "null");
-		break;
-	}
-}
-
-int sl_chat_tojson(json_t *j, char **out, size_t *len)
-{
-	struct sbuf b = { 0 };
-
-	dump_json(&b, j);
-	if (b.oom || !b.s) {
-		free(b.s);
-		return -ENOMEM;
-	}
-	*out = b.s;
-	*len = b.n;
-	return 0;
-}
-
-/* ---- the rendered text: text, template-emitted special tokens, target spans --------------- */
-
-struct seg {
-	size_t start, len;
-	int special;			/* index into the template's specials, -1 = text */
-};
-
-struct span {
-	size_t start, end;		/* bytes [start, end) of the rendered text */
-};
-
-struct render {
-	struct sbuf text;
-	struct seg *seg;
-	int nseg, seg_cap;
-	struct span *tgt;
-	int ntgt, tgt_cap;
-	char *err;			/* the first error (malloc'ed) */
-};
-
-static bool grow(void **p, int *cap, int n, size_t elem)
-{
-	void *q;
-	int c;
-
-	if (n < *cap)
-		return true;
-	c = *cap ? 2 * *cap : 16;
-	q = realloc(*p, (size_t)c * elem);
-	if (!q)
-		return false;
-	*p = q;
-	*cap = c;
-	return true;
-}
-
-static void r_text(struct render *r, const char *s, size_t n)
-{
-	struct seg *last = r->nseg ? &r->seg[r->nseg - 1] : NULL;
-
-	if (!n)
-		return;
-	if (!last || last->special >= 0) {
-		if (!grow((void **)&r->seg, &r->seg_cap, r->nseg, sizeof(*r->seg))) {
-			r->text.oom = true;
-			return;
-		}
-		last = &r->seg[r->nseg++];
-		last->start = r->text.n;
-		last->len = 0;
-		last->special = -1;
-	}
-	sb_put(&r->text, s, n);
-	last->len += n;
-}
-
-static void r_str(struct render *r, const char *s)
-{
-	r_text(r, s, strlen(s));
-}
-
-static void r_special(struct render *r, int which, const char *content)
-{
-	struct seg *g;
-
-	if (!grow((void **)&r->seg, &r->seg_cap, r->nseg, sizeof(*r->seg))) {
-		r->text.oom = true;
-		return;
-	}
-	g = &r->seg[r->nseg++];
-	g->start = r->text.n;
-	g->len = strlen(content);
-	g->special = which;
-	sb_put(&r->text, content, g->len);
-}
-
-static void r_target_begin(struct render *r)
-{
-	if (!grow((void **)&r->tgt, &r->tgt_cap, r->ntgt, sizeof(*r->tgt))) {
-		r->text.oom = true;
-		return;
-	}
-	r->tgt[r->ntgt].start = r->text.n;
-	r->tgt[r->ntgt++].end = r->text.n;
-}
-
-static void r_target_end(struct render *r)
-{
-	if (r->ntgt)
-		r->tgt[r->ntgt - 1].end = r->text.n;
-}
-
-static void render_free(struct render *r)
-{
-	free(r->text.s);
-	free(r->seg);
-	free(r->tgt);
-	free(r->err);
-	memset(r, 0, sizeof(*r));
-}
-
-/* ---- messages, validated ------------------------------------------------------------------ */
-
-enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL };
-
-static const char *const role_names[] = { "system", "user", "assistant", "tool" };
-
-struct call {
-	const char *name;
-	json_t *args;			/* a string (emitted as is) or any JSON (tojson) */
-};
-
-struct msg {
-	enum role role;
-	const char *content;
-	size_t content_len;
-	const char *reasoning;		/* reasoning_content, NULL when absent or null */
-	size_t reasoning_len;
-	struct call *calls;
-	int n_calls;
-};
 
 static const char *type_name(const json_t *j)
 {
@@ -434,7 +97,7 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 			goto out_free;
 		}
 		for (r = 0; r < 4; r++)
-			if (!strcmp(json_string_value(role), role_names[r]))
+			if (!strcmp(json_string_value(role), sl_chat_role_names[r]))
 				break;
 		if (r == 4) {
 			*err = msgf("messages[%zu] has role \"%s\"; the template renders system, "
@@ -446,7 +109,7 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 		c = json_object_get(e, "content");
 		if (!json_is_string(c)) {
 			*err = msgf("messages[%zu] (%s) has %s \"content\"; it must be a string (use "
-				    "\"\" for none)", i, role_names[r], c ? type_name(c) : "no");
+				    "\"\" for none)", i, sl_chat_role_names[r], c ? type_name(c) : "no");
 			goto out_free;
 		}
 		m[i].content = json_string_value(c);
@@ -505,221 +168,6 @@ out_free:
 	return NULL;
 }
 
-/* ---- Python string helpers the templates use ---------------------------------------------- */
-
-struct str {
-	const char *s;
-	size_t n;
-};
-
-static struct str lstrip_nl(struct str x)
-{
-	while (x.n && x.s[0] == '\n') {
-		x.s++;
-		x.n--;
-	}
-	return x;
-}
-
-static struct str rstrip_nl(struct str x)
-{
-	while (x.n && x.s[x.n - 1] == '\n')
-		x.n--;
-	return x;
-}
-
-static const char *find(struct str x, const char *needle)
-{
-	return memmem(x.s, x.n, needle, strlen(needle));
-}
-
-static const char *find_last(struct str x, const char *needle)
-{
-	size_t nl = strlen(needle), i;
-
-	if (x.n < nl)
-		return NULL;
-	for (i = x.n - nl + 1; i-- > 0;)
-		if (!memcmp(x.s + i, needle, nl))
-			return x.s + i;
-	return NULL;
-}
-
-static bool starts_with(struct str x, const char *p)
-{
-	size_t n = strlen(p);
-
-	return x.n >= n && !memcmp(x.s, p, n);
-}
-
-static bool ends_with(struct str x, const char *p)
-{
-	size_t n = strlen(p);
-
-	return x.n >= n && !memcmp(x.s + x.n - n, p, n);
-}
-
-/* ---- Qwen3 ---------------------------------------------------------------------------------- */
-
-enum { QWEN3_IM_START, QWEN3_IM_END };
-static const char *const qwen3_specials[] = { "<|im_start|>", "<|im_end|>", NULL };
-
-static const char qwen3_tools_head[] =
-	"# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-	"You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
-static const char qwen3_tools_tail[] =
-	"\n</tools>\n\nFor each function call, return a json object with function name and "
-	"arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
-	"<function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
-
-static void qwen3_turn(struct render *r, const char *role, struct str content)
-{
-	r_special(r, QWEN3_IM_START, "<|im_start|>");
-	r_str(r, role);
-	r_str(r, "\n");
-	r_text(r, content.s, content.n);
-	r_special(r, QWEN3_IM_END, "<|im_end|>");
-	r_str(r, "\n");
-}
-
-static void qwen3_assistant(struct render *r, const struct msg *m, bool after_query, bool last,
-			    bool keep_reasoning)
-{
-	struct str content = { m->content, m->content_len }, reasoning = { "", 0 };
-	const char *cut;
-	int k;
-
-	if (m->reasoning) {
-		reasoning = (struct str){ m->reasoning, m->reasoning_len };
-	} else if ((cut = find(content, "</think>"))) {
-		/* content.split('</think>')[-1].lstrip('\n') */
-		const char *after = find_last(content, "</think>") + strlen("</think>");
-		/* content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') */
-		struct str head = rstrip_nl((struct str){ content.s, cut - content.s });
-		const char *open = find_last(head, "<think>");
-
-		if (open)
-			head = (struct str){ open + 7, head.s + head.n - (open + 7) };
-		reasoning = lstrip_nl(head);
-		content = lstrip_nl((struct str){ after, content.s + content.n - after });
-	}
-	r_special(r, QWEN3_IM_START, "<|im_start|>");
-	r_str(r, "assistant\n");
-	r_target_begin(r);
-	/*
-	 * The template shows the think block only after the last user query (always on the last
-	 * turn); keep_reasoning shows every non-empty one (the departure chat.h documents).
-	 */
-	if ((after_query && (last || reasoning.n)) || (keep_reasoning && reasoning.n)) {
-		struct str rs = lstrip_nl(rstrip_nl(reasoning)), shown = lstrip_nl(content);
-
-		r_str(r, "<think>\n");
-		r_text(r, rs.s, rs.n);
-		r_str(r, "\n</think>\n\n");
-		r_text(r, shown.s, shown.n);
-	} else {
-		r_text(r, content.s, content.n);
-	}
-	/* "\n" before the first call when `content` (not the stripped text shown) is non-empty */
-	for (k = 0; k < m->n_calls; k++) {
-		const struct call *c = &m->calls[k];
-
-		if (k || content.n)
-			r_str(r, "\n");
-		r_str(r, "<tool_call>\n{\"name\": \"");
-		r_str(r, c->name);
-		r_str(r, "\", \"arguments\": ");
-		if (json_is_string(c->args)) {
-			r_text(r, json_string_value(c->args), json_string_length(c->args));
-		} else {
-			struct sbuf b = { 0 };
-
-			dump_json(&b, c->args);
-			if (b.oom)
-				r->text.oom = true;
-			else
-				r_text(r, b.s, b.n);
-			free(b.s);
-		}
-		r_str(r, "}\n</tool_call>");
-	}
-	r_special(r, QWEN3_IM_END, "<|im_end|>");
-	r_target_end(r);
-	r_str(r, "\n");
-}
-
-static void qwen3_render(struct render *r, const struct msg *m, int n, json_t *tools,
-			 bool keep_reasoning)
-{
-	int i, last_query = n - 1;
-	size_t k;
-	json_t *t;
-
-	if (json_array_size(tools)) {
-		r_special(r, QWEN3_IM_START, "<|im_start|>");
-		r_str(r, "system\n");
-		if (m[0].role == ROLE_SYSTEM) {
-			r_text(r, m[0].content, m[0].content_len);
-			r_str(r, "\n\n");
-		}
-		r_str(r, qwen3_tools_head);
-		json_array_foreach(tools, k, t) {
-			struct sbuf b = { 0 };
-
-			r_str(r, "\n");
-			dump_json(&b, t);
-			if (b.oom)
-				r->text.oom = true;
-			else
-				r_text(r, b.s, b.n);
-			free(b.s);
-		}
-		r_str(r, qwen3_tools_tail);
-		r_special(r, QWEN3_IM_END, "<|im_end|>");
-		r_str(r, "\n");
-	} else if (m[0].role == ROLE_SYSTEM) {
-		qwen3_turn(r, "system", (struct str){ m[0].content, m[0].content_len });
-	}
-	/* the last user turn that is not a wrapped tool response (ns.last_query_index) */
-	for (i = n - 1; i >= 0; i--) {
-		struct str c = { m[i].content, m[i].content_len };
-
-		if (m[i].role == ROLE_USER &&
-		    !(starts_with(c, "<tool_response>") && ends_with(c, "</tool_response>"))) {
-			last_query = i;
-			break;
-		}
-	}
-	for (i = 0; i < n; i++) {
-		struct str c = { m[i].content, m[i].content_len };
-
-		switch (m[i].role) {
-		case ROLE_SYSTEM:
-		case ROLE_USER:
-			/* the first system turn went out above; a later one renders like a user's */
-			if (m[i].role == ROLE_USER || i > 0)
-				qwen3_turn(r, role_names[m[i].role], c);
-			break;
-		case ROLE_ASSISTANT:
-			qwen3_assistant(r, &m[i], i > last_query, i == n - 1, keep_reasoning);
-			break;
-		case ROLE_TOOL:
-			if (i == 0 || m[i - 1].role != ROLE_TOOL) {
-				r_special(r, QWEN3_IM_START, "<|im_start|>");
-				r_str(r, "user");
-			}
-			r_str(r, "\n<tool_response>\n");
-			r_text(r, c.s, c.n);
-			r_str(r, "\n</tool_response>");
-			if (i == n - 1 || m[i + 1].role != ROLE_TOOL) {
-				r_special(r, QWEN3_IM_END, "<|im_end|>");
-				r_str(r, "\n");
-			}
-			break;
-		}
-	}
-}
-
 /* ---- the table of known templates ---------------------------------------------------------- */
 
 struct known {
@@ -733,7 +181,7 @@ struct known {
 
 static const struct known known_templates[] = {
 	/* Qwen3 (dense and MoE: Qwen3-0.6B ... Qwen3-235B-A22B), thinking with tools */
-	{ "qwen3", 4116, UINT64_C(0x9ebb70c810526bd1), qwen3_specials, qwen3_render },
+	{ "qwen3", 4116, UINT64_C(0x9ebb70c810526bd1), sl_chat_qwen3_specials, sl_chat_qwen3_render },
 };
 
 #define N_KNOWN (sizeof(known_templates) / sizeof(known_templates[0]))
@@ -1051,7 +499,7 @@ static int do_render(const struct sl_chat *ct, json_t *messages, json_t *tools,
 	if (r->err || r->text.oom) {
 		*err = r->err ? r->err : msgf("out of memory rendering the chat");
 		r->err = NULL;
-		render_free(r);
+		sl_chat_render_clear(r);
 		return -EINVAL;
 	}
 	return 0;
@@ -1068,7 +516,7 @@ int sl_chat_render(const struct sl_chat *ct, json_t *messages, json_t *tools,
 	*text = r.text.s ? r.text.s : strdup("");
 	*len = r.text.n;
 	r.text.s = NULL;
-	render_free(&r);
+	sl_chat_render_clear(&r);
 	return *text ? 0 : -ENOMEM;
 }
 
@@ -1194,6 +642,6 @@ out_nomem:
 	rc = -ENOMEM;
 out_free:
 	free(chunk);
-	render_free(&r);
+	sl_chat_render_clear(&r);
 	return rc;
 }
