@@ -288,6 +288,7 @@ static int load_data(struct sl_dataset *ds, const char *path, const struct sl_co
 		.max_state = c->data.max_state, .need_label = c->task == SL_TASK_CLASSIFY,
 		.skip_errors = c->data.on_error == SL_ON_ERROR_SKIP, .vocab = vocab,
 		.tokenizer = tok, .progress = d->rank == 0,
+		.sft = c->task == SL_TASK_SFT, .keep_reasoning = c->data.keep_reasoning,
 	};
 
 	if (tok && d->world > 1) {

@@ -137,7 +137,7 @@ static void run_case(const struct sft_case *k, const char *fix, const char *shar
 		      k->name);
 		json_decref(cj);
 	}
-	snprintf(cmd, sizeof(cmd), "grep -c lm_head.weight %s/model/model.safetensors "
+	snprintf(cmd, sizeof(cmd), "cat %s/model/model*.safetensors | grep -c lm_head.weight "
 		 ">/dev/null 2>&1", run);
 	st = system(cmd);
 	CHECK((st == 0) == !k->tied, "%s: lm_head.weight %s in the export", k->name,
