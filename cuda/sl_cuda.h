@@ -58,17 +58,17 @@ void sl_cuda_matmul_fwd(struct sl_cuda *c, void *out, const void *x, const void 
 void sl_cuda_matmul_bwd(struct sl_cuda *c, void *dx, void *dw, void *dbias, const void *dout,
 			const void *x, const void *w, int T, int K, int N, int accumulate);
 void sl_cuda_qk_norm_rope_fwd(struct sl_cuda *c, void *out, float *rstd, const void *qkv,
-			      const void *qw, const void *kw, int T, int L, int nh, int nkv,
-			      int hd, float eps, float theta);
+			      const void *qw, const void *kw, int T, int L, const int32_t *pos,
+			      int nh, int nkv, int hd, float eps, float theta);
 void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dqw, void *dkw,
 			      const void *dout, const void *qkv, const void *qw, const void *kw,
-			      const float *rstd, int T, int L, int nh, int nkv, int hd, float eps,
-			      float theta);
+			      const float *rstd, int T, int L, const int32_t *pos, int nh, int nkv,
+			      int hd, float eps, float theta);
 void sl_cuda_attention_fwd(struct sl_cuda *c, void *out, float *lse, const void *qkv,
-			   const int *lens, int B, int L, int nh, int nkv, int hd);
+			   const int *lens, const int *pos, int B, int L, int nh, int nkv, int hd);
 void sl_cuda_attention_bwd(struct sl_cuda *c, void *dqkv, const void *dout, const void *out,
-			   const float *lse, const void *qkv, const int *lens, int B, int L,
-			   int nh, int nkv, int hd);
+			   const float *lse, const void *qkv, const int *lens, const int *pos, int B,
+			   int L, int nh, int nkv, int hd);
 void sl_cuda_swiglu_fwd(struct sl_cuda *c, void *h, const void *gu, int T, int I);
 void sl_cuda_swiglu_bwd(struct sl_cuda *c, void *dgu, const void *dh, const void *gu, int T,
 			int I);

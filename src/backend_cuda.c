@@ -243,32 +243,35 @@ static void cuda_add_f32(struct sl_backend *be, float *y, const float *x, size_t
 
 static void cuda_qk_norm_rope_fwd(struct sl_backend *be, void *out, void *rstd, const void *qkv,
 				  const void *q_norm_w, const void *k_norm_w, int T, int L,
-				  int nh, int nkv, int hd, float eps, float theta)
+				  const int32_t *pos, int nh, int nkv, int hd, float eps, float theta)
 {
-	sl_cuda_qk_norm_rope_fwd(C(be), out, rstd, qkv, q_norm_w, k_norm_w, T, L, nh, nkv, hd, eps,
-				 theta);
+	sl_cuda_qk_norm_rope_fwd(C(be), out, rstd, qkv, q_norm_w, k_norm_w, T, L, pos, nh, nkv, hd,
+				 eps, theta);
 }
 
 static void cuda_qk_norm_rope_bwd(struct sl_backend *be, void *dqkv, void *dq_norm_w,
 				  void *dk_norm_w, const void *dout, const void *qkv,
 				  const void *q_norm_w, const void *k_norm_w, const void *rstd,
-				  int T, int L, int nh, int nkv, int hd, float eps, float theta)
+				  int T, int L, const int32_t *pos, int nh, int nkv, int hd, float eps,
+				  float theta)
 {
 	sl_cuda_qk_norm_rope_bwd(C(be), dqkv, dq_norm_w, dk_norm_w, dout, qkv, q_norm_w, k_norm_w,
-				 rstd, T, L, nh, nkv, hd, eps, theta);
+				 rstd, T, L, pos, nh, nkv, hd, eps, theta);
 }
 
 static void cuda_attention_fwd(struct sl_backend *be, void *out, void *lse, const void *qkv,
-			       const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+			       const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+			       int nkv, int hd)
 {
-	sl_cuda_attention_fwd(C(be), out, lse, qkv, lens, B, L, nh, nkv, hd);
+	sl_cuda_attention_fwd(C(be), out, lse, qkv, lens, pos, B, L, nh, nkv, hd);
 }
 
 static void cuda_attention_bwd(struct sl_backend *be, void *dqkv, const void *dout,
 			       const void *out, const void *lse, const void *qkv,
-			       const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+			       const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+			       int nkv, int hd)
 {
-	sl_cuda_attention_bwd(C(be), dqkv, dout, out, lse, qkv, lens, B, L, nh, nkv, hd);
+	sl_cuda_attention_bwd(C(be), dqkv, dout, out, lse, qkv, lens, pos, B, L, nh, nkv, hd);
 }
 
 static void cuda_swiglu_fwd(struct sl_backend *be, void *h, const void *gu, int T, int I)
