@@ -1704,6 +1704,8 @@ int sl_host_batch_fill(struct sl_host_batch *hb, const struct sl_dataset *ds, co
 
 	hb->B = n;
 	hb->L = L;
+	hb->n_rec = n;
+	hb->packed = false;
 	hb->tokens = 0;
 	hb->targets = 0;
 	for (b = 0; b < n; b++) {
@@ -1734,6 +1736,7 @@ void sl_host_batch_free(struct sl_host_batch *hb)
 	free(hb->last);
 	free(hb->labels);
 	free(hb->mask);
+	free(hb->pos);
 	memset(hb, 0, sizeof(*hb));
 }
 

@@ -313,6 +313,7 @@ struct dev_batch {
 	int32_t *ids, *lens, *last;
 	float *labels;
 	int32_t *tgt_pos, *tgt_ids;	/* (max_B * max_L) sft */
+	int32_t *pos;			/* (max_B * max_L) packed rows */
 	int32_t *h_tgt;			/* (2 * max_B * max_L) host: positions, then ids */
 	struct sl_batch_dev view;
 };
@@ -327,6 +328,7 @@ static void dev_batch_alloc(struct sl_backend *be, struct dev_batch *d, int max_
 	d->labels = be->alloc(be, max_B * sizeof(float));
 	d->tgt_pos = be->alloc(be, T * sizeof(int32_t));
 	d->tgt_ids = be->alloc(be, T * sizeof(int32_t));
+	d->pos = be->alloc(be, T * sizeof(int32_t));
 	d->h_tgt = malloc(2 * T * sizeof(int32_t));
 	if (!d->h_tgt)
 		sl_dist_abort("out of host memory for a micro-batch's targets");
@@ -342,6 +344,7 @@ static void dev_batch_free(struct sl_backend *be, struct dev_batch *d)
 	be->free(be, d->labels);
 	be->free(be, d->tgt_pos);
 	be->free(be, d->tgt_ids);
+	be->free(be, d->pos);
 	free(d->h_tgt);
 	d->ids = NULL;
 }
@@ -356,31 +359,35 @@ static const struct sl_batch_dev *dev_batch_upload(struct sl_backend *be, struct
 	d->view = (struct sl_batch_dev){ .B = hb->B, .L = hb->L, .ids = d->ids, .lens = d->lens,
 					 .last = d->last, .labels = d->labels,
 					 .h_lens = hb->lens };
+	if (hb->packed) {
+		be->upload(be, d->pos, hb->pos, (size_t)hb->B * hb->L * sizeof(int32_t));
+		d->view.pos = d->pos;
+	}
 	return &d->view;
 }
 
 /*
- * sft: the targets of the batch of records idx[0..n) (as sl_host_batch_fill laid them out, L
- * tokens a row): token p of record b is a target when its mask says so, predicted from the
- * logits at b*L + p - 1.  Uploads them into the device batch; returns their number.
+ * sft: the batch's targets from its mask: token t of the batch (rows of L tokens, packed or not)
+ * is a target when its mask says so, predicted from the logits at t - 1 (a record's first token
+ * never is one, so t - 1 is in the same record).  Uploads them into the device batch; returns
+ * their number.
  */
 static int dev_batch_targets(struct sl_backend *be, struct dev_batch *d,
-			     const struct sl_host_batch *hb, const struct sl_dataset *ds,
-			     const int *idx)
+			     const struct sl_host_batch *hb)
 {
 	size_t T = (size_t)hb->max_B * hb->max_L;
 	int32_t *pos = d->h_tgt, *ids = d->h_tgt + T;
 	int k = 0;
 
-	for (int b = 0; b < hb->B; b++) {
-		const struct sl_record *r = &ds->rec[idx[b]];
+	for (int b = 0; b < hb->B; b++)
+		for (int p = 1; p < hb->lens[b]; p++) {
+			size_t t = (size_t)b * hb->L + p;
 
-		for (int p = 1; r->mask && p < r->len; p++)
-			if (r->mask[p]) {
-				pos[k] = b * hb->L + p - 1;
-				ids[k++] = r->ids[p];
+			if (hb->mask[t]) {
+				pos[k] = (int32_t)t - 1;
+				ids[k++] = hb->ids[t];
 			}
-	}
+		}
 	if (k) {
 		be->upload(be, d->tgt_pos, pos, k * sizeof(int32_t));
 		be->upload(be, d->tgt_ids, ids, k * sizeof(int32_t));
@@ -426,7 +433,7 @@ static double evaluate_lm(struct sl_backend *be, struct sl_model *m,
 
 		sl_host_batch_fill(&hb, ds, order + i, n, pad);
 		dev_batch_upload(be, &db, &hb);
-		sums[1] += dev_batch_targets(be, &db, &hb, ds, order + i);
+		sums[1] += dev_batch_targets(be, &db, &hb);
 		if (sl_model_lm_loss(m, src, &db.view, &part))
 			sl_dist_abort("the model's validation pass failed");
 		sums[0] += part;
@@ -841,9 +848,12 @@ static double model_flops(const struct job *j, const struct sl_host_batch *hb)
 		rows = hb->B;
 	}
 	for (int b = 0; b < hb->B; b++) {
-		double n = hb->lens[b];
+		double n = hb->lens[b], keys = 0;
 
-		f += 6 * p * n + 3 * 4.0 * mc->head_dim * mc->n_heads * mc->n_layers * n * (n + 1) / 2;
+		/* causal: token t sees its position + 1 keys (packed: in its own record) */
+		for (int t = 0; t < hb->lens[b]; t++)
+			keys += (hb->packed ? hb->pos[(size_t)b * hb->L + t] : t) + 1;
+		f += 6 * p * n + 3 * 4.0 * mc->head_dim * mc->n_heads * mc->n_layers * keys;
 	}
 	return f + 6 * head * rows;
 }
@@ -1008,11 +1018,13 @@ static int run_steps(struct job *j)
 			int n = sl_sampler_microbatch(&j->smp, step - 1, acc, j->d.rank, idx);
 			double part = 0;
 
-			if (n < 0 || sl_host_batch_fill(&j->hb, &j->train, idx, n, pad))
+			if (n < 0 || (c->data.pack ?
+				      sl_host_batch_pack(&j->hb, &j->train, idx, n, pad, j->max_L) :
+				      sl_host_batch_fill(&j->hb, &j->train, idx, n, pad)))
 				sl_dist_abort("internal error: bad micro-batch");
 			dev_batch_upload(j->be, &j->db, &j->hb);
 			if (lm)
-				dev_batch_targets(j->be, &j->db, &j->hb, &j->train, idx);
+				dev_batch_targets(j->be, &j->db, &j->hb);
 			if (sl_model_train_step(j->model, &j->sh.src, &j->db.view,
 						(float)(1.0 / denom), &part, NULL))
 				sl_dist_abort("the model step failed");
