@@ -795,9 +795,12 @@ static void parse_record(const struct sl_data_opts *o, const char *tf, const cha
 		r->err = msgf("a record must be a JSON object, not %s", json_type_name(root));
 		goto out_put;
 	}
-	rc = sl_data_chat_record(o, root, &r->ids, &r->mask, &cap, &r->n, &r->err);
-	if (rc <= 0)
-		goto out_put;
+	/* pre-tokenized ids win over a chat, a chat over text */
+	if (!json_object_get(root, "input_ids")) {
+		rc = sl_data_chat_record(o, root, &r->ids, &r->mask, &cap, &r->n, &r->err);
+		if (rc <= 0)
+			goto out_put;
+	}
 	if ((j = json_object_get(root, "input_ids"))) {
 		json_t *e;
 

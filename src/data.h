@@ -1,9 +1,12 @@
 /*
  * data: training records and the order they are trained in.
  *
- * Reads JSONL (jansson) with a text field (tokenized by the tokenizer module, later) or
- * pre-tokenized "input_ids", and a soft label in [0,1]; drops records longer than data.max_state
- * with a count; errors name file:line (data.on_error: fail) or are counted (skip).
+ * Reads JSONL (jansson) with a text field (tokenized by the tokenizer module) or pre-tokenized
+ * "input_ids", and a soft label in [0,1] (classify); for task sft, chat records ("messages",
+ * ShareGPT "conversations", rendered by chat.c) and a loss mask per record instead of the label
+ * (data_chat.c); drops records longer than data.max_state with a count (and, for sft, records
+ * without a target with another); errors name file:line (data.on_error: fail) or are counted
+ * (skip).
  * The sampler picks each optimizer step's records globally (seeded, length-sorted buckets, epochs)
  * and splits them into micro-batches per data-parallel rank, so a step trains on the same records
  * whatever the world size.  Knows no model or backend.

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "chat.h"
 #include "ckpt.h"
 #include "data.h"
 #include "dist.h"
@@ -280,8 +281,8 @@ out:
  * then every rank loads the whole cache (the sampler orders all records by length).
  */
 static int load_data(struct sl_dataset *ds, const char *path, const struct sl_config *c,
-		     int vocab, struct sl_tokenizer *tok, const struct sl_dist *d,
-		     const char *what)
+		     int vocab, struct sl_tokenizer *tok, const struct sl_chat *chat,
+		     const struct sl_dist *d, const char *what)
 {
 	struct sl_data_opts o = {
 		.text_field = c->data.text_field, .label_field = c->data.label_field,
@@ -289,6 +290,7 @@ static int load_data(struct sl_dataset *ds, const char *path, const struct sl_co
 		.skip_errors = c->data.on_error == SL_ON_ERROR_SKIP, .vocab = vocab,
 		.tokenizer = tok, .progress = d->rank == 0,
 		.sft = c->task == SL_TASK_SFT, .keep_reasoning = c->data.keep_reasoning,
+		.chat = chat,
 	};
 
 	if (tok && d->world > 1) {
@@ -301,6 +303,9 @@ static int load_data(struct sl_dataset *ds, const char *path, const struct sl_co
 		sl_log("%s: skipped %ld bad line(s) (data.on_error: skip)", path, ds->skipped);
 	sl_log("%s: dropped %ld of %ld records that exceed the training context (max_state %d)",
 	       path, ds->dropped, ds->total, c->data.max_state);
+	if (o.sft)
+		sl_log("%s: dropped %ld of %ld records without a target token (no assistant turn, "
+		       "or an all-zero loss_mask)", path, ds->no_target, ds->total);
 	if (ds->n == 0) {
 		sl_error("%s: no %s records left to use", path, what);
 		return -1;
@@ -560,6 +565,7 @@ struct job {
 	struct sl_gpulog *gpulog;	/* node's local rank 0 */
 	struct sl_tb *tb;		/* rank 0 */
 	struct sl_tokenizer *tok;	/* the model's, NULL without tokenizer.json */
+	struct sl_chat *chat;		/* sft: its chat template, NULL without one */
 	char tok_path[SL_PATH_MAX + 32];
 	bool cuda;			/* the cuda backend */
 	int device;			/* its GPU */
@@ -1159,6 +1165,7 @@ static void job_free(struct job *j)
 		sl_groups_destroy(&j->g);
 	if (j->tok)
 		sl_tokenizer_free(j->tok);
+	sl_chat_free(j->chat);
 	free(j->yaml);
 	free(j->c);
 }
@@ -1263,13 +1270,18 @@ int sl_cmd_train(int argc, char **argv)
 		j->tok = sl_tokenizer_load(j->tok_path);
 		if (!all_ok(j->tok != NULL))
 			goto out;
+		/* an unknown template loads too: only chat records refuse it (chat.h) */
+		if (!all_ok(j->c->task != SL_TASK_SFT || sl_chat_load(j->mf.dir, &j->chat) == 0))
+			goto out;
+		if (j->chat && j->d.rank == 0)
+			sl_log("chat template: %s (%s)", sl_chat_name(j->chat), j->mf.dir);
 	}
-	if (!all_ok(load_data(&j->train, j->c->data.train, j->c, j->mf.mc.vocab, j->tok, &j->d,
-			      "training") == 0))
+	if (!all_ok(load_data(&j->train, j->c->data.train, j->c, j->mf.mc.vocab, j->tok, j->chat,
+			      &j->d, "training") == 0))
 		goto out;
 	if (!all_ok(!j->c->data.valid[0] ||
-		    load_data(&j->valid, j->c->data.valid, j->c, j->mf.mc.vocab, j->tok, &j->d,
-			      "validation") == 0))
+		    load_data(&j->valid, j->c->data.valid, j->c, j->mf.mc.vocab, j->tok, j->chat,
+			      &j->d, "validation") == 0))
 		goto out;
 	if (!all_ok(sl_sampler_init(&j->smp, &j->train, j->c->train.batch, j->c->train.accum,
 				    j->d.world, j->c->data.shuffle, j->c->data.length_sort,
