@@ -621,8 +621,10 @@ static void poison_gradient(struct job *j, double *loss)
 	*loss = NAN;
 	if (j->d.rank != 0)
 		return;		/* the norm is summed over ranks: one NaN reaches all */
-	if (j->sh.host_state)
+	if (j->sh.host_state) {
+		sl_shard_drain(&j->sh);	/* the offload worker may still be writing it */
 		j->sh.u[0].grad32[0] = nan;
+	}
 	else
 		j->be->upload(j->be, j->sh.u[0].grad32, &nan, sizeof(nan));
 }
@@ -872,6 +874,7 @@ static int run_steps(struct job *j)
 
 			if (n < 0 || sl_host_batch_fill(&j->hb, &j->train, idx, n, pad))
 				sl_dist_abort("internal error: bad micro-batch");
+			sl_shard_begin_micro(&j->sh, acc == c->train.accum - 1);
 			if (sl_model_train_step(j->model, &j->sh.src,
 						dev_batch_upload(j->be, &j->db, &j->hb),
 						1.0f / j->R, &part, NULL))
@@ -1049,7 +1052,7 @@ int sl_cmd_train(int argc, char **argv)
 	struct job jj = { 0 }, *j = &jj;
 	char path[SL_PATH_MAX + 64], ckpt_dir[SL_PATH_MAX + 64], dur[64];
 	int ret = 2, verdict = 0, n_init = 0;
-	bool resume = false;
+	bool resume = false, accum_dev = false;
 
 	ckpt_dir[0] = 0;
 	sl_log_init();
@@ -1076,7 +1079,8 @@ int sl_cmd_train(int argc, char **argv)
 	if (!all_ok(create_backend(j) == 0))
 		goto out;
 	/* the memory plan before anything is loaded (GPU size 0: the cpu backend, host only) */
-	if (!all_ok(sl_plan_check_job(j->c, j->d.world, j->d.local_size, gpu_memory(j)) == 0))
+	if (!all_ok(sl_plan_check_job(j->c, j->d.world, j->d.local_size, gpu_memory(j),
+				      &accum_dev) == 0))
 		goto out;
 	sl_checkpoint_root(j->c, j->ckpt_root, sizeof(j->ckpt_root));
 	if (j->d.rank == 0)
@@ -1165,6 +1169,8 @@ int sl_cmd_train(int argc, char **argv)
 			.shard_comm = &j->g.shard, .replica_comm = &j->g.replica,
 			.reshard_after_forward = j->c->parallel.reshard_after_forward,
 			.prefetch = j->c->parallel.prefetch, .offload = j->c->parallel.offload,
+			.accum_on_device = accum_dev && !getenv("SHARDLM_TEST_HOST_ACCUM"),
+			.accum = j->c->train.accum,
 		};
 
 		if (!all_ok(sl_shard_create(&j->sh, j->be, &j->mf.lay, &so) == 0))
