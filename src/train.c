@@ -614,6 +614,14 @@ static bool test_nan_step(int step)
 	return step >= a && step <= b;
 }
 
+/* tests: offload adds micro-batches up on the host even where the GPU has room */
+static bool test_host_accum(void)
+{
+	const char *e = getenv("SHARDLM_TEST_HOST_ACCUM");
+
+	return e && *e && strcmp(e, "0");
+}
+
 static void poison_gradient(struct job *j, double *loss)
 {
 	float nan = NAN;
@@ -1169,7 +1177,7 @@ int sl_cmd_train(int argc, char **argv)
 			.shard_comm = &j->g.shard, .replica_comm = &j->g.replica,
 			.reshard_after_forward = j->c->parallel.reshard_after_forward,
 			.prefetch = j->c->parallel.prefetch, .offload = j->c->parallel.offload,
-			.accum_on_device = accum_dev && !getenv("SHARDLM_TEST_HOST_ACCUM"),
+			.accum_on_device = accum_dev && !test_host_accum(),
 			.accum = j->c->train.accum,
 		};
 
@@ -1180,6 +1188,13 @@ int sl_cmd_train(int argc, char **argv)
 	sl_log("sharding: %d rank(s) per shard group (%s), %d replica(s)", j->sh.S,
 	       j->c->parallel.shard_group == SL_SHARD_NODE ? "node: HSDP" : "world: FSDP",
 	       j->g.replica.size);
+	if (j->sh.host_state)
+		sl_log("offload %s: fp32 master weights and moments in host memory, AdamW on the "
+		       "host%s%s", sl_offload_name(j->c->parallel.offload),
+		       j->sh.host_params ? ", weights streamed per unit" : "",
+		       j->c->train.accum < 2 ? "" : j->sh.accum_dev ?
+		       "; micro-batches add up on the GPU" : "; micro-batches add up in host memory "
+		       "(host accumulation: the GPU has no room for fp32 gradients)");
 	j->first_step = 1;
 	if (resume) {
 		if (!all_ok(resume_from(j, ckpt_dir) == 0))
