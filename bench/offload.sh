@@ -29,6 +29,8 @@ THREADS=${THREADS:-$(nproc)}
 PEER_TIMEOUT=${PEER_TIMEOUT:-240}
 export OMP_NUM_THREADS=$THREADS OMP_PROC_BIND=false
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# a Firecracker machine reads a small MemTotal until its memory has grown: the check uses this
+export SHARDLM_HOST_MEM=${SHARDLM_HOST_MEM:-128GB}
 
 find_prog() { # find_prog VAR NAME BUILD_PATH
 	eval "v=\${$1:-}"

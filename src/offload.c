@@ -75,6 +75,10 @@ struct sl_offload_engine {
 	/* the update being applied (JOB_ADAM) */
 	struct sl_optim_hparams h;
 	struct sl_adamw_args a;
+	/* seconds, for the log: worker busy in AdamW / in gradient sums, main thread waiting for
+	 * an update in weights(); updates applied */
+	double adam_s, grad_s, wait_s;
+	int updates;
 };
 
 static void upload_async(struct sl_backend *b, void *dst, const void *src, size_t bytes,
@@ -187,18 +191,28 @@ static void *worker(void *arg)
 			pthread_mutex_lock(&o->mu);
 			break;
 		}
+		double t0;
+
 		if (j.kind == JOB_GRAD) {
 			struct sl_shard_unit *u = &s->u[j.unit];
 
 			sync_event(s->be, j.ev);
+			t0 = sl_now();
 			if (j.add)
 				sl_host_add(u->grad32, j.add, u->shard);
 			if (j.last)
 				u->sumsq = sl_host_sumsq(u->grad32, u->shard);
+			t0 = sl_now() - t0;
 		} else {
+			t0 = sl_now();
 			run_adam(o, j.unit);
+			t0 = sl_now() - t0;
 		}
 		pthread_mutex_lock(&o->mu);
+		if (j.kind == JOB_GRAD)
+			o->grad_s += t0;
+		else
+			o->adam_s += t0;
 		if (j.kind == JOB_GRAD && j.pair >= 0)
 			o->busy[j.pair] = false;
 		if (j.kind == JOB_ADAM) {
@@ -353,8 +367,13 @@ void sl_offload_await(struct sl_shard *s, int ui)
 	bool wait;
 
 	pthread_mutex_lock(&o->mu);
-	while (u->w_gen != s->w_gen)
-		pthread_cond_wait(&o->done, &o->mu);
+	if (u->w_gen != s->w_gen) {
+		double t0 = sl_now();
+
+		while (u->w_gen != s->w_gen)
+			pthread_cond_wait(&o->done, &o->mu);
+		o->wait_s += sl_now() - t0;
+	}
 	wait = u->w_wait;
 	u->w_wait = false;
 	pthread_mutex_unlock(&o->mu);
@@ -549,6 +568,7 @@ int sl_offload_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h,
 	};
 	pthread_mutex_lock(&o->mu);
 	s->w_gen++;
+	o->updates++;
 	pthread_mutex_unlock(&o->mu);
 	/* forward order: the next forward needs unit 0 first */
 	for (int i = 0; i < s->n_units; i++) {
@@ -557,4 +577,19 @@ int sl_offload_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h,
 		post(o, &j);
 	}
 	return 0;
+}
+
+void sl_offload_stats(struct sl_shard *s, struct sl_offload_stats *st)
+{
+	struct sl_offload_engine *o = s->off;
+
+	memset(st, 0, sizeof(*st));
+	if (!o)
+		return;
+	pthread_mutex_lock(&o->mu);
+	st->adam_s = o->adam_s;
+	st->grad_s = o->grad_s;
+	st->wait_s = o->wait_s;
+	st->updates = o->updates;
+	pthread_mutex_unlock(&o->mu);
 }

@@ -345,13 +345,20 @@ void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
 		print_advice(p, c, mc, lay, o, out);
 }
 
-/* This node's physical memory (bytes), 0 when unknown. */
+/*
+ * This node's physical memory (bytes), 0 when unknown.  SHARDLM_HOST_MEM (as --host-mem) wins:
+ * a virtual machine whose memory grows as it is used reads a small MemTotal at the start.
+ */
 static double node_memory(void)
 {
-	FILE *f = fopen("/proc/meminfo", "r");
+	FILE *f;
 	char line[256];
 	double kb = 0;
+	const char *e = getenv("SHARDLM_HOST_MEM");
 
+	if (e && *e && sl_plan_parse_mem(e) > 0)
+		return sl_plan_parse_mem(e);
+	f = fopen("/proc/meminfo", "r");
 	if (!f)
 		return 0;
 	while (fgets(line, sizeof(line), f))
@@ -384,8 +391,9 @@ int sl_plan_check_job(const struct sl_config *c, int world, int node_size, doubl
 		sl_plan_print(&p, c, &mf.mc, &mf.lay, &o, f);
 		fclose(f);
 		sl_error("%s does not fit in memory (host: %.2f GiB per node of %.2f GiB here%s); "
-			 "refused before loading anything.  The plan (shardlm plan %s --gpus %d):"
-			 "\n%s", c->source, gib(p.host_node), o.host_mem / GIB,
+			 "refused before loading anything (a machine whose MemTotal understates its "
+			 "memory: set SHARDLM_HOST_MEM, e.g. 128GB).  The plan (shardlm plan %s "
+			 "--gpus %d):\n%s", c->source, gib(p.host_node), o.host_mem / GIB,
 			 p.gpu_fits ? "" : "; GPU too", c->source, world, buf);
 		free(buf);
 		ret = -1;

@@ -147,6 +147,15 @@ void sl_shard_begin_micro(struct sl_shard *s, bool last);
 /* Wait until the offload worker is idle: host state and compute weights are current. */
 void sl_shard_drain(struct sl_shard *s);
 
+/* offload: where the host's time went, totals since the start (all 0 without offload) */
+struct sl_offload_stats {
+	double adam_s;			/* the worker's AdamW (and bf16 copy) */
+	double grad_s;			/* the worker's gradient sums and sums of squares */
+	double wait_s;			/* the model waiting in weights() for an update */
+	int updates;			/* optimizer updates started */
+};
+void sl_offload_stats(struct sl_shard *s, struct sl_offload_stats *st);
+
 /*
  * Finish the step: replica all-reduce (HSDP), global gradient norm (*grad_norm, before
  * clipping), clipping, AdamW on the master shards, new compute weights.  Returns 0, or 1 when the

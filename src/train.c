@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <omp.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -612,6 +613,24 @@ static bool test_nan_step(int step)
 	if (!strchr(e, '-'))
 		b = a;
 	return step >= a && step <= b;
+}
+
+/* Where offload's host time went: what the schedule hid of the host AdamW and what it did not. */
+static void log_offload(struct job *j)
+{
+	struct sl_offload_stats st;
+
+	if (!j->have_shard || !j->sh.host_state)
+		return;
+	sl_shard_drain(&j->sh);
+	sl_offload_stats(&j->sh, &st);
+	if (!st.updates)
+		return;
+	sl_log("offload: host AdamW %.3f s per update (%d updates, %d threads), the next forward "
+	       "waited %.3f s of it per update (%.0f%% hidden); gradient sums on the host %.3f s "
+	       "per step", st.adam_s / st.updates, st.updates, omp_get_max_threads(),
+	       st.wait_s / st.updates, st.adam_s > 0 ? 100 * (1 - st.wait_s / st.adam_s) : 0,
+	       st.grad_s / st.updates);
 }
 
 /* tests: offload adds micro-batches up on the host even where the GPU has room */
@@ -1231,6 +1250,7 @@ int sl_cmd_train(int argc, char **argv)
 	start_gpu_log(j);
 
 	verdict = run_steps(j);
+	log_offload(j);
 	if (verdict) {
 		ret = verdict > 0 ? verdict : 2;	/* > 0: a stop's exit status */
 		goto out;
