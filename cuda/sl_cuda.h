@@ -37,6 +37,19 @@ void sl_cuda_memset0(struct sl_cuda *c, void *p, size_t bytes);
 void sl_cuda_upload(struct sl_cuda *c, void *dst, const void *src, size_t bytes);
 void sl_cuda_download(struct sl_cuda *c, void *dst, const void *src, size_t bytes);
 void sl_cuda_sync(struct sl_cuda *c);
+
+/* ---- asynchronous host transfers (copy.cu; backend.h's upload_async and friends) ---- */
+/* page-locked host memory (cudaHostAlloc), not zeroed; NULL + message when it cannot be had */
+void *sl_cuda_host_alloc(struct sl_cuda *c, size_t bytes);
+void sl_cuda_host_free(struct sl_cuda *c, void *p);
+void *sl_cuda_event_create(struct sl_cuda *c);
+void sl_cuda_event_destroy(struct sl_cuda *c, void *ev);
+/* a copy on the upload (@to_device) or download stream; after the compute stream's issued work
+ * when @after_compute; records @done (a cudaEvent_t from sl_cuda_event_create, or NULL) */
+void sl_cuda_copy_async(struct sl_cuda *c, void *dst, const void *src, size_t bytes,
+			int to_device, int after_compute, void *done);
+void sl_cuda_wait_event(struct sl_cuda *c, void *ev);	/* the compute stream waits for @ev */
+void sl_cuda_sync_event(struct sl_cuda *c, void *ev);	/* the host waits for @ev */
 void sl_cuda_timer_start(struct sl_cuda *c);
 double sl_cuda_timer_stop(struct sl_cuda *c);	/* ms since timer_start, waits for the stream */
 

@@ -160,6 +160,31 @@ struct sl_backend {
 			   const void *logits, const int32_t *targets, int n, int V, float scale);
 
 	/*
+	 * Asynchronous host transfers (issue 6, parallel.offload); all optional (NULL: shard copies
+	 * synchronously).  Copies run on copy streams beside the compute stream that runs the ops
+	 * above, between device buffers and host_alloc() memory; copies of one direction run in
+	 * the order they were issued.  An event stands for its latest record: waiting on it waits
+	 * for the copy that recorded it last before the wait was issued (an event never recorded
+	 * is complete).  The copies and sync_event may be called from another thread than the one
+	 * issuing the ops (shard's offload worker): the backend serializes them.
+	 */
+	void *(*event_create)(struct sl_backend *be);
+	void (*event_destroy)(struct sl_backend *be, void *ev);
+	/*
+	 * dst (device) = host_src, bytes; when @after_compute, only after every op issued so far on
+	 * the compute stream (the destination may still be read by them).  Records @done (or NULL).
+	 */
+	void (*upload_async)(struct sl_backend *be, void *dst, const void *host_src, size_t bytes,
+			     bool after_compute, void *done);
+	/* host_dst = src (device), after every op issued so far on the compute stream; @done */
+	void (*download_async)(struct sl_backend *be, void *host_dst, const void *src,
+			       size_t bytes, void *done);
+	/* ops issued after this on the compute stream wait for @ev (the host does not wait) */
+	void (*wait_event)(struct sl_backend *be, void *ev);
+	/* the host waits for @ev */
+	void (*sync_event)(struct sl_backend *be, void *ev);
+
+	/*
 	 * Optional (NULL: malloc/free): host memory the backend copies to and from fastest (pinned
 	 * memory on cuda), for the host-resident state of parallel.offload.  Zeroed; aborts on
 	 * failure, as alloc().

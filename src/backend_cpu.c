@@ -16,6 +16,7 @@
 
 #include "adamw_math.h"
 #include "backend.h"
+#include "backend_cpu_async.h"
 
 #include <cblas.h>
 /* OpenBLAS pulls in <complex.h>, whose I would shadow the intermediate size I below */
@@ -746,6 +747,7 @@ static void cpu_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, c
 
 static void cpu_destroy(struct sl_backend *be)
 {
+	sl_backend_cpu_async_fini(be);
 	free(be);
 }
 
@@ -789,5 +791,6 @@ struct sl_backend *CPU_CREATE(void)
 	be->sumsq_f32 = cpu_sumsq_f32;
 	be->adamw_f32 = cpu_adamw_f32;
 	be->destroy = cpu_destroy;
+	sl_backend_cpu_async_init(be);
 	return be;
 }

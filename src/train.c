@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <omp.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -715,6 +716,32 @@ static bool test_nan_step(int step)
 	return step >= a && step <= b;
 }
 
+/* Where offload's host time went: what the schedule hid of the host AdamW and what it did not. */
+static void log_offload(struct job *j)
+{
+	struct sl_offload_stats st;
+
+	if (!j->have_shard || !j->sh.host_state)
+		return;
+	sl_shard_drain(&j->sh);
+	sl_offload_stats(&j->sh, &st);
+	if (!st.updates)
+		return;
+	sl_log("offload: host AdamW %.3f s per update (%d updates, %d threads), the next forward "
+	       "waited %.3f s of it per update (%.0f%% hidden); gradient sums on the host %.3f s "
+	       "per step", st.adam_s / st.updates, st.updates, omp_get_max_threads(),
+	       st.wait_s / st.updates, st.adam_s > 0 ? 100 * (1 - st.wait_s / st.adam_s) : 0,
+	       st.grad_s / st.updates);
+}
+
+/* tests: offload adds micro-batches up on the host even where the GPU has room */
+static bool test_host_accum(void)
+{
+	const char *e = getenv("SHARDLM_TEST_HOST_ACCUM");
+
+	return e && *e && strcmp(e, "0");
+}
+
 static void poison_gradient(struct job *j, double *loss)
 {
 	float nan = NAN;
@@ -722,8 +749,10 @@ static void poison_gradient(struct job *j, double *loss)
 	*loss = NAN;
 	if (j->d.rank != 0)
 		return;		/* the norm is summed over ranks: one NaN reaches all */
-	if (j->sh.host_state)
+	if (j->sh.host_state) {
+		sl_shard_drain(&j->sh);	/* the offload worker may still be writing it */
 		j->sh.u[0].grad32[0] = nan;
+	}
 	else
 		j->be->upload(j->be, j->sh.u[0].grad32, &nan, sizeof(nan));
 }
@@ -1031,6 +1060,7 @@ static int run_steps(struct job *j)
 			dev_batch_upload(j->be, &j->db, &j->hb);
 			if (lm)
 				dev_batch_targets(j->be, &j->db, &j->hb);
+			sl_shard_begin_micro(&j->sh, acc == c->train.accum - 1);
 			if (sl_model_train_step(j->model, &j->sh.src, &j->db.view,
 						(float)(1.0 / denom), &part, NULL))
 				sl_dist_abort("the model step failed");
@@ -1199,7 +1229,7 @@ int sl_cmd_train(int argc, char **argv)
 	struct job jj = { 0 }, *j = &jj;
 	char path[SL_PATH_MAX + 64], ckpt_dir[SL_PATH_MAX + 64], dur[64];
 	int ret = 2, verdict = 0, n_init = 0;
-	bool resume = false;
+	bool resume = false, accum_dev = false;
 
 	ckpt_dir[0] = 0;
 	sl_log_init();
@@ -1226,7 +1256,8 @@ int sl_cmd_train(int argc, char **argv)
 	if (!all_ok(create_backend(j) == 0))
 		goto out;
 	/* the memory plan before anything is loaded (GPU size 0: the cpu backend, host only) */
-	if (!all_ok(sl_plan_check_job(j->c, j->d.world, j->d.local_size, gpu_memory(j)) == 0))
+	if (!all_ok(sl_plan_check_job(j->c, j->d.world, j->d.local_size, gpu_memory(j),
+				      &accum_dev) == 0))
 		goto out;
 	sl_checkpoint_root(j->c, j->ckpt_root, sizeof(j->ckpt_root));
 	if (j->d.rank == 0)
@@ -1321,6 +1352,8 @@ int sl_cmd_train(int argc, char **argv)
 			.shard_comm = &j->g.shard, .replica_comm = &j->g.replica,
 			.reshard_after_forward = j->c->parallel.reshard_after_forward,
 			.prefetch = j->c->parallel.prefetch, .offload = j->c->parallel.offload,
+			.accum_on_device = accum_dev && !test_host_accum(),
+			.accum = j->c->train.accum,
 		};
 
 		if (!all_ok(sl_shard_create(&j->sh, j->be, &j->mf.lay, &so) == 0))
@@ -1330,6 +1363,13 @@ int sl_cmd_train(int argc, char **argv)
 	sl_log("sharding: %d rank(s) per shard group (%s), %d replica(s)", j->sh.S,
 	       j->c->parallel.shard_group == SL_SHARD_NODE ? "node: HSDP" : "world: FSDP",
 	       j->g.replica.size);
+	if (j->sh.host_state)
+		sl_log("offload %s: fp32 master weights and moments in host memory, AdamW on the "
+		       "host%s%s", sl_offload_name(j->c->parallel.offload),
+		       j->sh.host_params ? ", weights streamed per unit" : "",
+		       j->c->train.accum < 2 ? "" : j->sh.accum_dev ?
+		       "; micro-batches add up on the GPU" : "; micro-batches add up in host memory "
+		       "(host accumulation: the GPU has no room for fp32 gradients)");
 	j->first_step = 1;
 	if (resume) {
 		if (!all_ok(resume_from(j, ckpt_dir) == 0))
@@ -1366,6 +1406,7 @@ int sl_cmd_train(int argc, char **argv)
 	start_gpu_log(j);
 
 	verdict = run_steps(j);
+	log_offload(j);
 	if (verdict) {
 		ret = verdict > 0 ? verdict : 2;	/* > 0: a stop's exit status */
 		goto out;
