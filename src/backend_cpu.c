@@ -707,6 +707,8 @@ static void cpu_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, c
 	}
 }
 
+#include "backend_cpu_moe.c"
+
 static void cpu_destroy(struct sl_backend *be)
 {
 	free(be);
@@ -750,6 +752,7 @@ struct sl_backend *CPU_CREATE(void)
 	be->bce_fwd_bwd = cpu_bce_fwd_bwd;
 	be->sumsq_f32 = cpu_sumsq_f32;
 	be->adamw_f32 = cpu_adamw_f32;
+	cpu_moe_install(be);
 	be->destroy = cpu_destroy;
 	return be;
 }

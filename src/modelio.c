@@ -96,8 +96,11 @@ int sl_model_files_load_shard(struct sl_model_files *f, struct sl_shard *sh, uin
 		free(sub.t);
 		first += n;
 	}
+	/* fused expert tensors (transformers 5) were read through their per-expert names */
 	for (int i = 0; i < w.n_tensors; i++)
-		if (!sl_layout_find(lay, w.tensors[i].name))
+		if (!sl_layout_find(lay, w.tensors[i].name) &&
+		    !strstr(w.tensors[i].name, ".mlp.experts.gate_up_proj") &&
+		    !strstr(w.tensors[i].name, ".mlp.experts.down_proj"))
 			n_unused++;
 	if (n_unused)
 		sl_log("%s: %d tensor(s) of the checkpoint are not used by the classify task "
@@ -138,7 +141,10 @@ static int write_meta(const char *dir, const struct sl_model_files *f, int n_fil
 		sl_error("%s:%d: %s", p, jerr.line, jerr.text);
 		return -1;
 	}
-	json_object_set_new(cj, "architectures", json_pack("[s]", "Qwen3ForSequenceClassification"));
+	json_object_set_new(cj, "architectures",
+			    json_pack("[s]", strcmp(f->mc.model_type, "qwen3_moe") ?
+				      "Qwen3ForSequenceClassification" :
+				      "Qwen3MoeForSequenceClassification"));
 	json_object_set_new(cj, "num_labels", json_integer(1));
 	json_object_set_new(cj, "id2label", json_pack("{s:s}", "0", "LABEL_0"));
 	json_object_set_new(cj, "label2id", json_pack("{s:i}", "LABEL_0", 0));
