@@ -133,7 +133,7 @@ static void cpu_moe_permute(struct sl_backend *be, int32_t *rows, int32_t *slot,
 /* ---- grouped matmul ---------------------------------------------------------------------- */
 
 static void cpu_moe_gemm_fwd(struct sl_backend *be, void *out, const void *x, const void *w,
-			     const int *h_offs, int E, int K, int N)
+			     const int32_t *offs, const int *h_offs, int E, int K, int N)
 {
 	for (int e = 0; e < E; e++) {
 		int r0 = h_offs[e], n = h_offs[e + 1] - r0;
@@ -146,7 +146,8 @@ static void cpu_moe_gemm_fwd(struct sl_backend *be, void *out, const void *x, co
 }
 
 static void cpu_moe_gemm_bwd(struct sl_backend *be, void *dx, void *dw, const void *dout,
-			     const void *x, const void *w, const int *h_offs, int E, int K, int N)
+			     const void *x, const void *w, const int32_t *offs, const int *h_offs,
+			     int E, int K, int N)
 {
 	for (int e = 0; e < E; e++) {
 		int r0 = h_offs[e], n = h_offs[e + 1] - r0;

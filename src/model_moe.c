@@ -56,6 +56,7 @@ struct sl_moe {
 	double *h_stats;	/* (n_moe, 2E) host copy */
 	int64_t *counts;	/* (n_moe, E) host: tokens per expert, last micro-batch */
 	void *aux_g;		/* (E) stat: gradient of the weighted aux loss per p(t, e) */
+	void *ones;		/* (T, k) stat: 1 */
 	bool aux_on;		/* aux_g applies in this micro-batch's backward */
 	double aux;		/* the last micro-batch's aux loss */
 };
@@ -199,7 +200,24 @@ int sl_moe_create(struct sl_model *m, const struct sl_model_config *mc)
 	mo->dtopw = sl_model_ws_alloc(m, T * mo->k, be->stat_elt);
 	mo->stats = sl_model_ws_alloc(m, (size_t)mo->n_moe * 2 * mo->E, sizeof(double));
 	mo->aux_g = sl_model_ws_alloc(m, (size_t)mo->E, be->stat_elt);
-	return mo->aux_g ? 0 : -ENOMEM;
+	mo->ones = sl_model_ws_alloc(m, n, be->stat_elt);
+	if (!mo->ones)
+		return -ENOMEM;
+	{
+		void *h = malloc(n * be->stat_elt);
+
+		if (!h)
+			return -ENOMEM;
+		for (size_t i = 0; i < n; i++) {
+			if (be->stat_elt == sizeof(float))
+				((float *)h)[i] = 1.0f;
+			else
+				((double *)h)[i] = 1.0;
+		}
+		be->upload(be, mo->ones, h, n * be->stat_elt);
+		free(h);
+	}
+	return 0;
 }
 
 void sl_moe_destroy(struct sl_model *m)
@@ -247,9 +265,11 @@ void sl_moe_fwd(struct sl_model *m, int l, const void *w, const struct acts *a, 
 	be->sync(be);
 
 	be->gather_rows(be, mo->s_h1, a->xn2, ma->rows, n, H);
-	be->moe_gemm_fwd(be, ma->gu, mo->s_h1, at(m, w, lo->wegu), ma->h_offs, E, H, 2 * mo->Im);
+	be->moe_gemm_fwd(be, ma->gu, mo->s_h1, at(m, w, lo->wegu), ma->offs, ma->h_offs, E, H,
+			 2 * mo->Im);
 	be->swiglu_fwd(be, ma->act, ma->gu, n, mo->Im);
-	be->moe_gemm_fwd(be, ma->y, ma->act, at(m, w, lo->wed), ma->h_offs, E, mo->Im, H);
+	be->moe_gemm_fwd(be, ma->y, ma->act, at(m, w, lo->wed), ma->offs, ma->h_offs, E, mo->Im,
+			 H);
 	if (!full)
 		return;
 	be->moe_combine_fwd(be, xout, ma->y, ma->topw, ma->slot, T, k, H);
@@ -307,14 +327,14 @@ void sl_moe_bwd(struct sl_model *m, int l, const void *w, void *g, const struct 
 	/* out = sum_j w_j y_j: to the experts' outputs and the routing weights */
 	be->moe_combine_bwd(be, mo->s_h1, mo->dtopw, m->gx, ma->y, ma->topw, ma->slot, T, k, H);
 	be->moe_gemm_bwd(be, mo->s_i, at(m, g, lo->wed), mo->s_h1, ma->act, at(m, w, lo->wed),
-			 ma->h_offs, E, Im, H);
+			 ma->offs, ma->h_offs, E, Im, H);
 	be->swiglu_bwd(be, mo->s_gu, mo->s_i, ma->gu, n, Im);
 	/* the gathered input again (s_h1's gradient is spent) rather than a copy per layer */
 	be->gather_rows(be, mo->s_h1, a->xn2, ma->rows, n, H);
 	be->moe_gemm_bwd(be, mo->s_h2, at(m, g, lo->wegu), mo->s_gu, mo->s_h1,
-			 at(m, w, lo->wegu), ma->h_offs, E, H, 2 * Im);
-	be->zero(be, m->gn, (size_t)T * H * be->elt);
-	be->scatter_add_rows(be, m->gn, mo->s_h2, ma->rows, n, H);
+			 at(m, w, lo->wegu), ma->offs, ma->h_offs, E, H, 2 * Im);
+	/* un-permute: each token sums its k rows (a combine with weights 1: no atomics) */
+	be->moe_combine_fwd(be, m->gn, mo->s_h2, mo->ones, ma->slot, T, k, H);
 	/* the router: routing weights and the aux loss through the softmax to the logits */
 	be->moe_route_bwd(be, mo->dlogits, mo->dtopw, ma->p, ma->topi, ma->topw,
 			  mo->aux_on ? mo->aux_g : NULL, b->lens, b->B, b->L, E, k, mo->norm);
