@@ -674,6 +674,121 @@ extern "C" void sl_cuda_bce_fwd_bwd(struct sl_cuda *c, double *loss_sum, void *d
 	CUDA_LAUNCHED();
 }
 
+// ---- the causal-LM head's cross-entropy -----------------------------------------------------
+
+#define CE_NT 512	// threads per row: a 151,936-entry row is ~300 elements per thread
+
+// (max, sum of exp(x - max)) pairs merged
+static __device__ __forceinline__ void ms_merge(float &m, float &s, float m2, float s2)
+{
+	float mx = fmaxf(m, m2);
+
+	s = (m == -INFINITY ? 0.f : s * __expf(m - mx)) + (m2 == -INFINITY ? 0.f : s2 * __expf(m2 - mx));
+	m = mx;
+}
+
+// One block per row: the row's log-sum-exp in one online pass, then the gradient in a second.
+// The target's logit is read before any thread overwrites the row (dz may be z).
+__global__ void __launch_bounds__(CE_NT) k_ce(float *row_loss, bf16 *dz, const bf16 *z,
+					      const int *tgt, int V, float scale)
+{
+	__shared__ float sm[CE_NT / 32], ss[CE_NT / 32], s_zt, s_lse;
+	const bf16 *zr = z + (size_t)blockIdx.x * V;
+	bf16 *dr = dz + (size_t)blockIdx.x * V;
+	const int t = tgt[blockIdx.x];
+	const bool vec = (V & 7) == 0;
+	float m = -INFINITY, s = 0.f;
+
+	if (!threadIdx.x)
+		s_zt = bf(zr[t]);
+	if (vec) {
+		for (int i = threadIdx.x * 8; i < V; i += CE_NT * 8) {
+			uint4 u = *(const uint4 *)(zr + i);
+			const bf16 *e = (const bf16 *)&u;
+			float x[8], mx = m;
+
+			for (int k = 0; k < 8; k++) {
+				x[k] = bf(e[k]);
+				mx = fmaxf(mx, x[k]);
+			}
+			s = m == -INFINITY ? 0.f : s * __expf(m - mx);
+			for (int k = 0; k < 8; k++)
+				s += __expf(x[k] - mx);
+			m = mx;
+		}
+	} else {
+		for (int i = threadIdx.x; i < V; i += CE_NT)
+			ms_merge(m, s, bf(zr[i]), 1.f);
+	}
+	for (int o = 16; o; o >>= 1) {
+		float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+
+		ms_merge(m, s, m2, s2);
+	}
+	if ((threadIdx.x & 31) == 0) {
+		sm[threadIdx.x >> 5] = m;
+		ss[threadIdx.x >> 5] = s;
+	}
+	__syncthreads();
+	if (!threadIdx.x) {
+		float mm = sm[0], st = ss[0];
+
+		for (int w = 1; w < CE_NT / 32; w++)
+			ms_merge(mm, st, sm[w], ss[w]);
+		s_lse = mm + logf(st);
+		row_loss[blockIdx.x] = s_lse - s_zt;
+	}
+	__syncthreads();
+	const float lse = s_lse;
+
+	if (vec) {
+		for (int i = threadIdx.x * 8; i < V; i += CE_NT * 8) {
+			uint4 u = *(const uint4 *)(zr + i), o;
+			const bf16 *e = (const bf16 *)&u;
+			bf16 *d = (bf16 *)&o;
+
+			for (int k = 0; k < 8; k++)
+				d[k] = tobf(scale * (__expf(bf(e[k]) - lse) - (i + k == t ? 1.f : 0.f)));
+			*(uint4 *)(dr + i) = o;
+		}
+	} else {
+		for (int i = threadIdx.x; i < V; i += CE_NT)
+			dr[i] = tobf(scale * (__expf(bf(zr[i]) - lse) - (i == t ? 1.f : 0.f)));
+	}
+}
+
+// *loss_sum += sum of row_loss(n), in double, in a fixed order
+__global__ void k_add_sum(double *loss_sum, const float *row_loss, int n)
+{
+	__shared__ double sh[NT];
+	double s = 0;
+
+	for (int i = threadIdx.x; i < n; i += NT)
+		s += row_loss[i];
+	sh[threadIdx.x] = s;
+	__syncthreads();
+	for (int o = NT / 2; o; o >>= 1) {
+		if (threadIdx.x < o)
+			sh[threadIdx.x] += sh[threadIdx.x + o];
+		__syncthreads();
+	}
+	if (!threadIdx.x)
+		*loss_sum += sh[0];
+}
+
+extern "C" void sl_cuda_ce_fwd_bwd(struct sl_cuda *c, double *loss_sum, float *row_loss,
+				   void *dlogits, const void *logits, const int32_t *targets, int n,
+				   int V, float scale)
+{
+	if (n <= 0)
+		return;
+	k_ce<<<n, CE_NT, 0, c->stream>>>(row_loss, (bf16 *)dlogits, (const bf16 *)logits,
+					 (const int *)targets, V, scale);
+	CUDA_LAUNCHED();
+	k_add_sum<<<1, NT, 0, c->stream>>>(loss_sum, row_loss, n);
+	CUDA_LAUNCHED();
+}
+
 // ---- optimizer ---------------------------------------------------------------------------
 
 #define SQ_BLOCKS 512	// fixed, so the summation tree does not depend on the device

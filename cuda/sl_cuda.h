@@ -9,6 +9,7 @@
 #define SL_CUDA_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -77,6 +78,8 @@ void sl_cuda_scatter_add_rows(struct sl_cuda *c, void *dx, const void *dout, con
 			      int n, int H);
 void sl_cuda_bce_fwd_bwd(struct sl_cuda *c, double *loss_sum, void *dlogits, const void *logits,
 			 const float *labels, int n, float scale);
+void sl_cuda_ce_fwd_bwd(struct sl_cuda *c, double *loss_sum, float *row_loss, void *dlogits,
+			const void *logits, const int32_t *targets, int n, int V, float scale);
 void sl_cuda_sumsq_f32(struct sl_cuda *c, double *out, const float *g, size_t n);
 void sl_cuda_adamw_f32(struct sl_cuda *c, float *p, float *m, float *v, const float *grad,
 		       void *w_out, size_t n, float lr, float beta1, float beta2, float eps,

@@ -140,6 +140,16 @@ struct sl_backend {
 	void (*adamw_f32)(struct sl_backend *be, float *p, float *m, float *v, const float *grad,
 			  void *w_out, size_t n, const struct sl_adamw_args *a);
 
+	/* ---- sft: the causal-LM head ---- */
+	/*
+	 * Cross-entropy of n rows of logits(n, V) against targets(n): row_loss(n) f32 =
+	 * logsumexp(row) - row[target], with the softmax computed in f32 or wider;
+	 * loss_sum(1) double += their sum, added in a fixed order (no atomics);
+	 * dlogits(n, V) = scale * (softmax(row) - onehot(target)).  dlogits may be logits (in place).
+	 */
+	void (*ce_fwd_bwd)(struct sl_backend *be, double *loss_sum, float *row_loss, void *dlogits,
+			   const void *logits, const int32_t *targets, int n, int V, float scale);
+
 	/*
 	 * ---- Mixture of experts (Qwen3-MoE, model_moe.c) ----
 	 * T tokens each choose k of E experts.  "Choice" t*k + j is token t's j-th expert.  Routing

@@ -681,6 +681,38 @@ static void cpu_bce_fwd_bwd(struct sl_backend *be, double *loss_sum, void *dlogi
 
 /* ---- optimizer helpers (f32 in both builds) ------------------------------------------------ */
 
+static void cpu_ce_fwd_bwd(struct sl_backend *be, double *loss_sum, float *row_loss,
+			   void *dlogits, const void *logits, const int32_t *targets, int n, int V,
+			   float scale)
+{
+	/* the sum is of the double row values, so the double build's loss keeps its precision */
+	double *rl = xmalloc((size_t)(n > 0 ? n : 1) * sizeof(double)), sum = 0;
+
+#pragma omp parallel for schedule(static)
+	for (int i = 0; i < n; i++) {
+		const real *z = (const real *)logits + (size_t)i * V;
+		real *dz = (real *)dlogits + (size_t)i * V;
+		double mx = z[0], se = 0, lse;
+
+		for (int v = 1; v < V; v++)
+			mx = z[v] > mx ? z[v] : mx;
+		for (int v = 0; v < V; v++)
+			se += exp(z[v] - mx);
+		lse = mx + log(se);
+		/* z[target] is read before dz (possibly the same buffer) overwrites it */
+		rl[i] = lse - z[targets[i]];
+		for (int v = 0; v < V; v++)
+			dz[v] = (real)(scale * exp(z[v] - lse));
+		dz[targets[i]] -= (real)scale;
+	}
+	for (int i = 0; i < n; i++) {
+		row_loss[i] = (float)rl[i];
+		sum += rl[i];
+	}
+	*loss_sum += sum;
+	free(rl);
+}
+
 static void cpu_sumsq_f32(struct sl_backend *be, double *out, const float *g, size_t n)
 {
 	double s = 0;
@@ -750,6 +782,7 @@ struct sl_backend *CPU_CREATE(void)
 	be->gather_rows = cpu_gather_rows;
 	be->scatter_add_rows = cpu_scatter_add_rows;
 	be->bce_fwd_bwd = cpu_bce_fwd_bwd;
+	be->ce_fwd_bwd = cpu_ce_fwd_bwd;
 	be->sumsq_f32 = cpu_sumsq_f32;
 	be->adamw_f32 = cpu_adamw_f32;
 	cpu_moe_install(be);

@@ -300,6 +300,13 @@ static void cuda_bce_fwd_bwd(struct sl_backend *be, double *loss_sum, void *dlog
 	sl_cuda_bce_fwd_bwd(C(be), loss_sum, dlogits, logits, labels, n, scale);
 }
 
+static void cuda_ce_fwd_bwd(struct sl_backend *be, double *loss_sum, float *row_loss,
+			    void *dlogits, const void *logits, const int32_t *targets, int n, int V,
+			    float scale)
+{
+	sl_cuda_ce_fwd_bwd(C(be), loss_sum, row_loss, dlogits, logits, targets, n, V, scale);
+}
+
 static void cuda_sumsq_f32(struct sl_backend *be, double *out, const float *g, size_t n)
 {
 	sl_cuda_sumsq_f32(C(be), out, g, n);
@@ -427,6 +434,7 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	be->gather_rows = cuda_gather_rows;
 	be->scatter_add_rows = cuda_scatter_add_rows;
 	be->bce_fwd_bwd = cuda_bce_fwd_bwd;
+	be->ce_fwd_bwd = cuda_ce_fwd_bwd;
 	be->sumsq_f32 = cuda_sumsq_f32;
 	be->adamw_f32 = cuda_adamw_f32;
 	be->moe_route_fwd = cuda_moe_route_fwd;

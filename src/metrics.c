@@ -92,6 +92,8 @@ void sl_metrics_add_step(struct sl_metrics *m, const struct sl_step_metrics *s)
 	json_object_set_new(o, "records", json_integer(s->records));
 	json_object_set_new(o, "tokens", json_integer(s->tokens));
 	json_object_set_new(o, "padded_tokens", json_integer(s->padded_tokens));
+	if (s->targets)
+		json_object_set_new(o, "targets", json_integer(s->targets));
 	json_object_set_new(o, "peak_gpu_bytes", json_integer(s->peak_gpu_bytes));
 	if (s->skipped)
 		json_object_set_new(o, "skipped", json_true());

@@ -106,12 +106,12 @@ static int layout_layer(struct layout_builder *lb, const struct sl_model_config 
 int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout *lay)
 {
 	struct layout_builder lb = { .lay = lay };
-	struct sl_tensor_info *score;
+	struct sl_tensor_info *head;
 	int rc;
 
 	memset(lay, 0, sizeof(*lay));
-	if (task != 0) {
-		fprintf(stderr, "model: task %d has no layout yet (only classify)\n", task);
+	if (task != 0 && task != 1) {
+		fprintf(stderr, "model: unknown task %d\n", task);
 		return -EINVAL;
 	}
 	if (mc->n_layers < 0 || mc->num_labels < 1 || mc->head_dim % 2) {
@@ -136,14 +136,25 @@ int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout
 		lb_end_unit(&lb);
 	}
 	rc = sl_layout_add(&lb, false, "model.norm.weight", 1, mc->hidden, 0, SL_INIT_ONES);
-	if (!rc)
-		rc = sl_layout_add(&lb, false, "score.weight", 2, mc->num_labels, mc->hidden,
-			    SL_INIT_NORMAL);
 	if (rc)
 		goto out_free_layout;
-	score = &lay->t[lay->n_tensors - 1];
-	score->head = true;
-	score->optional = true;
+	if (task == 0) {
+		/* a causal-LM checkpoint has no score head: it starts freshly initialized */
+		rc = sl_layout_add(&lb, false, "score.weight", 2, mc->num_labels, mc->hidden,
+			    SL_INIT_NORMAL);
+		if (rc)
+			goto out_free_layout;
+		head = &lay->t[lay->n_tensors - 1];
+		head->head = true;
+		head->optional = true;
+	} else if (!mc->tie_word_embeddings) {
+		/* tied: the head is the embedding table of unit 0, no tensor of its own */
+		rc = sl_layout_add(&lb, false, "lm_head.weight", 2, mc->vocab, mc->hidden,
+			    SL_INIT_NORMAL);
+		if (rc)
+			goto out_free_layout;
+		lay->t[lay->n_tensors - 1].head = true;
+	}
 	lb_end_unit(&lb);
 	return 0;
 
@@ -307,18 +318,13 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 				 bool activation_checkpointing)
 {
 	struct sl_model *m;
-	const struct sl_tensor_info *norm, *score;
+	const struct sl_tensor_info *norm, *score, *lm;
 	size_t T = (size_t)max_tokens, B = (size_t)max_records;
 
 	if (max_tokens < 1 || max_records < 1 || mc->n_kv_heads < 1 ||
 	    mc->n_heads % mc->n_kv_heads || mc->head_dim % 2) {
 		fprintf(stderr, "model: bad shapes (tokens %d, records %d, heads %d/%d, hd %d)\n",
 			max_tokens, max_records, mc->n_heads, mc->n_kv_heads, mc->head_dim);
-		return NULL;
-	}
-	if (mc->num_labels != 1) {
-		fprintf(stderr, "model: the classification head needs num_labels 1, not %d\n",
-			mc->num_labels);
 		return NULL;
 	}
 	if (lay->n_units != mc->n_layers + 2) {
@@ -359,13 +365,32 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 	}
 	norm = sl_layout_find(lay, "model.norm.weight");
 	score = sl_layout_find(lay, "score.weight");
-	if (!norm || !score || norm->unit != m->nL + 1 || score->unit != m->nL + 1) {
-		fprintf(stderr, "model: layout lacks model.norm.weight / score.weight in unit %d\n",
-			m->nL + 1);
+	lm = sl_layout_find(lay, "lm_head.weight");
+	m->sft = !score;
+	m->tied = m->sft && !lm;
+	if (!norm || norm->unit != m->nL + 1 || (score && score->unit != m->nL + 1) ||
+	    (lm && lm->unit != m->nL + 1) || (m->tied && !mc->tie_word_embeddings)) {
+		fprintf(stderr, "model: layout lacks model.norm.weight and score.weight or "
+			"lm_head.weight in unit %d\n", m->nL + 1);
+		goto out_free_model;
+	}
+	if (!m->sft && mc->num_labels != 1) {
+		fprintf(stderr, "model: the classification head needs num_labels 1, not %d\n",
+			mc->num_labels);
 		goto out_free_model;
 	}
 	m->norm_off = norm->offset;
-	m->score_off = score->offset;
+	m->score_off = score ? score->offset : NO_OFF;
+	m->lm_off = lm ? lm->offset : NO_OFF;
+	if (m->sft) {
+		/* the head sees up to every token; logits in chunks of at most ~256 MiB */
+		size_t rows = ((size_t)256 << 20) / ((size_t)m->V * be->elt);
+
+		B = T;
+		m->chunk = (int)(rows < 64 ? 64 : rows > T ? T : rows);
+		m->lg = sl_model_ws_alloc(m, (size_t)m->chunk * m->V, be->elt);
+		m->row_loss = sl_model_ws_alloc(m, (size_t)m->chunk, sizeof(float));
+	}
 
 	for (int l = 0; l <= m->nL; l++)
 		if (!(m->x[l] = sl_model_ws_alloc(m, T * m->H, be->elt)))
@@ -422,8 +447,13 @@ static int check_batch(const struct sl_model *m, const struct sl_batch_dev *b, b
 			"(%d records, %d tokens)\n", b->B, b->L, m->max_records, m->max_tokens);
 		return -EINVAL;
 	}
-	if (train && !b->labels) {
+	if (train && !m->sft && !b->labels) {
 		fprintf(stderr, "model: training micro-batch without labels\n");
+		return -EINVAL;
+	}
+	if (m->sft && (b->n_tgt < 0 || b->n_tgt > b->B * b->L || (b->n_tgt && !b->tgt_pos))) {
+		fprintf(stderr, "model: sft micro-batch with %d targets for %d x %d tokens\n",
+			b->n_tgt, b->B, b->L);
 		return -EINVAL;
 	}
 	return 0;
@@ -527,6 +557,9 @@ static void forward(struct sl_model *m, const struct sl_unit_source *src,
 		layer_fwd(m, l, w, acts_of(m, l, keep), m->x[l], m->x[l + 1], b, true);
 		release(src->release_fwd, src->ctx, 1 + l);
 	}
+	*aux = sl_moe_end_fwd(m, b, aux_weight);
+	if (m->sft)
+		return;
 
 	/* the head reads only each record's last token: normalize just those B rows */
 	w = src->weights(src->ctx, uh);
@@ -534,7 +567,61 @@ static void forward(struct sl_model *m, const struct sl_unit_source *src,
 	be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->xl, at(m, w, m->norm_off), b->B, H, m->eps);
 	be->matmul_fwd(be, m->logits, m->xnf, at(m, w, m->score_off), NULL, b->B, H, 1);
 	release(src->release_fwd, src->ctx, uh);
-	*aux = sl_moe_end_fwd(m, b, aux_weight);
+}
+
+/*
+ * The causal-LM head on the n_tgt tokens whose next token is a target: final norm of just those
+ * rows, then per chunk the logits, their cross-entropy and gradient (in place), and, when
+ * training, the chunk's input gradient and the head's weight gradient; m->loss_dev = the sum of
+ * the targets' cross-entropies.  Training leaves m->gx = the gradient of the last layer's output
+ * and, with tied embeddings, holds unit 0 (weights and gradient buffer m->g_embed) for the
+ * embedding's backward to finish.
+ */
+static void lm_head(struct sl_model *m, const struct sl_unit_source *src,
+		    const struct sl_batch_dev *b, float scale, bool train)
+{
+	struct sl_backend *be = m->be;
+	const int n = b->n_tgt, H = m->H, uh = m->nL + 1;
+	const void *w = src->weights(src->ctx, uh), *wl;
+	void *g = train ? src->grads(src->ctx, uh) : NULL, *gl = NULL;
+
+	if (m->tied) {
+		wl = src->weights(src->ctx, 0);
+		if (train)
+			gl = m->g_embed = src->grads(src->ctx, 0);
+	} else {
+		wl = at(m, w, m->lm_off);
+		gl = train ? at(m, g, m->lm_off) : NULL;
+	}
+	be->zero(be, m->loss_dev, sizeof(double));
+	if (n) {
+		be->gather_rows(be, m->xl, m->x[m->nL], b->tgt_pos, n, H);
+		be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->xl, at(m, w, m->norm_off), n, H, m->eps);
+	}
+	for (int c0 = 0; c0 < n; c0 += m->chunk) {
+		int cn = n - c0 < m->chunk ? n - c0 : m->chunk;
+		const void *xc = at(m, m->xnf, (size_t)c0 * H);
+
+		be->matmul_fwd(be, m->lg, xc, wl, NULL, cn, H, m->V);
+		be->ce_fwd_bwd(be, m->loss_dev, m->row_loss, m->lg, m->lg, b->tgt_ids + c0, cn,
+			       m->V, scale);
+		if (train)
+			be->matmul_bwd(be, at(m, m->gxnf, (size_t)c0 * H), gl, NULL, m->lg, xc, wl,
+				       cn, H, m->V, false);
+	}
+	if (!train) {
+		release(src->release_fwd, src->ctx, uh);
+		if (m->tied)
+			release(src->release_fwd, src->ctx, 0);
+		return;
+	}
+	if (n)
+		be->rmsnorm_bwd(be, m->gxl, at(m, g, m->norm_off), m->gxnf, m->xl,
+				at(m, w, m->norm_off), m->rstdf, n, H, false);
+	release(src->release_bwd, src->ctx, uh);
+	be->zero(be, m->gx, (size_t)b->B * b->L * H * be->elt);
+	if (n)
+		be->scatter_add_rows(be, m->gx, m->gxl, b->tgt_pos, n, H);
 }
 
 static void download_scores(struct sl_model *m, int B, float *scores)
@@ -554,23 +641,33 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 	const void *w;
 	void *g;
 	double aux;
-	int rc = check_batch(m, b, true);
+	int aux_n, rc = check_batch(m, b, true);
 
 	if (rc)
 		return rc;
-	/* the aux loss as coef * aux per record: see model.h */
-	forward(m, src, b, true, m->aux_coef * loss_scale * b->B, &aux);
+	if (m->sft && scores) {
+		fprintf(stderr, "model: the causal-LM head has no scores\n");
+		return -EINVAL;
+	}
+	/* the aux loss's weight: coef per record (classify) or target (sft); see model.h */
+	aux_n = m->sft ? b->n_tgt : b->B;
+	forward(m, src, b, true, m->aux_coef * loss_scale * aux_n, &aux);
 
-	w = src->weights(src->ctx, uh);
-	g = src->grads(src->ctx, uh);
-	be->bce_fwd_bwd(be, m->loss_dev, m->dlogits, m->logits, b->labels, b->B, loss_scale);
-	be->matmul_bwd(be, m->gxnf, at(m, g, m->score_off), NULL, m->dlogits, m->xnf,
-		       at(m, w, m->score_off), b->B, H, 1, false);
-	be->rmsnorm_bwd(be, m->gxl, at(m, g, m->norm_off), m->gxnf, m->xl, at(m, w, m->norm_off),
-			m->rstdf, b->B, H, false);
-	release(src->release_bwd, src->ctx, uh);
-	be->zero(be, m->gx, (size_t)T * H * be->elt);
-	be->scatter_add_rows(be, m->gx, m->gxl, b->last, b->B, H);
+	if (m->sft) {
+		lm_head(m, src, b, loss_scale, true);
+	} else {
+		w = src->weights(src->ctx, uh);
+		g = src->grads(src->ctx, uh);
+		be->bce_fwd_bwd(be, m->loss_dev, m->dlogits, m->logits, b->labels, b->B,
+				loss_scale);
+		be->matmul_bwd(be, m->gxnf, at(m, g, m->score_off), NULL, m->dlogits, m->xnf,
+			       at(m, w, m->score_off), b->B, H, 1, false);
+		be->rmsnorm_bwd(be, m->gxl, at(m, g, m->norm_off), m->gxnf, m->xl,
+				at(m, w, m->norm_off), m->rstdf, b->B, H, false);
+		release(src->release_bwd, src->ctx, uh);
+		be->zero(be, m->gx, (size_t)T * H * be->elt);
+		be->scatter_add_rows(be, m->gx, m->gxl, b->last, b->B, H);
+	}
 
 	for (int l = m->nL - 1; l >= 0; l--) {
 		const struct acts *a = acts_of(m, l, true);
@@ -583,7 +680,8 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 		release(src->release_bwd, src->ctx, 1 + l);
 	}
 
-	g = src->grads(src->ctx, 0);
+	/* tied embeddings: the head's gradient is already in unit 0's buffer; add to it */
+	g = m->sft && m->tied ? m->g_embed : src->grads(src->ctx, 0);
 	be->embedding_bwd(be, g, b->ids, m->gx, T, H);
 	release(src->release_bwd, src->ctx, 0);
 
@@ -591,8 +689,38 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 		download_scores(m, b->B, scores);
 	be->download(be, loss_sum, m->loss_dev, sizeof(double));
 	be->sync(be);
-	*loss_sum += m->aux_coef * aux * b->B;
+	*loss_sum += m->aux_coef * aux * aux_n;
 	return 0;
+}
+
+int sl_model_lm_loss(struct sl_model *m, const struct sl_unit_source *src,
+		     const struct sl_batch_dev *b, double *loss_sum)
+{
+	double aux;
+	int rc = check_batch(m, b, false);
+
+	if (!rc && !m->sft) {
+		fprintf(stderr, "model: the classification head has no language-model loss\n");
+		rc = -EINVAL;
+	}
+	if (rc)
+		return rc;
+	forward(m, src, b, false, 0, &aux);
+	lm_head(m, src, b, 0.0f, false);
+	m->be->download(m->be, loss_sum, m->loss_dev, sizeof(double));
+	m->be->sync(m->be);
+	return 0;
+}
+
+void sl_model_set_lm_chunk(struct sl_model *m, int rows)
+{
+	if (m->sft && rows >= 1 && rows < m->chunk)
+		m->chunk = rows;
+}
+
+bool sl_model_is_lm(const struct sl_model *m)
+{
+	return m->sft;
 }
 
 int sl_model_score(struct sl_model *m, const struct sl_unit_source *src,
@@ -601,6 +729,10 @@ int sl_model_score(struct sl_model *m, const struct sl_unit_source *src,
 	int rc = check_batch(m, b, false);
 	double aux;
 
+	if (!rc && m->sft) {
+		fprintf(stderr, "model: the causal-LM head has no scores\n");
+		rc = -EINVAL;
+	}
 	if (rc)
 		return rc;
 	forward(m, src, b, false, 0, &aux);

@@ -121,6 +121,10 @@ struct sl_batch_dev {
 	const int32_t *last;		/* (B) b*L + lens[b] - 1: each record's last token */
 	const float *labels;		/* (B) soft labels in [0,1]; NULL for scoring */
 	const int32_t *h_lens;		/* (B) the same lengths on the host (for FLOP counts) */
+	/* sft */
+	int n_tgt;			/* target tokens in the micro-batch */
+	const int32_t *tgt_pos;		/* (n_tgt) b*L + p: the token whose logits predict a target */
+	const int32_t *tgt_ids;		/* (n_tgt) the target ids (of tokens b*L + p + 1) */
 };
 
 struct sl_model;
@@ -132,20 +136,37 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 void sl_model_destroy(struct sl_model *m);
 
 /*
- * Forward and backward of one micro-batch of the classification task.  Gradients accumulate into
+ * Forward and backward of one micro-batch.  sft (a layout with lm_head.weight or tied
+ * embeddings and no score.weight): the loss is the cross-entropy of every target (b->tgt_*),
+ * its gradient scaled by @loss_scale (1 / targets in the optimizer step); *loss_sum = the
+ * unscaled sum of the micro-batch's target cross-entropies; @scores must be NULL.
+ * classify: as follows.  Gradients accumulate into
  * src->grads(u); the loss is BCE-with-logits, its gradient scaled by @loss_scale (1 / records in
  * the optimizer step).  *loss_sum (host) = unscaled sum of the micro-batch's BCE values.
  * With MoE layers and a non-zero router_aux_loss_coef, the load-balancing loss of the micro-batch
  * (transformers' load_balancing_loss_func over its real tokens and every MoE layer) is added as
- * coef * aux per record of the micro-batch (so the step's mean gets coef * aux when one
- * micro-batch holds the step), its gradient scaled alike.
+ * coef * aux per record (classify) or per target (sft) of the micro-batch, its gradient scaled
+ * alike: the step's loss gets coef * aux as transformers' does when one micro-batch holds the
+ * step (several micro-batches: their aux losses weighted by records or targets).
+ * sl_model_lm_loss (evaluation) leaves it out: the cross-entropy only.
  * @scores (host, B) gets the logits when non-NULL.
  */
 int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 			const struct sl_batch_dev *b, float loss_scale, double *loss_sum,
 			float *scores);
 
-/* Forward only: logits (host, B). */
+/* sft, forward only: *loss_sum = sum of the targets' cross-entropies (validation). */
+int sl_model_lm_loss(struct sl_model *m, const struct sl_unit_source *src,
+		     const struct sl_batch_dev *b, double *loss_sum);
+
+/* sft: compute the logits in chunks of at most @rows rows (>= 1; at most the default, which
+ * keeps a chunk's logits near 256 MiB).  For tests of the chunking. */
+void sl_model_set_lm_chunk(struct sl_model *m, int rows);
+
+/* true when the model's head is the causal-LM head (task sft) */
+bool sl_model_is_lm(const struct sl_model *m);
+
+/* classify, forward only: logits (host, B). */
 int sl_model_score(struct sl_model *m, const struct sl_unit_source *src,
 		   const struct sl_batch_dev *b, float *scores);
 

@@ -80,12 +80,25 @@ struct sl_model {
 	void *gb1;		/* (T, max(2I, Q)) */
 	void *gb2;		/* (T, max(I, Q, nh hd)) */
 
-	void *xl;		/* (B, H) last-token hidden states */
-	void *xnf;		/* (B, H) after the final norm */
-	void *rstdf;		/* (B) stat */
+	/*
+	 * The head.  classify: on each record's last token (Bh = max_records rows).  sft: the causal-LM
+	 * head on the tokens whose next token is a target (Bh = max_tokens rows), its cross-entropy
+	 * in chunks of `chunk` rows, so the (tokens x V) logits never exist whole.
+	 */
+	bool sft;
+	bool tied;		/* sft: the LM head is unit 0's embedding table */
+	size_t lm_off;		/* sft, untied: lm_head.weight in the head unit */
+	int chunk;		/* sft: rows of logits per chunk */
+	void *lg;		/* (chunk, V) sft: logits, then their gradient */
+	float *row_loss;	/* (chunk) sft: per-row cross-entropy */
+	void *g_embed;		/* sft, tied: unit 0's gradient buffer, from the head to the embedding */
+
+	void *xl;		/* (Bh, H) the head's input rows */
+	void *xnf;		/* (Bh, H) after the final norm */
+	void *rstdf;		/* (Bh) stat */
 	void *logits;		/* (B) */
 	void *dlogits;		/* (B) */
-	void *gxnf, *gxl;	/* (B, H) */
+	void *gxnf, *gxl;	/* (Bh, H) */
 	double *loss_dev;	/* (1) */
 	float *scores_f32;	/* (B) */
 

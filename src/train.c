@@ -149,14 +149,9 @@ int sl_check_supported(const struct sl_config *c, bool training)
 			 "computes in fp32 (set precision.compute: auto or fp32)", c->source);
 		return -1;
 	}
-	if (c->task != SL_TASK_CLASSIFY) {
-		sl_error("%s: task: %s is not in this version yet (only classify)", c->source,
-			 sl_task_name(c->task));
-		return -1;
-	}
 	if (!training)
 		return 0;
-	if (c->data.pack) {
+	if (c->data.pack && c->task != SL_TASK_SFT) {
 		sl_error("%s: data.pack applies to task sft only; set data.pack: false",
 			 c->source);
 		return -1;
@@ -290,9 +285,10 @@ static int load_data(struct sl_dataset *ds, const char *path, const struct sl_co
 {
 	struct sl_data_opts o = {
 		.text_field = c->data.text_field, .label_field = c->data.label_field,
-		.max_state = c->data.max_state, .need_label = true,
+		.max_state = c->data.max_state, .need_label = c->task == SL_TASK_CLASSIFY,
 		.skip_errors = c->data.on_error == SL_ON_ERROR_SKIP, .vocab = vocab,
 		.tokenizer = tok, .progress = d->rank == 0,
+		.sft = c->task == SL_TASK_SFT, .keep_reasoning = c->data.keep_reasoning,
 	};
 
 	if (tok && d->world > 1) {
@@ -312,19 +308,28 @@ static int load_data(struct sl_dataset *ds, const char *path, const struct sl_co
 	return 0;
 }
 
-/* Device-side copy of a host batch. */
+/* Device-side copy of a host batch (and, for sft, its targets). */
 struct dev_batch {
 	int32_t *ids, *lens, *last;
 	float *labels;
+	int32_t *tgt_pos, *tgt_ids;	/* (max_B * max_L) sft */
+	int32_t *h_tgt;			/* (2 * max_B * max_L) host: positions, then ids */
 	struct sl_batch_dev view;
 };
 
 static void dev_batch_alloc(struct sl_backend *be, struct dev_batch *d, int max_B, int max_L)
 {
-	d->ids = be->alloc(be, (size_t)max_B * max_L * sizeof(int32_t));
+	size_t T = (size_t)max_B * max_L;
+
+	d->ids = be->alloc(be, T * sizeof(int32_t));
 	d->lens = be->alloc(be, max_B * sizeof(int32_t));
 	d->last = be->alloc(be, max_B * sizeof(int32_t));
 	d->labels = be->alloc(be, max_B * sizeof(float));
+	d->tgt_pos = be->alloc(be, T * sizeof(int32_t));
+	d->tgt_ids = be->alloc(be, T * sizeof(int32_t));
+	d->h_tgt = malloc(2 * T * sizeof(int32_t));
+	if (!d->h_tgt)
+		sl_dist_abort("out of host memory for a micro-batch's targets");
 }
 
 static void dev_batch_free(struct sl_backend *be, struct dev_batch *d)
@@ -335,6 +340,9 @@ static void dev_batch_free(struct sl_backend *be, struct dev_batch *d)
 	be->free(be, d->lens);
 	be->free(be, d->last);
 	be->free(be, d->labels);
+	be->free(be, d->tgt_pos);
+	be->free(be, d->tgt_ids);
+	free(d->h_tgt);
 	d->ids = NULL;
 }
 
@@ -349,6 +357,86 @@ static const struct sl_batch_dev *dev_batch_upload(struct sl_backend *be, struct
 					 .last = d->last, .labels = d->labels,
 					 .h_lens = hb->lens };
 	return &d->view;
+}
+
+/*
+ * sft: the targets of the batch of records idx[0..n) (as sl_host_batch_fill laid them out, L
+ * tokens a row): token p of record b is a target when its mask says so, predicted from the
+ * logits at b*L + p - 1.  Uploads them into the device batch; returns their number.
+ */
+static int dev_batch_targets(struct sl_backend *be, struct dev_batch *d,
+			     const struct sl_host_batch *hb, const struct sl_dataset *ds,
+			     const int *idx)
+{
+	size_t T = (size_t)hb->max_B * hb->max_L;
+	int32_t *pos = d->h_tgt, *ids = d->h_tgt + T;
+	int k = 0;
+
+	for (int b = 0; b < hb->B; b++) {
+		const struct sl_record *r = &ds->rec[idx[b]];
+
+		for (int p = 1; r->mask && p < r->len; p++)
+			if (r->mask[p]) {
+				pos[k] = b * hb->L + p - 1;
+				ids[k++] = r->ids[p];
+			}
+	}
+	if (k) {
+		be->upload(be, d->tgt_pos, pos, k * sizeof(int32_t));
+		be->upload(be, d->tgt_ids, ids, k * sizeof(int32_t));
+	}
+	d->view.n_tgt = k;
+	d->view.tgt_pos = d->tgt_pos;
+	d->view.tgt_ids = d->tgt_ids;
+	return k;
+}
+
+/* sft: the target tokens of record i */
+static long record_targets(const struct sl_dataset *ds, int i)
+{
+	const struct sl_record *r = &ds->rec[i];
+	long n = 0;
+
+	for (int p = 1; r->mask && p < r->len; p++)
+		n += r->mask[p] != 0;
+	return n;
+}
+
+/*
+ * Validation of the sft task over all ranks (records i % world == rank, similar lengths
+ * together): the mean cross-entropy over every target token of the set.
+ */
+static double evaluate_lm(struct sl_backend *be, struct sl_model *m,
+			  const struct sl_unit_source *src, const struct sl_dataset *ds, int batch,
+			  int max_L, int32_t pad, int rank, int world, long *targets)
+{
+	struct sl_host_batch hb;
+	struct dev_batch db;
+	int n_mine = 0, *order = malloc((ds->n / world + 1) * sizeof(int));
+	double sums[2] = { 0 }, all[2];
+
+	for (int i = rank; i < ds->n; i += world)
+		order[n_mine++] = i;
+	sl_data_sort_longest_first(ds, order, n_mine);
+	sl_host_batch_alloc(&hb, batch, max_L);
+	dev_batch_alloc(be, &db, batch, max_L);
+	for (int i = 0; i < n_mine; i += batch) {
+		int n = n_mine - i < batch ? n_mine - i : batch;
+		double part = 0;
+
+		sl_host_batch_fill(&hb, ds, order + i, n, pad);
+		dev_batch_upload(be, &db, &hb);
+		sums[1] += dev_batch_targets(be, &db, &hb, ds, order + i);
+		if (sl_model_lm_loss(m, src, &db.view, &part))
+			sl_dist_abort("the model's validation pass failed");
+		sums[0] += part;
+	}
+	MPI_Allreduce(sums, all, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+	dev_batch_free(be, &db);
+	sl_host_batch_free(&hb);
+	free(order);
+	*targets = (long)all[1];
+	return all[1] > 0 ? all[0] / all[1] : NAN;
 }
 
 enum { EV_N, EV_BCE, EV_SE, EV_P, EV_Y, EV_PP, EV_YY, EV_PY, EV_COUNT };
@@ -730,9 +818,10 @@ static double gpu_memory(struct job *j)
 
 /*
  * Model FLOPs of one micro-batch's forward and backward: 6 per parameter of every matrix
- * multiply (heads included, embedding excluded) per real token, plus causal attention: per
- * record of n tokens, QK^T and PV cost 2 * hd * n(n+1)/2 multiply-adds each per head and layer,
- * times 3 for forward and backward.  Padding is not counted.
+ * multiply (embedding excluded) per real token, plus causal attention: per record of n tokens,
+ * QK^T and PV cost 2 * hd * n(n+1)/2 multiply-adds each per head and layer, times 3 for forward
+ * and backward.  The head counts for the rows it is applied to: each record's last token
+ * (classify), each target's predecessor (sft; the tied head included).  Padding is not counted.
  */
 /* the micro-batch's tokens per expert into the step's (sm->expert_tokens, one buffer reused) */
 static void expert_tokens_add(const struct sl_model *m, struct sl_step_metrics *sm, bool first)
@@ -757,14 +846,26 @@ static void expert_tokens_add(const struct sl_model *m, struct sl_step_metrics *
 static double model_flops(const struct job *j, const struct sl_host_batch *hb)
 {
 	const struct sl_model_config *mc = &j->mf.mc;
-	double f = 0, p = sl_model_matmul_params(mc, &j->mf.lay);
+	const struct sl_layout *lay = &j->mf.lay;
+	double f = 0, p = sl_model_matmul_params(mc, lay), head = 0, rows;
 
+	for (int i = 0; i < lay->n_tensors; i++)
+		if (lay->t[i].head)
+			head += (double)lay->t[i].numel;
+	if (sl_model_is_lm(j->model)) {
+		p -= head;
+		head = (double)mc->vocab * mc->hidden;
+		rows = j->db.view.n_tgt;
+	} else {
+		p -= head;
+		rows = hb->B;
+	}
 	for (int b = 0; b < hb->B; b++) {
 		double n = hb->lens[b];
 
 		f += 6 * p * n + 3 * 4.0 * mc->head_dim * mc->n_heads * mc->n_layers * n * (n + 1) / 2;
 	}
-	return f;
+	return f + 6 * head * rows;
 }
 
 #ifdef SL_HAVE_CUDA
@@ -860,23 +961,51 @@ static void start_gpu_log(struct job *j)
 	free(all);
 }
 
+/* Validation after @step (0: before training): log line, metrics, TensorBoard. */
+static void run_eval(struct job *j, int step, int32_t pad)
+{
+	const struct sl_config *c = j->c;
+	double ev[3];
+	long targets;
+
+	if (sl_model_is_lm(j->model)) {
+		ev[0] = evaluate_lm(j->be, j->model, &j->sh.src, &j->valid, c->train.batch,
+				    j->max_L, pad, j->d.rank, j->d.world, &targets);
+		sl_metrics_add_eval_stats(j->met, step, j->valid.n, 1,
+					  (const char *const[]){ "loss" }, ev);
+		sl_log("eval step %d  valid loss %.4f  (%d records, %ld target tokens)", step,
+		       ev[0], j->valid.n, targets);
+		if (j->tb && step)
+			sl_tb_scalar(j->tb, "valid/loss", step, ev[0]);
+		return;
+	}
+	evaluate(j->be, j->model, &j->sh.src, &j->valid, c->train.batch, j->max_L, pad,
+		 j->d.rank, j->d.world, ev);
+	sl_metrics_add_eval_stats(j->met, step, j->valid.n, 3,
+				  (const char *const[]){ "loss", "brier", "corr" }, ev);
+	sl_log("eval step %d  valid loss %.4f  brier %.4f  corr %.3f  (%d records)", step, ev[0],
+	       ev[1], ev[2], j->valid.n);
+	if (j->tb && step) {
+		sl_tb_scalar(j->tb, "valid/loss", step, ev[0]);
+		sl_tb_scalar(j->tb, "valid/brier", step, ev[1]);
+		sl_tb_scalar(j->tb, "valid/corr", step, ev[2]);
+	}
+}
+
 static int run_steps(struct job *j)
 {
 	const struct sl_config *c = j->c;
 	int *idx = malloc(c->train.batch * sizeof(int)), bad_steps = 0, ret = -1;
+	bool lm = sl_model_is_lm(j->model);
+	int *step_idx = malloc(j->R * sizeof(int));
+	double denom = j->R;	/* classify: mean over the step's records */
 	int pad = j->mf.mc.pad_token_id >= 0 ? j->mf.mc.pad_token_id : 0;
-	double t_train0 = sl_now(), ev[3];
+	double t_train0 = sl_now();
 	char dur[64];
 	bool do_eval0 = j->valid.n && j->first_step == 1;
 
-	if (do_eval0) {
-		evaluate(j->be, j->model, &j->sh.src, &j->valid, c->train.batch, j->max_L, pad,
-			 j->d.rank, j->d.world, ev);
-		sl_metrics_add_eval_stats(j->met, 0, j->valid.n, 3,
-					  (const char *const[]){ "loss", "brier", "corr" }, ev);
-		sl_log("eval step 0  valid loss %.4f  brier %.4f  corr %.3f  (%d records)", ev[0],
-		       ev[1], ev[2], j->valid.n);
-	}
+	if (do_eval0)
+		run_eval(j, 0, pad);
 	for (int step = j->first_step; step <= j->steps; step++) {
 		struct sl_step_metrics sm = { .step = step };
 		struct sl_optim_hparams h;
@@ -886,15 +1015,26 @@ static int run_steps(struct job *j)
 		sl_watchdog_arm(c->parallel.timeout_s, "step %d", step);
 		gpu_reset_peak(j);
 		sl_shard_begin_step(&j->sh);
+		if (lm) {
+			/* the loss is per target token of the whole step: every rank counts them */
+			sl_sampler_step(&j->smp, step - 1, step_idx);
+			denom = 0;
+			for (int i = 0; i < j->R; i++)
+				denom += record_targets(&j->train, step_idx[i]);
+			if (denom <= 0)
+				sl_dist_abort("internal error: an sft step without target tokens");
+		}
 		for (int acc = 0; acc < c->train.accum; acc++) {
 			int n = sl_sampler_microbatch(&j->smp, step - 1, acc, j->d.rank, idx);
 			double part = 0;
 
 			if (n < 0 || sl_host_batch_fill(&j->hb, &j->train, idx, n, pad))
 				sl_dist_abort("internal error: bad micro-batch");
-			if (sl_model_train_step(j->model, &j->sh.src,
-						dev_batch_upload(j->be, &j->db, &j->hb),
-						1.0f / j->R, &part, NULL))
+			dev_batch_upload(j->be, &j->db, &j->hb);
+			if (lm)
+				dev_batch_targets(j->be, &j->db, &j->hb, &j->train, idx);
+			if (sl_model_train_step(j->model, &j->sh.src, &j->db.view,
+						(float)(1.0 / denom), &part, NULL))
 				sl_dist_abort("the model step failed");
 			mine[0] += part;
 			expert_tokens_add(j->model, &sm, acc == 0);
@@ -924,7 +1064,8 @@ static int run_steps(struct job *j)
 		sm.grad_norm = NAN;
 		status = isfinite(sums[0]) ? sl_shard_optim_step(&j->sh, &h, &sm.grad_norm) : 1;
 		j->be->sync(j->be);
-		sm.loss = sums[0] / j->R;
+		sm.loss = sums[0] / denom;
+		sm.targets = lm ? (long)denom : 0;
 		sm.records = (long)sums[1];
 		sm.tokens = (long)sums[2];
 		sm.padded_tokens = (long)sums[3];
@@ -982,18 +1123,7 @@ static int run_steps(struct job *j)
 		if (j->valid.n && ((c->train.eval_every && step % c->train.eval_every == 0) ||
 				   step == j->steps)) {
 			sl_watchdog_arm(c->parallel.timeout_s, "evaluation after step %d", step);
-			evaluate(j->be, j->model, &j->sh.src, &j->valid, c->train.batch, j->max_L,
-				 pad, j->d.rank, j->d.world, ev);
-			sl_metrics_add_eval_stats(j->met, step, j->valid.n, 3,
-						  (const char *const[]){ "loss", "brier", "corr" },
-						  ev);
-			sl_log("eval step %d  valid loss %.4f  brier %.4f  corr %.3f  (%d records)",
-			       step, ev[0], ev[1], ev[2], j->valid.n);
-			if (j->tb) {
-				sl_tb_scalar(j->tb, "valid/loss", step, ev[0]);
-				sl_tb_scalar(j->tb, "valid/brier", step, ev[1]);
-				sl_tb_scalar(j->tb, "valid/corr", step, ev[2]);
-			}
+			run_eval(j, step, pad);
 		}
 		if (j->tb && (step % c->run.log_every == 0 || step == j->steps))
 			sl_tb_flush(j->tb);
@@ -1015,6 +1145,7 @@ static int run_steps(struct job *j)
 	ret = 0;
 out:
 	free(idx);
+	free(step_idx);
 	return ret;
 }
 
@@ -1124,7 +1255,8 @@ int sl_cmd_train(int argc, char **argv)
 	if (!all_ok(j->d.rank != 0 || sl_write_file_atomic(path, j->yaml, strlen(j->yaml)) == 0))
 		goto out;
 
-	if (!all_ok(sl_model_files_open(&j->mf, j->c->model.path, j->c->model.revision) == 0))
+	if (!all_ok(sl_model_files_open(&j->mf, j->c->model.path, j->c->model.revision,
+						 j->c->task) == 0))
 		goto out;
 	j->have_mf = true;
 	sl_log("model %s: %s, %d layers, hidden %d, heads %d/%d (head_dim %d), vocab %d, "

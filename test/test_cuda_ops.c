@@ -547,6 +547,31 @@ static void t_bce(int n)
 	drop(dz);
 }
 
+/* the LM head's cross-entropy, in place as the model runs it; loss within 1e-3 (bf16 logits) */
+static void t_ce(int n, int V, double s)
+{
+	char sh[64];
+	struct buf *z = rnd(BF, (size_t)n * V, s), *tg = ints(n, 0, V - 1);
+	struct buf *rl = out(F32, n);
+	double *lg = gpu->alloc(gpu, 8), lc = 0.5, lgh = 0.5;
+
+	gpu->upload(gpu, lg, &lgh, 8);
+	snprintf(sh, sizeof(sh), "n=%d V=%d", n, V);
+	cpu->ce_fwd_bwd(cpu, &lc, rl->c, z->c, z->c, tg->c, n, V, 0.125f);
+	TIMED(gpu->ce_fwd_bwd(gpu, lg, rl->g, z->g, z->g, tg->g, n, V, 0.125f));
+	gpu->download(gpu, &lgh, lg, 8);
+	cmp("ce_fwd_bwd", sh, "dlogits", z, TOL);
+	cmp("ce_fwd_bwd", sh, "row_loss", rl, 1e-3);
+	/* += onto what loss_sum held (0.5 on both sides) */
+	CHECK_CLOSE(lgh, lc, 1e-4, 0);
+	printf("%-18s %-28s %-8s %10.2e %10s %8.3f  %s\n", "ce_fwd_bwd", sh, "loss",
+	       fabs(lgh - lc) / fabs(lc), "-", t_ms, fabs(lgh - lc) <= 1e-4 * fabs(lc) ? "ok" : "FAIL");
+	gpu->free(gpu, lg);
+	drop(z);
+	drop(tg);
+	drop(rl);
+}
+
 static void t_sumsq(size_t n)
 {
 	char sh[64];
@@ -726,6 +751,9 @@ int main(int argc, char **argv)
 	t_bce(1);
 	t_bce(5);
 	t_bce(300);
+	t_ce(3, 37, 2);		/* V not a multiple of 8: the scalar path */
+	t_ce(17, 1000, 4);
+	t_ce(64, 151936, 3);	/* Qwen3's vocabulary */
 	t_sumsq(1);
 	t_sumsq(1000);
 	t_sumsq(3000001);

