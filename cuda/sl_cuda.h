@@ -98,6 +98,26 @@ void sl_cuda_adamw_f32(struct sl_cuda *c, float *p, float *m, float *v, const fl
 		       void *w_out, size_t n, float lr, float beta1, float beta2, float eps,
 		       float wd, float bc1, float bc2, float grad_scale);
 
+/* ---- mixture of experts (moe.cu; routing values float, experts' k at most 32) ---- */
+void sl_cuda_moe_route_fwd(struct sl_cuda *c, float *p, int *topi, float *topw,
+			   const void *logits, int T, int E, int k, int norm);
+void sl_cuda_moe_route_bwd(struct sl_cuda *c, void *dlogits, const float *dtopw, const float *p,
+			   const int *topi, const float *topw, const float *aux_g, const int *lens,
+			   int B, int L, int E, int k, int norm);
+void sl_cuda_moe_aux_stats(struct sl_cuda *c, double *stats, const float *p, const int *topi,
+			   const int *lens, int B, int L, int E, int k);
+void sl_cuda_moe_permute(struct sl_cuda *c, int *rows, int *slot, int *offs, const int *topi,
+			 int T, int E, int k);
+void sl_cuda_moe_gemm_fwd(struct sl_cuda *c, void *out, const void *x, const void *w,
+			  const int *d_offs, const int *h_offs, int E, int K, int N);
+void sl_cuda_moe_gemm_bwd(struct sl_cuda *c, void *dx, void *dw, const void *dout, const void *x,
+			  const void *w, const int *d_offs, const int *h_offs, int E, int K, int N);
+void sl_cuda_moe_combine_fwd(struct sl_cuda *c, void *out, const void *y, const float *topw,
+			     const int *slot, int T, int k, int H);
+void sl_cuda_moe_combine_bwd(struct sl_cuda *c, void *dy, float *dtopw, const void *dout,
+			     const void *y, const float *topw, const int *slot, int T, int k,
+			     int H);
+
 #ifdef __cplusplus
 }
 #endif

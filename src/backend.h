@@ -185,6 +185,57 @@ struct sl_backend {
 	void (*sync_event)(struct sl_backend *be, void *ev);
 
 	/*
+	 * ---- Mixture of experts (Qwen3-MoE, model_moe.c) ----
+	 * T tokens each choose k of E experts.  "Choice" t*k + j is token t's j-th expert.  Routing
+	 * values (probabilities, weights and their gradients) are stat buffers.
+	 *
+	 * Router: p(T,E) = softmax(logits(T,E)) computed in fp32 or wider; per token the k largest
+	 * p in descending order (ties: the lower expert first), topi(T,k) int32 their experts,
+	 * topw(T,k) their p, divided by their sum when @norm.
+	 */
+	void (*moe_route_fwd)(struct sl_backend *be, void *p, int32_t *topi, void *topw,
+			      const void *logits, int T, int E, int k, bool norm);
+	/*
+	 * dlogits(T,E) compute = the gradient through the renormalization (when @norm) and the
+	 * softmax of dtopw(T,k) plus, for real tokens (position t % L < lens[t / L]; T = B*L), of
+	 * aux_g(E) (stat; NULL: none) added to the gradient of every p(t,e).
+	 */
+	void (*moe_route_bwd)(struct sl_backend *be, void *dlogits, const void *dtopw,
+			      const void *p, const int32_t *topi, const void *topw, const void *aux_g,
+			      const int32_t *lens, int B, int L, int E, int k, bool norm);
+	/*
+	 * Load-balancing statistics over real tokens: stats(2E) double += [number of choices of
+	 * each expert | sum over tokens of p(t,e)].
+	 */
+	void (*moe_aux_stats)(struct sl_backend *be, double *stats, const void *p,
+			      const int32_t *topi, const int32_t *lens, int B, int L, int E, int k);
+	/*
+	 * Stable counting sort of the T*k choices by expert: offs(E+1) int32 = where each expert's
+	 * rows start (offs[E] = T*k); rows(T*k) int32 = the token of each sorted row (within an
+	 * expert in token order); slot(T*k) int32 = the sorted row of each choice.
+	 */
+	void (*moe_permute)(struct sl_backend *be, int32_t *rows, int32_t *slot, int32_t *offs,
+			    const int32_t *topi, int T, int E, int k);
+	/*
+	 * Grouped matmul over experts: for each e, the rows offs[e] .. offs[e+1] of
+	 * out(M,N) = x(M,K) . w_e(N,K)^T, w = (E,N,K) contiguous.  The row offsets (E+1) are given
+	 * twice, on the device (@offs, moe_permute's) and on the host (@h_offs).
+	 */
+	void (*moe_gemm_fwd)(struct sl_backend *be, void *out, const void *x, const void *w,
+			     const int32_t *offs, const int *h_offs, int E, int K, int N);
+	/* its backward: dx(M,K) = dout . w_e (overwritten; skipped when NULL), dw(E,N,K) += */
+	void (*moe_gemm_bwd)(struct sl_backend *be, void *dx, void *dw, const void *dout,
+			     const void *x, const void *w, const int32_t *offs, const int *h_offs,
+			     int E, int K, int N);
+	/* out(T,H) = sum_j topw(t,j) * y(slot(t*k+j), :) */
+	void (*moe_combine_fwd)(struct sl_backend *be, void *out, const void *y, const void *topw,
+				const int32_t *slot, int T, int k, int H);
+	/* dy(T*k,H): row slot(t*k+j) = topw(t,j) dout(t,:);  dtopw(T,k) = dout(t,:) . that row of y */
+	void (*moe_combine_bwd)(struct sl_backend *be, void *dy, void *dtopw, const void *dout,
+				const void *y, const void *topw, const int32_t *slot, int T, int k,
+				int H);
+
+	/*
 	 * Optional (NULL: malloc/free): host memory the backend copies to and from fastest (pinned
 	 * memory on cuda), for the host-resident state of parallel.offload.  Zeroed; aborts on
 	 * failure, as alloc().

@@ -745,6 +745,8 @@ static void cpu_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, c
 	}
 }
 
+#include "backend_cpu_moe.c"
+
 static void cpu_destroy(struct sl_backend *be)
 {
 	sl_backend_cpu_async_fini(be);
@@ -790,6 +792,7 @@ struct sl_backend *CPU_CREATE(void)
 	be->ce_fwd_bwd = cpu_ce_fwd_bwd;
 	be->sumsq_f32 = cpu_sumsq_f32;
 	be->adamw_f32 = cpu_adamw_f32;
+	cpu_moe_install(be);
 	be->destroy = cpu_destroy;
 	sl_backend_cpu_async_init(be);
 	return be;

@@ -381,6 +381,60 @@ static void cuda_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, 
 			  a->weight_decay, a->bc1, a->bc2, a->grad_scale);
 }
 
+/* ---- mixture of experts (cuda/moe.cu) ---------------------------------------------------- */
+
+static void cuda_moe_route_fwd(struct sl_backend *be, void *p, int32_t *topi, void *topw,
+			       const void *logits, int T, int E, int k, bool norm)
+{
+	sl_cuda_moe_route_fwd(C(be), p, topi, topw, logits, T, E, k, norm);
+}
+
+static void cuda_moe_route_bwd(struct sl_backend *be, void *dlogits, const void *dtopw,
+			       const void *p, const int32_t *topi, const void *topw,
+			       const void *aux_g, const int32_t *lens, int B, int L, int E, int k,
+			       bool norm)
+{
+	sl_cuda_moe_route_bwd(C(be), dlogits, dtopw, p, topi, topw, aux_g, lens, B, L, E, k, norm);
+}
+
+static void cuda_moe_aux_stats(struct sl_backend *be, double *stats, const void *p,
+			       const int32_t *topi, const int32_t *lens, int B, int L, int E, int k)
+{
+	sl_cuda_moe_aux_stats(C(be), stats, p, topi, lens, B, L, E, k);
+}
+
+static void cuda_moe_permute(struct sl_backend *be, int32_t *rows, int32_t *slot, int32_t *offs,
+			     const int32_t *topi, int T, int E, int k)
+{
+	sl_cuda_moe_permute(C(be), rows, slot, offs, topi, T, E, k);
+}
+
+static void cuda_moe_gemm_fwd(struct sl_backend *be, void *out, const void *x, const void *w,
+			      const int32_t *offs, const int *h_offs, int E, int K, int N)
+{
+	sl_cuda_moe_gemm_fwd(C(be), out, x, w, offs, h_offs, E, K, N);
+}
+
+static void cuda_moe_gemm_bwd(struct sl_backend *be, void *dx, void *dw, const void *dout,
+			      const void *x, const void *w, const int32_t *offs, const int *h_offs,
+			      int E, int K, int N)
+{
+	sl_cuda_moe_gemm_bwd(C(be), dx, dw, dout, x, w, offs, h_offs, E, K, N);
+}
+
+static void cuda_moe_combine_fwd(struct sl_backend *be, void *out, const void *y,
+				 const void *topw, const int32_t *slot, int T, int k, int H)
+{
+	sl_cuda_moe_combine_fwd(C(be), out, y, topw, slot, T, k, H);
+}
+
+static void cuda_moe_combine_bwd(struct sl_backend *be, void *dy, void *dtopw, const void *dout,
+				 const void *y, const void *topw, const int32_t *slot, int T,
+				 int k, int H)
+{
+	sl_cuda_moe_combine_bwd(C(be), dy, dtopw, dout, y, topw, slot, T, k, H);
+}
+
 static void cuda_destroy(struct sl_backend *be)
 {
 	struct cuda_priv *pr = P(be);
@@ -453,6 +507,14 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	be->sync_event = cuda_sync_event;
 	be->host_alloc = cuda_host_alloc;
 	be->host_free = cuda_host_free;
+	be->moe_route_fwd = cuda_moe_route_fwd;
+	be->moe_route_bwd = cuda_moe_route_bwd;
+	be->moe_aux_stats = cuda_moe_aux_stats;
+	be->moe_permute = cuda_moe_permute;
+	be->moe_gemm_fwd = cuda_moe_gemm_fwd;
+	be->moe_gemm_bwd = cuda_moe_gemm_bwd;
+	be->moe_combine_fwd = cuda_moe_combine_fwd;
+	be->moe_combine_bwd = cuda_moe_combine_bwd;
 	be->destroy = cuda_destroy;
 	return be;
 

@@ -24,18 +24,7 @@ static size_t align_up(size_t n)
 
 /* ---- layout ------------------------------------------------------------------------------ */
 
-struct layout_builder {
-	struct sl_layout *lay;
-	int cap;
-	int unit;
-	size_t off;		/* next free element in the current unit */
-};
-
-/*
- * Appends one tensor to the current unit.  @fused_next: the tensor continues a fused group
- * (k/v after q, up after gate, ...) and must follow its predecessor with no padding.
- */
-static int lb_add(struct layout_builder *lb, bool fused_next, const char *name, int ndim,
+int sl_layout_add(struct layout_builder *lb, bool fused_next, const char *name, int ndim,
 		  int64_t d0, int64_t d1, enum sl_init init)
 {
 	struct sl_layout *lay = lb->lay;
@@ -85,7 +74,7 @@ static int layout_layer(struct layout_builder *lb, const struct sl_model_config 
 #define ADD(fused, suffix, ndim, d0, d1, init)                                               \
 	do {                                                                                 \
 		snprintf(n, sizeof(n), "model.layers.%d.%s", l, suffix);                     \
-		rc = lb_add(lb, fused, n, ndim, d0, d1, init);                               \
+		rc = sl_layout_add(lb, fused, n, ndim, d0, d1, init);                               \
 		if (rc)                                                                      \
 			return rc;                                                           \
 	} while (0)
@@ -105,6 +94,8 @@ static int layout_layer(struct layout_builder *lb, const struct sl_model_config 
 	ADD(false, "self_attn.q_norm.weight", 1, hd, 0, SL_INIT_ONES);
 	ADD(false, "self_attn.k_norm.weight", 1, hd, 0, SL_INIT_ONES);
 	ADD(false, "post_attention_layernorm.weight", 1, H, 0, SL_INIT_ONES);
+	if (mc->mlp_kind[l] == SL_MLP_MOE)
+		return sl_moe_layout(lb, mc, l);
 	ADD(false, "mlp.gate_proj.weight", 2, I, H, SL_INIT_NORMAL);
 	ADD(true, "mlp.up_proj.weight", 2, I, H, SL_INIT_NORMAL);
 	ADD(false, "mlp.down_proj.weight", 2, H, I, SL_INIT_NORMAL);
@@ -133,7 +124,7 @@ int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout
 	if (!lay->unit_numel)
 		return -ENOMEM;
 
-	rc = lb_add(&lb, false, "model.embed_tokens.weight", 2, mc->vocab, mc->hidden,
+	rc = sl_layout_add(&lb, false, "model.embed_tokens.weight", 2, mc->vocab, mc->hidden,
 		    SL_INIT_NORMAL);
 	if (rc)
 		goto out_free_layout;
@@ -144,12 +135,12 @@ int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout
 			goto out_free_layout;
 		lb_end_unit(&lb);
 	}
-	rc = lb_add(&lb, false, "model.norm.weight", 1, mc->hidden, 0, SL_INIT_ONES);
+	rc = sl_layout_add(&lb, false, "model.norm.weight", 1, mc->hidden, 0, SL_INIT_ONES);
 	if (rc)
 		goto out_free_layout;
 	if (task == 0) {
 		/* a causal-LM checkpoint has no score head: it starts freshly initialized */
-		rc = lb_add(&lb, false, "score.weight", 2, mc->num_labels, mc->hidden,
+		rc = sl_layout_add(&lb, false, "score.weight", 2, mc->num_labels, mc->hidden,
 			    SL_INIT_NORMAL);
 		if (rc)
 			goto out_free_layout;
@@ -158,7 +149,7 @@ int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout
 		head->optional = true;
 	} else if (!mc->tie_word_embeddings) {
 		/* tied: the head is the embedding table of unit 0, no tensor of its own */
-		rc = lb_add(&lb, false, "lm_head.weight", 2, mc->vocab, mc->hidden,
+		rc = sl_layout_add(&lb, false, "lm_head.weight", 2, mc->vocab, mc->hidden,
 			    SL_INIT_NORMAL);
 		if (rc)
 			goto out_free_layout;
@@ -191,9 +182,11 @@ double sl_model_matmul_params(const struct sl_model_config *mc, const struct sl_
 {
 	double n = 0;
 
+	/* a token multiplies by top_k of the n_experts experts: count the active ones */
 	for (int i = 0; i < lay->n_tensors; i++)
 		if (lay->t[i].ndim == 2 && lay->t[i].unit != 0)
-			n += (double)lay->t[i].numel;
+			n += (double)lay->t[i].numel * (strstr(lay->t[i].name, ".mlp.experts.") ?
+				(double)mc->top_k / mc->n_experts : 1.0);
 	return n;
 }
 
@@ -257,7 +250,8 @@ static int fused_off(const struct sl_layout *lay, int l, const char *const *name
 	return 0;
 }
 
-static int layer_offsets(const struct sl_layout *lay, int l, bool bias, struct layer_off *lo)
+static int layer_offsets(const struct sl_layout *lay, int l, bool bias, bool moe,
+			 struct layer_off *lo)
 {
 	static const char *const wqkv[] = { "self_attn.q_proj.weight", "self_attn.k_proj.weight",
 					    "self_attn.v_proj.weight" };
@@ -273,15 +267,19 @@ static int layer_offsets(const struct sl_layout *lay, int l, bool bias, struct l
 	static const char *const wd[] = { "mlp.down_proj.weight" };
 	int rc;
 
-	lo->bqkv = lo->bo = NO_OFF;
+	lo->bqkv = lo->bo = lo->wr = lo->wegu = lo->wed = lo->wgu = lo->wd = NO_OFF;
 	rc = fused_off(lay, l, wqkv, 3, &lo->wqkv);
-	rc = rc ? rc : fused_off(lay, l, wgu, 2, &lo->wgu);
+	if (moe)
+		rc = rc ? rc : sl_moe_offsets(lay, l, lo);
+	else
+		rc = rc ? rc : fused_off(lay, l, wgu, 2, &lo->wgu);
 	rc = rc ? rc : fused_off(lay, l, ln1, 1, &lo->ln1);
 	rc = rc ? rc : fused_off(lay, l, wo, 1, &lo->wo);
 	rc = rc ? rc : fused_off(lay, l, qn, 1, &lo->qn);
 	rc = rc ? rc : fused_off(lay, l, kn, 1, &lo->kn);
 	rc = rc ? rc : fused_off(lay, l, ln2, 1, &lo->ln2);
-	rc = rc ? rc : fused_off(lay, l, wd, 1, &lo->wd);
+	if (!moe)
+		rc = rc ? rc : fused_off(lay, l, wd, 1, &lo->wd);
 	if (bias) {
 		rc = rc ? rc : fused_off(lay, l, bqkv, 3, &lo->bqkv);
 		rc = rc ? rc : fused_off(lay, l, bo, 1, &lo->bo);
@@ -303,6 +301,8 @@ static int alloc_acts(struct sl_model *m, struct acts *a, size_t T)
 	a->h = sl_model_ws_alloc(m, T * m->H, e);
 	a->xn2 = sl_model_ws_alloc(m, T * m->H, e);
 	a->rstd2 = sl_model_ws_alloc(m, T, s);
+	if (!m->dense_mlp)	/* all MLPs sparse: no dense activations */
+		return a->rstd2 ? 0 : -ENOMEM;
 	a->gu = sl_model_ws_alloc(m, T * 2 * m->I, e);
 	a->act = sl_model_ws_alloc(m, T * m->I, e);
 	return a->act ? 0 : -ENOMEM;
@@ -350,6 +350,7 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 	m->eps = (float)mc->rms_eps;
 	m->theta = (float)mc->rope_theta;
 	m->bias = mc->attention_bias;
+	m->aux_coef = mc->router_aux_loss_coef;
 
 	m->lo = calloc((size_t)m->nL + 1, sizeof(*m->lo));
 	m->x = calloc((size_t)m->nL + 1, sizeof(*m->x));
@@ -357,9 +358,11 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 	m->acts = calloc((size_t)m->n_acts + 1, sizeof(*m->acts));
 	if (!m->lo || !m->x || !m->acts)
 		goto out_free_model;
-	for (int l = 0; l < m->nL; l++)
-		if (layer_offsets(lay, l, m->bias, &m->lo[l]))
+	for (int l = 0; l < m->nL; l++) {
+		if (layer_offsets(lay, l, m->bias, mc->mlp_kind[l] == SL_MLP_MOE, &m->lo[l]))
 			goto out_free_model;
+		m->dense_mlp |= mc->mlp_kind[l] != SL_MLP_MOE;
+	}
 	norm = sl_layout_find(lay, "model.norm.weight");
 	score = sl_layout_find(lay, "score.weight");
 	lm = sl_layout_find(lay, "lm_head.weight");
@@ -408,7 +411,7 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 	m->gxl = sl_model_ws_alloc(m, B * m->H, be->elt);
 	m->loss_dev = sl_model_ws_alloc(m, 1, sizeof(double));
 	m->scores_f32 = sl_model_ws_alloc(m, B, sizeof(float));
-	if (!m->scores_f32)
+	if (!m->scores_f32 || sl_moe_create(m, mc))
 		goto out_free_model;
 	return m;
 
@@ -421,6 +424,7 @@ void sl_model_destroy(struct sl_model *m)
 {
 	if (!m)
 		return;
+	sl_moe_destroy(m);
 	for (int i = 0; i < m->n_bufs; i++)
 		m->be->free(m->be, m->bufs[i]);
 	free(m->bufs);
@@ -482,6 +486,10 @@ static void layer_fwd(const struct sl_model *m, int l, const void *w, const stru
 		       m->nh * m->hd, H);
 	be->add(be, a->h, x, (size_t)T * H);
 	be->rmsnorm_fwd(be, a->xn2, a->rstd2, a->h, at(m, w, lo->ln2), T, H, m->eps);
+	if (lo->wr != NO_OFF) {
+		sl_moe_fwd((struct sl_model *)m, l, w, a, xout, b, full);
+		return;
+	}
 	be->matmul_fwd(be, a->gu, a->xn2, at(m, w, lo->wgu), NULL, T, H, 2 * m->I);
 	be->swiglu_fwd(be, a->act, a->gu, T, m->I);
 	if (!full)
@@ -501,11 +509,15 @@ static void layer_bwd(const struct sl_model *m, int l, const void *w, void *g,
 	void *gbqkv = lo->bqkv == NO_OFF ? NULL : at(m, g, lo->bqkv);
 
 	/* MLP: x' = h + down(act); the residual passes gx through to h unchanged */
-	be->matmul_bwd(be, m->gb2, at(m, g, lo->wd), NULL, m->gx, a->act, at(m, w, lo->wd), T,
-		       m->I, H, false);
-	be->swiglu_bwd(be, m->gb1, m->gb2, a->gu, T, m->I);
-	be->matmul_bwd(be, m->gn, at(m, g, lo->wgu), NULL, m->gb1, a->xn2, at(m, w, lo->wgu), T,
-		       H, 2 * m->I, false);
+	if (lo->wr != NO_OFF) {
+		sl_moe_bwd((struct sl_model *)m, l, w, g, a, b);
+	} else {
+		be->matmul_bwd(be, m->gb2, at(m, g, lo->wd), NULL, m->gx, a->act,
+			       at(m, w, lo->wd), T, m->I, H, false);
+		be->swiglu_bwd(be, m->gb1, m->gb2, a->gu, T, m->I);
+		be->matmul_bwd(be, m->gn, at(m, g, lo->wgu), NULL, m->gb1, a->xn2,
+			       at(m, w, lo->wgu), T, H, 2 * m->I, false);
+	}
 	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln2), m->gn, a->h, at(m, w, lo->ln2), a->rstd2,
 			T, H, true);
 
@@ -530,12 +542,13 @@ static const struct acts *acts_of(const struct sl_model *m, int l, bool keep)
 
 /* embedding, layers, final norm and head: m->logits (B).  @keep: keep what the backward needs */
 static void forward(struct sl_model *m, const struct sl_unit_source *src,
-		    const struct sl_batch_dev *b, bool keep)
+		    const struct sl_batch_dev *b, bool keep, double aux_weight, double *aux)
 {
 	struct sl_backend *be = m->be;
 	const int T = b->B * b->L, H = m->H, uh = m->nL + 1;
 	const void *w;
 
+	sl_moe_begin(m);
 	w = src->weights(src->ctx, 0);
 	be->embedding_fwd(be, m->x[0], b->ids, w, T, H);
 	release(src->release_fwd, src->ctx, 0);
@@ -545,6 +558,7 @@ static void forward(struct sl_model *m, const struct sl_unit_source *src,
 		layer_fwd(m, l, w, acts_of(m, l, keep), m->x[l], m->x[l + 1], b, true);
 		release(src->release_fwd, src->ctx, 1 + l);
 	}
+	*aux = sl_moe_end_fwd(m, b, aux_weight);
 	if (m->sft)
 		return;
 
@@ -627,7 +641,8 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 	const int T = b->B * b->L, H = m->H, uh = m->nL + 1;
 	const void *w;
 	void *g;
-	int rc = check_batch(m, b, true);
+	double aux;
+	int aux_n, rc = check_batch(m, b, true);
 
 	if (rc)
 		return rc;
@@ -635,7 +650,9 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 		fprintf(stderr, "model: the causal-LM head has no scores\n");
 		return -EINVAL;
 	}
-	forward(m, src, b, true);
+	/* the aux loss's weight: coef per record (classify) or target (sft); see model.h */
+	aux_n = m->sft ? b->n_tgt : b->B;
+	forward(m, src, b, true, m->aux_coef * loss_scale * aux_n, &aux);
 
 	if (m->sft) {
 		lm_head(m, src, b, loss_scale, true);
@@ -673,12 +690,14 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 		download_scores(m, b->B, scores);
 	be->download(be, loss_sum, m->loss_dev, sizeof(double));
 	be->sync(be);
+	*loss_sum += m->aux_coef * aux * aux_n;
 	return 0;
 }
 
 int sl_model_lm_loss(struct sl_model *m, const struct sl_unit_source *src,
 		     const struct sl_batch_dev *b, double *loss_sum)
 {
+	double aux;
 	int rc = check_batch(m, b, false);
 
 	if (!rc && !m->sft) {
@@ -687,7 +706,7 @@ int sl_model_lm_loss(struct sl_model *m, const struct sl_unit_source *src,
 	}
 	if (rc)
 		return rc;
-	forward(m, src, b, false);
+	forward(m, src, b, false, 0, &aux);
 	lm_head(m, src, b, 0.0f, false);
 	m->be->download(m->be, loss_sum, m->loss_dev, sizeof(double));
 	m->be->sync(m->be);
@@ -709,6 +728,7 @@ int sl_model_score(struct sl_model *m, const struct sl_unit_source *src,
 		   const struct sl_batch_dev *b, float *scores)
 {
 	int rc = check_batch(m, b, false);
+	double aux;
 
 	if (!rc && m->sft) {
 		fprintf(stderr, "model: the causal-LM head has no scores\n");
@@ -716,7 +736,7 @@ int sl_model_score(struct sl_model *m, const struct sl_unit_source *src,
 	}
 	if (rc)
 		return rc;
-	forward(m, src, b, false);
+	forward(m, src, b, false, 0, &aux);
 	download_scores(m, b->B, scores);
 	m->be->sync(m->be);
 	return 0;

@@ -27,6 +27,7 @@ enum sl_layer_kind {
 
 enum sl_mlp_kind {
 	SL_MLP_DENSE,			/* SwiGLU */
+	SL_MLP_MOE,			/* Qwen3-MoE: softmax router, top-k SwiGLU experts */
 };
 
 struct sl_model_config {
@@ -51,6 +52,12 @@ struct sl_model_config {
 	int num_labels;			/* 1 for the scalar head */
 	enum sl_layer_kind *layer_kind;	/* (n_layers) */
 	enum sl_mlp_kind *mlp_kind;	/* (n_layers) */
+	/* mixture of experts (qwen3_moe); 0 / false elsewhere */
+	int n_experts;			/* E: num_experts (num_local_experts) */
+	int top_k;			/* k: num_experts_per_tok */
+	int moe_intermediate;		/* Im: each expert's intermediate size */
+	bool norm_topk_prob;		/* renormalize the k routing weights to sum 1 */
+	double router_aux_loss_coef;	/* weight of the load-balancing loss; 0: none */
 };
 
 /*
@@ -138,6 +145,12 @@ void sl_model_destroy(struct sl_model *m);
  * classify: as follows.  Gradients accumulate into
  * src->grads(u); the loss is BCE-with-logits, its gradient scaled by @loss_scale (1 / records in
  * the optimizer step).  *loss_sum (host) = unscaled sum of the micro-batch's BCE values.
+ * With MoE layers and a non-zero router_aux_loss_coef, the load-balancing loss of the micro-batch
+ * (transformers' load_balancing_loss_func over its real tokens and every MoE layer) is added as
+ * coef * aux per record (classify) or per target (sft) of the micro-batch, its gradient scaled
+ * alike: the step's loss gets coef * aux as transformers' does when one micro-batch holds the
+ * step (several micro-batches: their aux losses weighted by records or targets).
+ * sl_model_lm_loss (evaluation) leaves it out: the cross-entropy only.
  * @scores (host, B) gets the logits when non-NULL.
  */
 int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
@@ -158,6 +171,16 @@ bool sl_model_is_lm(const struct sl_model *m);
 /* classify, forward only: logits (host, B). */
 int sl_model_score(struct sl_model *m, const struct sl_unit_source *src,
 		   const struct sl_batch_dev *b, float *scores);
+
+/*
+ * Mixture of experts: after sl_model_train_step or sl_model_score, the tokens each expert received
+ * in the last micro-batch (real tokens only, each counted once per expert it chose), as
+ * (*n_layers) x (*n_experts) values, row i for the i-th MoE layer (in layer order); NULL when the
+ * model has no MoE layer.  *aux (when non-NULL): that micro-batch's load-balancing loss (without
+ * router_aux_loss_coef).
+ */
+const int64_t *sl_model_expert_counts(const struct sl_model *m, int *n_layers, int *n_experts,
+				      double *aux);
 
 /* Bytes of backend memory the model's workspace holds. */
 size_t sl_model_workspace_bytes(const struct sl_model *m);

@@ -98,8 +98,11 @@ int sl_model_files_load_shard(struct sl_model_files *f, struct sl_shard *sh, uin
 		free(sub.t);
 		first += n;
 	}
+	/* fused expert tensors (transformers 5) were read through their per-expert names */
 	for (int i = 0; i < w.n_tensors; i++)
-		if (!sl_layout_find(lay, w.tensors[i].name))
+		if (!sl_layout_find(lay, w.tensors[i].name) &&
+		    !strstr(w.tensors[i].name, ".mlp.experts.gate_up_proj") &&
+		    !strstr(w.tensors[i].name, ".mlp.experts.down_proj"))
 			n_unused++;
 	if (n_unused)
 		sl_log("%s: %d tensor(s) of the checkpoint are not used by the %s task "

@@ -865,6 +865,26 @@ static double gpu_memory(struct job *j)
  * and backward.  The head counts for the rows it is applied to: each record's last token
  * (classify), each target's predecessor (sft; the tied head included).  Padding is not counted.
  */
+/* the micro-batch's tokens per expert into the step's (sm->expert_tokens, one buffer reused) */
+static void expert_tokens_add(const struct sl_model *m, struct sl_step_metrics *sm, bool first)
+{
+	static long long *sum;
+	const int64_t *c;
+	int nl, ne;
+	double aux;
+
+	c = sl_model_expert_counts(m, &nl, &ne, &aux);
+	if (!c)
+		return;
+	if (!sum && !(sum = calloc((size_t)nl * ne, sizeof(*sum))))
+		sl_dist_abort("out of memory");
+	for (size_t i = 0; i < (size_t)nl * ne; i++)
+		sum[i] = (first ? 0 : sum[i]) + c[i];
+	sm->moe_layers = nl;
+	sm->n_experts = ne;
+	sm->expert_tokens = sum;
+}
+
 static double model_flops(const struct job *j, const struct sl_host_batch *hb)
 {
 	const struct sl_model_config *mc = &j->mf.mc;
@@ -1065,6 +1085,7 @@ static int run_steps(struct job *j)
 						(float)(1.0 / denom), &part, NULL))
 				sl_dist_abort("the model step failed");
 			mine[0] += part;
+			expert_tokens_add(j->model, &sm, acc == 0);
 			mine[1] += n;
 			mine[2] += j->hb.tokens;
 			mine[3] += j->hb.padded_tokens;
@@ -1081,6 +1102,10 @@ static int run_steps(struct job *j)
 			poison_gradient(j, &mine[0]);
 		/* the loss first: a non-finite one skips the update as a non-finite norm does */
 		MPI_Allreduce(mine, sums, 5, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+		if (sm.moe_layers)
+			MPI_Allreduce(MPI_IN_PLACE, (long long *)sm.expert_tokens,
+				      sm.moe_layers * sm.n_experts, MPI_LONG_LONG, MPI_SUM,
+				      MPI_COMM_WORLD);
 		peak = gpu_peak(j);
 		MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 		sm.peak_gpu_bytes = (long long)peak;

@@ -666,6 +666,8 @@ static void t_adamw(size_t n, bool wout)
 }
 
 /* a 4B-like matmul and attention shape, timed (no cpu reference: too slow there) */
+#include "cuda_moe_ops.inc"
+
 static void bench(void)
 {
 	const int T = 8192, H = 2560, Q = (32 + 16) * 128, I = 9728;
@@ -812,6 +814,7 @@ int main(int argc, char **argv)
 	t_adamw(1, true);
 	t_adamw(1000, false);
 	t_adamw(100001, true);
+	t_moe_all();
 	if (do_bench)
 		bench();
 	printf("peak %zu bytes, reserved %zu\n", sl_backend_cuda_peak_bytes(gpu),
