@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <pthread.h>
 #include <unistd.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -59,7 +60,15 @@ struct sl_cuda {
 	char *stage;			// STAGE_SLOTS x STAGE_BYTES pinned host memory, or NULL
 	cudaEvent_t stage_ev[8];
 	unsigned stage_next;
+	// asynchronous host transfers (copy.cu): one stream per direction, so uploads and
+	// downloads use both copy engines; order_ev orders a copy after the compute stream
+	cudaStream_t up, down;
+	cudaEvent_t order_ev;
+	pthread_mutex_t copy_mu;	// copies are issued from two threads (shard's offload worker)
 };
+
+void sl_cuda_copy_init(struct sl_cuda *c);
+void sl_cuda_copy_fini(struct sl_cuda *c);
 
 static __device__ __forceinline__ float bf(bf16 v)
 {

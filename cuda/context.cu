@@ -38,6 +38,7 @@ extern "C" struct sl_cuda *sl_cuda_create(int device)
 	}
 	for (int i = 0; c->stage && i < STAGE_SLOTS; i++)
 		CUDA_CHECK(cudaEventCreateWithFlags(&c->stage_ev[i], cudaEventDisableTiming));
+	sl_cuda_copy_init(c);
 	return c;
 }
 
@@ -46,6 +47,7 @@ extern "C" void sl_cuda_destroy(struct sl_cuda *c)
 	if (!c)
 		return;
 	CUDA_CHECK(cudaStreamSynchronize(c->stream));
+	sl_cuda_copy_fini(c);
 	sl_cuda_gemm_cache_free(c);
 	if (c->ev0) {
 		cudaEventDestroy(c->ev0);

@@ -364,7 +364,7 @@ static __device__ __forceinline__ void rope_cs(int p, int i, int hd, float theta
 // one block per token; warp per head; cos/sin of the token's position computed once in shared
 __global__ void __launch_bounds__(QK_WARPS * 32)
 k_qk_norm_rope_fwd(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, const bf16 *kw,
-		   int L, int nh, int nkv, int hd, float eps, float theta)
+		   int L, const int *pos, int nh, int nkv, int hd, float eps, float theta)
 {
 	__shared__ float cs[HD_MAX / 2], sn[HD_MAX / 2];
 	__shared__ float nb[QK_WARPS][HD_MAX];
@@ -374,7 +374,7 @@ k_qk_norm_rope_fwd(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, cons
 	bf16 *o = out + (size_t)t * W;
 
 	for (int i = threadIdx.x; i < half; i += blockDim.x)
-		rope_cs(t % L, i, hd, theta, &cs[i], &sn[i]);
+		rope_cs(pos ? pos[t] : t % L, i, hd, theta, &cs[i], &sn[i]);
 	__syncthreads();
 	for (int j = warp; j < nq; j += QK_WARPS) {
 		const bf16 *x = in + (size_t)j * hd, *w = j < nh ? qw : kw;
@@ -414,14 +414,14 @@ static __device__ __forceinline__ float rope_back(const bf16 *dy, const float *c
 
 __global__ void __launch_bounds__(QK_WARPS * 32)
 k_qk_norm_rope_bwd(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *qw, const bf16 *kw,
-		   const float *rstd, int L, int nh, int nkv, int hd, float theta)
+		   const float *rstd, int L, const int *pos, int nh, int nkv, int hd, float theta)
 {
 	__shared__ float cs[HD_MAX / 2], sn[HD_MAX / 2];
 	const int t = blockIdx.x, W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
 	for (int i = threadIdx.x; i < half; i += blockDim.x)
-		rope_cs(t % L, i, hd, theta, &cs[i], &sn[i]);
+		rope_cs(pos ? pos[t] : t % L, i, hd, theta, &cs[i], &sn[i]);
 	__syncthreads();
 	for (int j = warp; j < nq; j += QK_WARPS) {
 		size_t off = (size_t)t * W + (size_t)j * hd;
@@ -446,7 +446,8 @@ k_qk_norm_rope_bwd(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *qw
 // norm weight gradients, pass 1: blockIdx.y 0 = q heads, 1 = k heads; block (hd, R) sums the
 // tokens of chunk blockIdx.x (lanes of y take every R-th token; cos/sin once per token)
 __global__ void k_qk_dw_partial(float *part, const bf16 *dout, const bf16 *qkv, const float *rstd,
-				int T, int L, int nh, int nkv, int hd, float theta, int tpc)
+				int T, int L, const int *pos, int nh, int nkv, int hd, float theta,
+				int tpc)
 {
 	extern __shared__ float red[];	// (R, hd)
 	const int W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2, kind = blockIdx.y;
@@ -458,7 +459,7 @@ __global__ void k_qk_dw_partial(float *part, const bf16 *dout, const bf16 *qkv, 
 	for (int t = t0 + threadIdx.y; t < t1; t += R) {
 		float c, s;
 
-		rope_cs(t % L, ii, hd, theta, &c, &s);
+		rope_cs(pos ? pos[t] : t % L, ii, hd, theta, &c, &s);
 		for (int j = j0; j < j1; j++) {
 			size_t off = (size_t)t * W + (size_t)j * hd;
 			const bf16 *dy = dout + off;
@@ -499,20 +500,23 @@ static int check_hd(int hd, const char *who)
 
 extern "C" void sl_cuda_qk_norm_rope_fwd(struct sl_cuda *c, void *out, float *rstd,
 					 const void *qkv, const void *qw, const void *kw, int T,
-					 int L, int nh, int nkv, int hd, float eps, float theta)
+					 int L, const int32_t *pos, int nh, int nkv, int hd, float eps,
+					 float theta)
 {
 	check_hd(hd, "qk_norm_rope_fwd");
 	if (T <= 0)
 		return;
 	k_qk_norm_rope_fwd<<<T, QK_WARPS * 32, 0, c->stream>>>((bf16 *)out, rstd,
-		(const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, L, nh, nkv, hd, eps, theta);
+		(const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, L, (const int *)pos, nh, nkv, hd,
+		eps, theta);
 	CUDA_LAUNCHED();
 }
 
 extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dqw, void *dkw,
 					 const void *dout, const void *qkv, const void *qw,
-					 const void *kw, const float *rstd, int T, int L, int nh,
-					 int nkv, int hd, float eps, float theta)
+					 const void *kw, const float *rstd, int T, int L,
+					 const int32_t *pos, int nh, int nkv, int hd, float eps,
+					 float theta)
 {
 	int R, tpc, nchunk;
 
@@ -520,7 +524,8 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 	if (T <= 0)
 		return;
 	k_qk_norm_rope_bwd<<<T, QK_WARPS * 32, 0, c->stream>>>((bf16 *)dqkv, (const bf16 *)dout,
-		(const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, rstd, L, nh, nkv, hd, theta);
+		(const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, rstd, L, (const int *)pos, nh,
+		nkv, hd, theta);
 	CUDA_LAUNCHED();
 	R = 256 / hd > 0 ? 256 / hd : 1;
 	tpc = 32;
@@ -532,8 +537,8 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 	}
 	float *part = sl_cuda_scratch(c, (size_t)2 * nchunk * hd * sizeof(float), "qk norm dw");
 	k_qk_dw_partial<<<dim3(nchunk, 2), dim3(hd, R), (size_t)R * hd * sizeof(float),
-			  c->stream>>>(part, (const bf16 *)dout, (const bf16 *)qkv, rstd, T, L, nh,
-				       nkv, hd, theta, tpc);
+			  c->stream>>>(part, (const bf16 *)dout, (const bf16 *)qkv, rstd, T, L,
+				       (const int *)pos, nh, nkv, hd, theta, tpc);
 	CUDA_LAUNCHED();
 	k_qk_dw_final<<<2, hd, 0, c->stream>>>((bf16 *)dqw, (bf16 *)dkw, part, nchunk, hd);
 	CUDA_LAUNCHED();

@@ -37,6 +37,19 @@ void sl_cuda_memset0(struct sl_cuda *c, void *p, size_t bytes);
 void sl_cuda_upload(struct sl_cuda *c, void *dst, const void *src, size_t bytes);
 void sl_cuda_download(struct sl_cuda *c, void *dst, const void *src, size_t bytes);
 void sl_cuda_sync(struct sl_cuda *c);
+
+/* ---- asynchronous host transfers (copy.cu; backend.h's upload_async and friends) ---- */
+/* page-locked host memory (cudaHostAlloc), not zeroed; NULL + message when it cannot be had */
+void *sl_cuda_host_alloc(struct sl_cuda *c, size_t bytes);
+void sl_cuda_host_free(struct sl_cuda *c, void *p);
+void *sl_cuda_event_create(struct sl_cuda *c);
+void sl_cuda_event_destroy(struct sl_cuda *c, void *ev);
+/* a copy on the upload (@to_device) or download stream; after the compute stream's issued work
+ * when @after_compute; records @done (a cudaEvent_t from sl_cuda_event_create, or NULL) */
+void sl_cuda_copy_async(struct sl_cuda *c, void *dst, const void *src, size_t bytes,
+			int to_device, int after_compute, void *done);
+void sl_cuda_wait_event(struct sl_cuda *c, void *ev);	/* the compute stream waits for @ev */
+void sl_cuda_sync_event(struct sl_cuda *c, void *ev);	/* the host waits for @ev */
 void sl_cuda_timer_start(struct sl_cuda *c);
 double sl_cuda_timer_stop(struct sl_cuda *c);	/* ms since timer_start, waits for the stream */
 
@@ -58,17 +71,17 @@ void sl_cuda_matmul_fwd(struct sl_cuda *c, void *out, const void *x, const void 
 void sl_cuda_matmul_bwd(struct sl_cuda *c, void *dx, void *dw, void *dbias, const void *dout,
 			const void *x, const void *w, int T, int K, int N, int accumulate);
 void sl_cuda_qk_norm_rope_fwd(struct sl_cuda *c, void *out, float *rstd, const void *qkv,
-			      const void *qw, const void *kw, int T, int L, int nh, int nkv,
-			      int hd, float eps, float theta);
+			      const void *qw, const void *kw, int T, int L, const int32_t *pos,
+			      int nh, int nkv, int hd, float eps, float theta);
 void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dqw, void *dkw,
 			      const void *dout, const void *qkv, const void *qw, const void *kw,
-			      const float *rstd, int T, int L, int nh, int nkv, int hd, float eps,
-			      float theta);
+			      const float *rstd, int T, int L, const int32_t *pos, int nh, int nkv,
+			      int hd, float eps, float theta);
 void sl_cuda_attention_fwd(struct sl_cuda *c, void *out, float *lse, const void *qkv,
-			   const int *lens, int B, int L, int nh, int nkv, int hd);
+			   const int *lens, const int *pos, int B, int L, int nh, int nkv, int hd);
 void sl_cuda_attention_bwd(struct sl_cuda *c, void *dqkv, const void *dout, const void *out,
-			   const float *lse, const void *qkv, const int *lens, int B, int L,
-			   int nh, int nkv, int hd);
+			   const float *lse, const void *qkv, const int *lens, const int *pos, int B,
+			   int L, int nh, int nkv, int hd);
 void sl_cuda_swiglu_fwd(struct sl_cuda *c, void *h, const void *gu, int T, int I);
 void sl_cuda_swiglu_bwd(struct sl_cuda *c, void *dgu, const void *dh, const void *gu, int T,
 			int I);

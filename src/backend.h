@@ -81,32 +81,41 @@ struct sl_backend {
 	void (*add_f32)(struct sl_backend *be, float *y, const float *x, size_t n);
 
 	/*
+	 * Packed rows (data.pack): pos(T) int32 gives each token's position in its document
+	 * (documents lie back to back in a row, positions restart at 0 for each); NULL means one
+	 * document per row, position t % L.  Rotary embeddings use pos; attention lets token i see
+	 * only keys j with i - pos[i] <= j <= i (its own document).
+	 *
 	 * Per-head RMSNorm of q and k followed by rotary embedding (HF rotate_half convention:
-	 * pairs (i, i + hd/2), inv_freq_i = theta^(-2i/hd), position t % L), on the fused projection
+	 * pairs (i, i + hd/2), inv_freq_i = theta^(-2i/hd), position pos[t] or t % L), on the fused projection
 	 * qkv(T, (nh + 2*nkv)*hd) laid out per token as [q heads | k heads | v heads].
 	 * out gets the normed + rotated q and k and the unchanged v; rstd(T, nh + nkv) stat.
 	 */
 	void (*qk_norm_rope_fwd)(struct sl_backend *be, void *out, void *rstd, const void *qkv,
-				 const void *q_norm_w, const void *k_norm_w, int T, int L, int nh,
-				 int nkv, int hd, float eps, float theta);
+				 const void *q_norm_w, const void *k_norm_w, int T, int L,
+				 const int32_t *pos, int nh, int nkv, int hd, float eps, float theta);
 	/* dqkv(T,(nh+2nkv)hd) = from dout (same layout); dq_norm_w(hd) +=, dk_norm_w(hd) += */
 	void (*qk_norm_rope_bwd)(struct sl_backend *be, void *dqkv, void *dq_norm_w,
 				 void *dk_norm_w, const void *dout, const void *qkv,
 				 const void *q_norm_w, const void *k_norm_w, const void *rstd,
-				 int T, int L, int nh, int nkv, int hd, float eps, float theta);
+				 int T, int L, const int32_t *pos, int nh, int nkv, int hd, float eps,
+				 float theta);
 
 	/*
 	 * Causal grouped-query attention per record, scale 1/sqrt(hd), on qkv(T,(nh+2nkv)hd) as
 	 * laid out above (query head h uses kv head h / (nh/nkv)); keys at positions >= lens[b]
-	 * are masked; out(T, nh*hd), rows of padded positions written as zeros.
+	 * are masked, and, with pos, keys of earlier documents; out(T, nh*hd), rows of padded
+	 * positions written as zeros.
 	 * lse(T, nh) stat: log-sum-exp of each query's scores (for the backward).
 	 */
 	void (*attention_fwd)(struct sl_backend *be, void *out, void *lse, const void *qkv,
-			      const int32_t *lens, int B, int L, int nh, int nkv, int hd);
+			      const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+			      int nkv, int hd);
 	/* dqkv(T,(nh+2nkv)hd) = gradients of q, k, v (overwritten) */
 	void (*attention_bwd)(struct sl_backend *be, void *dqkv, const void *dout,
 			      const void *out, const void *lse, const void *qkv,
-			      const int32_t *lens, int B, int L, int nh, int nkv, int hd);
+			      const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+			      int nkv, int hd);
 
 	/* gu(T, 2I) = [gate | up] per token; h(T, I) = silu(gate) * up */
 	void (*swiglu_fwd)(struct sl_backend *be, void *h, const void *gu, int T, int I);
@@ -149,6 +158,31 @@ struct sl_backend {
 	 */
 	void (*ce_fwd_bwd)(struct sl_backend *be, double *loss_sum, float *row_loss, void *dlogits,
 			   const void *logits, const int32_t *targets, int n, int V, float scale);
+
+	/*
+	 * Asynchronous host transfers (issue 6, parallel.offload); all optional (NULL: shard copies
+	 * synchronously).  Copies run on copy streams beside the compute stream that runs the ops
+	 * above, between device buffers and host_alloc() memory; copies of one direction run in
+	 * the order they were issued.  An event stands for its latest record: waiting on it waits
+	 * for the copy that recorded it last before the wait was issued (an event never recorded
+	 * is complete).  The copies and sync_event may be called from another thread than the one
+	 * issuing the ops (shard's offload worker): the backend serializes them.
+	 */
+	void *(*event_create)(struct sl_backend *be);
+	void (*event_destroy)(struct sl_backend *be, void *ev);
+	/*
+	 * dst (device) = host_src, bytes; when @after_compute, only after every op issued so far on
+	 * the compute stream (the destination may still be read by them).  Records @done (or NULL).
+	 */
+	void (*upload_async)(struct sl_backend *be, void *dst, const void *host_src, size_t bytes,
+			     bool after_compute, void *done);
+	/* host_dst = src (device), after every op issued so far on the compute stream; @done */
+	void (*download_async)(struct sl_backend *be, void *host_dst, const void *src,
+			       size_t bytes, void *done);
+	/* ops issued after this on the compute stream wait for @ev (the host does not wait) */
+	void (*wait_event)(struct sl_backend *be, void *ev);
+	/* the host waits for @ev */
+	void (*sync_event)(struct sl_backend *be, void *ev);
 
 	/*
 	 * ---- Mixture of experts (Qwen3-MoE, model_moe.c) ----

@@ -16,6 +16,7 @@
 
 #include "adamw_math.h"
 #include "backend.h"
+#include "backend_cpu_async.h"
 
 #include <cblas.h>
 /* OpenBLAS pulls in <complex.h>, whose I would shadow the intermediate size I below */
@@ -318,8 +319,8 @@ static real *rope_table(int L, int hd, double theta)
 }
 
 static void cpu_qk_norm_rope_fwd(struct sl_backend *be, void *out, void *rstd, const void *qkv,
-				 const void *q_norm_w, const void *k_norm_w, int T, int L, int nh,
-				 int nkv, int hd, float eps, float theta)
+				 const void *q_norm_w, const void *k_norm_w, int T, int L,
+				 const int32_t *pos, int nh, int nkv, int hd, float eps, float theta)
 {
 	const int W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2;
 	const real *in = qkv;
@@ -328,7 +329,7 @@ static void cpu_qk_norm_rope_fwd(struct sl_backend *be, void *out, void *rstd, c
 
 #pragma omp parallel for schedule(static)
 	for (int t = 0; t < T; t++) {
-		const real *c = cs + (size_t)(t % L) * hd, *s = c + half;
+		const real *c = cs + (size_t)(pos ? pos[t] : t % L) * hd, *s = c + half;
 		real n[hd];
 
 		for (int j = 0; j < nq; j++) {
@@ -367,7 +368,8 @@ static inline double rope_back(const real *dy, const real *c, const real *s, int
 static void cpu_qk_norm_rope_bwd(struct sl_backend *be, void *dqkv, void *dq_norm_w,
 				 void *dk_norm_w, const void *dout, const void *qkv,
 				 const void *q_norm_w, const void *k_norm_w, const void *rstd,
-				 int T, int L, int nh, int nkv, int hd, float eps, float theta)
+				 int T, int L, const int32_t *pos, int nh, int nkv, int hd, float eps,
+				 float theta)
 {
 	const int W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2;
 	const real *g = dout, *in = qkv, *rs = rstd;
@@ -376,7 +378,7 @@ static void cpu_qk_norm_rope_bwd(struct sl_backend *be, void *dqkv, void *dq_nor
 
 #pragma omp parallel for schedule(static)
 	for (int t = 0; t < T; t++) {
-		const real *c = cs + (size_t)(t % L) * hd, *s = c + half;
+		const real *c = cs + (size_t)(pos ? pos[t] : t % L) * hd, *s = c + half;
 		double dn[hd];
 
 		for (int j = 0; j < nq; j++) {
@@ -406,7 +408,7 @@ static void cpu_qk_norm_rope_bwd(struct sl_backend *be, void *dqkv, void *dq_nor
 		double acc = 0;
 
 		for (int t = 0; t < T; t++) {
-			const real *c = cs + (size_t)(t % L) * hd, *s = c + half;
+			const real *c = cs + (size_t)(pos ? pos[t] : t % L) * hd, *s = c + half;
 
 			for (int j = j0; j < j1; j++) {
 				size_t off = (size_t)t * W + (size_t)j * hd;
@@ -447,7 +449,8 @@ static inline double dot(const real *a, const real *b, int n)
 }
 
 static void cpu_attention_fwd(struct sl_backend *be, void *out, void *lse, const void *qkv,
-			      const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+			      const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+			      int nkv, int hd)
 {
 	const int W = (nh + 2 * nkv) * hd, grp = nh / nkv;
 	const double scale = 1.0 / sqrt((double)hd);
@@ -470,20 +473,22 @@ static void cpu_attention_fwd(struct sl_backend *be, void *out, void *lse, const
 							 (size_t)(nh + h / grp) * hd;
 					const real *vb = kb + (size_t)nkv * hd;
 					double mx = -INFINITY, sum = 0;
+					/* the first key of the query's document */
+					const int j0 = pos && i < lens[b] ? i - pos[t] : 0;
 
 					if (i >= lens[b]) {
 						memset(y, 0, (size_t)hd * sizeof(real));
 						ls[t * nh + h] = 0;
 						continue;
 					}
-					for (int j = 0; j <= i; j++) {
+					for (int j = j0; j <= i; j++) {
 						p[j] = dot(q, kb + (size_t)j * W, hd) * scale;
 						if (p[j] > mx)
 							mx = p[j];
 					}
 					for (int d = 0; d < hd; d++)
 						acc[d] = 0;
-					for (int j = 0; j <= i; j++) {
+					for (int j = j0; j <= i; j++) {
 						const real *v = vb + (size_t)j * W;
 						double e = exp(p[j] - mx);
 
@@ -510,7 +515,8 @@ static void cpu_attention_fwd(struct sl_backend *be, void *out, void *lse, const
  */
 static void cpu_attention_bwd(struct sl_backend *be, void *dqkv, const void *dout,
 			      const void *out, const void *lse, const void *qkv,
-			      const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+			      const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+			      int nkv, int hd)
 {
 	const int W = (nh + 2 * nkv) * hd, grp = nh / nkv, OW = nh * hd;
 	const double scale = 1.0 / sqrt((double)hd);
@@ -545,7 +551,7 @@ static void cpu_attention_bwd(struct sl_backend *be, void *dqkv, const void *dou
 
 					for (int e = 0; e < hd; e++)
 						acc[e] = 0;
-					for (int j = 0; j <= i; j++) {
+					for (int j = pos ? i - pos[t] : 0; j <= i; j++) {
 						const real *k = kb + (size_t)j * W;
 						const real *v = vb + (size_t)j * W;
 						double *dk = pk + (size_t)j * hd;
@@ -743,6 +749,7 @@ static void cpu_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, c
 
 static void cpu_destroy(struct sl_backend *be)
 {
+	sl_backend_cpu_async_fini(be);
 	free(be);
 }
 
@@ -787,5 +794,6 @@ struct sl_backend *CPU_CREATE(void)
 	be->adamw_f32 = cpu_adamw_f32;
 	cpu_moe_install(be);
 	be->destroy = cpu_destroy;
+	sl_backend_cpu_async_init(be);
 	return be;
 }

@@ -5,7 +5,9 @@
  * free fits (so only setup, while buffers are first made, reaches cudaMalloc), free() returns a
  * block to the arena and merges it with free neighbours; the step loop's alloc/free pairs reuse
  * blocks.  Bytes in use and their peak are tracked for the trainer's peak_gpu_bytes.  Every op
- * runs on the context's one stream, in issue order; download() and sync() wait for it.
+ * runs on the context's one stream, in issue order; download() and sync() wait for it.  The
+ * offload transfers (upload_async, download_async) run on two copy streams with events, between
+ * device buffers and host_alloc()'s pinned memory.
  */
 #include "sl_build.h"
 
@@ -191,6 +193,63 @@ static void cuda_to_f32(struct sl_backend *be, float *dst, const void *src, size
 	sl_cuda_bf16_to_f32(C(be), dst, src, n);
 }
 
+/* ---- asynchronous host transfers (parallel.offload) --------------------------------------- */
+
+/* pinned, so copies run at full PCIe speed and asynchronously; zeroed on all threads (pinning
+ * tens of GB is the slow part; first touch spreads the pages) */
+static void *cuda_host_alloc(struct sl_backend *be, size_t bytes)
+{
+	char *p = sl_cuda_host_alloc(C(be), bytes);
+	const size_t chunk = 64u << 20;
+
+	if (!p) {
+		fprintf(stderr, "cuda backend: out of pinned host memory (%zu bytes); `shardlm "
+			"plan` shows what the job needs\n", bytes);
+		abort();
+	}
+#pragma omp parallel for schedule(static)
+	for (size_t o = 0; o < bytes; o += chunk)
+		memset(p + o, 0, bytes - o < chunk ? bytes - o : chunk);
+	return p;
+}
+
+static void cuda_host_free(struct sl_backend *be, void *p)
+{
+	sl_cuda_host_free(C(be), p);
+}
+
+static void *cuda_event_create(struct sl_backend *be)
+{
+	return sl_cuda_event_create(C(be));
+}
+
+static void cuda_event_destroy(struct sl_backend *be, void *ev)
+{
+	sl_cuda_event_destroy(C(be), ev);
+}
+
+static void cuda_upload_async(struct sl_backend *be, void *dst, const void *src, size_t bytes,
+			      bool after_compute, void *done)
+{
+	sl_cuda_copy_async(C(be), dst, src, bytes, 1, after_compute, done);
+}
+
+static void cuda_download_async(struct sl_backend *be, void *dst, const void *src, size_t bytes,
+				void *done)
+{
+	sl_cuda_copy_async(C(be), dst, src, bytes, 0, 1, done);
+}
+
+static void cuda_wait_event(struct sl_backend *be, void *ev)
+{
+	sl_cuda_wait_event(C(be), ev);
+}
+
+static void cuda_sync_event(struct sl_backend *be, void *ev)
+{
+	sl_cuda_sync_event(C(be), ev);
+}
+
 /* ---- ops --------------------------------------------------------------------------------- */
 
 static void cuda_embedding_fwd(struct sl_backend *be, void *out, const int32_t *ids,
@@ -243,32 +302,35 @@ static void cuda_add_f32(struct sl_backend *be, float *y, const float *x, size_t
 
 static void cuda_qk_norm_rope_fwd(struct sl_backend *be, void *out, void *rstd, const void *qkv,
 				  const void *q_norm_w, const void *k_norm_w, int T, int L,
-				  int nh, int nkv, int hd, float eps, float theta)
+				  const int32_t *pos, int nh, int nkv, int hd, float eps, float theta)
 {
-	sl_cuda_qk_norm_rope_fwd(C(be), out, rstd, qkv, q_norm_w, k_norm_w, T, L, nh, nkv, hd, eps,
-				 theta);
+	sl_cuda_qk_norm_rope_fwd(C(be), out, rstd, qkv, q_norm_w, k_norm_w, T, L, pos, nh, nkv, hd,
+				 eps, theta);
 }
 
 static void cuda_qk_norm_rope_bwd(struct sl_backend *be, void *dqkv, void *dq_norm_w,
 				  void *dk_norm_w, const void *dout, const void *qkv,
 				  const void *q_norm_w, const void *k_norm_w, const void *rstd,
-				  int T, int L, int nh, int nkv, int hd, float eps, float theta)
+				  int T, int L, const int32_t *pos, int nh, int nkv, int hd, float eps,
+				  float theta)
 {
 	sl_cuda_qk_norm_rope_bwd(C(be), dqkv, dq_norm_w, dk_norm_w, dout, qkv, q_norm_w, k_norm_w,
-				 rstd, T, L, nh, nkv, hd, eps, theta);
+				 rstd, T, L, pos, nh, nkv, hd, eps, theta);
 }
 
 static void cuda_attention_fwd(struct sl_backend *be, void *out, void *lse, const void *qkv,
-			       const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+			       const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+			       int nkv, int hd)
 {
-	sl_cuda_attention_fwd(C(be), out, lse, qkv, lens, B, L, nh, nkv, hd);
+	sl_cuda_attention_fwd(C(be), out, lse, qkv, lens, pos, B, L, nh, nkv, hd);
 }
 
 static void cuda_attention_bwd(struct sl_backend *be, void *dqkv, const void *dout,
 			       const void *out, const void *lse, const void *qkv,
-			       const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+			       const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+			       int nkv, int hd)
 {
-	sl_cuda_attention_bwd(C(be), dqkv, dout, out, lse, qkv, lens, B, L, nh, nkv, hd);
+	sl_cuda_attention_bwd(C(be), dqkv, dout, out, lse, qkv, lens, pos, B, L, nh, nkv, hd);
 }
 
 static void cuda_swiglu_fwd(struct sl_backend *be, void *h, const void *gu, int T, int I)
@@ -437,6 +499,14 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	be->ce_fwd_bwd = cuda_ce_fwd_bwd;
 	be->sumsq_f32 = cuda_sumsq_f32;
 	be->adamw_f32 = cuda_adamw_f32;
+	be->event_create = cuda_event_create;
+	be->event_destroy = cuda_event_destroy;
+	be->upload_async = cuda_upload_async;
+	be->download_async = cuda_download_async;
+	be->wait_event = cuda_wait_event;
+	be->sync_event = cuda_sync_event;
+	be->host_alloc = cuda_host_alloc;
+	be->host_free = cuda_host_free;
 	be->moe_route_fwd = cuda_moe_route_fwd;
 	be->moe_route_bwd = cuda_moe_route_bwd;
 	be->moe_aux_stats = cuda_moe_aux_stats;

@@ -795,9 +795,12 @@ static void parse_record(const struct sl_data_opts *o, const char *tf, const cha
 		r->err = msgf("a record must be a JSON object, not %s", json_type_name(root));
 		goto out_put;
 	}
-	rc = sl_data_chat_record(o, root, &r->ids, &r->mask, &cap, &r->n, &r->err);
-	if (rc <= 0)
-		goto out_put;
+	/* pre-tokenized ids win over a chat, a chat over text */
+	if (!json_object_get(root, "input_ids")) {
+		rc = sl_data_chat_record(o, root, &r->ids, &r->mask, &cap, &r->n, &r->err);
+		if (rc <= 0)
+			goto out_put;
+	}
 	if ((j = json_object_get(root, "input_ids"))) {
 		json_t *e;
 
@@ -1704,6 +1707,8 @@ int sl_host_batch_fill(struct sl_host_batch *hb, const struct sl_dataset *ds, co
 
 	hb->B = n;
 	hb->L = L;
+	hb->n_rec = n;
+	hb->packed = false;
 	hb->tokens = 0;
 	hb->targets = 0;
 	for (b = 0; b < n; b++) {
@@ -1734,6 +1739,7 @@ void sl_host_batch_free(struct sl_host_batch *hb)
 	free(hb->last);
 	free(hb->labels);
 	free(hb->mask);
+	free(hb->pos);
 	memset(hb, 0, sizeof(*hb));
 }
 

@@ -1,9 +1,12 @@
 /*
  * data: training records and the order they are trained in.
  *
- * Reads JSONL (jansson) with a text field (tokenized by the tokenizer module, later) or
- * pre-tokenized "input_ids", and a soft label in [0,1]; drops records longer than data.max_state
- * with a count; errors name file:line (data.on_error: fail) or are counted (skip).
+ * Reads JSONL (jansson) with a text field (tokenized by the tokenizer module) or pre-tokenized
+ * "input_ids", and a soft label in [0,1] (classify); for task sft, chat records ("messages",
+ * ShareGPT "conversations", rendered by chat.c) and a loss mask per record instead of the label
+ * (data_chat.c); drops records longer than data.max_state with a count (and, for sft, records
+ * without a target with another); errors name file:line (data.on_error: fail) or are counted
+ * (skip).
  * The sampler picks each optimizer step's records globally (seeded, length-sorted buckets, epochs)
  * and splits them into micro-batches per data-parallel rank, so a step trains on the same records
  * whatever the world size.  Knows no model or backend.
@@ -177,6 +180,10 @@ struct sl_host_batch {
 	long tokens;			/* sum of lens */
 	long padded_tokens;		/* B*L - tokens */
 	int max_B, max_L;		/* capacity */
+	bool packed;			/* rows hold several records (sl_host_batch_pack) */
+	int32_t *pos;			/* (max_B*max_L) packed: each token's position in its
+					 * record; allocated by the first sl_host_batch_pack */
+	int n_rec;			/* records in the batch (B when not packed) */
 };
 /* Build the padded batch of records idx[0..n) (L = longest); buffers sized for max_B x max_L. */
 int sl_host_batch_alloc(struct sl_host_batch *hb, int max_B, int max_L);
@@ -184,6 +191,16 @@ int sl_host_batch_alloc(struct sl_host_batch *hb, int max_B, int max_L);
 int sl_host_batch_fill(struct sl_host_batch *hb, const struct sl_dataset *ds, const int *idx,
 		       int n, int32_t pad_id);
 void sl_host_batch_free(struct sl_host_batch *hb);
+
+/*
+ * data.pack (data_pack.c): the records idx[0..n) packed into as few rows of at most @row_len
+ * tokens as first-fit over the records longest first gives (ties by position in idx, so the
+ * packing is a function of the batch): each row holds whole records back to back, pos restarts at
+ * 0 for each record, masks come along; lens[row] = tokens used, last/labels are per record (n),
+ * in row order.  row_len <= max_L.  Returns 0 or -EINVAL/-ENOMEM (printed).
+ */
+int sl_host_batch_pack(struct sl_host_batch *hb, const struct sl_dataset *ds, const int *idx,
+		       int n, int32_t pad_id, int row_len);
 
 /*
  * data_chat.c, SFT records (for data.c).  sl_data_chat_record: a chat record's ids and loss

@@ -479,8 +479,9 @@ static void layer_fwd(const struct sl_model *m, int l, const void *w, const stru
 	be->rmsnorm_fwd(be, a->xn1, a->rstd1, x, at(m, w, lo->ln1), T, H, m->eps);
 	be->matmul_fwd(be, a->qkv, a->xn1, at(m, w, lo->wqkv), at_opt(m, w, lo->bqkv), T, H, m->Q);
 	be->qk_norm_rope_fwd(be, a->qkvr, a->rstd_qk, a->qkv, at(m, w, lo->qn), at(m, w, lo->kn),
-			     T, b->L, m->nh, m->nkv, m->hd, m->eps, m->theta);
-	be->attention_fwd(be, a->att, a->lse, a->qkvr, b->lens, b->B, b->L, m->nh, m->nkv, m->hd);
+			     T, b->L, b->pos, m->nh, m->nkv, m->hd, m->eps, m->theta);
+	be->attention_fwd(be, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh, m->nkv,
+			  m->hd);
 	be->matmul_fwd(be, a->h, a->att, at(m, w, lo->wo), at_opt(m, w, lo->bo), T,
 		       m->nh * m->hd, H);
 	be->add(be, a->h, x, (size_t)T * H);
@@ -523,11 +524,11 @@ static void layer_bwd(const struct sl_model *m, int l, const void *w, void *g,
 	/* attention: h = x + o_proj(att) */
 	be->matmul_bwd(be, m->gb2, at(m, g, lo->wo), gbo, m->gx, a->att, at(m, w, lo->wo), T,
 		       m->nh * m->hd, H, false);
-	be->attention_bwd(be, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b->lens, b->B, b->L, m->nh,
-			  m->nkv, m->hd);
+	be->attention_bwd(be, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L,
+			  m->nh, m->nkv, m->hd);
 	be->qk_norm_rope_bwd(be, m->gb2, at(m, g, lo->qn), at(m, g, lo->kn), m->gb1, a->qkv,
-			     at(m, w, lo->qn), at(m, w, lo->kn), a->rstd_qk, T, b->L, m->nh,
-			     m->nkv, m->hd, m->eps, m->theta);
+			     at(m, w, lo->qn), at(m, w, lo->kn), a->rstd_qk, T, b->L, b->pos,
+			     m->nh, m->nkv, m->hd, m->eps, m->theta);
 	be->matmul_bwd(be, m->gn, at(m, g, lo->wqkv), gbqkv, m->gb2, a->xn1, at(m, w, lo->wqkv),
 		       T, H, m->Q, false);
 	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln1), m->gn, x, at(m, w, lo->ln1), a->rstd1, T, H,

@@ -121,6 +121,8 @@ struct sl_batch_dev {
 	const int32_t *last;		/* (B) b*L + lens[b] - 1: each record's last token */
 	const float *labels;		/* (B) soft labels in [0,1]; NULL for scoring */
 	const int32_t *h_lens;		/* (B) the same lengths on the host (for FLOP counts) */
+	const int32_t *pos;		/* (B*L) packed rows: position in the document; NULL: t % L
+					 * (backend.h) */
 	/* sft */
 	int n_tgt;			/* target tokens in the micro-batch */
 	const int32_t *tgt_pos;		/* (n_tgt) b*L + p: the token whose logits predict a target */

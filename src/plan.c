@@ -84,8 +84,10 @@ static void count_model(const struct counter *k, const struct sl_model_config *m
 		+ A(k, B * sizeof(float));		/* scores_f32 */
 }
 
-int sl_plan_compute(const struct sl_config *c, const struct sl_model_config *mc,
-		    const struct sl_layout *lay, const struct sl_plan_opts *o, struct sl_plan *p)
+/* the plan with offload's micro-batch accumulation on the device (@accum_dev) or not */
+static int compute(const struct sl_config *c, const struct sl_model_config *mc,
+		   const struct sl_layout *lay, const struct sl_plan_opts *o, struct sl_plan *p,
+		   bool accum_dev)
 {
 	struct counter dk, hk = { .align = 64 };
 	size_t e, sum_w = 0, sum_f = 0, sum_hf = 0, sum_hw = 0, T, B, L, load;
@@ -116,6 +118,7 @@ int sl_plan_compute(const struct sl_config *c, const struct sl_model_config *mc,
 	p->host_mem = o->host_mem;
 	host_state = p->offload != SL_OFFLOAD_NONE;
 	host_params = p->offload == SL_OFFLOAD_PARAMS;
+	p->accum_dev = accum_dev && host_state && c->train.accum > 1;
 
 	/* shard.c: per unit, padded to a multiple of S, this rank's shard of it */
 	for (int u = 0; u < lay->n_units; u++) {
@@ -143,12 +146,13 @@ int sl_plan_compute(const struct sl_config *c, const struct sl_model_config *mc,
 	p->dev[SL_PLAN_WEIGHTS] = (host_params ? 0 : sum_w) +
 		(size_t)p->n_wslots * A(&dk, p->max_padded * e);
 	p->dev[SL_PLAN_GRADS] = 2 * A(&dk, p->max_padded * e) +	/* gslots */
-		(host_state ? 0 : sum_f);				/* grad32 */
+		(!host_state || p->accum_dev ? sum_f : 0);	/* grad32, or offload's d_acc */
 	p->dev[SL_PLAN_OPTIM] = host_state ? 0 : 3 * sum_f;		/* master, m, v */
 	p->dev[SL_PLAN_COMM] = (p->S > 1 ? A(&dk, p->max_padded * sizeof(float)) : 0) /* g32_full */
 		+ A(&dk, p->max_shard * sizeof(float))			/* rs_out */
 		+ A(&dk, sizeof(double))				/* d_sumsq */
-		+ (host_params ? A(&dk, p->max_shard * e) : 0);		/* d_wstage */
+		+ (host_state ? 2 * A(&dk, p->max_shard * sizeof(float)) : 0) /* offload ring */
+		+ (host_params && p->S > 1 ? A(&dk, p->max_shard * e) : 0);	/* d_wstage */
 	p->dev[SL_PLAN_WORKSPACE] = p->cuda ? CUDA_WORKSPACE + CUDA_SCRATCH : 0;
 	p->dev[SL_PLAN_RUNTIME] = p->cuda ? CUDA_CONTEXT : 0;
 
@@ -164,8 +168,11 @@ int sl_plan_compute(const struct sl_config *c, const struct sl_model_config *mc,
 
 	/* host, per rank: the offloaded state */
 	p->host[SL_PLAN_OPTIM] = host_state ? 3 * sum_hf : 0;
-	p->host[SL_PLAN_GRADS] = host_state ? sum_hf + A(&hk, p->max_shard * sizeof(float)) : 0;
-	p->host[SL_PLAN_WEIGHTS] = host_params ? sum_hw : 0;
+	/* grad32, and the ring's host half when later micro-batches add up on the host */
+	p->host[SL_PLAN_GRADS] = host_state ? sum_hf + (c->train.accum > 1 && !p->accum_dev ?
+		2 * A(&hk, p->max_shard * sizeof(float)) : 0) : 0;
+	/* w_host: the compute copy AdamW writes (with params the only copy) */
+	p->host[SL_PLAN_WEIGHTS] = host_state ? sum_hw : 0;
 	/*
 	 * Transient: a checkpoint copies master, m and v of every unit to host buffers (train.c);
 	 * loading holds one whole unit in fp32 at a time.  They never overlap: count the larger.
@@ -183,6 +190,20 @@ int sl_plan_compute(const struct sl_config *c, const struct sl_model_config *mc,
 
 	p->gpu_fits = !p->cuda || !p->gpu_mem || p->dev_total <= p->gpu_mem;
 	p->host_fits = !p->host_mem || p->host_node <= p->host_mem;
+	return 0;
+}
+
+/*
+ * With offload and accum > 1, earlier micro-batches' gradients add up on the GPU when they fit
+ * there (no host traffic until the step's last micro-batch), else on the host.
+ */
+int sl_plan_compute(const struct sl_config *c, const struct sl_model_config *mc,
+		    const struct sl_layout *lay, const struct sl_plan_opts *o, struct sl_plan *p)
+{
+	if (compute(c, mc, lay, o, p, true))
+		return -1;
+	if (p->accum_dev && !p->gpu_fits)
+		return compute(c, mc, lay, o, p, false);
 	return 0;
 }
 
@@ -324,13 +345,20 @@ void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
 		print_advice(p, c, mc, lay, o, out);
 }
 
-/* This node's physical memory (bytes), 0 when unknown. */
+/*
+ * This node's physical memory (bytes), 0 when unknown.  SHARDLM_HOST_MEM (as --host-mem) wins:
+ * a virtual machine whose memory grows as it is used reads a small MemTotal at the start.
+ */
 static double node_memory(void)
 {
-	FILE *f = fopen("/proc/meminfo", "r");
+	FILE *f;
 	char line[256];
 	double kb = 0;
+	const char *e = getenv("SHARDLM_HOST_MEM");
 
+	if (e && *e && sl_plan_parse_mem(e) > 0)
+		return sl_plan_parse_mem(e);
+	f = fopen("/proc/meminfo", "r");
 	if (!f)
 		return 0;
 	while (fgets(line, sizeof(line), f))
@@ -340,7 +368,8 @@ static double node_memory(void)
 	return kb * 1024;
 }
 
-int sl_plan_check_job(const struct sl_config *c, int world, int node_size, double gpu_bytes)
+int sl_plan_check_job(const struct sl_config *c, int world, int node_size, double gpu_bytes,
+		      bool *accum_dev)
 {
 	struct sl_model_files mf;
 	struct sl_plan_opts o = { .gpus = world, .node_size = node_size, .gpu_mem = gpu_bytes,
@@ -353,6 +382,7 @@ int sl_plan_check_job(const struct sl_config *c, int world, int node_size, doubl
 	if (sl_plan_compute(c, &mf.mc, &mf.lay, &o, &p))
 		goto out_close;
 	ret = 0;
+	*accum_dev = p.accum_dev;
 	if (!sl_plan_fits(&p)) {
 		char *buf = NULL;
 		size_t len = 0;
@@ -361,8 +391,9 @@ int sl_plan_check_job(const struct sl_config *c, int world, int node_size, doubl
 		sl_plan_print(&p, c, &mf.mc, &mf.lay, &o, f);
 		fclose(f);
 		sl_error("%s does not fit in memory (host: %.2f GiB per node of %.2f GiB here%s); "
-			 "refused before loading anything.  The plan (shardlm plan %s --gpus %d):"
-			 "\n%s", c->source, gib(p.host_node), o.host_mem / GIB,
+			 "refused before loading anything (a machine whose MemTotal understates its "
+			 "memory: set SHARDLM_HOST_MEM, e.g. 128GB).  The plan (shardlm plan %s "
+			 "--gpus %d):\n%s", c->source, gib(p.host_node), o.host_mem / GIB,
 			 p.gpu_fits ? "" : "; GPU too", c->source, world, buf);
 		free(buf);
 		ret = -1;

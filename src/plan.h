@@ -52,6 +52,7 @@ struct sl_plan {
 	size_t shard_elems;		/* sum over units of this rank's shard */
 	size_t max_padded, max_shard;	/* largest unit (padded) and shard, elements */
 	int n_wslots;			/* gathered units in flight */
+	bool accum_dev;			/* offload, accum > 1: micro-batches add up on the GPU */
 	/* bytes */
 	size_t dev[SL_PLAN_N];		/* per GPU ("device" memory: host memory on cpu) */
 	size_t dev_total;
@@ -77,8 +78,10 @@ void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
  * `train`'s check, before anything is loaded: reads the model's config.json, plans for @world
  * ranks, @node_size per node, against @gpu_bytes per GPU (0: unknown, GPU part skipped) and this
  * node's physical memory.  0 when it fits, -1 (with the reason and what to change) when not.
+ * *accum_dev: whether offload accumulates micro-batches on the GPU (see sl_plan.accum_dev).
  */
-int sl_plan_check_job(const struct sl_config *c, int world, int node_size, double gpu_bytes);
+int sl_plan_check_job(const struct sl_config *c, int world, int node_size, double gpu_bytes,
+		      bool *accum_dev);
 
 /* "80", "80GB" (10^9) or "74.5GiB" (2^30) -> bytes; -1 when malformed. */
 double sl_plan_parse_mem(const char *s);

@@ -8,9 +8,8 @@
  * keeps its slot through the step).  With one rank per shard group the rank's shard is the whole
  * unit and no collective runs.
  *
- * With parallel.offload the host half of each transfer is synchronous here (upload/download
- * return when done: memcpy on the cpu backend, which runs this path in the tests); the cuda
- * backend will overlap them with compute through async copies on pinned host_alloc memory.
+ * With parallel.offload the transfers, the host accumulation and the host AdamW are offload.c's:
+ * asynchronous, overlapped with the compute stream.
  */
 #include "shard.h"
 
@@ -18,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "adamw_math.h"
 #include "log.h"
+#include "offload.h"
 #include "optim.h"
 
 static bool single(const struct sl_shard *s)
@@ -114,27 +113,29 @@ out:
 static const void *unit_weights(void *ctx, int unit)
 {
 	struct sl_shard *s = ctx;
-	struct sl_backend *b = s->be;
 	struct sl_shard_unit *u = &s->u[unit];
 	struct sl_shard_slot *slot;
 	bool fresh;
 
+	if (unit == 0)
+		s->bwd = false;		/* only a forward asks for the embedding's weights */
+	if (s->off && !s->host_params)
+		sl_offload_await(s, unit);
 	if (in_place(s))
 		return u->w_shard;
 	slot = take_slot(s, s->wslots, s->n_wslots, unit, &fresh);
 	u->wslot = slot - s->wslots;
-	if (!fresh)
+	if (s->host_params) {
+		if (fresh)
+			sl_offload_fill_slot(s, slot, unit);
+		sl_offload_use(s, slot);
+		if (!s->bwd)
+			sl_offload_prefetch(s, unit, 1);
 		return slot->buf;
-	if (s->host_params && single(s)) {
-		b->upload(b, slot->buf, u->w_shard, u->shard * b->elt);
-	} else if (s->host_params) {
-		b->upload(b, s->d_wstage, u->w_shard, u->shard * b->elt);
-		sl_comm_all_gather(s->shard_comm, slot->buf, s->d_wstage, u->shard,
-				   s->compute_dtype);
-	} else {
+	}
+	if (fresh)
 		sl_comm_all_gather(s->shard_comm, slot->buf, u->w_shard, u->shard,
 				   s->compute_dtype);
-	}
 	return slot->buf;
 }
 
@@ -157,15 +158,23 @@ static void *unit_grads(void *ctx, int unit)
 	/* a fresh zeroed buffer per micro-batch: its sum goes to the f32 accumulator */
 	slot = take_slot(s, s->gslots, s->n_gslots, unit, &fresh);
 	s->be->zero(s->be, slot->buf, s->u[unit].padded * s->be->elt);
+	s->bwd = true;
+	if (s->off)
+		sl_offload_prefetch(s, unit, -1);
 	return slot->buf;
 }
 
-/* y += x on host f32 buffers (the offloaded gradient accumulators) */
-static void host_add(float *y, const float *x, size_t n)
+void sl_shard_reduce_to(struct sl_shard *s, int unit, const void *gbuf, float *dst)
 {
-#pragma omp parallel for simd schedule(static)
-	for (size_t i = 0; i < n; i++)
-		y[i] += x[i];
+	struct sl_backend *b = s->be;
+	struct sl_shard_unit *u = &s->u[unit];
+
+	if (single(s)) {
+		b->to_f32(b, dst, gbuf, u->numel);
+	} else {
+		b->to_f32(b, s->g32_full, gbuf, u->padded);
+		sl_comm_reduce_scatter(s->shard_comm, dst, s->g32_full, u->shard, SL_COMM_F32);
+	}
 }
 
 /* The unit's backward is done: reduce its gradient into this rank's f32 shard accumulator. */
@@ -182,24 +191,15 @@ static void release_grads(void *ctx, int unit)
 			slot = &s->gslots[i];
 	if (!slot)
 		sl_dist_abort("internal error: gradients released for a unit never asked for");
-	/* the first micro-batch of a step writes the accumulator, later ones add to it */
-	dst = u->grads_seen || s->host_state ? s->rs_out : u->grad32;
-	if (single(s)) {
-		b->to_f32(b, dst, slot->buf, u->numel);
+	if (s->off) {
+		/* offload: the reduced shard leaves for the host now, not at the step's end */
+		sl_offload_release_grads(s, unit, slot->buf);
 	} else {
-		b->to_f32(b, s->g32_full, slot->buf, u->padded);
-		sl_comm_reduce_scatter(s->shard_comm, dst, s->g32_full, u->shard, SL_COMM_F32);
-	}
-	if (s->host_state) {
-		/* offload: the reduced shard goes to the host now, not at the step's end */
-		if (!u->grads_seen) {
-			b->download(b, u->grad32, s->rs_out, u->shard * sizeof(float));
-		} else {
-			b->download(b, s->h_scratch, s->rs_out, u->shard * sizeof(float));
-			host_add(u->grad32, s->h_scratch, u->shard);
-		}
-	} else if (u->grads_seen) {
-		b->add_f32(b, u->grad32, s->rs_out, u->shard);
+		/* the first micro-batch of a step writes the accumulator, later ones add to it */
+		dst = u->grads_seen ? s->rs_out : u->grad32;
+		sl_shard_reduce_to(s, unit, slot->buf, dst);
+		if (u->grads_seen)
+			b->add_f32(b, u->grad32, s->rs_out, u->shard);
 	}
 	u->grads_seen = true;
 	slot->in_use = false;
@@ -225,6 +225,10 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	s->offload = o->offload;
 	s->host_state = o->offload != SL_OFFLOAD_NONE;
 	s->host_params = o->offload == SL_OFFLOAD_PARAMS;
+	s->accum_dev = s->host_state && o->accum_on_device;
+	s->prefetch = o->prefetch;
+	s->accum = o->accum;
+	s->mb_last = true;
 	s->compute_dtype = be->elt == 2 ? SL_COMM_BF16 : be->elt == 8 ? SL_COMM_F64 : SL_COMM_F32;
 	s->u = calloc(lay->n_units, sizeof(*s->u));
 	s->shard_sizes = calloc(lay->n_units, sizeof(size_t));
@@ -271,13 +275,13 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 		s->g32_full = b->alloc(b, max_padded * sizeof(float));
 	s->rs_out = b->alloc(b, max_shard * sizeof(float));
 	s->d_sumsq = b->alloc(b, sizeof(double));
-	if (s->host_state)
-		s->h_scratch = host_alloc(s, max_shard * sizeof(float));
-	if (s->host_params)
+	if (s->host_params && !single(s))
 		s->d_wstage = b->alloc(b, max_shard * b->elt);
 	s->src = (struct sl_unit_source){ .ctx = s, .weights = unit_weights, .grads = unit_grads,
 					  .release_fwd = release_weights,
 					  .release_bwd = release_grads };
+	if (s->host_state)
+		return sl_offload_create(s, max_shard);
 	return 0;
 }
 
@@ -287,6 +291,7 @@ void sl_shard_destroy(struct sl_shard *s)
 
 	if (!s->u)
 		return;
+	sl_offload_destroy(s);
 	for (int i = 0; i < s->n_units; i++) {
 		struct sl_shard_unit *u = &s->u[i];
 
@@ -307,7 +312,6 @@ void sl_shard_destroy(struct sl_shard *s)
 		b->free(b, s->g32_full);
 	b->free(b, s->rs_out);
 	b->free(b, s->d_sumsq);
-	host_free(s, s->h_scratch);
 	if (s->d_wstage)
 		b->free(b, s->d_wstage);
 	free(s->wslots);
@@ -346,6 +350,7 @@ void sl_shard_get_state(struct sl_shard *s, int ui, float *master, float *m, flo
 	size_t n = u->shard * sizeof(float);
 
 	if (s->host_state) {
+		sl_offload_drain(s);
 		memcpy(master, u->master, n);
 		if (m)
 			memcpy(m, u->m, n);
@@ -360,25 +365,6 @@ void sl_shard_get_state(struct sl_shard *s, int ui, float *master, float *m, flo
 		b->download(b, v, u->v, n);
 }
 
-/*
- * Offload: the compute copy of unit @ui's host master shard, made by the backend's to_compute
- * (so it rounds exactly as the on-device path does): master up to f32 scratch, converted into
- * the device compute shard, or, with offload: params, into staging and back down to the host.
- */
-static void refresh_compute(struct sl_shard *s, int ui)
-{
-	struct sl_backend *b = s->be;
-	struct sl_shard_unit *u = &s->u[ui];
-
-	b->upload(b, s->rs_out, u->master, u->shard * sizeof(float));
-	if (s->host_params) {
-		b->to_compute(b, s->d_wstage, s->rs_out, u->shard);
-		b->download(b, u->w_shard, s->d_wstage, u->shard * b->elt);
-	} else {
-		b->to_compute(b, u->w_shard, s->rs_out, u->shard);
-	}
-}
-
 void sl_shard_set_state(struct sl_shard *s, int ui, const float *master, const float *m,
 			const float *v)
 {
@@ -387,6 +373,7 @@ void sl_shard_set_state(struct sl_shard *s, int ui, const float *master, const f
 	size_t n = u->shard * sizeof(float);
 
 	if (s->host_state) {
+		sl_offload_drain(s);
 		memcpy(u->master, master, n);
 		if (m)
 			memcpy(u->m, m, n);
@@ -396,7 +383,7 @@ void sl_shard_set_state(struct sl_shard *s, int ui, const float *master, const f
 			memcpy(u->v, v, n);
 		else
 			memset(u->v, 0, n);
-		refresh_compute(s, ui);
+		sl_offload_refresh(s, ui);
 		invalidate_slots(s);
 		return;
 	}
@@ -439,50 +426,27 @@ out:
 
 void sl_shard_begin_step(struct sl_shard *s)
 {
+	/* a skipped step's gradients may still be on their way into the accumulators */
+	if (s->grads_pending)
+		sl_offload_drain(s);
+	s->grads_pending = false;
 	for (int i = 0; i < s->n_units; i++)
 		s->u[i].grads_seen = false;
 }
 
-/* Sum of squares in double, parallel as the cpu backend's sumsq_f32 is. */
-static double host_sumsq(const float *g, size_t n)
+void sl_shard_begin_micro(struct sl_shard *s, bool last)
 {
-	double sum = 0;
-
-#pragma omp parallel for simd reduction(+ : sum) schedule(static)
-	for (size_t i = 0; i < n; i++)
-		sum += (double)g[i] * g[i];
-	return sum;
+	s->mb_last = last;
 }
 
-/* The offloaded AdamW: the same element update as the cpu backend's adamw_f32 (adamw_math.h). */
-static void host_adamw(float *p, float *m, float *v, const float *grad, size_t n,
-		       const struct sl_adamw_args *a)
+void sl_shard_drain(struct sl_shard *s)
 {
-	const struct sl_adamw_consts k = sl_adamw_consts(a);
-
-#pragma omp parallel for simd schedule(static)
-	for (size_t i = 0; i < n; i++)
-		sl_adamw_elem(&k, &p[i], &m[i], &v[i], grad[i]);
-}
-
-/* HSDP on host accumulators: MPI reduces host memory; device communicators go through rs_out. */
-static void host_replica_reduce(struct sl_shard *s, struct sl_shard_unit *u)
-{
-	struct sl_backend *b = s->be;
-	size_t n = u->shard * sizeof(float);
-
-	if (s->replica_comm->kind == SL_COMM_MPI) {
-		sl_comm_all_reduce(s->replica_comm, u->grad32, u->shard, SL_COMM_F32);
-		return;
-	}
-	b->upload(b, s->rs_out, u->grad32, n);
-	sl_comm_all_reduce(s->replica_comm, s->rs_out, u->shard, SL_COMM_F32);
-	b->download(b, u->grad32, s->rs_out, n);
+	sl_offload_drain(s);
 }
 
 /* The part of tensor @ti in unit @u's shard: [*lo, *hi) in unit elements; false when empty. */
-static bool shard_part(const struct sl_tensor_info *ti, const struct sl_shard_unit *u, size_t *lo,
-		       size_t *hi)
+bool sl_shard_part(const struct sl_tensor_info *ti, const struct sl_shard_unit *u, size_t *lo,
+		   size_t *hi)
 {
 	*lo = ti->offset > u->off ? ti->offset : u->off;
 	*hi = ti->offset + ti->numel < u->off + u->shard ? ti->offset + ti->numel :
@@ -496,18 +460,17 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 	const struct sl_layout *lay = s->lay;
 	double sumsq = 0, part;
 
+	if (s->off) {
+		int r = sl_offload_optim_step(s, h, grad_norm);
+
+		if (!r)
+			invalidate_slots(s);
+		return r;
+	}
 	for (int i = 0; i < s->n_units; i++) {
 		struct sl_shard_unit *u = &s->u[i];
 
 		/* a unit with no gradient this step (cannot happen for this model) counts as 0 */
-		if (s->host_state) {
-			if (!u->grads_seen)
-				memset(u->grad32, 0, u->shard * sizeof(float));
-			if (s->replica_comm && s->replica_comm->size > 1)
-				host_replica_reduce(s, u);
-			sumsq += host_sumsq(u->grad32, u->shard);
-			continue;
-		}
 		if (!u->grads_seen)
 			b->zero(b, u->grad32, u->shard * sizeof(float));
 		if (s->replica_comm && s->replica_comm->size > 1)
@@ -530,8 +493,7 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 	};
 	/*
 	 * One update per (tensor ∩ this rank's shard): learning rate and decay differ between the
-	 * tensors of a unit, and a shard boundary may cut a tensor anywhere.  Offloaded, a unit's
-	 * new compute weights go back as soon as its tensors are done (tensors are in unit order).
+	 * tensors of a unit, and a shard boundary may cut a tensor anywhere.
 	 */
 	for (int t = 0, ui = 0; ui < s->n_units; ui++) {
 		struct sl_shard_unit *u = &s->u[ui];
@@ -540,21 +502,14 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 			const struct sl_tensor_info *ti = &lay->t[t];
 			size_t lo, hi, k;
 
-			if (!shard_part(ti, u, &lo, &hi))
+			if (!sl_shard_part(ti, u, &lo, &hi))
 				continue;
 			k = lo - u->off;
 			a.lr = h->lr * (ti->head ? h->head_lr_mult : 1.0);
 			a.weight_decay = ti->decay ? h->weight_decay : 0.0;
-			if (s->host_state)
-				host_adamw(u->master + k, u->m + k, u->v + k, u->grad32 + k,
-					   hi - lo, &a);
-			else
-				b->adamw_f32(b, u->master + k, u->m + k, u->v + k,
-					     u->grad32 + k, (char *)u->w_shard + k * b->elt,
-					     hi - lo, &a);
+			b->adamw_f32(b, u->master + k, u->m + k, u->v + k, u->grad32 + k,
+				     (char *)u->w_shard + k * b->elt, hi - lo, &a);
 		}
-		if (s->host_state)
-			refresh_compute(s, ui);
 	}
 	invalidate_slots(s);
 	return 0;

@@ -11,11 +11,15 @@
  * and the global gradient norm run on shards.  Knows the communicators and the backend, no data.
  *
  * parallel.offload: optimizer keeps master, m, v and the gradient accumulator in host memory (the
- * backend's host_alloc: pinned on cuda): each unit's reduced gradient shard is downloaded when
- * its backward ends (added on the host for later micro-batches), AdamW runs on the host (the cpu
- * backend's arithmetic, adamw_math.h) and each updated shard goes back up as compute weights.
- * parallel.offload: params also keeps the compute-precision shard copy on the host and uploads a
- * unit (its shard, then all-gathered) into a pool of prefetch + 2 device slots ahead of use.
+ * backend's host_alloc: pinned on cuda) and runs AdamW on the host, overlapped with the GPU
+ * (offload.c): each unit's reduced gradient shard leaves for the host on a copy stream as soon
+ * as the unit's backward is done; earlier micro-batches of a step accumulate on the device (when
+ * the planner found room: opts.accum_on_device) or on the host; a worker thread adds them up and
+ * sums their squares as they arrive; once the global norm is known the worker updates unit after
+ * unit in forward order and uploads each unit's new compute weights, and the next forward waits
+ * only for the unit it needs.  parallel.offload: params also keeps the compute-precision shard
+ * on the host only and streams each unit into a pool of prefetch + 2 device slots, `prefetch`
+ * units ahead of use in the forward and in the backward.
  */
 #ifndef SL_SHARD_H
 #define SL_SHARD_H
@@ -50,6 +54,17 @@ struct sl_shard_unit {
 					 * offload: params */
 	int wslot;			/* gather slot holding the full unit, or -1 */
 	bool grads_seen;		/* a micro-batch already reduced into grad32 */
+	/* offload (offload.c) */
+	void *w_host;			/* (shard) compute precision, host: what AdamW writes;
+					 * with offload: params the same buffer as w_shard */
+	float *d_acc;			/* (shard) f32 device accumulator of earlier
+					 * micro-batches (opts.accum_on_device), else NULL */
+	bool acc_dev;			/* this step accumulates in d_acc */
+	void *ev_g;			/* d_acc's download to grad32 */
+	void *ev_w;			/* w_host's upload to w_shard (offload: optimizer) */
+	bool w_wait;			/* the compute stream must still wait for ev_w */
+	unsigned long w_gen;		/* == shard's w_gen when w_host holds the newest update */
+	double sumsq;			/* sum of grad32^2 once the step's gradients are in */
 };
 
 struct sl_shard_slot {
@@ -57,6 +72,8 @@ struct sl_shard_slot {
 	int unit;			/* unit whose full weights/grads it holds, -1 none */
 	bool in_use;
 	unsigned long last_use;
+	void *ev;			/* offload: params: its upload from the host */
+	bool pending;			/* the compute stream must still wait for ev */
 };
 
 struct sl_shard {
@@ -77,8 +94,16 @@ struct sl_shard {
 	enum sl_offload offload;
 	bool host_state;		/* master, m, v, grad32 in host memory */
 	bool host_params;		/* w_shard in host memory too */
-	float *h_scratch;		/* (max shard) f32 host: a later micro-batch's gradient */
-	void *d_wstage;			/* (max shard) compute, device: offload params staging */
+	void *d_wstage;			/* (max shard) compute, device: offload params staging
+					 * before the all-gather (S > 1) */
+	int prefetch;			/* units uploaded ahead (offload: params, S = 1) */
+	bool accum_dev;			/* offload: accumulate micro-batches on the device */
+	int accum;			/* opts.accum */
+	bool mb_last;			/* this micro-batch is the step's last (or unknown) */
+	bool bwd;			/* in a backward pass (prefetch direction) */
+	bool grads_pending;		/* gradients sent since the last optimizer step */
+	unsigned long w_gen;		/* optimizer updates so far (offload) */
+	struct sl_offload_engine *off;	/* the offload engine, NULL without offload */
 	unsigned long tick;
 	size_t *shard_sizes;		/* (n_units) for checkpoints */
 	struct sl_unit_source src;	/* what the model reads units through */
@@ -90,6 +115,10 @@ struct sl_shard_opts {
 	bool reshard_after_forward;
 	int prefetch;			/* units ahead (sizes the slot pool) */
 	enum sl_offload offload;	/* parallel.offload */
+	bool accum_on_device;		/* offload, accum > 1: earlier micro-batches' gradients
+					 * accumulate in fp32 on the device (the planner's call) */
+	int accum;			/* micro-batches per step, 0 = unknown (offload sizes
+					 * its host accumulation buffers up front when > 1) */
 };
 
 int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_layout *lay,
@@ -110,11 +139,28 @@ int sl_shard_gather_unit(struct sl_shard *s, int u, float *full, int root);
 
 /* Start an optimizer step: zero the gradient accumulators. */
 void sl_shard_begin_step(struct sl_shard *s);
+/*
+ * The next micro-batch is the step's last (@last) or not.  Optional: without it every
+ * micro-batch is treated as possibly the last (offload then accumulates on the host).
+ */
+void sl_shard_begin_micro(struct sl_shard *s, bool last);
+/* Wait until the offload worker is idle: host state and compute weights are current. */
+void sl_shard_drain(struct sl_shard *s);
+
+/* offload: where the host's time went, totals since the start (all 0 without offload) */
+struct sl_offload_stats {
+	double adam_s;			/* the worker's AdamW (and bf16 copy) */
+	double grad_s;			/* the worker's gradient sums and sums of squares */
+	double wait_s;			/* the model waiting in weights() for an update */
+	int updates;			/* optimizer updates started */
+};
+void sl_offload_stats(struct sl_shard *s, struct sl_offload_stats *st);
 
 /*
  * Finish the step: replica all-reduce (HSDP), global gradient norm (*grad_norm, before
  * clipping), clipping, AdamW on the master shards, new compute weights.  Returns 0, or 1 when the
- * gradient norm is not finite (nothing updated).  Collective.
+ * gradient norm is not finite (nothing updated).  Collective.  With offload the update runs on
+ * in the background after the return; whatever reads the weights or the state waits for it.
  */
 int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, double *grad_norm);
 

@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <omp.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "chat.h"
 #include "ckpt.h"
 #include "data.h"
 #include "dist.h"
@@ -280,8 +282,8 @@ out:
  * then every rank loads the whole cache (the sampler orders all records by length).
  */
 static int load_data(struct sl_dataset *ds, const char *path, const struct sl_config *c,
-		     int vocab, struct sl_tokenizer *tok, const struct sl_dist *d,
-		     const char *what)
+		     int vocab, struct sl_tokenizer *tok, const struct sl_chat *chat,
+		     const struct sl_dist *d, const char *what)
 {
 	struct sl_data_opts o = {
 		.text_field = c->data.text_field, .label_field = c->data.label_field,
@@ -289,6 +291,7 @@ static int load_data(struct sl_dataset *ds, const char *path, const struct sl_co
 		.skip_errors = c->data.on_error == SL_ON_ERROR_SKIP, .vocab = vocab,
 		.tokenizer = tok, .progress = d->rank == 0,
 		.sft = c->task == SL_TASK_SFT, .keep_reasoning = c->data.keep_reasoning,
+		.chat = chat,
 	};
 
 	if (tok && d->world > 1) {
@@ -301,6 +304,9 @@ static int load_data(struct sl_dataset *ds, const char *path, const struct sl_co
 		sl_log("%s: skipped %ld bad line(s) (data.on_error: skip)", path, ds->skipped);
 	sl_log("%s: dropped %ld of %ld records that exceed the training context (max_state %d)",
 	       path, ds->dropped, ds->total, c->data.max_state);
+	if (o.sft)
+		sl_log("%s: dropped %ld of %ld records without a target token (no assistant turn, "
+		       "or an all-zero loss_mask)", path, ds->no_target, ds->total);
 	if (ds->n == 0) {
 		sl_error("%s: no %s records left to use", path, what);
 		return -1;
@@ -313,6 +319,7 @@ struct dev_batch {
 	int32_t *ids, *lens, *last;
 	float *labels;
 	int32_t *tgt_pos, *tgt_ids;	/* (max_B * max_L) sft */
+	int32_t *pos;			/* (max_B * max_L) packed rows */
 	int32_t *h_tgt;			/* (2 * max_B * max_L) host: positions, then ids */
 	struct sl_batch_dev view;
 };
@@ -327,6 +334,7 @@ static void dev_batch_alloc(struct sl_backend *be, struct dev_batch *d, int max_
 	d->labels = be->alloc(be, max_B * sizeof(float));
 	d->tgt_pos = be->alloc(be, T * sizeof(int32_t));
 	d->tgt_ids = be->alloc(be, T * sizeof(int32_t));
+	d->pos = be->alloc(be, T * sizeof(int32_t));
 	d->h_tgt = malloc(2 * T * sizeof(int32_t));
 	if (!d->h_tgt)
 		sl_dist_abort("out of host memory for a micro-batch's targets");
@@ -342,6 +350,7 @@ static void dev_batch_free(struct sl_backend *be, struct dev_batch *d)
 	be->free(be, d->labels);
 	be->free(be, d->tgt_pos);
 	be->free(be, d->tgt_ids);
+	be->free(be, d->pos);
 	free(d->h_tgt);
 	d->ids = NULL;
 }
@@ -356,31 +365,35 @@ static const struct sl_batch_dev *dev_batch_upload(struct sl_backend *be, struct
 	d->view = (struct sl_batch_dev){ .B = hb->B, .L = hb->L, .ids = d->ids, .lens = d->lens,
 					 .last = d->last, .labels = d->labels,
 					 .h_lens = hb->lens };
+	if (hb->packed) {
+		be->upload(be, d->pos, hb->pos, (size_t)hb->B * hb->L * sizeof(int32_t));
+		d->view.pos = d->pos;
+	}
 	return &d->view;
 }
 
 /*
- * sft: the targets of the batch of records idx[0..n) (as sl_host_batch_fill laid them out, L
- * tokens a row): token p of record b is a target when its mask says so, predicted from the
- * logits at b*L + p - 1.  Uploads them into the device batch; returns their number.
+ * sft: the batch's targets from its mask: token t of the batch (rows of L tokens, packed or not)
+ * is a target when its mask says so, predicted from the logits at t - 1 (a record's first token
+ * never is one, so t - 1 is in the same record).  Uploads them into the device batch; returns
+ * their number.
  */
 static int dev_batch_targets(struct sl_backend *be, struct dev_batch *d,
-			     const struct sl_host_batch *hb, const struct sl_dataset *ds,
-			     const int *idx)
+			     const struct sl_host_batch *hb)
 {
 	size_t T = (size_t)hb->max_B * hb->max_L;
 	int32_t *pos = d->h_tgt, *ids = d->h_tgt + T;
 	int k = 0;
 
-	for (int b = 0; b < hb->B; b++) {
-		const struct sl_record *r = &ds->rec[idx[b]];
+	for (int b = 0; b < hb->B; b++)
+		for (int p = 1; p < hb->lens[b]; p++) {
+			size_t t = (size_t)b * hb->L + p;
 
-		for (int p = 1; r->mask && p < r->len; p++)
-			if (r->mask[p]) {
-				pos[k] = b * hb->L + p - 1;
-				ids[k++] = r->ids[p];
+			if (hb->mask[t]) {
+				pos[k] = (int32_t)t - 1;
+				ids[k++] = hb->ids[t];
 			}
-	}
+		}
 	if (k) {
 		be->upload(be, d->tgt_pos, pos, k * sizeof(int32_t));
 		be->upload(be, d->tgt_ids, ids, k * sizeof(int32_t));
@@ -426,7 +439,7 @@ static double evaluate_lm(struct sl_backend *be, struct sl_model *m,
 
 		sl_host_batch_fill(&hb, ds, order + i, n, pad);
 		dev_batch_upload(be, &db, &hb);
-		sums[1] += dev_batch_targets(be, &db, &hb, ds, order + i);
+		sums[1] += dev_batch_targets(be, &db, &hb);
 		if (sl_model_lm_loss(m, src, &db.view, &part))
 			sl_dist_abort("the model's validation pass failed");
 		sums[0] += part;
@@ -553,6 +566,7 @@ struct job {
 	struct sl_gpulog *gpulog;	/* node's local rank 0 */
 	struct sl_tb *tb;		/* rank 0 */
 	struct sl_tokenizer *tok;	/* the model's, NULL without tokenizer.json */
+	struct sl_chat *chat;		/* sft: its chat template, NULL without one */
 	char tok_path[SL_PATH_MAX + 32];
 	bool cuda;			/* the cuda backend */
 	int device;			/* its GPU */
@@ -702,6 +716,32 @@ static bool test_nan_step(int step)
 	return step >= a && step <= b;
 }
 
+/* Where offload's host time went: what the schedule hid of the host AdamW and what it did not. */
+static void log_offload(struct job *j)
+{
+	struct sl_offload_stats st;
+
+	if (!j->have_shard || !j->sh.host_state)
+		return;
+	sl_shard_drain(&j->sh);
+	sl_offload_stats(&j->sh, &st);
+	if (!st.updates)
+		return;
+	sl_log("offload: host AdamW %.3f s per update (%d updates, %d threads), the next forward "
+	       "waited %.3f s of it per update (%.0f%% hidden); gradient sums on the host %.3f s "
+	       "per step", st.adam_s / st.updates, st.updates, omp_get_max_threads(),
+	       st.wait_s / st.updates, st.adam_s > 0 ? 100 * (1 - st.wait_s / st.adam_s) : 0,
+	       st.grad_s / st.updates);
+}
+
+/* tests: offload adds micro-batches up on the host even where the GPU has room */
+static bool test_host_accum(void)
+{
+	const char *e = getenv("SHARDLM_TEST_HOST_ACCUM");
+
+	return e && *e && strcmp(e, "0");
+}
+
 static void poison_gradient(struct job *j, double *loss)
 {
 	float nan = NAN;
@@ -709,8 +749,10 @@ static void poison_gradient(struct job *j, double *loss)
 	*loss = NAN;
 	if (j->d.rank != 0)
 		return;		/* the norm is summed over ranks: one NaN reaches all */
-	if (j->sh.host_state)
+	if (j->sh.host_state) {
+		sl_shard_drain(&j->sh);	/* the offload worker may still be writing it */
 		j->sh.u[0].grad32[0] = nan;
+	}
 	else
 		j->be->upload(j->be, j->sh.u[0].grad32, &nan, sizeof(nan));
 }
@@ -861,9 +903,12 @@ static double model_flops(const struct job *j, const struct sl_host_batch *hb)
 		rows = hb->B;
 	}
 	for (int b = 0; b < hb->B; b++) {
-		double n = hb->lens[b];
+		double n = hb->lens[b], keys = 0;
 
-		f += 6 * p * n + 3 * 4.0 * mc->head_dim * mc->n_heads * mc->n_layers * n * (n + 1) / 2;
+		/* causal: token t sees its position + 1 keys (packed: in its own record) */
+		for (int t = 0; t < hb->lens[b]; t++)
+			keys += (hb->packed ? hb->pos[(size_t)b * hb->L + t] : t) + 1;
+		f += 6 * p * n + 3 * 4.0 * mc->head_dim * mc->n_heads * mc->n_layers * keys;
 	}
 	return f + 6 * head * rows;
 }
@@ -1028,11 +1073,14 @@ static int run_steps(struct job *j)
 			int n = sl_sampler_microbatch(&j->smp, step - 1, acc, j->d.rank, idx);
 			double part = 0;
 
-			if (n < 0 || sl_host_batch_fill(&j->hb, &j->train, idx, n, pad))
+			if (n < 0 || (c->data.pack ?
+				      sl_host_batch_pack(&j->hb, &j->train, idx, n, pad, j->max_L) :
+				      sl_host_batch_fill(&j->hb, &j->train, idx, n, pad)))
 				sl_dist_abort("internal error: bad micro-batch");
 			dev_batch_upload(j->be, &j->db, &j->hb);
 			if (lm)
-				dev_batch_targets(j->be, &j->db, &j->hb, &j->train, idx);
+				dev_batch_targets(j->be, &j->db, &j->hb);
+			sl_shard_begin_micro(&j->sh, acc == c->train.accum - 1);
 			if (sl_model_train_step(j->model, &j->sh.src, &j->db.view,
 						(float)(1.0 / denom), &part, NULL))
 				sl_dist_abort("the model step failed");
@@ -1172,6 +1220,7 @@ static void job_free(struct job *j)
 		sl_groups_destroy(&j->g);
 	if (j->tok)
 		sl_tokenizer_free(j->tok);
+	sl_chat_free(j->chat);
 	free(j->yaml);
 	free(j->c);
 }
@@ -1205,7 +1254,7 @@ int sl_cmd_train(int argc, char **argv)
 	struct job jj = { 0 }, *j = &jj;
 	char path[SL_PATH_MAX + 64], ckpt_dir[SL_PATH_MAX + 64], dur[64];
 	int ret = 2, verdict = 0, n_init = 0;
-	bool resume = false;
+	bool resume = false, accum_dev = false;
 
 	ckpt_dir[0] = 0;
 	sl_log_init();
@@ -1232,7 +1281,8 @@ int sl_cmd_train(int argc, char **argv)
 	if (!all_ok(create_backend(j) == 0))
 		goto out;
 	/* the memory plan before anything is loaded (GPU size 0: the cpu backend, host only) */
-	if (!all_ok(sl_plan_check_job(j->c, j->d.world, j->d.local_size, gpu_memory(j)) == 0))
+	if (!all_ok(sl_plan_check_job(j->c, j->d.world, j->d.local_size, gpu_memory(j),
+				      &accum_dev) == 0))
 		goto out;
 	sl_checkpoint_root(j->c, j->ckpt_root, sizeof(j->ckpt_root));
 	if (j->d.rank == 0)
@@ -1276,13 +1326,18 @@ int sl_cmd_train(int argc, char **argv)
 		j->tok = sl_tokenizer_load(j->tok_path);
 		if (!all_ok(j->tok != NULL))
 			goto out;
+		/* an unknown template loads too: only chat records refuse it (chat.h) */
+		if (!all_ok(j->c->task != SL_TASK_SFT || sl_chat_load(j->mf.dir, &j->chat) == 0))
+			goto out;
+		if (j->chat && j->d.rank == 0)
+			sl_log("chat template: %s (%s)", sl_chat_name(j->chat), j->mf.dir);
 	}
-	if (!all_ok(load_data(&j->train, j->c->data.train, j->c, j->mf.mc.vocab, j->tok, &j->d,
-			      "training") == 0))
+	if (!all_ok(load_data(&j->train, j->c->data.train, j->c, j->mf.mc.vocab, j->tok, j->chat,
+			      &j->d, "training") == 0))
 		goto out;
 	if (!all_ok(!j->c->data.valid[0] ||
-		    load_data(&j->valid, j->c->data.valid, j->c, j->mf.mc.vocab, j->tok, &j->d,
-			      "validation") == 0))
+		    load_data(&j->valid, j->c->data.valid, j->c, j->mf.mc.vocab, j->tok, j->chat,
+			      &j->d, "validation") == 0))
 		goto out;
 	if (!all_ok(sl_sampler_init(&j->smp, &j->train, j->c->train.batch, j->c->train.accum,
 				    j->d.world, j->c->data.shuffle, j->c->data.length_sort,
@@ -1322,6 +1377,8 @@ int sl_cmd_train(int argc, char **argv)
 			.shard_comm = &j->g.shard, .replica_comm = &j->g.replica,
 			.reshard_after_forward = j->c->parallel.reshard_after_forward,
 			.prefetch = j->c->parallel.prefetch, .offload = j->c->parallel.offload,
+			.accum_on_device = accum_dev && !test_host_accum(),
+			.accum = j->c->train.accum,
 		};
 
 		if (!all_ok(sl_shard_create(&j->sh, j->be, &j->mf.lay, &so) == 0))
@@ -1331,6 +1388,13 @@ int sl_cmd_train(int argc, char **argv)
 	sl_log("sharding: %d rank(s) per shard group (%s), %d replica(s)", j->sh.S,
 	       j->c->parallel.shard_group == SL_SHARD_NODE ? "node: HSDP" : "world: FSDP",
 	       j->g.replica.size);
+	if (j->sh.host_state)
+		sl_log("offload %s: fp32 master weights and moments in host memory, AdamW on the "
+		       "host%s%s", sl_offload_name(j->c->parallel.offload),
+		       j->sh.host_params ? ", weights streamed per unit" : "",
+		       j->c->train.accum < 2 ? "" : j->sh.accum_dev ?
+		       "; micro-batches add up on the GPU" : "; micro-batches add up in host memory "
+		       "(host accumulation: the GPU has no room for fp32 gradients)");
 	j->first_step = 1;
 	if (resume) {
 		if (!all_ok(resume_from(j, ckpt_dir) == 0))
@@ -1367,6 +1431,7 @@ int sl_cmd_train(int argc, char **argv)
 	start_gpu_log(j);
 
 	verdict = run_steps(j);
+	log_offload(j);
 	if (verdict) {
 		ret = verdict > 0 ? verdict : 2;	/* > 0: a stop's exit status */
 		goto out;

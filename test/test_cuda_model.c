@@ -118,33 +118,35 @@ static void e_add(struct sl_backend *be, void *y, const void *x, size_t n)
 }
 
 static void e_qk_fwd(struct sl_backend *be, void *o, void *r, const void *x, const void *qw,
-		     const void *kw, int T, int L, int nh, int nkv, int hd, float eps, float th)
+		     const void *kw, int T, int L, const int32_t *pos, int nh, int nkv, int hd,
+		     float eps, float th)
 {
-	CPU->qk_norm_rope_fwd(CPU, o, r, x, qw, kw, T, L, nh, nkv, hd, eps, th);
+	CPU->qk_norm_rope_fwd(CPU, o, r, x, qw, kw, T, L, pos, nh, nkv, hd, eps, th);
 	rb(o, (size_t)T * (nh + 2 * nkv) * hd);
 }
 
 static void e_qk_bwd(struct sl_backend *be, void *d, void *dq, void *dk, const void *g,
 		     const void *x, const void *qw, const void *kw, const void *r, int T, int L,
-		     int nh, int nkv, int hd, float eps, float th)
+		     const int32_t *pos, int nh, int nkv, int hd, float eps, float th)
 {
-	CPU->qk_norm_rope_bwd(CPU, d, dq, dk, g, x, qw, kw, r, T, L, nh, nkv, hd, eps, th);
+	CPU->qk_norm_rope_bwd(CPU, d, dq, dk, g, x, qw, kw, r, T, L, pos, nh, nkv, hd, eps, th);
 	rb(d, (size_t)T * (nh + 2 * nkv) * hd);
 	rb(dq, hd);
 	rb(dk, hd);
 }
 
 static void e_att_fwd(struct sl_backend *be, void *o, void *lse, const void *qkv,
-		      const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+		      const int32_t *lens, const int32_t *pos, int B, int L, int nh, int nkv, int hd)
 {
-	CPU->attention_fwd(CPU, o, lse, qkv, lens, B, L, nh, nkv, hd);
+	CPU->attention_fwd(CPU, o, lse, qkv, lens, pos, B, L, nh, nkv, hd);
 	rb(o, (size_t)B * L * nh * hd);
 }
 
 static void e_att_bwd(struct sl_backend *be, void *d, const void *g, const void *o, const void *lse,
-		      const void *qkv, const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+		      const void *qkv, const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+		      int nkv, int hd)
 {
-	CPU->attention_bwd(CPU, d, g, o, lse, qkv, lens, B, L, nh, nkv, hd);
+	CPU->attention_bwd(CPU, d, g, o, lse, qkv, lens, pos, B, L, nh, nkv, hd);
 	rb(d, (size_t)B * L * (nh + 2 * nkv) * hd);
 }
 

@@ -1,7 +1,11 @@
 #!/bin/sh
 # parallel.offload and the memory planner, on the CPU backend:
 #  - offload: optimizer and offload: params train to the same losses as on-device optimizer
-#    state (1e-5 relative over 20 steps, accum 2 so host accumulation runs), on 1 and 2 ranks;
+#    state (1e-5 relative over 20 steps) on 1 and 2 ranks, accum 1 and accum 2 with the
+#    micro-batches adding up on the device (the planner's choice when there is room) and on the
+#    host (SHARDLM_TEST_HOST_ACCUM), params with prefetch 1 and 2.  The cpu backend's copies run
+#    on a thread of their own, delayed (SHARDLM_CPU_COPY_DELAY_US) so that a buffer reused
+#    before its copy is done gives wrong losses;
 #  - `shardlm plan` verdicts and exit status for the 27B shape (fixture config.json, no weights);
 #  - `train` refuses a config that cannot fit this machine's memory before it loads anything
 #    (the 27B fixture has no weights: reaching the loader would fail differently).
@@ -24,12 +28,15 @@ checkpoint: {every: 10, keep: 2}
 export: {dtype: fp32}
 YAML
 
-# run NAME NP BATCH OFFLOAD: 12 records per step whatever NP
+# run NAME NP BATCH OFFLOAD [ACCUM [PREFETCH]]: 12 records per step whatever NP and ACCUM
 run() {
 	ok
-	if ! "$MPIRUN" -np "$2" --oversubscribe "$SHARDLM" train "$T/base.yaml" \
-		--set run.dir="$T/$1" --set train.batch="$3" --set parallel.offload="$4" \
-		>"$T/$1.out" 2>&1; then
+	acc=${5:-2}
+	if ! SHARDLM_CPU_COPY_DELAY_US=300 "$MPIRUN" -np "$2" --oversubscribe \
+		-x SHARDLM_CPU_COPY_DELAY_US -x SHARDLM_TEST_HOST_ACCUM "$SHARDLM" train \
+		"$T/base.yaml" --set run.dir="$T/$1" --set train.batch="$(($3 * 2 / acc))" \
+		--set train.accum="$acc" --set parallel.offload="$4" \
+		--set parallel.prefetch="${6:-1}" >"$T/$1.out" 2>&1; then
 		fail "$1: exited non-zero"; tail -n 20 "$T/$1.out" >&2
 	fi
 }
@@ -50,15 +57,31 @@ PY
 	fail "losses of $2 differ from $1 by more than 1e-5"
 }
 
+export SHARDLM_TEST_HOST_ACCUM=
 for np in 1 2; do
 	b=$((6 / np))
 	run none$np $np $b none
 	run opt$np $np $b optimizer
-	run par$np $np $b params
+	run par$np $np $b params 2 2
 	close none$np opt$np
 	close none$np par$np
 done
 close none1 none2
+# the same with the micro-batches adding up on the host
+export SHARDLM_TEST_HOST_ACCUM=1
+run hopt1 1 6 optimizer
+run hpar2 2 3 params
+close none1 hopt1
+close none2 hpar2
+# accum 1: one micro-batch per step
+export SHARDLM_TEST_HOST_ACCUM=
+run none1a1 1 6 none 1
+run opt1a1 1 6 optimizer 1
+run par1a1 1 6 params 1
+close none1a1 opt1a1
+close none1a1 par1a1
+grep -q "host accumulation" "$T/hopt1/train.log" ||
+	{ fail "hopt1: the log does not say that micro-batches add up on the host"; }
 
 # `shardlm plan` on the 27B shape: exit 0 fits, 1 does not, with the advice
 cat >"$T/27b.yaml" <<YAML

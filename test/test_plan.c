@@ -110,27 +110,34 @@ static void check_27b(void)
 	 * unit 2 x 1,555,824,640 + fp32 accumulators 4P = 3,111,649,280 + 103,777,673,216;
 	 * master + m + v = 12P = 311,333,019,648; comm = rs_out (largest shard, fp32) 3,111,649,280
 	 * + sumsq 256.
-	 * S = 1, offload optimizer: the same minus the fp32 state (grads = the 2 slots only).
+	 * S = 1, offload optimizer: the same minus the fp32 state (grads = the 2 slots only: with
+	 * the default accum 2 the fp32 accumulators of earlier micro-batches, 4P = 96.6 GiB, do not
+	 * fit beside the rest, so they add up on the host); comm adds offload's gradient staging
+	 * ring, 2 fp32 shards of the largest unit = 2 x 3,111,649,280.
 	 * S = 1, offload params: weights = 3 gathered units in flight (prefetch 1 + 2) x
-	 * 1,555,824,640 = 4,667,473,920; comm adds the bf16 staging shard 1,555,824,640.
+	 * 1,555,824,640 = 4,667,473,920; comm as with offload optimizer (uploads go straight into
+	 * the slots).
+	 * Host, offload: master + m + v 12P, grad32 4P plus the ring's host half (accumulating on
+	 * the host) 2 x 3,111,649,280, the bf16 copy AdamW writes 2P.
 	 * S = 8: shards of ceil(unit/8) (each buffer rounded to 256 bytes); weights = bf16 shards +
 	 * 3 gather slots; grads = 2 slots + fp32 shards; master+moments = 3 fp32 shards; comm =
 	 * fp32 reduce-scatter input of the largest unit 4 x 777,912,320 + its fp32 shard
 	 * 4 x 97,239,040 + 256.
 	 */
 	const unsigned long long comm1 = EMB * 4 + 256, comm8 = EMB * 4 + EMB / 8 * 4 + 256;
+	const unsigned long long ring = 2 * EMB * 4;
 	const struct want wants[] = {
 		{ "1 x 80 GB, no offload", 1, 80, SL_OFFLOAD_NONE, false,
 		  2 * P_ALL, 2 * MAXU2 + 4 * P_ALL, 12 * P_ALL, ACT_FIXED + NL * ACT_LAYER, comm1,
 		  false },
 		{ "1 x 80 GB, offload optimizer", 1, 80, SL_OFFLOAD_OPTIMIZER, false,
-		  2 * P_ALL, 2 * MAXU2, 0, ACT_FIXED + NL * ACT_LAYER, comm1, false },
+		  2 * P_ALL, 2 * MAXU2, 0, ACT_FIXED + NL * ACT_LAYER, comm1 + ring, false },
 		{ "1 x 80 GB, offload optimizer + checkpointing", 1, 80, SL_OFFLOAD_OPTIMIZER, true,
-		  2 * P_ALL, 2 * MAXU2, 0, ACT_FIXED + ACT_LAYER, comm1, true },
+		  2 * P_ALL, 2 * MAXU2, 0, ACT_FIXED + ACT_LAYER, comm1 + ring, true },
 		{ "1 x 80 GB, offload params", 1, 80, SL_OFFLOAD_PARAMS, false,
-		  3 * MAXU2, 2 * MAXU2, 0, ACT_FIXED + NL * ACT_LAYER, comm1 + MAXU2, true },
+		  3 * MAXU2, 2 * MAXU2, 0, ACT_FIXED + NL * ACT_LAYER, comm1 + ring, true },
 		{ "1 x 141 GB, offload optimizer", 1, 141, SL_OFFLOAD_OPTIMIZER, false,
-		  2 * P_ALL, 2 * MAXU2, 0, ACT_FIXED + NL * ACT_LAYER, comm1, true },
+		  2 * P_ALL, 2 * MAXU2, 0, ACT_FIXED + NL * ACT_LAYER, comm1 + ring, true },
 		{ "8 x 80 GB FSDP", 8, 80, SL_OFFLOAD_NONE, false,
 		  units(8, 2) + 3 * MAXU2, 2 * MAXU2 + units(8, 4), 3 * units(8, 4),
 		  ACT_FIXED + NL * ACT_LAYER, comm8, false },
@@ -180,12 +187,13 @@ static void check_27b(void)
 		CHECK(p.gpu_fits == w->fits, "%s: verdict %d, want %d (%.2f GiB of %.2f GiB)",
 		      w->what, p.gpu_fits, w->fits, p.dev_total / 1073741824.0,
 		      w->gpu_gb * GB / 1073741824.0);
-		/* host: offloaded fp32 master + m + v (12P) and grad accumulators (4P + largest) */
+		/* host: fp32 master + m + v (12P), accumulators 4P + the ring's host half, bf16 2P */
 		if (w->offload != SL_OFFLOAD_NONE) {
+			CHECK(!p.accum_dev, "%s: accumulation should not fit the GPU", w->what);
 			CHECK(p.host[SL_PLAN_OPTIM] == 12 * P_ALL, "%s", w->what);
-			CHECK(p.host[SL_PLAN_GRADS] == 4 * P_ALL + EMB * 4, "%s", w->what);
+			CHECK(p.host[SL_PLAN_GRADS] == 4 * P_ALL + 2 * EMB * 4, "%s", w->what);
 		}
-		CHECK(p.host[SL_PLAN_WEIGHTS] == (w->offload == SL_OFFLOAD_PARAMS ? 2 * P_ALL : 0),
+		CHECK(p.host[SL_PLAN_WEIGHTS] == (w->offload != SL_OFFLOAD_NONE ? 2 * P_ALL : 0),
 		      "%s", w->what);
 		printf("%-46s %8.2f GiB  %s\n", w->what, p.dev_total / 1073741824.0,
 		       p.gpu_fits ? "fits" : "does not fit");
@@ -272,6 +280,7 @@ static void check_counts(void)
 			struct sl_shard sh;
 			struct sl_shard_opts so = { .reshard_after_forward = true, .prefetch = 1,
 						    .offload = off };
+			int acc = ck ? 1 : 3;	/* 3: on the device (the cpu "GPU" has room) */
 			struct sl_model *m;
 			void *batch[4];
 
@@ -281,7 +290,11 @@ static void check_counts(void)
 			c.data.max_state = L;
 			c.parallel.offload = off;
 			c.train.activation_checkpointing = ck;
+			c.train.accum = acc;
 			CHECK(sl_plan_compute(&c, &mc, &lay, &o, &p) == 0);
+			CHECK(p.accum_dev == (off != SL_OFFLOAD_NONE && acc > 1));
+			so.accum_on_device = p.accum_dev;
+			so.accum = acc;
 
 			CHECK(sl_shard_create(&sh, &k.be, &lay, &so) == 0);
 			m = sl_model_create(&mc, &lay, &k.be, B * L, B, ck);

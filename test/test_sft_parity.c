@@ -7,7 +7,8 @@
  * with loss masks, the loss being the mean cross-entropy over every target token of the step.
  * Cases: an untied fp32 model (lm_head.weight, head_lr_mult applies) and the tied, biased bf16
  * model of test/fixtures/hf/lm.  Each runs as 2 micro-batches on one rank and as 1 micro-batch
- * on each of 2 ranks (the normalization spans micro-batches and ranks), on the cpu backend.
+ * on each of 2 ranks (the normalization spans micro-batches and ranks), and packed (data.pack:
+ * several records in one row, attention confined to each), on the cpu backend.
  * The losses, gradient norms and learning rates must match within 1e-4 relative; the export is a
  * *ForCausalLM with the head as the source had it.
  */
@@ -31,6 +32,9 @@ struct sft_case {
 	const char *key;	/* its object */
 	int np, batch, accum;
 	bool tied;
+	bool pack;		/* data.pack: records share rows (the loss must not change) */
+	int padded;		/* padded tokens per step, by hand (records of 7, 13, 4, 9
+				 * tokens; rows of up to 13); 0 = not checked */
 };
 
 static const struct sft_case cases[] = {
@@ -41,6 +45,12 @@ static const struct sft_case cases[] = {
 	{ "tied", "hf/lm", "sft/records.jsonl", "sft/reference.json", "tied", 1, 2, 2, true },
 	{ "tied-2ranks", "hf/lm", "sft/records.jsonl", "sft/reference.json", "tied", 2, 2, 1,
 	  true },
+	/* rows 13 | 9+4 | 7: 3 x 13 - 33 = 6 padded (unpacked: 4 x 13 - 33 = 19) */
+	{ "untied-packed", "sft/untied", "sft/records.jsonl", "sft/reference.json", "untied", 1,
+	  4, 1, false, true, 6 },
+	/* rank 0 gets 4+7 in one row (0 padded), rank 1 13 | 9 (4 padded) */
+	{ "tied-packed-2ranks", "hf/lm", "sft/records.jsonl", "sft/reference.json", "tied", 2, 2,
+	  1, true, true, 4 },
 };
 
 static double worst;
@@ -70,12 +80,12 @@ static void run_case(const struct sft_case *k, const char *fix, const char *shar
 	snprintf(cfg, sizeof(cfg), "%s/%s.yaml", tmp, k->name);
 	snprintf(yaml, sizeof(yaml),
 		 "model: {path: %s/%s}\ntask: sft\nbackend: cpu\n"
-		 "data: {train: %s/%s, shuffle: false, length_sort: false, max_state: 64}\n"
+		 "data: {train: %s/%s, shuffle: false, length_sort: false, max_state: 64, pack: %s}\n"
 		 "train: {batch: %d, accum: %d, steps: %d, eval_every: 0}\n"
 		 "optim: {lr: %.17g, schedule: cosine, warmup: %d, min_lr: %.17g, betas: [%.17g, %.17g],"
 		 " eps: %.17g, weight_decay: %.17g, clip: %.17g, head_lr_mult: %.17g}\n"
 		 "checkpoint: {every: 0}\nexport: {dtype: fp32}\nrun: {dir: %s, log_every: 1}\n",
-		 fix, k->model, fix, k->records, k->batch, k->accum,
+		 fix, k->model, fix, k->records, k->pack ? "true" : "false", k->batch, k->accum,
 		 (int)json_integer_value(json_object_get(tr, "steps")),
 		 json_number_value(json_object_get(tr, "lr")),
 		 (int)json_integer_value(json_object_get(tr, "warmup")),
@@ -117,6 +127,10 @@ static void run_case(const struct sft_case *k, const char *fix, const char *shar
 		      k->name, i + 1, gn, wg);
 		CHECK_CLOSE(json_number_value(json_object_get(s, "lr")),
 			    num_at(json_object_get(rc, "lrs"), i), 1e-9, 0);
+		CHECK(!k->padded ||
+		      json_integer_value(json_object_get(s, "padded_tokens")) == k->padded,
+		      "%s step %d: %lld padded tokens, want %d", k->name, i + 1,
+		      (long long)json_integer_value(json_object_get(s, "padded_tokens")), k->padded);
 		CHECK(json_integer_value(json_object_get(s, "targets")) ==
 		      json_integer_value(json_object_get(rc, "targets")),
 		      "%s step %d: %lld targets", k->name, i + 1,
