@@ -337,45 +337,63 @@ extern "C" void sl_cuda_moe_combine_bwd(struct sl_cuda *c, void *dy, float *dtop
 
 // ---- grouped matmul ----------------------------------------------------------------------
 
-// One cuBLAS handle and pointer-array buffer for the process's context (one GPU per rank).
-static struct {
-	struct sl_cuda *c;
+#define GMAX 4096
+
+// a context's cuBLAS handle (on its stream) and the grouped calls' argument arrays
+struct moe_gemm {
 	cublasHandle_t h;
-	void **ptrs;		// device: 3 * GMAX pointers
+	void **ptrs;		// device: 3 * GMAX pointers (A, B, C of each group)
 	int *m, *n, *kk, *lda, *ldb, *ldc, *gs;	// host arrays of GMAX
 	float *alpha, *beta;
 	cublasOperation_t *ta, *tb;
-} G;
+};
 
-#define GMAX 4096
-
-static void grouped_init(struct sl_cuda *c)
+void sl_cuda_moe_free(struct sl_cuda *c)
 {
-	if (G.c == c)
+	struct moe_gemm *g = c->moe;
+
+	if (!g)
 		return;
-	if (G.c) {
-		fprintf(stderr, "cuda: the grouped matmul serves one context per process\n");
-		abort();
-	}
-	CUBLAS_CHECK(cublasCreate(&G.h));
-	CUBLAS_CHECK(cublasSetStream(G.h, c->stream));
-	CUDA_CHECK(cudaMalloc((void **)&G.ptrs, 3 * GMAX * sizeof(void *)));
-	G.m = (int *)calloc(7 * GMAX, sizeof(int));
-	G.alpha = (float *)calloc(2 * GMAX, sizeof(float));
-	G.ta = (cublasOperation_t *)calloc(2 * GMAX, sizeof(cublasOperation_t));
-	if (!G.m || !G.alpha || !G.ta) {
+	cublasDestroy(g->h);
+	cudaFree(g->ptrs);
+	free(g->m);
+	free(g->alpha);
+	free(g->ta);
+	free(g);
+	c->moe = NULL;
+}
+
+static struct moe_gemm *grouped_init(struct sl_cuda *c)
+{
+	struct moe_gemm *g = c->moe;
+
+	if (g)
+		return g;
+	g = (struct moe_gemm *)calloc(1, sizeof(*g));
+	if (!g) {
 		fprintf(stderr, "cuda: out of host memory (grouped matmul)\n");
 		abort();
 	}
-	G.n = G.m + GMAX;
-	G.kk = G.n + GMAX;
-	G.lda = G.kk + GMAX;
-	G.ldb = G.lda + GMAX;
-	G.ldc = G.ldb + GMAX;
-	G.gs = G.ldc + GMAX;
-	G.beta = G.alpha + GMAX;
-	G.tb = G.ta + GMAX;
-	G.c = c;
+	CUBLAS_CHECK(cublasCreate(&g->h));
+	CUBLAS_CHECK(cublasSetStream(g->h, c->stream));
+	CUDA_CHECK(cudaMalloc((void **)&g->ptrs, 3 * GMAX * sizeof(void *)));
+	g->m = (int *)calloc(7 * GMAX, sizeof(int));
+	g->alpha = (float *)calloc(2 * GMAX, sizeof(float));
+	g->ta = (cublasOperation_t *)calloc(2 * GMAX, sizeof(cublasOperation_t));
+	if (!g->m || !g->alpha || !g->ta) {
+		fprintf(stderr, "cuda: out of host memory (grouped matmul)\n");
+		abort();
+	}
+	g->n = g->m + GMAX;
+	g->kk = g->n + GMAX;
+	g->lda = g->kk + GMAX;
+	g->ldb = g->lda + GMAX;
+	g->ldc = g->ldb + GMAX;
+	g->gs = g->ldc + GMAX;
+	g->beta = g->alpha + GMAX;
+	g->tb = g->ta + GMAX;
+	c->moe = g;
+	return g;
 }
 
 // pointers of expert e: A = a + sa*e + ra*offs[e], B and C alike (element strides, bf16)
@@ -398,41 +416,60 @@ static void grouped(struct sl_cuda *c, const int *d_offs, const int *h_offs, int
 		    size_t ra, int lda, const void *B, size_t sb, size_t rb, int ldb, void *C,
 		    size_t sc, size_t rc, int ldc, float beta)
 {
+	struct moe_gemm *g;
+
 	if (E > GMAX) {
 		fprintf(stderr, "cuda: %d experts exceed the grouped matmul's %d\n", E, GMAX);
 		abort();
 	}
-	grouped_init(c);
+	g = grouped_init(c);
 	for (int e = 0; e < E; e++) {
 		int rows = h_offs[e + 1] - h_offs[e];
 
-		G.m[e] = which_rows == 0 ? rows : m0;
-		G.n[e] = which_rows == 1 ? rows : n0;
-		G.kk[e] = which_rows == 2 ? rows : k0;
-		G.lda[e] = lda;
-		G.ldb[e] = ldb;
-		G.ldc[e] = ldc;
-		G.gs[e] = 1;
-		G.alpha[e] = 1.f;
-		G.beta[e] = beta;
-		G.ta[e] = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-		G.tb[e] = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+		g->m[e] = which_rows == 0 ? rows : m0;
+		g->n[e] = which_rows == 1 ? rows : n0;
+		g->kk[e] = which_rows == 2 ? rows : k0;
+		g->lda[e] = lda;
+		g->ldb[e] = ldb;
+		g->ldc[e] = ldc;
+		g->gs[e] = 1;
+		g->alpha[e] = 1.f;
+		g->beta[e] = beta;
+		g->ta[e] = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+		g->tb[e] = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
 	}
-	k_group_ptrs<<<(E + 127) / 128, 128, 0, c->stream>>>(G.ptrs, d_offs, (const bf16 *)A, sa,
+	k_group_ptrs<<<(E + 127) / 128, 128, 0, c->stream>>>(g->ptrs, d_offs, (const bf16 *)A, sa,
 							      ra, (const bf16 *)B, sb, rb, (bf16 *)C,
 							      sc, rc, E);
 	CUDA_LAUNCHED();
-	CUBLAS_CHECK(cublasGemmGroupedBatchedEx(G.h, G.ta, G.tb, G.m, G.n, G.kk, G.alpha,
-						(const void *const *)G.ptrs, CUDA_R_16BF, G.lda,
-						(const void *const *)(G.ptrs + GMAX), CUDA_R_16BF,
-						G.ldb, G.beta, G.ptrs + 2 * GMAX, CUDA_R_16BF,
-						G.ldc, E, G.gs, CUBLAS_COMPUTE_32F));
+	CUBLAS_CHECK(cublasGemmGroupedBatchedEx(g->h, g->ta, g->tb, g->m, g->n, g->kk, g->alpha,
+						(const void *const *)g->ptrs, CUDA_R_16BF, g->lda,
+						(const void *const *)(g->ptrs + GMAX), CUDA_R_16BF,
+						g->ldb, g->beta, g->ptrs + 2 * GMAX, CUDA_R_16BF,
+						g->ldc, E, g->gs, CUBLAS_COMPUTE_32F));
+}
+
+// The grouped call fails ("internal operation failed") on rows that are not 16-byte aligned:
+// shapes with K or N not a multiple of 8 (tiny test models) take one cuBLASLt matmul per expert.
+static bool aligned(int K, int N, const void *a, const void *b, const void *cc)
+{
+	return K % 8 == 0 && N % 8 == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 &&
+	       (uintptr_t)cc % 16 == 0;
 }
 
 // out(rows, N) = x(rows, K) w_e(N, K)^T  ->  out^T (N, rows) = w_e^T-op x^T (see gemm.cu)
 extern "C" void sl_cuda_moe_gemm_fwd(struct sl_cuda *c, void *out, const void *x, const void *w,
 				     const int *d_offs, const int *h_offs, int E, int K, int N)
 {
+	if (!aligned(K, N, out, x, w)) {
+		for (int e = 0; e < E; e++)
+			if (h_offs[e + 1] > h_offs[e])
+				sl_cuda_matmul_fwd(c, (bf16 *)out + (size_t)h_offs[e] * N,
+						   (const bf16 *)x + (size_t)h_offs[e] * K,
+						   (const bf16 *)w + (size_t)e * N * K, NULL,
+						   h_offs[e + 1] - h_offs[e], K, N);
+		return;
+	}
 	grouped(c, d_offs, h_offs, E, 1, 0, 1, N, 0, K, w, (size_t)N * K, 0, K, x, 0, K, K, out,
 		0, N, N, 0.f);
 }
@@ -441,6 +478,17 @@ extern "C" void sl_cuda_moe_gemm_bwd(struct sl_cuda *c, void *dx, void *dw, cons
 				     const void *x, const void *w, const int *d_offs,
 				     const int *h_offs, int E, int K, int N)
 {
+	if (!aligned(K, N, dout, x, w) || (dx && (uintptr_t)dx % 16) || (uintptr_t)dw % 16) {
+		for (int e = 0; e < E; e++)
+			if (h_offs[e + 1] > h_offs[e])
+				sl_cuda_matmul_bwd(c, dx ? (bf16 *)dx + (size_t)h_offs[e] * K : NULL,
+						   (bf16 *)dw + (size_t)e * N * K, NULL,
+						   (const bf16 *)dout + (size_t)h_offs[e] * N,
+						   (const bf16 *)x + (size_t)h_offs[e] * K,
+						   (const bf16 *)w + (size_t)e * N * K,
+						   h_offs[e + 1] - h_offs[e], K, N, 0);
+		return;
+	}
 	// dx^T (K, rows) = w_e (K, N col-major) dout^T (N, rows)
 	if (dx)
 		grouped(c, d_offs, h_offs, E, 0, 0, 1, K, 0, N, w, (size_t)N * K, 0, K, dout, 0, N,
