@@ -314,8 +314,13 @@ void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
 				p->dev[i]);
 	fprintf(out, "  %-26s %12.2f %14zu\n", "total", gib(p->dev_total), p->dev_total);
 	fprintf(out, "  (weights: %d gathered unit(s) in flight of up to %zu elements; "
-		"activations for %d x %d tokens%s)\n\n", p->n_wslots, p->max_padded, p->batch,
+		"activations for %d x %d tokens%s)\n", p->n_wslots, p->max_padded, p->batch,
 		p->seq, p->ckpt ? ", one layer's set with checkpointing" : "");
+	if (p->offload != SL_OFFLOAD_NONE && c->train.accum > 1)
+		fprintf(out, "  (offload, accum %d: earlier micro-batches' gradients add up %s)\n",
+			c->train.accum, p->accum_dev ? "on the GPU, in fp32 (in gradients)" :
+			"in host memory: no room for them on the GPU");
+	fprintf(out, "\n");
 	fprintf(out, "%-28s %12s %14s\n", "host, per rank", "GiB", "bytes");
 	for (int i = 0; i < SL_PLAN_N; i++)
 		if (p->host[i] || i == SL_PLAN_OPTIM)
