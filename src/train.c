@@ -633,10 +633,14 @@ static void log_offload(struct job *j)
 	       st.grad_s / st.updates);
 }
 
-/* tests: offload adds micro-batches up on the host even where the GPU has room */
-static bool test_host_accum(void)
+/*
+ * tests: SHARDLM_TEST_HOST_ACCUM: offload adds micro-batches up on the host even where the GPU
+ * has room; SHARDLM_TEST_HOST_LEAN: offload optimizer keeps gradients on the device (host_lean)
+ * even where the host has room.
+ */
+static bool test_env(const char *name)
 {
-	const char *e = getenv("SHARDLM_TEST_HOST_ACCUM");
+	const char *e = getenv(name);
 
 	return e && *e && strcmp(e, "0");
 }
@@ -648,7 +652,9 @@ static void poison_gradient(struct job *j, double *loss)
 	*loss = NAN;
 	if (j->d.rank != 0)
 		return;		/* the norm is summed over ranks: one NaN reaches all */
-	if (j->sh.host_state) {
+	if (j->sh.host_state && j->sh.lean) {
+		j->be->upload(j->be, j->sh.u[0].d_acc, &nan, sizeof(nan));
+	} else if (j->sh.host_state) {
 		sl_shard_drain(&j->sh);	/* the offload worker may still be writing it */
 		j->sh.u[0].grad32[0] = nan;
 	}
@@ -1079,7 +1085,7 @@ int sl_cmd_train(int argc, char **argv)
 	struct job jj = { 0 }, *j = &jj;
 	char path[SL_PATH_MAX + 64], ckpt_dir[SL_PATH_MAX + 64], dur[64];
 	int ret = 2, verdict = 0, n_init = 0;
-	bool resume = false, accum_dev = false;
+	bool resume = false, accum_dev = false, lean = false;
 
 	ckpt_dir[0] = 0;
 	sl_log_init();
@@ -1107,7 +1113,7 @@ int sl_cmd_train(int argc, char **argv)
 		goto out;
 	/* the memory plan before anything is loaded (GPU size 0: the cpu backend, host only) */
 	if (!all_ok(sl_plan_check_job(j->c, j->d.world, j->d.local_size, gpu_memory(j),
-				      &accum_dev) == 0))
+				      &accum_dev, &lean) == 0))
 		goto out;
 	sl_checkpoint_root(j->c, j->ckpt_root, sizeof(j->ckpt_root));
 	if (j->d.rank == 0)
@@ -1196,8 +1202,9 @@ int sl_cmd_train(int argc, char **argv)
 			.shard_comm = &j->g.shard, .replica_comm = &j->g.replica,
 			.reshard_after_forward = j->c->parallel.reshard_after_forward,
 			.prefetch = j->c->parallel.prefetch, .offload = j->c->parallel.offload,
-			.accum_on_device = accum_dev && !test_host_accum(),
+			.accum_on_device = accum_dev && !test_env("SHARDLM_TEST_HOST_ACCUM"),
 			.accum = j->c->train.accum,
+			.host_lean = lean || test_env("SHARDLM_TEST_HOST_LEAN"),
 		};
 
 		if (!all_ok(sl_shard_create(&j->sh, j->be, &j->mf.lay, &so) == 0))
@@ -1211,7 +1218,8 @@ int sl_cmd_train(int argc, char **argv)
 		sl_log("offload %s: fp32 master weights and moments in host memory, AdamW on the "
 		       "host%s%s", sl_offload_name(j->c->parallel.offload),
 		       j->sh.host_params ? ", weights streamed per unit" : "",
-		       j->c->train.accum < 2 ? "" : j->sh.accum_dev ?
+		       j->sh.lean ? "; lean host: gradients stay on the GPU and stream through the "
+		       "host during the update" : j->c->train.accum < 2 ? "" : j->sh.accum_dev ?
 		       "; micro-batches add up on the GPU" : "; micro-batches add up in host memory "
 		       "(host accumulation: the GPU has no room for fp32 gradients)");
 	j->first_step = 1;
