@@ -1263,7 +1263,9 @@ int sl_cmd_train(int argc, char **argv)
 		ret = verdict > 0 ? verdict : 2;	/* > 0: a stop's exit status */
 		goto out;
 	}
-	if (export_final(j))
+	if (!j->c->export_.final)
+		sl_log("export.final is false: no final model export");
+	else if (export_final(j))
 		goto out;
 	ret = 0;
 out:
