@@ -41,6 +41,7 @@
 #include "offload.h"
 
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -223,6 +224,11 @@ static void *worker(void *arg)
 {
 	struct sl_offload_engine *o = arg;
 	struct sl_shard *s = o->s;
+	int nt = omp_get_max_threads();
+
+	/* this thread's teams leave a core to the thread issuing the GPU's work */
+	if (nt > 2)
+		omp_set_num_threads(nt - 1);
 
 	pthread_mutex_lock(&o->mu);
 	for (;;) {

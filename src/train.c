@@ -628,7 +628,8 @@ static void log_offload(struct job *j)
 		return;
 	sl_log("offload: host AdamW %.3f s per update (%d updates, %d threads), the next forward "
 	       "waited %.3f s of it per update (%.0f%% hidden); gradient sums on the host %.3f s "
-	       "per step", st.adam_s / st.updates, st.updates, omp_get_max_threads(),
+	       "per step", st.adam_s / st.updates, st.updates, omp_get_max_threads() > 2 ?
+	       omp_get_max_threads() - 1 : omp_get_max_threads(),
 	       st.wait_s / st.updates, st.adam_s > 0 ? 100 * (1 - st.wait_s / st.adam_s) : 0,
 	       st.grad_s / st.updates);
 }
