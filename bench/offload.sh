@@ -131,7 +131,7 @@ print(json.dumps({"kind": "run", "name": name, "batch": int(batch), "accum": int
                   "tokens_per_s": tok / t if t else 0, "peak": peak, "planned": planned,
                   "losses": [s["loss"] for s in st]}))
 PY
-	grep -E "offload|host AdamW" "$OUT/$name.log" | head -3
+	grep -E "^\[[0-9:]+\] offload" "$OUT/$name.log"
 	rm -rf "$T/run-$name"
 }
 
