@@ -620,10 +620,14 @@ static void log_offload(struct job *j)
 {
 	struct sl_offload_stats st;
 
+	double t0 = sl_now();
+
 	if (!j->have_shard || !j->sh.host_state)
 		return;
+	/* the last update has no next forward to hide behind: what is left of it counts */
 	sl_shard_drain(&j->sh);
 	sl_offload_stats(&j->sh, &st);
+	st.wait_s += sl_now() - t0;
 	if (!st.updates)
 		return;
 	sl_log("offload: host AdamW %.3f s per update (%d updates, %d threads), the next forward "
