@@ -87,7 +87,7 @@ struct sl_offload_engine {
 	int wr_unit[N_PAIRS];		/* unit whose upload last read w_ring[k], or -1 */
 	double *d_sq;			/* (n_units) double, device */
 	double *h_sq;			/* (n_units) double, host */
-	char fence;			/* the 0-byte download's destination */
+	char fence[2];			/* the 0-byte download's destination and source */
 	/* the update being applied (JOB_ADAM) */
 	struct sl_optim_hparams h;
 	struct sl_adamw_args a;
@@ -667,7 +667,7 @@ int sl_offload_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h,
 	};
 	/* lean: the worker's gradient downloads come after this one, so after the backward */
 	if (s->lean)
-		download_async(b, &o->fence, &o->fence, 0, true, NULL);
+		download_async(b, &o->fence[0], &o->fence[1], 0, true, NULL);
 	pthread_mutex_lock(&o->mu);
 	s->w_gen++;
 	o->updates++;
