@@ -75,9 +75,7 @@ close none1 none2
 # accum 1: one micro-batch per step
 run none1a1 1 6 none 1
 run opt1a1 1 6 optimizer 1
-run par1a1 1 6 params 1
 close none1a1 opt1a1
-close none1a1 par1a1
 # the lean host layout (gradients stay on the device, streamed in the update): accum 2 and 1
 export SHARDLM_TEST_HOST_LEAN=1
 run lean2 2 3 optimizer
