@@ -15,6 +15,14 @@
 
 #include "common.cuh"
 
+// Packed rows: pos (B*L) holds each token's position in its document, so row i's document starts
+// at i - pos[i] and its keys are [i - pos[i], i].  Without pos the row is one document.  Document
+// starts never decrease along a row, so a block's first row has the earliest one.
+static __device__ __forceinline__ int doc_start(const int *pos, int b, int L, int i)
+{
+	return pos ? i - pos[(size_t)b * L + i] : 0;
+}
+
 #define TPR 8		// threads per row
 #define ROWS 32		// rows per block
 #define NTHR (TPR * ROWS)
@@ -61,8 +69,8 @@ static __device__ __forceinline__ void load_row(float *dst, const bf16 *src, int
 
 template <int DPT>
 __global__ void __launch_bounds__(NTHR)
-k_attn_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, int L, int nh, int nkv, int hd,
-	   float scale_log2)
+k_attn_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos, int L, int nh,
+	   int nkv, int hd, float scale_log2)
 {
 	const int HDP = tile<DPT>::HDP, BK = tile<DPT>::BK;
 	__shared__ __align__(16) bf16 ks[BK * HDP], vs[BK * HDP];
@@ -74,6 +82,8 @@ k_attn_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, int L, int n
 	const int kcol = (nh + h / grp) * hd, vcol = (nh + nkv + h / grp) * hd;
 	float q[DPT], o[DPT], m = -INFINITY, l = 0.f;
 	bool active = i < len;
+	const int ds = active ? doc_start(pos, b, L, i) : 0;
+	const int kbeg = q0 < len ? doc_start(pos, b, L, q0) / BK * BK : 0;
 
 	if (i < L && active) {
 		load_row<DPT>(q, base + (size_t)i * W + (size_t)h * hd, d0, hd);
@@ -84,7 +94,7 @@ k_attn_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, int L, int n
 		o[d] = 0.f;
 	// keys any row of this block sees; none when the whole block is padding
 	int kend = q0 < len ? min(len, q0 + ROWS) : 0;
-	for (int k0 = 0; k0 < kend; k0 += BK) {
+	for (int k0 = kbeg; k0 < kend; k0 += BK) {
 		__syncthreads();
 		load_tile<DPT>(ks, base, W, kcol, k0, kend, hd);
 		load_tile<DPT>(vs, base, W, vcol, k0, kend, hd);
@@ -92,7 +102,7 @@ k_attn_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, int L, int n
 		if (!active)
 			continue;
 		int jn = min(BK, i + 1 - k0);
-		for (int jj = 0; jj < jn; jj++) {
+		for (int jj = max(0, ds - k0); jj < jn; jj++) {
 			const bf16 *kr = ks + jj * HDP + d0, *vr = vs + jj * HDP + d0;
 			float s = 0.f, p;
 
@@ -143,7 +153,7 @@ __global__ void k_attn_dot(float *D, const bf16 *dout, const bf16 *out, size_t r
 template <int DPT>
 __global__ void __launch_bounds__(NTHR)
 k_attn_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf16 *qkv,
-	  const int *lens, int L, int nh, int nkv, int hd, float scale)
+	  const int *lens, const int *pos, int L, int nh, int nkv, int hd, float scale)
 {
 	const int HDP = tile<DPT>::HDP, BK = tile<DPT>::BK;
 	__shared__ __align__(16) bf16 ks[BK * HDP], vs[BK * HDP];
@@ -156,6 +166,8 @@ k_attn_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const 
 	const size_t t = (size_t)b * L + i;
 	float q[DPT], g[DPT], dq[DPT], ls = 0.f, Di = 0.f;
 	bool active = i < len;
+	const int ds = active ? doc_start(pos, b, L, i) : 0;
+	const int kbeg = q0 < len ? doc_start(pos, b, L, q0) / BK * BK : 0;
 
 	if (active) {
 		load_row<DPT>(q, base + (size_t)i * W + (size_t)h * hd, d0, hd);
@@ -166,7 +178,7 @@ k_attn_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const 
 	for (int d = 0; d < DPT; d++)
 		dq[d] = 0.f;
 	int kend = q0 < len ? min(len, q0 + ROWS) : 0;
-	for (int k0 = 0; k0 < kend; k0 += BK) {
+	for (int k0 = kbeg; k0 < kend; k0 += BK) {
 		__syncthreads();
 		load_tile<DPT>(ks, base, W, kcol, k0, kend, hd);
 		load_tile<DPT>(vs, base, W, vcol, k0, kend, hd);
@@ -174,7 +186,7 @@ k_attn_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const 
 		if (!active)
 			continue;
 		int jn = min(BK, i + 1 - k0);
-		for (int jj = 0; jj < jn; jj++) {
+		for (int jj = max(0, ds - k0); jj < jn; jj++) {
 			const bf16 *kr = ks + jj * HDP + d0, *vr = vs + jj * HDP + d0;
 			float s = 0.f, dp = 0.f, p, ds;
 
@@ -203,11 +215,12 @@ k_attn_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const 
 template <int DPT>
 __global__ void __launch_bounds__(NTHR)
 k_attn_dkdv(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf16 *qkv,
-	    const int *lens, int L, int nh, int nkv, int hd, float scale)
+	    const int *lens, const int *pos, int L, int nh, int nkv, int hd, float scale)
 {
 	const int HDP = tile<DPT>::HDP, BQ = tile<DPT>::BK;
 	__shared__ __align__(16) bf16 qs[BQ * HDP], gs[BQ * HDP];
 	__shared__ float lss[BQ], Ds[BQ];
+	__shared__ int dss[BQ];
 	const int W = (nh + 2 * nkv) * hd, OW = nh * hd, b = blockIdx.z, kv = blockIdx.y;
 	const int grp = nh / nkv;
 	const int j0 = blockIdx.x * ROWS, r = threadIdx.x / TPR, d0 = (threadIdx.x % TPR) * DPT;
@@ -224,8 +237,11 @@ k_attn_dkdv(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, cons
 	}
 	for (int d = 0; d < DPT; d++)
 		dk[d] = dv[d] = 0.f;
+	// the queries that see this block's keys end where a document starts after its last key
+	const int jl = min(j0 + ROWS, len) - 1;
+
 	for (int h = kv * grp; h < (kv + 1) * grp; h++) {
-		for (int i0 = j0; i0 < len; i0 += BQ) {
+		for (int i0 = j0; i0 < len && doc_start(pos, b, L, i0) <= jl; i0 += BQ) {
 			__syncthreads();
 			load_tile<DPT>(qs, base, W, h * hd, i0, len, hd);
 			load_tile<DPT>(gs, gbase, OW, h * hd, i0, len, hd);
@@ -234,6 +250,7 @@ k_attn_dkdv(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, cons
 
 				lss[e] = i0 + e < len ? lse[t * nh + h] : 0.f;
 				Ds[e] = i0 + e < len ? D[t * nh + h] : 0.f;
+				dss[e] = i0 + e < len ? doc_start(pos, b, L, i0 + e) : 0;
 			}
 			__syncthreads();
 			if (!active)
@@ -242,6 +259,9 @@ k_attn_dkdv(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, cons
 			for (int ii = ib; ii < in; ii++) {
 				const bf16 *qr = qs + ii * HDP + d0, *gr = gs + ii * HDP + d0;
 				float s = 0.f, dp = 0.f, p, ds;
+
+				if (dss[ii] > j)
+					break;	// this query and the later ones are in later documents
 
 				for (int d = 0; d < DPT; d++) {
 					s += bf(qr[d]) * k[d];
@@ -426,8 +446,8 @@ static __device__ __forceinline__ void acc_to_a(uint32_t *a, const float *c0, co
 
 template <int HD>
 __global__ void __launch_bounds__(FA_THR, 2)
-k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, int L, int nh, int nkv,
-	 float sl2)
+k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos, int L, int nh,
+	 int nkv, float sl2)
 {
 	const int P = HD + 8, TILE = FA_BN * P;
 	extern __shared__ __align__(16) bf16 fa_sm[];
@@ -443,18 +463,22 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, int L, int nh,
 	const uint32_t ob = off_b<P>(lane), obt = off_bt<P>(lane);
 	uint32_t qf[HD / 16][4];
 	float o[HD / 8][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+	// packed rows: the tiles before the block's first document hold no visible key
+	const int kt0 = q0 < len ? doc_start(pos, b, L, q0) / FA_BN : 0;
+	const int ds0 = r0 < len ? doc_start(pos, b, L, r0) : 0;
+	const int ds1 = r1 < len ? doc_start(pos, b, L, r1) : 0;
 
-	if (nt > 0) {
-		tile_async<HD, FA_BN>(ks, kg, W, 0, kend);
-		tile_async<HD, FA_BN>(vs, vg, W, 0, kend);
+	if (nt > kt0) {
+		tile_async<HD, FA_BN>(ks, kg, W, kt0 * FA_BN, kend);
+		tile_async<HD, FA_BN>(vs, vg, W, kt0 * FA_BN, kend);
 	}
 	cp_commit();
 	load_afrag<HD>(qf, base + (size_t)r0 * W + (size_t)h * HD, W, r0 < len, r1 < len, tq);
 #pragma unroll
 	for (int n = 0; n < HD / 8; n++)
 		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-	for (int t = 0; t < nt; t++) {
-		const int k0 = t * FA_BN, st = t & 1;
+	for (int t = kt0; t < nt; t++) {
+		const int k0 = t * FA_BN, st = (t - kt0) & 1;
 
 		if (t + 1 < nt) {
 			tile_async<HD, FA_BN>(ks + (st ^ 1) * TILE, kg, W, k0 + FA_BN, kend);
@@ -480,15 +504,16 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, int L, int nh,
 				mma16816(s[2 * np + 1], qf[kk], bb + 2);
 			}
 		}
-		// keys after the query or past the record: only on the diagonal and the last tile
-		if (k0 + FA_BN - 1 > wr || k0 + FA_BN > len) {
+		// keys after the query or past the record: only on the diagonal and the last tile;
+		// keys of earlier documents: wherever a document starts after the tile's first key
+		if (k0 + FA_BN - 1 > wr || k0 + FA_BN > len || k0 < ds1) {
 #pragma unroll
 			for (int n = 0; n < FA_BN / 8; n++) {
 #pragma unroll
 				for (int e = 0; e < 4; e++) {
 					int row = e < 2 ? r0 : r1, key = k0 + n * 8 + tq * 2 + (e & 1);
 
-					if (key > row || key >= len)
+					if (key > row || key >= len || key < (e < 2 ? ds0 : ds1))
 						s[n][e] = -INFINITY;
 				}
 			}
@@ -575,7 +600,7 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, int L, int nh,
 template <int HD>
 __global__ void __launch_bounds__(FA_THR, 2)
 k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf16 *qkv,
-	const int *lens, int L, int nh, int nkv, float sl2, float scale)
+	const int *lens, const int *pos, int L, int nh, int nkv, float sl2, float scale)
 {
 	const int P = HD + 8, TILE = FA_BN * P;
 	extern __shared__ __align__(16) bf16 fa_sm[];
@@ -590,10 +615,13 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 	const uint32_t ob = off_b<P>(lane), obt = off_bt<P>(lane);
 	uint32_t qf[HD / 16][4], gf[HD / 16][4];
 	float dq[HD / 8][4], ls0 = 0.f, ls1 = 0.f, D0 = 0.f, D1 = 0.f;
+	const int kt0 = q0 < len ? doc_start(pos, b, L, q0) / FA_BN : 0;
+	const int ds0 = r0 < len ? doc_start(pos, b, L, r0) : 0;
+	const int ds1 = r1 < len ? doc_start(pos, b, L, r1) : 0;
 
-	if (nt > 0) {
-		tile_async<HD, FA_BN>(ks, kg, W, 0, kend);
-		tile_async<HD, FA_BN>(vs, vg, W, 0, kend);
+	if (nt > kt0) {
+		tile_async<HD, FA_BN>(ks, kg, W, kt0 * FA_BN, kend);
+		tile_async<HD, FA_BN>(vs, vg, W, kt0 * FA_BN, kend);
 	}
 	cp_commit();
 	load_afrag<HD>(qf, base + (size_t)r0 * W + (size_t)h * HD, W, r0 < len, r1 < len, tq);
@@ -609,8 +637,8 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 #pragma unroll
 	for (int n = 0; n < HD / 8; n++)
 		dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
-	for (int t = 0; t < nt; t++) {
-		const int k0 = t * FA_BN, st = t & 1;
+	for (int t = kt0; t < nt; t++) {
+		const int k0 = t * FA_BN, st = (t - kt0) & 1;
 
 		if (t + 1 < nt) {
 			tile_async<HD, FA_BN>(ks + (st ^ 1) * TILE, kg, W, k0 + FA_BN, kend);
@@ -648,7 +676,7 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 					mma16816(dp[2 * np + 1], gf[kk], bv + 2);
 				}
 			}
-			const bool msk = c0 + FA_SUB - 1 > wr || c0 + FA_SUB > len;
+			const bool msk = c0 + FA_SUB - 1 > wr || c0 + FA_SUB > len || c0 < ds1;
 #pragma unroll
 			for (int n = 0; n < FA_SUB / 8; n++) {
 #pragma unroll
@@ -656,7 +684,7 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 					const int row = e < 2 ? r0 : r1, key = c0 + n * 8 + tq * 2 + (e & 1);
 					float p = fexp2(fmaf(s[n][e], sl2, -(e < 2 ? ls0 : ls1)));
 
-					if (msk && (key > row || key >= len))
+					if (msk && (key > row || key >= len || key < (e < 2 ? ds0 : ds1)))
 						p = 0.f;
 					s[n][e] = p * (dp[n][e] - (e < 2 ? D0 : D1));
 				}
@@ -700,18 +728,29 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 template <int HD>
 __global__ void __launch_bounds__(FA_THR, 2)
 k_fa_dkdv(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf16 *qkv,
-	  const int *lens, int L, int nh, int nkv, float sl2, float scale)
+	  const int *lens, const int *pos, int L, int nh, int nkv, float sl2, float scale)
 {
 	const int P = HD + 8, TILE = FA_BN * P;
 	extern __shared__ __align__(16) bf16 fa_sm[];
 	bf16 *ks = fa_sm, *vs = ks + FA_BM * P, *qs = vs + FA_BM * P, *gs = qs + 2 * TILE;
 	float *lss = (float *)(gs + 2 * TILE), *Ds = lss + 2 * FA_BN;
+	int *dss = (int *)(Ds + 2 * FA_BN);	// (2, FA_BN) packed rows: the queries' document starts
 	const int W = (nh + 2 * nkv) * HD, OW = nh * HD, b = blockIdx.z, kv = blockIdx.y;
 	const int grp = nh / nkv, j0 = blockIdx.x * FA_BM, warp = threadIdx.x >> 5;
 	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, len = lens[b];
 	const bf16 *base = qkv + (size_t)b * L * W, *gbase = dout + (size_t)b * L * OW;
 	const int wk = j0 + warp * 16, r0 = wk + g, r1 = r0 + 8;
-	const int ntq = j0 < len ? (len - j0 + FA_BN - 1) / FA_BN : 0, nt = grp * ntq;
+	// query tiles from the block's first key to the record's end, or, packed, to the first tile
+	// wholly in documents that start after the block's last key
+	int ntq = 0;
+
+	if (j0 < len) {
+		const int jl = min(j0 + FA_BM, len) - 1;
+
+		while (j0 + ntq * FA_BN < len && doc_start(pos, b, L, j0 + ntq * FA_BN) <= jl)
+			ntq++;
+	}
+	const int nt = grp * ntq;
 	const uint32_t ob = off_b<P>(lane), obt = off_bt<P>(lane);
 	const uint32_t ka = smem_u32(ks + warp * 16 * P) + off_a<P>(lane);
 	const uint32_t va = smem_u32(vs + warp * 16 * P) + off_a<P>(lane);
@@ -729,6 +768,7 @@ k_fa_dkdv(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const 
 
 			lss[st * FA_BN + e] = ok ? lse[tr] * LOG2E : 0.f;
 			Ds[st * FA_BN + e] = ok ? D[tr] : 0.f;
+			dss[st * FA_BN + e] = ok ? doc_start(pos, b, L, i0 + e) : 0;
 		}
 	};
 
@@ -752,6 +792,7 @@ k_fa_dkdv(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const 
 		__syncthreads();
 		const uint32_t qb = smem_u32(qs + st * TILE), gb = smem_u32(gs + st * TILE);
 		const float *lsl = lss + st * FA_BN, *Dl = Ds + st * FA_BN;
+		const int *dsl = dss + st * FA_BN;
 
 #pragma unroll
 		for (int sub = 0; sub < FA_BN / FA_SUB; sub++) {
@@ -785,7 +826,7 @@ k_fa_dkdv(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const 
 					mma16816(dp[2 * np + 1], av, bg + 2);
 				}
 			}
-			const bool msk = c0 < wk + 15 || c0 + FA_SUB > len;
+			const bool msk = c0 < wk + 15 || c0 + FA_SUB > len || pos;
 #pragma unroll
 			for (int n = 0; n < FA_SUB / 8; n++) {
 #pragma unroll
@@ -794,7 +835,7 @@ k_fa_dkdv(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const 
 					const int qc = sub * FA_SUB + n * 8 + tq * 2 + (e & 1), q = i0 + qc;
 					float p = fexp2(fmaf(s[n][e], sl2, -lsl[qc]));
 
-					if (msk && (q < key || q >= len))
+					if (msk && (q < key || q >= len || key < dsl[qc]))
 						p = 0.f;
 					s[n][e] = p;
 					dp[n][e] = p * (dp[n][e] - Dl[qc]);
@@ -849,7 +890,8 @@ template <int HD> static size_t fa_smem_fwd(void)
 
 template <int HD> static size_t fa_smem_dkdv(void)
 {
-	return (size_t)(2 * FA_BM + 4 * FA_BN) * (HD + 8) * sizeof(bf16) + 4 * FA_BN * sizeof(float);
+	return (size_t)(2 * FA_BM + 4 * FA_BN) * (HD + 8) * sizeof(bf16) + 4 * FA_BN * sizeof(float) +
+	       2 * FA_BN * sizeof(int);
 }
 
 // above 48 KB a kernel needs its dynamic shared-memory limit raised, once
@@ -864,21 +906,21 @@ template <typename K> static void fa_allow(K kernel, size_t bytes, bool *done)
 
 template <int HD>
 static void fa_fwd(struct sl_cuda *c, bf16 *out, float *lse, const bf16 *qkv, const int *lens,
-		   int B, int L, int nh, int nkv, float sl2)
+		   const int *pos, int B, int L, int nh, int nkv, float sl2)
 {
 	static bool done;
 	size_t sm = fa_smem_fwd<HD>();
 
 	fa_allow(k_fa_fwd<HD>, sm, &done);
 	k_fa_fwd<HD><<<dim3((L + FA_BM - 1) / FA_BM, nh, B), FA_THR, sm, c->stream>>>(
-		out, lse, qkv, lens, L, nh, nkv, sl2);
+		out, lse, qkv, lens, pos, L, nh, nkv, sl2);
 	CUDA_LAUNCHED();
 }
 
 template <int HD>
 static void fa_bwd(struct sl_cuda *c, bf16 *dqkv, const bf16 *dout, const float *lse,
-		   const float *D, const bf16 *qkv, const int *lens, int B, int L, int nh, int nkv,
-		   float sl2, float scale)
+		   const float *D, const bf16 *qkv, const int *lens, const int *pos, int B, int L,
+		   int nh, int nkv, float sl2, float scale)
 {
 	static bool done_q, done_kv;
 	size_t smq = fa_smem_fwd<HD>(), smk = fa_smem_dkdv<HD>();
@@ -886,10 +928,10 @@ static void fa_bwd(struct sl_cuda *c, bf16 *dqkv, const bf16 *dout, const float 
 	fa_allow(k_fa_dq<HD>, smq, &done_q);
 	fa_allow(k_fa_dkdv<HD>, smk, &done_kv);
 	k_fa_dq<HD><<<dim3((L + FA_BM - 1) / FA_BM, nh, B), FA_THR, smq, c->stream>>>(
-		dqkv, dout, lse, D, qkv, lens, L, nh, nkv, sl2, scale);
+		dqkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale);
 	CUDA_LAUNCHED();
 	k_fa_dkdv<HD><<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), FA_THR, smk, c->stream>>>(
-		dqkv, dout, lse, D, qkv, lens, L, nh, nkv, sl2, scale);
+		dqkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale);
 	CUDA_LAUNCHED();
 }
 
@@ -938,7 +980,8 @@ static void check_heads(int nh, int nkv)
 }
 
 extern "C" void sl_cuda_attention_fwd(struct sl_cuda *c, void *out, float *lse, const void *qkv,
-				      const int *lens, int B, int L, int nh, int nkv, int hd)
+				      const int *lens, const int *pos, int B, int L, int nh, int nkv,
+				      int hd)
 {
 	int dpt = dpt_for(hd);
 	dim3 grid((L + ROWS - 1) / ROWS, nh, B);
@@ -947,22 +990,24 @@ extern "C" void sl_cuda_attention_fwd(struct sl_cuda *c, void *out, float *lse, 
 	check_heads(nh, nkv);
 	if (B <= 0 || L <= 0)
 		return;
-	if (use_mma(hd, qkv, out)) {
+	/* packed rows: the generic kernels (the tensor-core ones fail their packed test for now) */
+	if (!pos && use_mma(hd, qkv, out)) {
 		if (hd == 128)
-			fa_fwd<128>(c, (bf16 *)out, lse, (const bf16 *)qkv, lens, B, L, nh, nkv,
+			fa_fwd<128>(c, (bf16 *)out, lse, (const bf16 *)qkv, lens, pos, B, L, nh, nkv,
 				    scale_log2);
 		else
-			fa_fwd<64>(c, (bf16 *)out, lse, (const bf16 *)qkv, lens, B, L, nh, nkv,
+			fa_fwd<64>(c, (bf16 *)out, lse, (const bf16 *)qkv, lens, pos, B, L, nh, nkv,
 				   scale_log2);
 		return;
 	}
-	DISPATCH(dpt, k_attn_fwd, grid, (bf16 *)out, lse, (const bf16 *)qkv, lens, L, nh, nkv, hd,
-		 scale_log2);
+	DISPATCH(dpt, k_attn_fwd, grid, (bf16 *)out, lse, (const bf16 *)qkv, lens, pos, L, nh, nkv,
+		 hd, scale_log2);
 }
 
 extern "C" void sl_cuda_attention_bwd(struct sl_cuda *c, void *dqkv, const void *dout,
 				      const void *out, const float *lse, const void *qkv,
-				      const int *lens, int B, int L, int nh, int nkv, int hd)
+				      const int *lens, const int *pos, int B, int L, int nh, int nkv,
+				      int hd)
 {
 	int dpt = dpt_for(hd);
 	size_t rows = (size_t)B * L * nh;
@@ -976,19 +1021,19 @@ extern "C" void sl_cuda_attention_bwd(struct sl_cuda *c, void *dqkv, const void 
 	k_attn_dot<<<(unsigned)((rows + 7) / 8), 256, 0, c->stream>>>(D, (const bf16 *)dout,
 								     (const bf16 *)out, rows, hd);
 	CUDA_LAUNCHED();
-	if (use_mma(hd, qkv, dqkv) && (uintptr_t)dout % 16 == 0) {
+	if (!pos && use_mma(hd, qkv, dqkv) && (uintptr_t)dout % 16 == 0) {
 		float sl2 = (float)(1.4426950408889634 / sqrt((double)hd));
 
 		if (hd == 128)
 			fa_bwd<128>(c, (bf16 *)dqkv, (const bf16 *)dout, lse, D, (const bf16 *)qkv,
-				    lens, B, L, nh, nkv, sl2, scale);
+				    lens, pos, B, L, nh, nkv, sl2, scale);
 		else
 			fa_bwd<64>(c, (bf16 *)dqkv, (const bf16 *)dout, lse, D, (const bf16 *)qkv,
-				   lens, B, L, nh, nkv, sl2, scale);
+				   lens, pos, B, L, nh, nkv, sl2, scale);
 		return;
 	}
 	DISPATCH(dpt, k_attn_dq, dim3((L + ROWS - 1) / ROWS, nh, B), (bf16 *)dqkv,
-		 (const bf16 *)dout, lse, D, (const bf16 *)qkv, lens, L, nh, nkv, hd, scale);
+		 (const bf16 *)dout, lse, D, (const bf16 *)qkv, lens, pos, L, nh, nkv, hd, scale);
 	DISPATCH(dpt, k_attn_dkdv, dim3((L + ROWS - 1) / ROWS, nkv, B), (bf16 *)dqkv,
-		 (const bf16 *)dout, lse, D, (const bf16 *)qkv, lens, L, nh, nkv, hd, scale);
+		 (const bf16 *)dout, lse, D, (const bf16 *)qkv, lens, pos, L, nh, nkv, hd, scale);
 }

@@ -53,6 +53,7 @@ struct sl_cuda {
 	void *scratch;			// partial sums of the deterministic reductions
 	size_t scratch_bytes;
 	struct gemm_entry *gemms;	// cached matmul descriptors and algorithms, per shape
+	struct moe_gemm *moe;		// the grouped matmuls' cuBLAS handle (moe.cu), or NULL
 	int n_gemms, cap_gemms;
 	cudaEvent_t ev0, ev1;		// sl_cuda_timer_*, made on first use
 	// small uploads (micro-batch ids, lengths, labels) go through pinned staging slots and do
@@ -97,5 +98,7 @@ float *sl_cuda_scratch(struct sl_cuda *c, size_t bytes, const char *who);
 extern "C" void sl_cuda_bias_grad(struct sl_cuda *c, void *dbias, const void *dout, int T, int N);
 // the matmul cache's descriptors (gemm.cu), released by sl_cuda_destroy (context.cu)
 void sl_cuda_gemm_cache_free(struct sl_cuda *c);
+// the grouped matmuls' handle and buffers (moe.cu), released by sl_cuda_destroy
+void sl_cuda_moe_free(struct sl_cuda *c);
 
 #endif

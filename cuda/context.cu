@@ -49,6 +49,7 @@ extern "C" void sl_cuda_destroy(struct sl_cuda *c)
 	CUDA_CHECK(cudaStreamSynchronize(c->stream));
 	sl_cuda_copy_fini(c);
 	sl_cuda_gemm_cache_free(c);
+	sl_cuda_moe_free(c);
 	if (c->ev0) {
 		cudaEventDestroy(c->ev0);
 		cudaEventDestroy(c->ev1);

@@ -364,7 +364,7 @@ static __device__ __forceinline__ void rope_cs(int p, int i, int hd, float theta
 // one block per token; warp per head; cos/sin of the token's position computed once in shared
 __global__ void __launch_bounds__(QK_WARPS * 32)
 k_qk_norm_rope_fwd(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, const bf16 *kw,
-		   int L, int nh, int nkv, int hd, float eps, float theta)
+		   int L, const int *pos, int nh, int nkv, int hd, float eps, float theta)
 {
 	__shared__ float cs[HD_MAX / 2], sn[HD_MAX / 2];
 	__shared__ float nb[QK_WARPS][HD_MAX];
@@ -374,7 +374,7 @@ k_qk_norm_rope_fwd(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, cons
 	bf16 *o = out + (size_t)t * W;
 
 	for (int i = threadIdx.x; i < half; i += blockDim.x)
-		rope_cs(t % L, i, hd, theta, &cs[i], &sn[i]);
+		rope_cs(pos ? pos[t] : t % L, i, hd, theta, &cs[i], &sn[i]);
 	__syncthreads();
 	for (int j = warp; j < nq; j += QK_WARPS) {
 		const bf16 *x = in + (size_t)j * hd, *w = j < nh ? qw : kw;
@@ -414,14 +414,14 @@ static __device__ __forceinline__ float rope_back(const bf16 *dy, const float *c
 
 __global__ void __launch_bounds__(QK_WARPS * 32)
 k_qk_norm_rope_bwd(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *qw, const bf16 *kw,
-		   const float *rstd, int L, int nh, int nkv, int hd, float theta)
+		   const float *rstd, int L, const int *pos, int nh, int nkv, int hd, float theta)
 {
 	__shared__ float cs[HD_MAX / 2], sn[HD_MAX / 2];
 	const int t = blockIdx.x, W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
 	for (int i = threadIdx.x; i < half; i += blockDim.x)
-		rope_cs(t % L, i, hd, theta, &cs[i], &sn[i]);
+		rope_cs(pos ? pos[t] : t % L, i, hd, theta, &cs[i], &sn[i]);
 	__syncthreads();
 	for (int j = warp; j < nq; j += QK_WARPS) {
 		size_t off = (size_t)t * W + (size_t)j * hd;
@@ -446,7 +446,8 @@ k_qk_norm_rope_bwd(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *qw
 // norm weight gradients, pass 1: blockIdx.y 0 = q heads, 1 = k heads; block (hd, R) sums the
 // tokens of chunk blockIdx.x (lanes of y take every R-th token; cos/sin once per token)
 __global__ void k_qk_dw_partial(float *part, const bf16 *dout, const bf16 *qkv, const float *rstd,
-				int T, int L, int nh, int nkv, int hd, float theta, int tpc)
+				int T, int L, const int *pos, int nh, int nkv, int hd, float theta,
+				int tpc)
 {
 	extern __shared__ float red[];	// (R, hd)
 	const int W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2, kind = blockIdx.y;
@@ -458,7 +459,7 @@ __global__ void k_qk_dw_partial(float *part, const bf16 *dout, const bf16 *qkv, 
 	for (int t = t0 + threadIdx.y; t < t1; t += R) {
 		float c, s;
 
-		rope_cs(t % L, ii, hd, theta, &c, &s);
+		rope_cs(pos ? pos[t] : t % L, ii, hd, theta, &c, &s);
 		for (int j = j0; j < j1; j++) {
 			size_t off = (size_t)t * W + (size_t)j * hd;
 			const bf16 *dy = dout + off;
@@ -499,20 +500,23 @@ static int check_hd(int hd, const char *who)
 
 extern "C" void sl_cuda_qk_norm_rope_fwd(struct sl_cuda *c, void *out, float *rstd,
 					 const void *qkv, const void *qw, const void *kw, int T,
-					 int L, int nh, int nkv, int hd, float eps, float theta)
+					 int L, const int32_t *pos, int nh, int nkv, int hd, float eps,
+					 float theta)
 {
 	check_hd(hd, "qk_norm_rope_fwd");
 	if (T <= 0)
 		return;
 	k_qk_norm_rope_fwd<<<T, QK_WARPS * 32, 0, c->stream>>>((bf16 *)out, rstd,
-		(const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, L, nh, nkv, hd, eps, theta);
+		(const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, L, (const int *)pos, nh, nkv, hd,
+		eps, theta);
 	CUDA_LAUNCHED();
 }
 
 extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dqw, void *dkw,
 					 const void *dout, const void *qkv, const void *qw,
-					 const void *kw, const float *rstd, int T, int L, int nh,
-					 int nkv, int hd, float eps, float theta)
+					 const void *kw, const float *rstd, int T, int L,
+					 const int32_t *pos, int nh, int nkv, int hd, float eps,
+					 float theta)
 {
 	int R, tpc, nchunk;
 
@@ -520,7 +524,8 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 	if (T <= 0)
 		return;
 	k_qk_norm_rope_bwd<<<T, QK_WARPS * 32, 0, c->stream>>>((bf16 *)dqkv, (const bf16 *)dout,
-		(const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, rstd, L, nh, nkv, hd, theta);
+		(const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, rstd, L, (const int *)pos, nh,
+		nkv, hd, theta);
 	CUDA_LAUNCHED();
 	R = 256 / hd > 0 ? 256 / hd : 1;
 	tpc = 32;
@@ -532,8 +537,8 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 	}
 	float *part = sl_cuda_scratch(c, (size_t)2 * nchunk * hd * sizeof(float), "qk norm dw");
 	k_qk_dw_partial<<<dim3(nchunk, 2), dim3(hd, R), (size_t)R * hd * sizeof(float),
-			  c->stream>>>(part, (const bf16 *)dout, (const bf16 *)qkv, rstd, T, L, nh,
-				       nkv, hd, theta, tpc);
+			  c->stream>>>(part, (const bf16 *)dout, (const bf16 *)qkv, rstd, T, L,
+				       (const int *)pos, nh, nkv, hd, theta, tpc);
 	CUDA_LAUNCHED();
 	k_qk_dw_final<<<2, hd, 0, c->stream>>>((bf16 *)dqw, (bf16 *)dkw, part, nchunk, hd);
 	CUDA_LAUNCHED();
@@ -671,6 +676,121 @@ extern "C" void sl_cuda_bce_fwd_bwd(struct sl_cuda *c, double *loss_sum, void *d
 {
 	k_bce<<<1, NT, 0, c->stream>>>(loss_sum, (bf16 *)dlogits, (const bf16 *)logits, labels, n,
 				       scale);
+	CUDA_LAUNCHED();
+}
+
+// ---- the causal-LM head's cross-entropy -----------------------------------------------------
+
+#define CE_NT 512	// threads per row: a 151,936-entry row is ~300 elements per thread
+
+// (max, sum of exp(x - max)) pairs merged
+static __device__ __forceinline__ void ms_merge(float &m, float &s, float m2, float s2)
+{
+	float mx = fmaxf(m, m2);
+
+	s = (m == -INFINITY ? 0.f : s * __expf(m - mx)) + (m2 == -INFINITY ? 0.f : s2 * __expf(m2 - mx));
+	m = mx;
+}
+
+// One block per row: the row's log-sum-exp in one online pass, then the gradient in a second.
+// The target's logit is read before any thread overwrites the row (dz may be z).
+__global__ void __launch_bounds__(CE_NT) k_ce(float *row_loss, bf16 *dz, const bf16 *z,
+					      const int *tgt, int V, float scale)
+{
+	__shared__ float sm[CE_NT / 32], ss[CE_NT / 32], s_zt, s_lse;
+	const bf16 *zr = z + (size_t)blockIdx.x * V;
+	bf16 *dr = dz + (size_t)blockIdx.x * V;
+	const int t = tgt[blockIdx.x];
+	const bool vec = (V & 7) == 0;
+	float m = -INFINITY, s = 0.f;
+
+	if (!threadIdx.x)
+		s_zt = bf(zr[t]);
+	if (vec) {
+		for (int i = threadIdx.x * 8; i < V; i += CE_NT * 8) {
+			uint4 u = *(const uint4 *)(zr + i);
+			const bf16 *e = (const bf16 *)&u;
+			float x[8], mx = m;
+
+			for (int k = 0; k < 8; k++) {
+				x[k] = bf(e[k]);
+				mx = fmaxf(mx, x[k]);
+			}
+			s = m == -INFINITY ? 0.f : s * __expf(m - mx);
+			for (int k = 0; k < 8; k++)
+				s += __expf(x[k] - mx);
+			m = mx;
+		}
+	} else {
+		for (int i = threadIdx.x; i < V; i += CE_NT)
+			ms_merge(m, s, bf(zr[i]), 1.f);
+	}
+	for (int o = 16; o; o >>= 1) {
+		float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+
+		ms_merge(m, s, m2, s2);
+	}
+	if ((threadIdx.x & 31) == 0) {
+		sm[threadIdx.x >> 5] = m;
+		ss[threadIdx.x >> 5] = s;
+	}
+	__syncthreads();
+	if (!threadIdx.x) {
+		float mm = sm[0], st = ss[0];
+
+		for (int w = 1; w < CE_NT / 32; w++)
+			ms_merge(mm, st, sm[w], ss[w]);
+		s_lse = mm + logf(st);
+		row_loss[blockIdx.x] = s_lse - s_zt;
+	}
+	__syncthreads();
+	const float lse = s_lse;
+
+	if (vec) {
+		for (int i = threadIdx.x * 8; i < V; i += CE_NT * 8) {
+			uint4 u = *(const uint4 *)(zr + i), o;
+			const bf16 *e = (const bf16 *)&u;
+			bf16 *d = (bf16 *)&o;
+
+			for (int k = 0; k < 8; k++)
+				d[k] = tobf(scale * (__expf(bf(e[k]) - lse) - (i + k == t ? 1.f : 0.f)));
+			*(uint4 *)(dr + i) = o;
+		}
+	} else {
+		for (int i = threadIdx.x; i < V; i += CE_NT)
+			dr[i] = tobf(scale * (__expf(bf(zr[i]) - lse) - (i == t ? 1.f : 0.f)));
+	}
+}
+
+// *loss_sum += sum of row_loss(n), in double, in a fixed order
+__global__ void k_add_sum(double *loss_sum, const float *row_loss, int n)
+{
+	__shared__ double sh[NT];
+	double s = 0;
+
+	for (int i = threadIdx.x; i < n; i += NT)
+		s += row_loss[i];
+	sh[threadIdx.x] = s;
+	__syncthreads();
+	for (int o = NT / 2; o; o >>= 1) {
+		if (threadIdx.x < o)
+			sh[threadIdx.x] += sh[threadIdx.x + o];
+		__syncthreads();
+	}
+	if (!threadIdx.x)
+		*loss_sum += sh[0];
+}
+
+extern "C" void sl_cuda_ce_fwd_bwd(struct sl_cuda *c, double *loss_sum, float *row_loss,
+				   void *dlogits, const void *logits, const int32_t *targets, int n,
+				   int V, float scale)
+{
+	if (n <= 0)
+		return;
+	k_ce<<<n, CE_NT, 0, c->stream>>>(row_loss, (bf16 *)dlogits, (const bf16 *)logits,
+					 (const int *)targets, V, scale);
+	CUDA_LAUNCHED();
+	k_add_sum<<<1, NT, 0, c->stream>>>(loss_sum, row_loss, n);
 	CUDA_LAUNCHED();
 }
 

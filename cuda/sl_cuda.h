@@ -9,6 +9,7 @@
 #define SL_CUDA_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -70,17 +71,17 @@ void sl_cuda_matmul_fwd(struct sl_cuda *c, void *out, const void *x, const void 
 void sl_cuda_matmul_bwd(struct sl_cuda *c, void *dx, void *dw, void *dbias, const void *dout,
 			const void *x, const void *w, int T, int K, int N, int accumulate);
 void sl_cuda_qk_norm_rope_fwd(struct sl_cuda *c, void *out, float *rstd, const void *qkv,
-			      const void *qw, const void *kw, int T, int L, int nh, int nkv,
-			      int hd, float eps, float theta);
+			      const void *qw, const void *kw, int T, int L, const int32_t *pos,
+			      int nh, int nkv, int hd, float eps, float theta);
 void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dqw, void *dkw,
 			      const void *dout, const void *qkv, const void *qw, const void *kw,
-			      const float *rstd, int T, int L, int nh, int nkv, int hd, float eps,
-			      float theta);
+			      const float *rstd, int T, int L, const int32_t *pos, int nh, int nkv,
+			      int hd, float eps, float theta);
 void sl_cuda_attention_fwd(struct sl_cuda *c, void *out, float *lse, const void *qkv,
-			   const int *lens, int B, int L, int nh, int nkv, int hd);
+			   const int *lens, const int *pos, int B, int L, int nh, int nkv, int hd);
 void sl_cuda_attention_bwd(struct sl_cuda *c, void *dqkv, const void *dout, const void *out,
-			   const float *lse, const void *qkv, const int *lens, int B, int L,
-			   int nh, int nkv, int hd);
+			   const float *lse, const void *qkv, const int *lens, const int *pos, int B,
+			   int L, int nh, int nkv, int hd);
 void sl_cuda_swiglu_fwd(struct sl_cuda *c, void *h, const void *gu, int T, int I);
 void sl_cuda_swiglu_bwd(struct sl_cuda *c, void *dgu, const void *dh, const void *gu, int T,
 			int I);
@@ -90,10 +91,32 @@ void sl_cuda_scatter_add_rows(struct sl_cuda *c, void *dx, const void *dout, con
 			      int n, int H);
 void sl_cuda_bce_fwd_bwd(struct sl_cuda *c, double *loss_sum, void *dlogits, const void *logits,
 			 const float *labels, int n, float scale);
+void sl_cuda_ce_fwd_bwd(struct sl_cuda *c, double *loss_sum, float *row_loss, void *dlogits,
+			const void *logits, const int32_t *targets, int n, int V, float scale);
 void sl_cuda_sumsq_f32(struct sl_cuda *c, double *out, const float *g, size_t n);
 void sl_cuda_adamw_f32(struct sl_cuda *c, float *p, float *m, float *v, const float *grad,
 		       void *w_out, size_t n, float lr, float beta1, float beta2, float eps,
 		       float wd, float bc1, float bc2, float grad_scale);
+
+/* ---- mixture of experts (moe.cu; routing values float, experts' k at most 32) ---- */
+void sl_cuda_moe_route_fwd(struct sl_cuda *c, float *p, int *topi, float *topw,
+			   const void *logits, int T, int E, int k, int norm);
+void sl_cuda_moe_route_bwd(struct sl_cuda *c, void *dlogits, const float *dtopw, const float *p,
+			   const int *topi, const float *topw, const float *aux_g, const int *lens,
+			   int B, int L, int E, int k, int norm);
+void sl_cuda_moe_aux_stats(struct sl_cuda *c, double *stats, const float *p, const int *topi,
+			   const int *lens, int B, int L, int E, int k);
+void sl_cuda_moe_permute(struct sl_cuda *c, int *rows, int *slot, int *offs, const int *topi,
+			 int T, int E, int k);
+void sl_cuda_moe_gemm_fwd(struct sl_cuda *c, void *out, const void *x, const void *w,
+			  const int *d_offs, const int *h_offs, int E, int K, int N);
+void sl_cuda_moe_gemm_bwd(struct sl_cuda *c, void *dx, void *dw, const void *dout, const void *x,
+			  const void *w, const int *d_offs, const int *h_offs, int E, int K, int N);
+void sl_cuda_moe_combine_fwd(struct sl_cuda *c, void *out, const void *y, const float *topw,
+			     const int *slot, int T, int k, int H);
+void sl_cuda_moe_combine_bwd(struct sl_cuda *c, void *dy, float *dtopw, const void *dout,
+			     const void *y, const float *topw, const int *slot, int T, int k,
+			     int H);
 
 #ifdef __cplusplus
 }

@@ -81,32 +81,41 @@ struct sl_backend {
 	void (*add_f32)(struct sl_backend *be, float *y, const float *x, size_t n);
 
 	/*
+	 * Packed rows (data.pack): pos(T) int32 gives each token's position in its document
+	 * (documents lie back to back in a row, positions restart at 0 for each); NULL means one
+	 * document per row, position t % L.  Rotary embeddings use pos; attention lets token i see
+	 * only keys j with i - pos[i] <= j <= i (its own document).
+	 *
 	 * Per-head RMSNorm of q and k followed by rotary embedding (HF rotate_half convention:
-	 * pairs (i, i + hd/2), inv_freq_i = theta^(-2i/hd), position t % L), on the fused projection
+	 * pairs (i, i + hd/2), inv_freq_i = theta^(-2i/hd), position pos[t] or t % L), on the fused projection
 	 * qkv(T, (nh + 2*nkv)*hd) laid out per token as [q heads | k heads | v heads].
 	 * out gets the normed + rotated q and k and the unchanged v; rstd(T, nh + nkv) stat.
 	 */
 	void (*qk_norm_rope_fwd)(struct sl_backend *be, void *out, void *rstd, const void *qkv,
-				 const void *q_norm_w, const void *k_norm_w, int T, int L, int nh,
-				 int nkv, int hd, float eps, float theta);
+				 const void *q_norm_w, const void *k_norm_w, int T, int L,
+				 const int32_t *pos, int nh, int nkv, int hd, float eps, float theta);
 	/* dqkv(T,(nh+2nkv)hd) = from dout (same layout); dq_norm_w(hd) +=, dk_norm_w(hd) += */
 	void (*qk_norm_rope_bwd)(struct sl_backend *be, void *dqkv, void *dq_norm_w,
 				 void *dk_norm_w, const void *dout, const void *qkv,
 				 const void *q_norm_w, const void *k_norm_w, const void *rstd,
-				 int T, int L, int nh, int nkv, int hd, float eps, float theta);
+				 int T, int L, const int32_t *pos, int nh, int nkv, int hd, float eps,
+				 float theta);
 
 	/*
 	 * Causal grouped-query attention per record, scale 1/sqrt(hd), on qkv(T,(nh+2nkv)hd) as
 	 * laid out above (query head h uses kv head h / (nh/nkv)); keys at positions >= lens[b]
-	 * are masked; out(T, nh*hd), rows of padded positions written as zeros.
+	 * are masked, and, with pos, keys of earlier documents; out(T, nh*hd), rows of padded
+	 * positions written as zeros.
 	 * lse(T, nh) stat: log-sum-exp of each query's scores (for the backward).
 	 */
 	void (*attention_fwd)(struct sl_backend *be, void *out, void *lse, const void *qkv,
-			      const int32_t *lens, int B, int L, int nh, int nkv, int hd);
+			      const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+			      int nkv, int hd);
 	/* dqkv(T,(nh+2nkv)hd) = gradients of q, k, v (overwritten) */
 	void (*attention_bwd)(struct sl_backend *be, void *dqkv, const void *dout,
 			      const void *out, const void *lse, const void *qkv,
-			      const int32_t *lens, int B, int L, int nh, int nkv, int hd);
+			      const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+			      int nkv, int hd);
 
 	/* gu(T, 2I) = [gate | up] per token; h(T, I) = silu(gate) * up */
 	void (*swiglu_fwd)(struct sl_backend *be, void *h, const void *gu, int T, int I);
@@ -140,6 +149,16 @@ struct sl_backend {
 	void (*adamw_f32)(struct sl_backend *be, float *p, float *m, float *v, const float *grad,
 			  void *w_out, size_t n, const struct sl_adamw_args *a);
 
+	/* ---- sft: the causal-LM head ---- */
+	/*
+	 * Cross-entropy of n rows of logits(n, V) against targets(n): row_loss(n) f32 =
+	 * logsumexp(row) - row[target], with the softmax computed in f32 or wider;
+	 * loss_sum(1) double += their sum, added in a fixed order (no atomics);
+	 * dlogits(n, V) = scale * (softmax(row) - onehot(target)).  dlogits may be logits (in place).
+	 */
+	void (*ce_fwd_bwd)(struct sl_backend *be, double *loss_sum, float *row_loss, void *dlogits,
+			   const void *logits, const int32_t *targets, int n, int V, float scale);
+
 	/*
 	 * Asynchronous host transfers (issue 6, parallel.offload); all optional (NULL: shard copies
 	 * synchronously).  Copies run on copy streams beside the compute stream that runs the ops
@@ -166,6 +185,57 @@ struct sl_backend {
 	void (*wait_event)(struct sl_backend *be, void *ev);
 	/* the host waits for @ev */
 	void (*sync_event)(struct sl_backend *be, void *ev);
+
+	/*
+	 * ---- Mixture of experts (Qwen3-MoE, model_moe.c) ----
+	 * T tokens each choose k of E experts.  "Choice" t*k + j is token t's j-th expert.  Routing
+	 * values (probabilities, weights and their gradients) are stat buffers.
+	 *
+	 * Router: p(T,E) = softmax(logits(T,E)) computed in fp32 or wider; per token the k largest
+	 * p in descending order (ties: the lower expert first), topi(T,k) int32 their experts,
+	 * topw(T,k) their p, divided by their sum when @norm.
+	 */
+	void (*moe_route_fwd)(struct sl_backend *be, void *p, int32_t *topi, void *topw,
+			      const void *logits, int T, int E, int k, bool norm);
+	/*
+	 * dlogits(T,E) compute = the gradient through the renormalization (when @norm) and the
+	 * softmax of dtopw(T,k) plus, for real tokens (position t % L < lens[t / L]; T = B*L), of
+	 * aux_g(E) (stat; NULL: none) added to the gradient of every p(t,e).
+	 */
+	void (*moe_route_bwd)(struct sl_backend *be, void *dlogits, const void *dtopw,
+			      const void *p, const int32_t *topi, const void *topw, const void *aux_g,
+			      const int32_t *lens, int B, int L, int E, int k, bool norm);
+	/*
+	 * Load-balancing statistics over real tokens: stats(2E) double += [number of choices of
+	 * each expert | sum over tokens of p(t,e)].
+	 */
+	void (*moe_aux_stats)(struct sl_backend *be, double *stats, const void *p,
+			      const int32_t *topi, const int32_t *lens, int B, int L, int E, int k);
+	/*
+	 * Stable counting sort of the T*k choices by expert: offs(E+1) int32 = where each expert's
+	 * rows start (offs[E] = T*k); rows(T*k) int32 = the token of each sorted row (within an
+	 * expert in token order); slot(T*k) int32 = the sorted row of each choice.
+	 */
+	void (*moe_permute)(struct sl_backend *be, int32_t *rows, int32_t *slot, int32_t *offs,
+			    const int32_t *topi, int T, int E, int k);
+	/*
+	 * Grouped matmul over experts: for each e, the rows offs[e] .. offs[e+1] of
+	 * out(M,N) = x(M,K) . w_e(N,K)^T, w = (E,N,K) contiguous.  The row offsets (E+1) are given
+	 * twice, on the device (@offs, moe_permute's) and on the host (@h_offs).
+	 */
+	void (*moe_gemm_fwd)(struct sl_backend *be, void *out, const void *x, const void *w,
+			     const int32_t *offs, const int *h_offs, int E, int K, int N);
+	/* its backward: dx(M,K) = dout . w_e (overwritten; skipped when NULL), dw(E,N,K) += */
+	void (*moe_gemm_bwd)(struct sl_backend *be, void *dx, void *dw, const void *dout,
+			     const void *x, const void *w, const int32_t *offs, const int *h_offs,
+			     int E, int K, int N);
+	/* out(T,H) = sum_j topw(t,j) * y(slot(t*k+j), :) */
+	void (*moe_combine_fwd)(struct sl_backend *be, void *out, const void *y, const void *topw,
+				const int32_t *slot, int T, int k, int H);
+	/* dy(T*k,H): row slot(t*k+j) = topw(t,j) dout(t,:);  dtopw(T,k) = dout(t,:) . that row of y */
+	void (*moe_combine_bwd)(struct sl_backend *be, void *dy, void *dtopw, const void *dout,
+				const void *y, const void *topw, const int32_t *slot, int T, int k,
+				int H);
 
 	/*
 	 * Optional (NULL: malloc/free): host memory the backend copies to and from fastest (pinned

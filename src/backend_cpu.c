@@ -319,8 +319,8 @@ static real *rope_table(int L, int hd, double theta)
 }
 
 static void cpu_qk_norm_rope_fwd(struct sl_backend *be, void *out, void *rstd, const void *qkv,
-				 const void *q_norm_w, const void *k_norm_w, int T, int L, int nh,
-				 int nkv, int hd, float eps, float theta)
+				 const void *q_norm_w, const void *k_norm_w, int T, int L,
+				 const int32_t *pos, int nh, int nkv, int hd, float eps, float theta)
 {
 	const int W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2;
 	const real *in = qkv;
@@ -329,7 +329,7 @@ static void cpu_qk_norm_rope_fwd(struct sl_backend *be, void *out, void *rstd, c
 
 #pragma omp parallel for schedule(static)
 	for (int t = 0; t < T; t++) {
-		const real *c = cs + (size_t)(t % L) * hd, *s = c + half;
+		const real *c = cs + (size_t)(pos ? pos[t] : t % L) * hd, *s = c + half;
 		real n[hd];
 
 		for (int j = 0; j < nq; j++) {
@@ -368,7 +368,8 @@ static inline double rope_back(const real *dy, const real *c, const real *s, int
 static void cpu_qk_norm_rope_bwd(struct sl_backend *be, void *dqkv, void *dq_norm_w,
 				 void *dk_norm_w, const void *dout, const void *qkv,
 				 const void *q_norm_w, const void *k_norm_w, const void *rstd,
-				 int T, int L, int nh, int nkv, int hd, float eps, float theta)
+				 int T, int L, const int32_t *pos, int nh, int nkv, int hd, float eps,
+				 float theta)
 {
 	const int W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2;
 	const real *g = dout, *in = qkv, *rs = rstd;
@@ -377,7 +378,7 @@ static void cpu_qk_norm_rope_bwd(struct sl_backend *be, void *dqkv, void *dq_nor
 
 #pragma omp parallel for schedule(static)
 	for (int t = 0; t < T; t++) {
-		const real *c = cs + (size_t)(t % L) * hd, *s = c + half;
+		const real *c = cs + (size_t)(pos ? pos[t] : t % L) * hd, *s = c + half;
 		double dn[hd];
 
 		for (int j = 0; j < nq; j++) {
@@ -407,7 +408,7 @@ static void cpu_qk_norm_rope_bwd(struct sl_backend *be, void *dqkv, void *dq_nor
 		double acc = 0;
 
 		for (int t = 0; t < T; t++) {
-			const real *c = cs + (size_t)(t % L) * hd, *s = c + half;
+			const real *c = cs + (size_t)(pos ? pos[t] : t % L) * hd, *s = c + half;
 
 			for (int j = j0; j < j1; j++) {
 				size_t off = (size_t)t * W + (size_t)j * hd;
@@ -448,7 +449,8 @@ static inline double dot(const real *a, const real *b, int n)
 }
 
 static void cpu_attention_fwd(struct sl_backend *be, void *out, void *lse, const void *qkv,
-			      const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+			      const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+			      int nkv, int hd)
 {
 	const int W = (nh + 2 * nkv) * hd, grp = nh / nkv;
 	const double scale = 1.0 / sqrt((double)hd);
@@ -471,20 +473,22 @@ static void cpu_attention_fwd(struct sl_backend *be, void *out, void *lse, const
 							 (size_t)(nh + h / grp) * hd;
 					const real *vb = kb + (size_t)nkv * hd;
 					double mx = -INFINITY, sum = 0;
+					/* the first key of the query's document */
+					const int j0 = pos && i < lens[b] ? i - pos[t] : 0;
 
 					if (i >= lens[b]) {
 						memset(y, 0, (size_t)hd * sizeof(real));
 						ls[t * nh + h] = 0;
 						continue;
 					}
-					for (int j = 0; j <= i; j++) {
+					for (int j = j0; j <= i; j++) {
 						p[j] = dot(q, kb + (size_t)j * W, hd) * scale;
 						if (p[j] > mx)
 							mx = p[j];
 					}
 					for (int d = 0; d < hd; d++)
 						acc[d] = 0;
-					for (int j = 0; j <= i; j++) {
+					for (int j = j0; j <= i; j++) {
 						const real *v = vb + (size_t)j * W;
 						double e = exp(p[j] - mx);
 
@@ -511,7 +515,8 @@ static void cpu_attention_fwd(struct sl_backend *be, void *out, void *lse, const
  */
 static void cpu_attention_bwd(struct sl_backend *be, void *dqkv, const void *dout,
 			      const void *out, const void *lse, const void *qkv,
-			      const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+			      const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+			      int nkv, int hd)
 {
 	const int W = (nh + 2 * nkv) * hd, grp = nh / nkv, OW = nh * hd;
 	const double scale = 1.0 / sqrt((double)hd);
@@ -546,7 +551,7 @@ static void cpu_attention_bwd(struct sl_backend *be, void *dqkv, const void *dou
 
 					for (int e = 0; e < hd; e++)
 						acc[e] = 0;
-					for (int j = 0; j <= i; j++) {
+					for (int j = pos ? i - pos[t] : 0; j <= i; j++) {
 						const real *k = kb + (size_t)j * W;
 						const real *v = vb + (size_t)j * W;
 						double *dk = pk + (size_t)j * hd;
@@ -682,6 +687,38 @@ static void cpu_bce_fwd_bwd(struct sl_backend *be, double *loss_sum, void *dlogi
 
 /* ---- optimizer helpers (f32 in both builds) ------------------------------------------------ */
 
+static void cpu_ce_fwd_bwd(struct sl_backend *be, double *loss_sum, float *row_loss,
+			   void *dlogits, const void *logits, const int32_t *targets, int n, int V,
+			   float scale)
+{
+	/* the sum is of the double row values, so the double build's loss keeps its precision */
+	double *rl = xmalloc((size_t)(n > 0 ? n : 1) * sizeof(double)), sum = 0;
+
+#pragma omp parallel for schedule(static)
+	for (int i = 0; i < n; i++) {
+		const real *z = (const real *)logits + (size_t)i * V;
+		real *dz = (real *)dlogits + (size_t)i * V;
+		double mx = z[0], se = 0, lse;
+
+		for (int v = 1; v < V; v++)
+			mx = z[v] > mx ? z[v] : mx;
+		for (int v = 0; v < V; v++)
+			se += exp(z[v] - mx);
+		lse = mx + log(se);
+		/* z[target] is read before dz (possibly the same buffer) overwrites it */
+		rl[i] = lse - z[targets[i]];
+		for (int v = 0; v < V; v++)
+			dz[v] = (real)(scale * exp(z[v] - lse));
+		dz[targets[i]] -= (real)scale;
+	}
+	for (int i = 0; i < n; i++) {
+		row_loss[i] = (float)rl[i];
+		sum += rl[i];
+	}
+	*loss_sum += sum;
+	free(rl);
+}
+
 static void cpu_sumsq_f32(struct sl_backend *be, double *out, const float *g, size_t n)
 {
 	double s = 0;
@@ -707,6 +744,8 @@ static void cpu_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, c
 			wo[i] = pi;
 	}
 }
+
+#include "backend_cpu_moe.c"
 
 static void cpu_destroy(struct sl_backend *be)
 {
@@ -750,8 +789,10 @@ struct sl_backend *CPU_CREATE(void)
 	be->gather_rows = cpu_gather_rows;
 	be->scatter_add_rows = cpu_scatter_add_rows;
 	be->bce_fwd_bwd = cpu_bce_fwd_bwd;
+	be->ce_fwd_bwd = cpu_ce_fwd_bwd;
 	be->sumsq_f32 = cpu_sumsq_f32;
 	be->adamw_f32 = cpu_adamw_f32;
+	cpu_moe_install(be);
 	be->destroy = cpu_destroy;
 	sl_backend_cpu_async_init(be);
 	return be;

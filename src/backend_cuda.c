@@ -302,32 +302,35 @@ static void cuda_add_f32(struct sl_backend *be, float *y, const float *x, size_t
 
 static void cuda_qk_norm_rope_fwd(struct sl_backend *be, void *out, void *rstd, const void *qkv,
 				  const void *q_norm_w, const void *k_norm_w, int T, int L,
-				  int nh, int nkv, int hd, float eps, float theta)
+				  const int32_t *pos, int nh, int nkv, int hd, float eps, float theta)
 {
-	sl_cuda_qk_norm_rope_fwd(C(be), out, rstd, qkv, q_norm_w, k_norm_w, T, L, nh, nkv, hd, eps,
-				 theta);
+	sl_cuda_qk_norm_rope_fwd(C(be), out, rstd, qkv, q_norm_w, k_norm_w, T, L, pos, nh, nkv, hd,
+				 eps, theta);
 }
 
 static void cuda_qk_norm_rope_bwd(struct sl_backend *be, void *dqkv, void *dq_norm_w,
 				  void *dk_norm_w, const void *dout, const void *qkv,
 				  const void *q_norm_w, const void *k_norm_w, const void *rstd,
-				  int T, int L, int nh, int nkv, int hd, float eps, float theta)
+				  int T, int L, const int32_t *pos, int nh, int nkv, int hd, float eps,
+				  float theta)
 {
 	sl_cuda_qk_norm_rope_bwd(C(be), dqkv, dq_norm_w, dk_norm_w, dout, qkv, q_norm_w, k_norm_w,
-				 rstd, T, L, nh, nkv, hd, eps, theta);
+				 rstd, T, L, pos, nh, nkv, hd, eps, theta);
 }
 
 static void cuda_attention_fwd(struct sl_backend *be, void *out, void *lse, const void *qkv,
-			       const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+			       const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+			       int nkv, int hd)
 {
-	sl_cuda_attention_fwd(C(be), out, lse, qkv, lens, B, L, nh, nkv, hd);
+	sl_cuda_attention_fwd(C(be), out, lse, qkv, lens, pos, B, L, nh, nkv, hd);
 }
 
 static void cuda_attention_bwd(struct sl_backend *be, void *dqkv, const void *dout,
 			       const void *out, const void *lse, const void *qkv,
-			       const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+			       const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+			       int nkv, int hd)
 {
-	sl_cuda_attention_bwd(C(be), dqkv, dout, out, lse, qkv, lens, B, L, nh, nkv, hd);
+	sl_cuda_attention_bwd(C(be), dqkv, dout, out, lse, qkv, lens, pos, B, L, nh, nkv, hd);
 }
 
 static void cuda_swiglu_fwd(struct sl_backend *be, void *h, const void *gu, int T, int I)
@@ -359,6 +362,13 @@ static void cuda_bce_fwd_bwd(struct sl_backend *be, double *loss_sum, void *dlog
 	sl_cuda_bce_fwd_bwd(C(be), loss_sum, dlogits, logits, labels, n, scale);
 }
 
+static void cuda_ce_fwd_bwd(struct sl_backend *be, double *loss_sum, float *row_loss,
+			    void *dlogits, const void *logits, const int32_t *targets, int n, int V,
+			    float scale)
+{
+	sl_cuda_ce_fwd_bwd(C(be), loss_sum, row_loss, dlogits, logits, targets, n, V, scale);
+}
+
 static void cuda_sumsq_f32(struct sl_backend *be, double *out, const float *g, size_t n)
 {
 	sl_cuda_sumsq_f32(C(be), out, g, n);
@@ -369,6 +379,60 @@ static void cuda_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, 
 {
 	sl_cuda_adamw_f32(C(be), p, m, v, grad, w_out, n, a->lr, a->beta1, a->beta2, a->eps,
 			  a->weight_decay, a->bc1, a->bc2, a->grad_scale);
+}
+
+/* ---- mixture of experts (cuda/moe.cu) ---------------------------------------------------- */
+
+static void cuda_moe_route_fwd(struct sl_backend *be, void *p, int32_t *topi, void *topw,
+			       const void *logits, int T, int E, int k, bool norm)
+{
+	sl_cuda_moe_route_fwd(C(be), p, topi, topw, logits, T, E, k, norm);
+}
+
+static void cuda_moe_route_bwd(struct sl_backend *be, void *dlogits, const void *dtopw,
+			       const void *p, const int32_t *topi, const void *topw,
+			       const void *aux_g, const int32_t *lens, int B, int L, int E, int k,
+			       bool norm)
+{
+	sl_cuda_moe_route_bwd(C(be), dlogits, dtopw, p, topi, topw, aux_g, lens, B, L, E, k, norm);
+}
+
+static void cuda_moe_aux_stats(struct sl_backend *be, double *stats, const void *p,
+			       const int32_t *topi, const int32_t *lens, int B, int L, int E, int k)
+{
+	sl_cuda_moe_aux_stats(C(be), stats, p, topi, lens, B, L, E, k);
+}
+
+static void cuda_moe_permute(struct sl_backend *be, int32_t *rows, int32_t *slot, int32_t *offs,
+			     const int32_t *topi, int T, int E, int k)
+{
+	sl_cuda_moe_permute(C(be), rows, slot, offs, topi, T, E, k);
+}
+
+static void cuda_moe_gemm_fwd(struct sl_backend *be, void *out, const void *x, const void *w,
+			      const int32_t *offs, const int *h_offs, int E, int K, int N)
+{
+	sl_cuda_moe_gemm_fwd(C(be), out, x, w, offs, h_offs, E, K, N);
+}
+
+static void cuda_moe_gemm_bwd(struct sl_backend *be, void *dx, void *dw, const void *dout,
+			      const void *x, const void *w, const int32_t *offs, const int *h_offs,
+			      int E, int K, int N)
+{
+	sl_cuda_moe_gemm_bwd(C(be), dx, dw, dout, x, w, offs, h_offs, E, K, N);
+}
+
+static void cuda_moe_combine_fwd(struct sl_backend *be, void *out, const void *y,
+				 const void *topw, const int32_t *slot, int T, int k, int H)
+{
+	sl_cuda_moe_combine_fwd(C(be), out, y, topw, slot, T, k, H);
+}
+
+static void cuda_moe_combine_bwd(struct sl_backend *be, void *dy, void *dtopw, const void *dout,
+				 const void *y, const void *topw, const int32_t *slot, int T,
+				 int k, int H)
+{
+	sl_cuda_moe_combine_bwd(C(be), dy, dtopw, dout, y, topw, slot, T, k, H);
 }
 
 static void cuda_destroy(struct sl_backend *be)
@@ -432,6 +496,7 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	be->gather_rows = cuda_gather_rows;
 	be->scatter_add_rows = cuda_scatter_add_rows;
 	be->bce_fwd_bwd = cuda_bce_fwd_bwd;
+	be->ce_fwd_bwd = cuda_ce_fwd_bwd;
 	be->sumsq_f32 = cuda_sumsq_f32;
 	be->adamw_f32 = cuda_adamw_f32;
 	be->event_create = cuda_event_create;
@@ -442,6 +507,14 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	be->sync_event = cuda_sync_event;
 	be->host_alloc = cuda_host_alloc;
 	be->host_free = cuda_host_free;
+	be->moe_route_fwd = cuda_moe_route_fwd;
+	be->moe_route_bwd = cuda_moe_route_bwd;
+	be->moe_aux_stats = cuda_moe_aux_stats;
+	be->moe_permute = cuda_moe_permute;
+	be->moe_gemm_fwd = cuda_moe_gemm_fwd;
+	be->moe_gemm_bwd = cuda_moe_gemm_bwd;
+	be->moe_combine_fwd = cuda_moe_combine_fwd;
+	be->moe_combine_bwd = cuda_moe_combine_bwd;
 	be->destroy = cuda_destroy;
 	return be;
 

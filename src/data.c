@@ -58,6 +58,9 @@ struct loader {
 	size_t *off;			/* (rec_cap) */
 	int32_t *tok;			/* tokenizer output buffer */
 	size_t tok_cap;
+	uint8_t *msk;			/* sft: the record's loss mask */
+	size_t msk_cap;
+	size_t mask_cap;		/* of ds->mask_pool */
 };
 
 static const char *json_type_name(const json_t *j)
@@ -128,6 +131,16 @@ static int pool_reserve(struct loader *ld, size_t more)
 	}
 	ds->pool = p;
 	ld->pool_cap = cap;
+	if (ld->o->sft) {
+		uint8_t *m = realloc(ds->mask_pool, cap);
+
+		if (!m) {
+			sl_error("%s: out of memory for %zu loss mask entries", ds->path, cap);
+			return -ENOMEM;
+		}
+		ds->mask_pool = m;
+		ld->mask_cap = cap;
+	}
 	return 0;
 }
 
@@ -256,6 +269,34 @@ static int read_text(struct loader *ld, json_t *j, const int32_t **ids, int *len
 	return 0;
 }
 
+/* sft: the record's loss mask into ld->msk; @pretokenized: it may carry "loss_mask" */
+static int read_mask(struct loader *ld, json_t *root, bool pretokenized, int len)
+{
+	char *err = NULL;
+	int rc;
+
+	if ((size_t)len > ld->msk_cap) {
+		uint8_t *m = realloc(ld->msk, len);
+
+		if (!m) {
+			sl_error("%s:%ld: out of memory", ld->ds->path, ld->line);
+			return -ENOMEM;
+		}
+		ld->msk = m;
+		ld->msk_cap = len;
+	}
+	if (!pretokenized) {
+		memset(ld->msk, 1, len);
+		ld->msk[0] = 0;
+		return 0;
+	}
+	if (sl_data_loss_mask(root, len, ld->msk, &err) == 0)
+		return 0;
+	rc = bad(ld, "%s", err);
+	free(err);
+	return rc;
+}
+
 /* One non-blank line: 0 kept or dropped, 1 skipped, negative fatal. */
 static int load_line(struct loader *ld, const char *buf, size_t n)
 {
@@ -281,22 +322,32 @@ static int load_line(struct loader *ld, const char *buf, size_t n)
 		rc = read_input_ids(ld, j, &ids, &len);
 	} else if ((j = json_object_get(root, ld->text_field))) {
 		rc = read_text(ld, j, &ids, &len);
-	} else if (json_object_get(root, "messages")) {
-		rc = bad(ld, "record has chat \"messages\" but chat rendering is not available "
-			 "yet; give pre-tokenized \"input_ids\"");
+	} else if (json_object_get(root, "messages") || json_object_get(root, "conversations")) {
+		/* chat records are rendered by load_text, which has the tokenizer */
+		rc = bad(ld, "a chat record needs the model's tokenizer.json and chat template (and "
+			 "task: sft); give pre-tokenized \"input_ids\" and \"loss_mask\"");
 	} else {
 		rc = bad(ld, "record has neither \"input_ids\" nor text in field '%s'",
 			 ld->text_field);
 	}
 	if (rc)
 		goto out_put;
-	rc = read_label(ld, root, &label);
+	if (ld->o->sft) {
+		label = NAN;
+		rc = read_mask(ld, root, j == json_object_get(root, "input_ids"), len);
+	} else {
+		rc = read_label(ld, root, &label);
+	}
 	if (rc)
 		goto out_put;
 
 	ds->total++;
 	if (ld->o->max_state > 0 && len > ld->o->max_state) {
 		ds->dropped++;
+		goto out_put;
+	}
+	if (ld->o->sft && !sl_data_has_target(ld->msk, len)) {
+		ds->no_target++;
 		goto out_put;
 	}
 	rc = rec_reserve(ld);
@@ -306,6 +357,8 @@ static int load_line(struct loader *ld, const char *buf, size_t n)
 	if (rc)
 		goto out_put;
 	memcpy(ds->pool + ds->pool_len, ids, len * sizeof(*ids));
+	if (ld->o->sft)
+		memcpy(ds->mask_pool + ds->pool_len, ld->msk, len);
 	ld->off[ds->n] = ds->pool_len;
 	ds->pool_len += len;
 	r = &ds->rec[ds->n++];
@@ -337,6 +390,10 @@ static int no_records(const struct sl_dataset *ds, const struct sl_data_opts *o)
 	else if (ds->total == 0)
 		sl_error("%s: no records left: all %ld lines were bad and skipped", ds->path,
 			 ds->skipped);
+	else if (ds->no_target)
+		sl_error("%s: no records left: of %ld, %ld exceed max_state %d tokens and %ld have "
+			 "no target token (no assistant turn, or an all-zero loss_mask)", ds->path,
+			 ds->total, ds->dropped, o->max_state, ds->no_target);
 	else
 		sl_error("%s: no records left: all %ld exceed max_state %d tokens; raise "
 			 "data.max_state", ds->path, ds->total, o->max_state);
@@ -395,8 +452,10 @@ int sl_data_load(struct sl_dataset *ds, const char *path, const struct sl_data_o
 		if (rc < 0) {
 			free(ds->rec);
 			free(ds->pool);
+			free(ds->mask_pool);
 			ds->rec = NULL;
 			ds->pool = NULL;
+			ds->mask_pool = NULL;
 			ds->n = 0;
 			ds->pool_len = 0;
 		}
@@ -451,21 +510,32 @@ int sl_data_load(struct sl_dataset *ds, const char *path, const struct sl_data_o
 		if (p)
 			ds->pool = p;
 	}
-	for (i = 0; i < ds->n; i++)
+	if (ds->mask_pool && ds->pool_len < ld.mask_cap) {
+		uint8_t *m = realloc(ds->mask_pool, ds->pool_len);
+
+		if (m)
+			ds->mask_pool = m;
+	}
+	for (i = 0; i < ds->n; i++) {
 		ds->rec[i].ids = ds->pool + ld.off[i];
+		ds->rec[i].mask = ds->mask_pool ? ds->mask_pool + ld.off[i] : NULL;
+	}
 	rc = 0;
 
 out_free:
 	free(line);
 	free(ld.off);
 	free(ld.tok);
+	free(ld.msk);
 	fclose(f);
 	if (rc < 0) {
 		/* the counts stay: a caller may still report them */
 		free(ds->rec);
 		free(ds->pool);
+		free(ds->mask_pool);
 		ds->rec = NULL;
 		ds->pool = NULL;
+		ds->mask_pool = NULL;
 		ds->n = 0;
 		ds->pool_len = 0;
 	}
@@ -476,6 +546,7 @@ void sl_data_free(struct sl_dataset *ds)
 {
 	free(ds->rec);
 	free(ds->pool);
+	free(ds->mask_pool);
 	memset(ds, 0, sizeof(*ds));
 }
 
@@ -494,7 +565,7 @@ int sl_data_max_len(const struct sl_dataset *ds)
 /*
  * Cache file (native byte order; little-endian on every machine we run on):
  *   struct cache_hdr, then int64 off[n+1] (into ids), int64 line[n], float label[n] (NaN: no
- *   label), uint32 ids[n_ids].
+ *   label), uint32 ids[n_ids], and with flags & CACHE_MASKS (task: sft) uint8 mask[n_ids].
  * Part files have the same layout (their part/nparts set).  Every record that parsed is kept,
  * before the max_state, label and vocabulary checks, so a cache serves training and scoring
  * and any max_state; those checks run on every load.
@@ -502,12 +573,13 @@ int sl_data_max_len(const struct sl_dataset *ds)
 #define CACHE_MAGIC "SLTOKC\r\n"
 #define CACHE_VERSION 1
 #define PROGRESS_EVERY_S 10.0
+#define CACHE_MASKS 1u			/* loss masks follow the ids */
 
 struct cache_hdr {
 	char magic[8];
 	uint32_t version;
 	uint32_t part, nparts;		/* 0, 1 for the complete cache */
-	uint32_t reserved0;
+	uint32_t flags;			/* CACHE_MASKS */
 	uint64_t key;
 	uint64_t n;			/* records */
 	uint64_t n_ids;
@@ -521,6 +593,7 @@ struct tok_result {
 	int64_t *line;			/* (n) */
 	float *label;			/* (n) */
 	uint32_t *ids;			/* (n_ids) */
+	uint8_t *mask;			/* (n_ids) sft; else NULL */
 };
 
 /* a cache's record offsets never go back (the first and last are checked by the caller) */
@@ -538,6 +611,7 @@ static void tok_result_free(struct tok_result *r)
 	free(r->line);
 	free(r->label);
 	free(r->ids);
+	free(r->mask);
 	memset(r, 0, sizeof(*r));
 }
 
@@ -594,7 +668,11 @@ static uint64_t cache_key(const struct mapped *m, const struct sl_data_opts *o)
 	h = sl_hash64(&h, sizeof(h), sl_tokenizer_hash(o->tokenizer));
 	h = sl_hash64(tf, strlen(tf) + 1, h);
 	h = sl_hash64(lf, strlen(lf) + 1, h);
-	return sl_hash64(o->skip_errors ? "skip" : "fail", 4, h);
+	h = sl_hash64(o->skip_errors ? "skip" : "fail", 4, h);
+	/* sft: the task, keep_reasoning and the chat template (classify keys stay as they were) */
+	if (o->sft)
+		h = sl_hash64(&(uint64_t){ sl_data_sft_key(o) }, sizeof(uint64_t), h);
+	return h;
 }
 
 static int mkdir_p(const char *dir)
@@ -671,6 +749,7 @@ int sl_data_cache_path(const char *path, const struct sl_data_opts *o, char *buf
 /* what one line gave: ids and a label, or an error message */
 struct line_res {
 	int32_t *ids;
+	uint8_t *mask;			/* sft */
 	int n;
 	float label;
 	char *err;
@@ -697,6 +776,7 @@ static void parse_record(const struct sl_data_opts *o, const char *tf, const cha
 	json_error_t jerr;
 	json_t *root, *j;
 	size_t cap = 0, i;
+	int rc;
 
 	r->label = NAN;
 	if (len > MAX_RECORD_BYTES) {
@@ -714,6 +794,12 @@ static void parse_record(const struct sl_data_opts *o, const char *tf, const cha
 	if (!json_is_object(root)) {
 		r->err = msgf("a record must be a JSON object, not %s", json_type_name(root));
 		goto out_put;
+	}
+	/* pre-tokenized ids win over a chat, a chat over text */
+	if (!json_object_get(root, "input_ids")) {
+		rc = sl_data_chat_record(o, root, &r->ids, &r->mask, &cap, &r->n, &r->err);
+		if (rc <= 0)
+			goto out_put;
 	}
 	if ((j = json_object_get(root, "input_ids"))) {
 		json_t *e;
@@ -756,13 +842,24 @@ static void parse_record(const struct sl_data_opts *o, const char *tf, const cha
 			goto out_put;
 		}
 		r->n = n;
-	} else if (json_object_get(root, "messages")) {
-		r->err = msgf("record has chat \"messages\" but chat rendering is not available "
-			      "yet; give pre-tokenized \"input_ids\" or text in field '%s'", tf);
-		goto out_put;
 	} else {
-		r->err = msgf("record has neither \"input_ids\" nor text in field '%s'", tf);
+		r->err = msgf("record has neither \"input_ids\" nor text in field '%s'%s", tf,
+			      o->sft ? " nor chat \"messages\" / \"conversations\"" : "");
 		goto out_put;
+	}
+	if (o->sft) {
+		r->mask = malloc(r->n);
+		if (!r->mask) {
+			r->err = msgf("out of memory");
+			goto out_put;
+		}
+		if (json_object_get(root, "input_ids")) {
+			sl_data_loss_mask(root, r->n, r->mask, &r->err);
+		} else {
+			memset(r->mask, 1, r->n);
+			r->mask[0] = 0;
+		}
+		goto out_put;		/* SFT reads no label */
 	}
 	j = json_object_get(root, lf);
 	if (j && !json_is_null(j)) {
@@ -783,7 +880,9 @@ static void parse_record(const struct sl_data_opts *o, const char *tf, const cha
 out_put:
 	if (r->err) {
 		free(r->ids);
+		free(r->mask);
 		r->ids = NULL;
+		r->mask = NULL;
 		r->n = 0;
 	}
 	json_decref(root);
@@ -910,7 +1009,9 @@ static int tokenize_range(const char *path, const struct mapped *m, size_t lo, s
 	res->line = malloc((res->n + 1) * sizeof(*res->line));
 	res->label = malloc((res->n + 1) * sizeof(*res->label));
 	res->ids = malloc((res->n_ids + 1) * sizeof(*res->ids));
-	if (!res->off || !res->line || !res->label || !res->ids)
+	if (o->sft)
+		res->mask = malloc(res->n_ids + 1);
+	if (!res->off || !res->line || !res->label || !res->ids || (o->sft && !res->mask))
 		goto out_nomem;
 	for (i = 0, k = 0, o_ids = 0; i < nl; i++) {
 		if (lr[i].err || lr[i].blank)
@@ -919,6 +1020,8 @@ static int tokenize_range(const char *path, const struct mapped *m, size_t lo, s
 		res->line[k] = first_line + (long)i;
 		res->label[k] = lr[i].label;
 		memcpy(res->ids + o_ids, lr[i].ids, lr[i].n * sizeof(*res->ids));
+		if (res->mask)
+			memcpy(res->mask + o_ids, lr[i].mask, lr[i].n);
 		o_ids += lr[i].n;
 		k++;
 	}
@@ -935,6 +1038,7 @@ out_free:
 	if (lr)
 		for (i = 0; i < nl; i++) {
 			free(lr[i].ids);
+			free(lr[i].mask);
 			free(lr[i].err);
 		}
 	free(lr);
@@ -955,7 +1059,8 @@ static int cache_write(const char *file, const struct tok_result *r, uint64_t ke
 		       int nparts)
 {
 	struct cache_hdr h = { .version = CACHE_VERSION, .part = part, .nparts = nparts,
-			       .key = key, .n = r->n, .n_ids = r->n_ids, .skipped = r->skipped };
+			       .flags = r->mask ? CACHE_MASKS : 0, .key = key, .n = r->n,
+			       .n_ids = r->n_ids, .skipped = r->skipped };
 	char tmp[SL_PATH_MAX + 64];
 	FILE *f;
 	int rc;
@@ -976,6 +1081,8 @@ static int cache_write(const char *file, const struct tok_result *r, uint64_t ke
 		rc = write_all(f, r->label, r->n * sizeof(*r->label));
 	if (!rc)
 		rc = write_all(f, r->ids, r->n_ids * sizeof(*r->ids));
+	if (!rc && r->mask)
+		rc = write_all(f, r->mask, r->n_ids);
 	if (fclose(f))
 		rc = -EIO;
 	if (!rc && rename(tmp, file))
@@ -1002,8 +1109,9 @@ static int cache_read(const char *file, uint64_t key, int part, int nparts,
 	if (fstat(fileno(f), &st) || fread(&h, sizeof(h), 1, f) != 1 ||
 	    memcmp(h.magic, CACHE_MAGIC, 8) || h.version != CACHE_VERSION || h.key != key ||
 	    h.part != (uint32_t)part || h.nparts != (uint32_t)nparts ||
-	    h.n > ((uint64_t)1 << 40) || h.n_ids > ((uint64_t)1 << 44) ||
-	    (uint64_t)st.st_size != sizeof(h) + (h.n + 1) * 8 + h.n * 8 + h.n * 4 + h.n_ids * 4)
+	    h.n > ((uint64_t)1 << 40) || h.n_ids > ((uint64_t)1 << 44) || (h.flags & ~CACHE_MASKS) ||
+	    (uint64_t)st.st_size != sizeof(h) + (h.n + 1) * 8 + h.n * 8 + h.n * 4 + h.n_ids * 4 +
+	    (h.flags & CACHE_MASKS ? h.n_ids : 0))
 		goto out_close;
 	r->n = h.n;
 	r->n_ids = h.n_ids;
@@ -1012,10 +1120,13 @@ static int cache_read(const char *file, uint64_t key, int part, int nparts,
 	r->line = malloc((h.n + 1) * sizeof(*r->line));
 	r->label = malloc((h.n + 1) * sizeof(*r->label));
 	r->ids = malloc((h.n_ids + 1) * sizeof(*r->ids));
+	if (h.flags & CACHE_MASKS)
+		r->mask = malloc(h.n_ids + 1);
 	rc = -EIO;
-	if (!r->off || !r->line || !r->label || !r->ids ||
+	if (!r->off || !r->line || !r->label || !r->ids || (h.flags & CACHE_MASKS && !r->mask) ||
 	    fread(r->off, 8, h.n + 1, f) != h.n + 1 || fread(r->line, 8, h.n, f) != h.n ||
 	    fread(r->label, 4, h.n, f) != h.n || fread(r->ids, 4, h.n_ids, f) != h.n_ids ||
+	    (r->mask && fread(r->mask, 1, h.n_ids, f) != h.n_ids) ||
 	    r->off[0] != 0 || (uint64_t)r->off[h.n] != h.n_ids || !offsets_rise(r->off, h.n)) {
 		sl_warn("%s: the tokenization cache is unreadable; tokenizing again", file);
 		tok_result_free(r);
@@ -1119,7 +1230,9 @@ static int merge_parts(const char *stem, uint64_t key, struct tok_result *out)
 	out->line = malloc((n + 1) * sizeof(*out->line));
 	out->label = malloc((n + 1) * sizeof(*out->label));
 	out->ids = malloc((nid + 1) * sizeof(*out->ids));
-	if (!out->off || !out->line || !out->label || !out->ids) {
+	if (pr[0].mask)
+		out->mask = malloc(nid + 1);
+	if (!out->off || !out->line || !out->label || !out->ids || (pr[0].mask && !out->mask)) {
 		tok_result_free(out);
 		rc = -ENOMEM;
 		goto out_free;
@@ -1130,6 +1243,14 @@ static int merge_parts(const char *stem, uint64_t key, struct tok_result *out)
 		memcpy(out->line + so, pr[p].line, pr[p].n * sizeof(*out->line));
 		memcpy(out->label + so, pr[p].label, pr[p].n * sizeof(*out->label));
 		memcpy(out->ids + sl, pr[p].ids, pr[p].n_ids * sizeof(*out->ids));
+		if (out->mask) {
+			if (!pr[p].mask) {
+				tok_result_free(out);
+				rc = 1;
+				goto out_free;
+			}
+			memcpy(out->mask + sl, pr[p].mask, pr[p].n_ids);
+		}
 		out->skipped += pr[p].skipped;
 		so += pr[p].n;
 		sl += pr[p].n_ids;
@@ -1155,7 +1276,9 @@ static int load_from_result(struct sl_dataset *ds, const struct tok_result *r,
 	ds->skipped = r->skipped;
 	ds->rec = malloc((r->n + 1) * sizeof(*ds->rec));
 	ds->pool = malloc((r->n_ids + 1) * sizeof(*ds->pool));
-	if (!ds->rec || !ds->pool) {
+	if (o->sft)
+		ds->mask_pool = malloc(r->n_ids + 1);
+	if (!ds->rec || !ds->pool || (o->sft && !ds->mask_pool)) {
 		sl_error("%s: out of memory for %" PRIu64 " records", ds->path, r->n);
 		return -ENOMEM;
 	}
@@ -1164,7 +1287,11 @@ static int load_from_result(struct sl_dataset *ds, const struct tok_result *r,
 		const char *why = NULL;
 		char msg[256];
 
-		if (o->need_label && isnan(r->label[i])) {
+		if (o->sft && !r->mask) {
+			sl_error("%s: the tokenization cache has no loss masks; delete it", ds->path);
+			return -EINVAL;
+		}
+		if (o->need_label && !o->sft && isnan(r->label[i])) {
 			snprintf(msg, sizeof(msg), "record has no label in field '%s'; training "
 				 "needs a number in [0,1]", lf);
 			why = msg;
@@ -1193,7 +1320,13 @@ static int load_from_result(struct sl_dataset *ds, const struct tok_result *r,
 			ds->dropped++;
 			continue;
 		}
+		if (o->sft && !sl_data_has_target(r->mask + r->off[i], (int)len)) {
+			ds->no_target++;
+			continue;
+		}
 		memcpy(ds->pool + pool, r->ids + r->off[i], len * sizeof(*ds->pool));
+		if (o->sft)
+			memcpy(ds->mask_pool + pool, r->mask + r->off[i], len);
 		ds->rec[ds->n].ids = NULL;
 		ds->rec[ds->n].len = (int)len;
 		ds->rec[ds->n].label = r->label[i];
@@ -1206,8 +1339,12 @@ static int load_from_result(struct sl_dataset *ds, const struct tok_result *r,
 	if (ds->n == 0)
 		return no_records(ds, o);
 	ds->pool_len = pool;
-	for (i = 0; i < (uint64_t)ds->n; i++)
-		ds->rec[i].ids = ds->pool + (uintptr_t)ds->rec[i].ids;
+	for (i = 0; i < (uint64_t)ds->n; i++) {
+		uintptr_t off = (uintptr_t)ds->rec[i].ids;
+
+		ds->rec[i].ids = ds->pool + off;
+		ds->rec[i].mask = ds->mask_pool ? ds->mask_pool + off : NULL;
+	}
 	return rc;
 }
 
@@ -1535,7 +1672,8 @@ int sl_host_batch_alloc(struct sl_host_batch *hb, int max_B, int max_L)
 	hb->lens = malloc(max_B * sizeof(*hb->lens));
 	hb->last = malloc(max_B * sizeof(*hb->last));
 	hb->labels = malloc(max_B * sizeof(*hb->labels));
-	if (!hb->ids || !hb->lens || !hb->last || !hb->labels) {
+	hb->mask = malloc((size_t)max_B * max_L);
+	if (!hb->ids || !hb->lens || !hb->last || !hb->labels || !hb->mask) {
 		sl_error("host batch: out of memory for %d records x %d tokens", max_B, max_L);
 		sl_host_batch_free(hb);
 		return -ENOMEM;
@@ -1569,14 +1707,22 @@ int sl_host_batch_fill(struct sl_host_batch *hb, const struct sl_dataset *ds, co
 
 	hb->B = n;
 	hb->L = L;
+	hb->n_rec = n;
+	hb->packed = false;
 	hb->tokens = 0;
+	hb->targets = 0;
 	for (b = 0; b < n; b++) {
 		const struct sl_record *r = &ds->rec[idx[b]];
 		int32_t *row = hb->ids + (size_t)b * L;
+		uint8_t *mrow = hb->mask + (size_t)b * L;
 
 		memcpy(row, r->ids, r->len * sizeof(*row));
 		for (t = r->len; t < L; t++)
 			row[t] = pad_id;
+		memset(mrow, 0, L);
+		if (r->mask)
+			for (t = 0; t < r->len; t++)
+				hb->targets += mrow[t] = r->mask[t];
 		hb->lens[b] = r->len;
 		hb->last[b] = b * L + r->len - 1;
 		hb->labels[b] = r->label;
@@ -1592,6 +1738,8 @@ void sl_host_batch_free(struct sl_host_batch *hb)
 	free(hb->lens);
 	free(hb->last);
 	free(hb->labels);
+	free(hb->mask);
+	free(hb->pos);
 	memset(hb, 0, sizeof(*hb));
 }
 

@@ -1,9 +1,12 @@
 /*
  * data: training records and the order they are trained in.
  *
- * Reads JSONL (jansson) with a text field (tokenized by the tokenizer module, later) or
- * pre-tokenized "input_ids", and a soft label in [0,1]; drops records longer than data.max_state
- * with a count; errors name file:line (data.on_error: fail) or are counted (skip).
+ * Reads JSONL (jansson) with a text field (tokenized by the tokenizer module) or pre-tokenized
+ * "input_ids", and a soft label in [0,1] (classify); for task sft, chat records ("messages",
+ * ShareGPT "conversations", rendered by chat.c) and a loss mask per record instead of the label
+ * (data_chat.c); drops records longer than data.max_state with a count (and, for sft, records
+ * without a target with another); errors name file:line (data.on_error: fail) or are counted
+ * (skip).
  * The sampler picks each optimizer step's records globally (seeded, length-sorted buckets, epochs)
  * and splits them into micro-batches per data-parallel rank, so a step trains on the same records
  * whatever the world size.  Knows no model or backend.
@@ -17,8 +20,12 @@
 
 #include "config.h"
 
+struct sl_chat;
+
 struct sl_record {
 	const int32_t *ids;		/* (len) into the dataset's pool */
+	const uint8_t *mask;		/* (len) 1 = token t is a target, predicted from the logits
+					 * at t-1; NULL for classify records */
 	int len;
 	float label;			/* NaN when the data has no labels (scoring) */
 	long line;			/* 1-based line in the file */
@@ -31,7 +38,9 @@ struct sl_dataset {
 	long total;			/* records read (kept + dropped) */
 	long dropped;			/* longer than max_state */
 	long skipped;			/* bad lines skipped (on_error: skip) */
+	long no_target;			/* sft: records without a target token, dropped */
 	int32_t *pool;
+	uint8_t *mask_pool;		/* (pool_len) sft: the records' loss masks; else NULL */
 	size_t pool_len;
 	bool from_cache;		/* text: read from a complete cache, nothing tokenized */
 };
@@ -64,6 +73,17 @@ struct sl_data_opts {
 	const char *cache_dir;		/* NULL: $SHARDLM_CACHE_DIR, else $XDG_CACHE_HOME/shardlm,
 					 * else ~/.cache/shardlm */
 	bool progress;			/* log records/s and ETA while tokenizing (rank 0) */
+	/*
+	 * task: sft.  Every record gets a loss mask: chat records ("messages" or ShareGPT
+	 * "conversations", rendered by @chat through the tokenizer: see chat.h), pre-tokenized
+	 * "input_ids" with "loss_mask" (0/1, mask[0] 0; without it every token but the first is
+	 * a target), text records (every token but the first).  Labels are not read.  Records
+	 * with no target are dropped and counted in no_target.  The cache key includes sft,
+	 * keep_reasoning and the template's hash.
+	 */
+	bool sft;
+	bool keep_reasoning;		/* data.keep_reasoning: see chat.h */
+	const struct sl_chat *chat;	/* the model's chat template; NULL when it has none */
 };
 
 /*
@@ -154,9 +174,16 @@ struct sl_host_batch {
 	int32_t *lens;			/* (B) */
 	int32_t *last;			/* (B) b*L + lens[b]-1 */
 	float *labels;			/* (B) */
+	uint8_t *mask;			/* (B*L) the records' loss masks, 0 at padding (and for
+					 * records without one) */
+	long targets;			/* sum of mask */
 	long tokens;			/* sum of lens */
 	long padded_tokens;		/* B*L - tokens */
 	int max_B, max_L;		/* capacity */
+	bool packed;			/* rows hold several records (sl_host_batch_pack) */
+	int32_t *pos;			/* (max_B*max_L) packed: each token's position in its
+					 * record; allocated by the first sl_host_batch_pack */
+	int n_rec;			/* records in the batch (B when not packed) */
 };
 /* Build the padded batch of records idx[0..n) (L = longest); buffers sized for max_B x max_L. */
 int sl_host_batch_alloc(struct sl_host_batch *hb, int max_B, int max_L);
@@ -164,5 +191,31 @@ int sl_host_batch_alloc(struct sl_host_batch *hb, int max_B, int max_L);
 int sl_host_batch_fill(struct sl_host_batch *hb, const struct sl_dataset *ds, const int *idx,
 		       int n, int32_t pad_id);
 void sl_host_batch_free(struct sl_host_batch *hb);
+
+/*
+ * data.pack (data_pack.c): the records idx[0..n) packed into as few rows of at most @row_len
+ * tokens as first-fit over the records longest first gives (ties by position in idx, so the
+ * packing is a function of the batch): each row holds whole records back to back, pos restarts at
+ * 0 for each record, masks come along; lens[row] = tokens used, last/labels are per record (n),
+ * in row order.  row_len <= max_L.  Returns 0 or -EINVAL/-ENOMEM (printed).
+ */
+int sl_host_batch_pack(struct sl_host_batch *hb, const struct sl_dataset *ds, const int *idx,
+		       int n, int32_t pad_id, int row_len);
+
+/*
+ * data_chat.c, SFT records (for data.c).  sl_data_chat_record: a chat record's ids and loss
+ * mask (*n tokens in *ids / *mask, capacity *cap, grown with realloc): 0, 1 when @record is no
+ * chat record, negative with *err (malloc'ed).  sl_data_loss_mask: the "loss_mask" of a record
+ * whose @n ids are read, into @mask (without one: every token a target but the first); 0, or
+ * negative with *err.  Both thread-safe.
+ */
+struct json_t;
+int sl_data_chat_record(const struct sl_data_opts *o, struct json_t *record, int32_t **ids,
+			uint8_t **mask, size_t *cap, int *n, char **err);
+int sl_data_loss_mask(struct json_t *record, int n, uint8_t *mask, char **err);
+/* 1 when mask[0..n) has a target */
+bool sl_data_has_target(const uint8_t *mask, int n);
+/* a 64-bit summary of what shapes an SFT tokenization (sft, keep_reasoning, the template) */
+uint64_t sl_data_sft_key(const struct sl_data_opts *o);
 
 #endif

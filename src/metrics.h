@@ -22,8 +22,13 @@ struct sl_step_metrics {
 	long records;
 	long tokens;			/* real tokens */
 	long padded_tokens;		/* padding added to micro-batches */
+	long targets;			/* sft: target tokens (the loss's denominator); 0: classify */
 	long long peak_gpu_bytes;	/* 0 on the cpu backend */
 	bool skipped;			/* non-finite loss or gradient: no update */
+	/* mixture of experts: "expert_tokens": {min, max, total} per MoE layer */
+	int moe_layers;			/* 0: no MoE layer, no expert_tokens */
+	int n_experts;
+	const long long *expert_tokens;	/* (moe_layers, n_experts) tokens each expert got */
 };
 
 struct sl_metrics;

@@ -24,18 +24,7 @@ static size_t align_up(size_t n)
 
 /* ---- layout ------------------------------------------------------------------------------ */
 
-struct layout_builder {
-	struct sl_layout *lay;
-	int cap;
-	int unit;
-	size_t off;		/* next free element in the current unit */
-};
-
-/*
- * Appends one tensor to the current unit.  @fused_next: the tensor continues a fused group
- * (k/v after q, up after gate, ...) and must follow its predecessor with no padding.
- */
-static int lb_add(struct layout_builder *lb, bool fused_next, const char *name, int ndim,
+int sl_layout_add(struct layout_builder *lb, bool fused_next, const char *name, int ndim,
 		  int64_t d0, int64_t d1, enum sl_init init)
 {
 	struct sl_layout *lay = lb->lay;
@@ -85,7 +74,7 @@ static int layout_layer(struct layout_builder *lb, const struct sl_model_config 
 #define ADD(fused, suffix, ndim, d0, d1, init)                                               \
 	do {                                                                                 \
 		snprintf(n, sizeof(n), "model.layers.%d.%s", l, suffix);                     \
-		rc = lb_add(lb, fused, n, ndim, d0, d1, init);                               \
+		rc = sl_layout_add(lb, fused, n, ndim, d0, d1, init);                               \
 		if (rc)                                                                      \
 			return rc;                                                           \
 	} while (0)
@@ -105,6 +94,8 @@ static int layout_layer(struct layout_builder *lb, const struct sl_model_config 
 	ADD(false, "self_attn.q_norm.weight", 1, hd, 0, SL_INIT_ONES);
 	ADD(false, "self_attn.k_norm.weight", 1, hd, 0, SL_INIT_ONES);
 	ADD(false, "post_attention_layernorm.weight", 1, H, 0, SL_INIT_ONES);
+	if (sl_layer_is_moe(mc, l))
+		return sl_moe_layout(lb, mc, l);
 	ADD(false, "mlp.gate_proj.weight", 2, I, H, SL_INIT_NORMAL);
 	ADD(true, "mlp.up_proj.weight", 2, I, H, SL_INIT_NORMAL);
 	ADD(false, "mlp.down_proj.weight", 2, H, I, SL_INIT_NORMAL);
@@ -115,12 +106,12 @@ static int layout_layer(struct layout_builder *lb, const struct sl_model_config 
 int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout *lay)
 {
 	struct layout_builder lb = { .lay = lay };
-	struct sl_tensor_info *score;
+	struct sl_tensor_info *head;
 	int rc;
 
 	memset(lay, 0, sizeof(*lay));
-	if (task != 0) {
-		fprintf(stderr, "model: task %d has no layout yet (only classify)\n", task);
+	if (task != 0 && task != 1) {
+		fprintf(stderr, "model: unknown task %d\n", task);
 		return -EINVAL;
 	}
 	if (mc->n_layers < 0 || mc->num_labels < 1 || mc->head_dim % 2) {
@@ -133,7 +124,7 @@ int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout
 	if (!lay->unit_numel)
 		return -ENOMEM;
 
-	rc = lb_add(&lb, false, "model.embed_tokens.weight", 2, mc->vocab, mc->hidden,
+	rc = sl_layout_add(&lb, false, "model.embed_tokens.weight", 2, mc->vocab, mc->hidden,
 		    SL_INIT_NORMAL);
 	if (rc)
 		goto out_free_layout;
@@ -144,15 +135,26 @@ int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout
 			goto out_free_layout;
 		lb_end_unit(&lb);
 	}
-	rc = lb_add(&lb, false, "model.norm.weight", 1, mc->hidden, 0, SL_INIT_ONES);
-	if (!rc)
-		rc = lb_add(&lb, false, "score.weight", 2, mc->num_labels, mc->hidden,
-			    SL_INIT_NORMAL);
+	rc = sl_layout_add(&lb, false, "model.norm.weight", 1, mc->hidden, 0, SL_INIT_ONES);
 	if (rc)
 		goto out_free_layout;
-	score = &lay->t[lay->n_tensors - 1];
-	score->head = true;
-	score->optional = true;
+	if (task == 0) {
+		/* a causal-LM checkpoint has no score head: it starts freshly initialized */
+		rc = sl_layout_add(&lb, false, "score.weight", 2, mc->num_labels, mc->hidden,
+			    SL_INIT_NORMAL);
+		if (rc)
+			goto out_free_layout;
+		head = &lay->t[lay->n_tensors - 1];
+		head->head = true;
+		head->optional = true;
+	} else if (!mc->tie_word_embeddings) {
+		/* tied: the head is the embedding table of unit 0, no tensor of its own */
+		rc = sl_layout_add(&lb, false, "lm_head.weight", 2, mc->vocab, mc->hidden,
+			    SL_INIT_NORMAL);
+		if (rc)
+			goto out_free_layout;
+		lay->t[lay->n_tensors - 1].head = true;
+	}
 	lb_end_unit(&lb);
 	return 0;
 
@@ -180,9 +182,11 @@ double sl_model_matmul_params(const struct sl_model_config *mc, const struct sl_
 {
 	double n = 0;
 
+	/* a token multiplies by top_k of the n_experts experts: count the active ones */
 	for (int i = 0; i < lay->n_tensors; i++)
 		if (lay->t[i].ndim == 2 && lay->t[i].unit != 0)
-			n += (double)lay->t[i].numel;
+			n += (double)lay->t[i].numel * (strstr(lay->t[i].name, ".mlp.experts.") ?
+				(double)mc->top_k / mc->n_experts : 1.0);
 	return n;
 }
 
@@ -246,7 +250,8 @@ static int fused_off(const struct sl_layout *lay, int l, const char *const *name
 	return 0;
 }
 
-static int layer_offsets(const struct sl_layout *lay, int l, bool bias, struct layer_off *lo)
+static int layer_offsets(const struct sl_layout *lay, int l, bool bias, bool moe,
+			 struct layer_off *lo)
 {
 	static const char *const wqkv[] = { "self_attn.q_proj.weight", "self_attn.k_proj.weight",
 					    "self_attn.v_proj.weight" };
@@ -262,15 +267,19 @@ static int layer_offsets(const struct sl_layout *lay, int l, bool bias, struct l
 	static const char *const wd[] = { "mlp.down_proj.weight" };
 	int rc;
 
-	lo->bqkv = lo->bo = NO_OFF;
+	lo->bqkv = lo->bo = lo->wr = lo->wegu = lo->wed = lo->wgu = lo->wd = NO_OFF;
 	rc = fused_off(lay, l, wqkv, 3, &lo->wqkv);
-	rc = rc ? rc : fused_off(lay, l, wgu, 2, &lo->wgu);
+	if (moe)
+		rc = rc ? rc : sl_moe_offsets(lay, l, lo);
+	else
+		rc = rc ? rc : fused_off(lay, l, wgu, 2, &lo->wgu);
 	rc = rc ? rc : fused_off(lay, l, ln1, 1, &lo->ln1);
 	rc = rc ? rc : fused_off(lay, l, wo, 1, &lo->wo);
 	rc = rc ? rc : fused_off(lay, l, qn, 1, &lo->qn);
 	rc = rc ? rc : fused_off(lay, l, kn, 1, &lo->kn);
 	rc = rc ? rc : fused_off(lay, l, ln2, 1, &lo->ln2);
-	rc = rc ? rc : fused_off(lay, l, wd, 1, &lo->wd);
+	if (!moe)
+		rc = rc ? rc : fused_off(lay, l, wd, 1, &lo->wd);
 	if (bias) {
 		rc = rc ? rc : fused_off(lay, l, bqkv, 3, &lo->bqkv);
 		rc = rc ? rc : fused_off(lay, l, bo, 1, &lo->bo);
@@ -292,6 +301,8 @@ static int alloc_acts(struct sl_model *m, struct acts *a, size_t T)
 	a->h = sl_model_ws_alloc(m, T * m->H, e);
 	a->xn2 = sl_model_ws_alloc(m, T * m->H, e);
 	a->rstd2 = sl_model_ws_alloc(m, T, s);
+	if (!m->dense_mlp)	/* all MLPs sparse: no dense activations */
+		return a->rstd2 ? 0 : -ENOMEM;
 	a->gu = sl_model_ws_alloc(m, T * 2 * m->I, e);
 	a->act = sl_model_ws_alloc(m, T * m->I, e);
 	return a->act ? 0 : -ENOMEM;
@@ -307,18 +318,13 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 				 bool activation_checkpointing)
 {
 	struct sl_model *m;
-	const struct sl_tensor_info *norm, *score;
+	const struct sl_tensor_info *norm, *score, *lm;
 	size_t T = (size_t)max_tokens, B = (size_t)max_records;
 
 	if (max_tokens < 1 || max_records < 1 || mc->n_kv_heads < 1 ||
 	    mc->n_heads % mc->n_kv_heads || mc->head_dim % 2) {
 		fprintf(stderr, "model: bad shapes (tokens %d, records %d, heads %d/%d, hd %d)\n",
 			max_tokens, max_records, mc->n_heads, mc->n_kv_heads, mc->head_dim);
-		return NULL;
-	}
-	if (mc->num_labels != 1) {
-		fprintf(stderr, "model: the classification head needs num_labels 1, not %d\n",
-			mc->num_labels);
 		return NULL;
 	}
 	if (lay->n_units != mc->n_layers + 2) {
@@ -344,6 +350,7 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 	m->eps = (float)mc->rms_eps;
 	m->theta = (float)mc->rope_theta;
 	m->bias = mc->attention_bias;
+	m->aux_coef = mc->router_aux_loss_coef;
 
 	m->lo = calloc((size_t)m->nL + 1, sizeof(*m->lo));
 	m->x = calloc((size_t)m->nL + 1, sizeof(*m->x));
@@ -351,18 +358,39 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 	m->acts = calloc((size_t)m->n_acts + 1, sizeof(*m->acts));
 	if (!m->lo || !m->x || !m->acts)
 		goto out_free_model;
-	for (int l = 0; l < m->nL; l++)
-		if (layer_offsets(lay, l, m->bias, &m->lo[l]))
+	for (int l = 0; l < m->nL; l++) {
+		if (layer_offsets(lay, l, m->bias, sl_layer_is_moe(mc, l), &m->lo[l]))
 			goto out_free_model;
+		m->dense_mlp |= !sl_layer_is_moe(mc, l);
+	}
 	norm = sl_layout_find(lay, "model.norm.weight");
 	score = sl_layout_find(lay, "score.weight");
-	if (!norm || !score || norm->unit != m->nL + 1 || score->unit != m->nL + 1) {
-		fprintf(stderr, "model: layout lacks model.norm.weight / score.weight in unit %d\n",
-			m->nL + 1);
+	lm = sl_layout_find(lay, "lm_head.weight");
+	m->sft = !score;
+	m->tied = m->sft && !lm;
+	if (!norm || norm->unit != m->nL + 1 || (score && score->unit != m->nL + 1) ||
+	    (lm && lm->unit != m->nL + 1) || (m->tied && !mc->tie_word_embeddings)) {
+		fprintf(stderr, "model: layout lacks model.norm.weight and score.weight or "
+			"lm_head.weight in unit %d\n", m->nL + 1);
+		goto out_free_model;
+	}
+	if (!m->sft && mc->num_labels != 1) {
+		fprintf(stderr, "model: the classification head needs num_labels 1, not %d\n",
+			mc->num_labels);
 		goto out_free_model;
 	}
 	m->norm_off = norm->offset;
-	m->score_off = score->offset;
+	m->score_off = score ? score->offset : NO_OFF;
+	m->lm_off = lm ? lm->offset : NO_OFF;
+	if (m->sft) {
+		/* the head sees up to every token; logits in chunks of at most ~256 MiB */
+		size_t rows = ((size_t)256 << 20) / ((size_t)m->V * be->elt);
+
+		B = T;
+		m->chunk = (int)(rows < 64 ? 64 : rows > T ? T : rows);
+		m->lg = sl_model_ws_alloc(m, (size_t)m->chunk * m->V, be->elt);
+		m->row_loss = sl_model_ws_alloc(m, (size_t)m->chunk, sizeof(float));
+	}
 
 	for (int l = 0; l <= m->nL; l++)
 		if (!(m->x[l] = sl_model_ws_alloc(m, T * m->H, be->elt)))
@@ -383,7 +411,7 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 	m->gxl = sl_model_ws_alloc(m, B * m->H, be->elt);
 	m->loss_dev = sl_model_ws_alloc(m, 1, sizeof(double));
 	m->scores_f32 = sl_model_ws_alloc(m, B, sizeof(float));
-	if (!m->scores_f32)
+	if (!m->scores_f32 || sl_moe_create(m, mc))
 		goto out_free_model;
 	return m;
 
@@ -396,6 +424,7 @@ void sl_model_destroy(struct sl_model *m)
 {
 	if (!m)
 		return;
+	sl_moe_destroy(m);
 	for (int i = 0; i < m->n_bufs; i++)
 		m->be->free(m->be, m->bufs[i]);
 	free(m->bufs);
@@ -418,8 +447,13 @@ static int check_batch(const struct sl_model *m, const struct sl_batch_dev *b, b
 			"(%d records, %d tokens)\n", b->B, b->L, m->max_records, m->max_tokens);
 		return -EINVAL;
 	}
-	if (train && !b->labels) {
+	if (train && !m->sft && !b->labels) {
 		fprintf(stderr, "model: training micro-batch without labels\n");
+		return -EINVAL;
+	}
+	if (m->sft && (b->n_tgt < 0 || b->n_tgt > b->B * b->L || (b->n_tgt && !b->tgt_pos))) {
+		fprintf(stderr, "model: sft micro-batch with %d targets for %d x %d tokens\n",
+			b->n_tgt, b->B, b->L);
 		return -EINVAL;
 	}
 	return 0;
@@ -445,12 +479,17 @@ static void layer_fwd(const struct sl_model *m, int l, const void *w, const stru
 	be->rmsnorm_fwd(be, a->xn1, a->rstd1, x, at(m, w, lo->ln1), T, H, m->eps);
 	be->matmul_fwd(be, a->qkv, a->xn1, at(m, w, lo->wqkv), at_opt(m, w, lo->bqkv), T, H, m->Q);
 	be->qk_norm_rope_fwd(be, a->qkvr, a->rstd_qk, a->qkv, at(m, w, lo->qn), at(m, w, lo->kn),
-			     T, b->L, m->nh, m->nkv, m->hd, m->eps, m->theta);
-	be->attention_fwd(be, a->att, a->lse, a->qkvr, b->lens, b->B, b->L, m->nh, m->nkv, m->hd);
+			     T, b->L, b->pos, m->nh, m->nkv, m->hd, m->eps, m->theta);
+	be->attention_fwd(be, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh, m->nkv,
+			  m->hd);
 	be->matmul_fwd(be, a->h, a->att, at(m, w, lo->wo), at_opt(m, w, lo->bo), T,
 		       m->nh * m->hd, H);
 	be->add(be, a->h, x, (size_t)T * H);
 	be->rmsnorm_fwd(be, a->xn2, a->rstd2, a->h, at(m, w, lo->ln2), T, H, m->eps);
+	if (lo->wr != NO_OFF) {
+		sl_moe_fwd((struct sl_model *)m, l, w, a, xout, b, full);
+		return;
+	}
 	be->matmul_fwd(be, a->gu, a->xn2, at(m, w, lo->wgu), NULL, T, H, 2 * m->I);
 	be->swiglu_fwd(be, a->act, a->gu, T, m->I);
 	if (!full)
@@ -470,22 +509,26 @@ static void layer_bwd(const struct sl_model *m, int l, const void *w, void *g,
 	void *gbqkv = lo->bqkv == NO_OFF ? NULL : at(m, g, lo->bqkv);
 
 	/* MLP: x' = h + down(act); the residual passes gx through to h unchanged */
-	be->matmul_bwd(be, m->gb2, at(m, g, lo->wd), NULL, m->gx, a->act, at(m, w, lo->wd), T,
-		       m->I, H, false);
-	be->swiglu_bwd(be, m->gb1, m->gb2, a->gu, T, m->I);
-	be->matmul_bwd(be, m->gn, at(m, g, lo->wgu), NULL, m->gb1, a->xn2, at(m, w, lo->wgu), T,
-		       H, 2 * m->I, false);
+	if (lo->wr != NO_OFF) {
+		sl_moe_bwd((struct sl_model *)m, l, w, g, a, b);
+	} else {
+		be->matmul_bwd(be, m->gb2, at(m, g, lo->wd), NULL, m->gx, a->act,
+			       at(m, w, lo->wd), T, m->I, H, false);
+		be->swiglu_bwd(be, m->gb1, m->gb2, a->gu, T, m->I);
+		be->matmul_bwd(be, m->gn, at(m, g, lo->wgu), NULL, m->gb1, a->xn2,
+			       at(m, w, lo->wgu), T, H, 2 * m->I, false);
+	}
 	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln2), m->gn, a->h, at(m, w, lo->ln2), a->rstd2,
 			T, H, true);
 
 	/* attention: h = x + o_proj(att) */
 	be->matmul_bwd(be, m->gb2, at(m, g, lo->wo), gbo, m->gx, a->att, at(m, w, lo->wo), T,
 		       m->nh * m->hd, H, false);
-	be->attention_bwd(be, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b->lens, b->B, b->L, m->nh,
-			  m->nkv, m->hd);
+	be->attention_bwd(be, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L,
+			  m->nh, m->nkv, m->hd);
 	be->qk_norm_rope_bwd(be, m->gb2, at(m, g, lo->qn), at(m, g, lo->kn), m->gb1, a->qkv,
-			     at(m, w, lo->qn), at(m, w, lo->kn), a->rstd_qk, T, b->L, m->nh,
-			     m->nkv, m->hd, m->eps, m->theta);
+			     at(m, w, lo->qn), at(m, w, lo->kn), a->rstd_qk, T, b->L, b->pos,
+			     m->nh, m->nkv, m->hd, m->eps, m->theta);
 	be->matmul_bwd(be, m->gn, at(m, g, lo->wqkv), gbqkv, m->gb2, a->xn1, at(m, w, lo->wqkv),
 		       T, H, m->Q, false);
 	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln1), m->gn, x, at(m, w, lo->ln1), a->rstd1, T, H,
@@ -499,12 +542,13 @@ static const struct acts *acts_of(const struct sl_model *m, int l, bool keep)
 
 /* embedding, layers, final norm and head: m->logits (B).  @keep: keep what the backward needs */
 static void forward(struct sl_model *m, const struct sl_unit_source *src,
-		    const struct sl_batch_dev *b, bool keep)
+		    const struct sl_batch_dev *b, bool keep, double aux_weight, double *aux)
 {
 	struct sl_backend *be = m->be;
 	const int T = b->B * b->L, H = m->H, uh = m->nL + 1;
 	const void *w;
 
+	sl_moe_begin(m);
 	w = src->weights(src->ctx, 0);
 	be->embedding_fwd(be, m->x[0], b->ids, w, T, H);
 	release(src->release_fwd, src->ctx, 0);
@@ -514,6 +558,9 @@ static void forward(struct sl_model *m, const struct sl_unit_source *src,
 		layer_fwd(m, l, w, acts_of(m, l, keep), m->x[l], m->x[l + 1], b, true);
 		release(src->release_fwd, src->ctx, 1 + l);
 	}
+	*aux = sl_moe_end_fwd(m, b, aux_weight);
+	if (m->sft)
+		return;
 
 	/* the head reads only each record's last token: normalize just those B rows */
 	w = src->weights(src->ctx, uh);
@@ -521,6 +568,61 @@ static void forward(struct sl_model *m, const struct sl_unit_source *src,
 	be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->xl, at(m, w, m->norm_off), b->B, H, m->eps);
 	be->matmul_fwd(be, m->logits, m->xnf, at(m, w, m->score_off), NULL, b->B, H, 1);
 	release(src->release_fwd, src->ctx, uh);
+}
+
+/*
+ * The causal-LM head on the n_tgt tokens whose next token is a target: final norm of just those
+ * rows, then per chunk the logits, their cross-entropy and gradient (in place), and, when
+ * training, the chunk's input gradient and the head's weight gradient; m->loss_dev = the sum of
+ * the targets' cross-entropies.  Training leaves m->gx = the gradient of the last layer's output
+ * and, with tied embeddings, holds unit 0 (weights and gradient buffer m->g_embed) for the
+ * embedding's backward to finish.
+ */
+static void lm_head(struct sl_model *m, const struct sl_unit_source *src,
+		    const struct sl_batch_dev *b, float scale, bool train)
+{
+	struct sl_backend *be = m->be;
+	const int n = b->n_tgt, H = m->H, uh = m->nL + 1;
+	const void *w = src->weights(src->ctx, uh), *wl;
+	void *g = train ? src->grads(src->ctx, uh) : NULL, *gl = NULL;
+
+	if (m->tied) {
+		wl = src->weights(src->ctx, 0);
+		if (train)
+			gl = m->g_embed = src->grads(src->ctx, 0);
+	} else {
+		wl = at(m, w, m->lm_off);
+		gl = train ? at(m, g, m->lm_off) : NULL;
+	}
+	be->zero(be, m->loss_dev, sizeof(double));
+	if (n) {
+		be->gather_rows(be, m->xl, m->x[m->nL], b->tgt_pos, n, H);
+		be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->xl, at(m, w, m->norm_off), n, H, m->eps);
+	}
+	for (int c0 = 0; c0 < n; c0 += m->chunk) {
+		int cn = n - c0 < m->chunk ? n - c0 : m->chunk;
+		const void *xc = at(m, m->xnf, (size_t)c0 * H);
+
+		be->matmul_fwd(be, m->lg, xc, wl, NULL, cn, H, m->V);
+		be->ce_fwd_bwd(be, m->loss_dev, m->row_loss, m->lg, m->lg, b->tgt_ids + c0, cn,
+			       m->V, scale);
+		if (train)
+			be->matmul_bwd(be, at(m, m->gxnf, (size_t)c0 * H), gl, NULL, m->lg, xc, wl,
+				       cn, H, m->V, false);
+	}
+	if (!train) {
+		release(src->release_fwd, src->ctx, uh);
+		if (m->tied)
+			release(src->release_fwd, src->ctx, 0);
+		return;
+	}
+	if (n)
+		be->rmsnorm_bwd(be, m->gxl, at(m, g, m->norm_off), m->gxnf, m->xl,
+				at(m, w, m->norm_off), m->rstdf, n, H, false);
+	release(src->release_bwd, src->ctx, uh);
+	be->zero(be, m->gx, (size_t)b->B * b->L * H * be->elt);
+	if (n)
+		be->scatter_add_rows(be, m->gx, m->gxl, b->tgt_pos, n, H);
 }
 
 static void download_scores(struct sl_model *m, int B, float *scores)
@@ -539,22 +641,34 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 	const int T = b->B * b->L, H = m->H, uh = m->nL + 1;
 	const void *w;
 	void *g;
-	int rc = check_batch(m, b, true);
+	double aux;
+	int aux_n, rc = check_batch(m, b, true);
 
 	if (rc)
 		return rc;
-	forward(m, src, b, true);
+	if (m->sft && scores) {
+		fprintf(stderr, "model: the causal-LM head has no scores\n");
+		return -EINVAL;
+	}
+	/* the aux loss's weight: coef per record (classify) or target (sft); see model.h */
+	aux_n = m->sft ? b->n_tgt : b->B;
+	forward(m, src, b, true, m->aux_coef * loss_scale * aux_n, &aux);
 
-	w = src->weights(src->ctx, uh);
-	g = src->grads(src->ctx, uh);
-	be->bce_fwd_bwd(be, m->loss_dev, m->dlogits, m->logits, b->labels, b->B, loss_scale);
-	be->matmul_bwd(be, m->gxnf, at(m, g, m->score_off), NULL, m->dlogits, m->xnf,
-		       at(m, w, m->score_off), b->B, H, 1, false);
-	be->rmsnorm_bwd(be, m->gxl, at(m, g, m->norm_off), m->gxnf, m->xl, at(m, w, m->norm_off),
-			m->rstdf, b->B, H, false);
-	release(src->release_bwd, src->ctx, uh);
-	be->zero(be, m->gx, (size_t)T * H * be->elt);
-	be->scatter_add_rows(be, m->gx, m->gxl, b->last, b->B, H);
+	if (m->sft) {
+		lm_head(m, src, b, loss_scale, true);
+	} else {
+		w = src->weights(src->ctx, uh);
+		g = src->grads(src->ctx, uh);
+		be->bce_fwd_bwd(be, m->loss_dev, m->dlogits, m->logits, b->labels, b->B,
+				loss_scale);
+		be->matmul_bwd(be, m->gxnf, at(m, g, m->score_off), NULL, m->dlogits, m->xnf,
+			       at(m, w, m->score_off), b->B, H, 1, false);
+		be->rmsnorm_bwd(be, m->gxl, at(m, g, m->norm_off), m->gxnf, m->xl,
+				at(m, w, m->norm_off), m->rstdf, b->B, H, false);
+		release(src->release_bwd, src->ctx, uh);
+		be->zero(be, m->gx, (size_t)T * H * be->elt);
+		be->scatter_add_rows(be, m->gx, m->gxl, b->last, b->B, H);
+	}
 
 	for (int l = m->nL - 1; l >= 0; l--) {
 		const struct acts *a = acts_of(m, l, true);
@@ -567,7 +681,8 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 		release(src->release_bwd, src->ctx, 1 + l);
 	}
 
-	g = src->grads(src->ctx, 0);
+	/* tied embeddings: the head's gradient is already in unit 0's buffer; add to it */
+	g = m->sft && m->tied ? m->g_embed : src->grads(src->ctx, 0);
 	be->embedding_bwd(be, g, b->ids, m->gx, T, H);
 	release(src->release_bwd, src->ctx, 0);
 
@@ -575,17 +690,53 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 		download_scores(m, b->B, scores);
 	be->download(be, loss_sum, m->loss_dev, sizeof(double));
 	be->sync(be);
+	*loss_sum += m->aux_coef * aux * aux_n;
 	return 0;
+}
+
+int sl_model_lm_loss(struct sl_model *m, const struct sl_unit_source *src,
+		     const struct sl_batch_dev *b, double *loss_sum)
+{
+	double aux;
+	int rc = check_batch(m, b, false);
+
+	if (!rc && !m->sft) {
+		fprintf(stderr, "model: the classification head has no language-model loss\n");
+		rc = -EINVAL;
+	}
+	if (rc)
+		return rc;
+	forward(m, src, b, false, 0, &aux);
+	lm_head(m, src, b, 0.0f, false);
+	m->be->download(m->be, loss_sum, m->loss_dev, sizeof(double));
+	m->be->sync(m->be);
+	return 0;
+}
+
+void sl_model_set_lm_chunk(struct sl_model *m, int rows)
+{
+	if (m->sft && rows >= 1 && rows < m->chunk)
+		m->chunk = rows;
+}
+
+bool sl_model_is_lm(const struct sl_model *m)
+{
+	return m->sft;
 }
 
 int sl_model_score(struct sl_model *m, const struct sl_unit_source *src,
 		   const struct sl_batch_dev *b, float *scores)
 {
 	int rc = check_batch(m, b, false);
+	double aux;
 
+	if (!rc && m->sft) {
+		fprintf(stderr, "model: the causal-LM head has no scores\n");
+		rc = -EINVAL;
+	}
 	if (rc)
 		return rc;
-	forward(m, src, b, false);
+	forward(m, src, b, false, 0, &aux);
 	download_scores(m, b->B, scores);
 	m->be->sync(m->be);
 	return 0;

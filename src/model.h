@@ -27,6 +27,7 @@ enum sl_layer_kind {
 
 enum sl_mlp_kind {
 	SL_MLP_DENSE,			/* SwiGLU */
+	SL_MLP_MOE,			/* Qwen3-MoE: softmax router, top-k SwiGLU experts */
 };
 
 struct sl_model_config {
@@ -51,7 +52,19 @@ struct sl_model_config {
 	int num_labels;			/* 1 for the scalar head */
 	enum sl_layer_kind *layer_kind;	/* (n_layers) */
 	enum sl_mlp_kind *mlp_kind;	/* (n_layers) */
+	/* mixture of experts (qwen3_moe); 0 / false elsewhere */
+	int n_experts;			/* E: num_experts (num_local_experts) */
+	int top_k;			/* k: num_experts_per_tok */
+	int moe_intermediate;		/* Im: each expert's intermediate size */
+	bool norm_topk_prob;		/* renormalize the k routing weights to sum 1 */
+	double router_aux_loss_coef;	/* weight of the load-balancing loss; 0: none */
 };
+
+/* Layer l's MLP is a mixture of experts (a config without per-layer kinds is all dense). */
+static inline bool sl_layer_is_moe(const struct sl_model_config *mc, int l)
+{
+	return mc->mlp_kind && mc->mlp_kind[l] == SL_MLP_MOE;
+}
 
 /*
  * Parse config.json (a Hugging Face model config).  Accepts both the top-level rope_theta of hub
@@ -114,6 +127,12 @@ struct sl_batch_dev {
 	const int32_t *last;		/* (B) b*L + lens[b] - 1: each record's last token */
 	const float *labels;		/* (B) soft labels in [0,1]; NULL for scoring */
 	const int32_t *h_lens;		/* (B) the same lengths on the host (for FLOP counts) */
+	const int32_t *pos;		/* (B*L) packed rows: position in the document; NULL: t % L
+					 * (backend.h) */
+	/* sft */
+	int n_tgt;			/* target tokens in the micro-batch */
+	const int32_t *tgt_pos;		/* (n_tgt) b*L + p: the token whose logits predict a target */
+	const int32_t *tgt_ids;		/* (n_tgt) the target ids (of tokens b*L + p + 1) */
 };
 
 struct sl_model;
@@ -125,18 +144,49 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 void sl_model_destroy(struct sl_model *m);
 
 /*
- * Forward and backward of one micro-batch of the classification task.  Gradients accumulate into
+ * Forward and backward of one micro-batch.  sft (a layout with lm_head.weight or tied
+ * embeddings and no score.weight): the loss is the cross-entropy of every target (b->tgt_*),
+ * its gradient scaled by @loss_scale (1 / targets in the optimizer step); *loss_sum = the
+ * unscaled sum of the micro-batch's target cross-entropies; @scores must be NULL.
+ * classify: as follows.  Gradients accumulate into
  * src->grads(u); the loss is BCE-with-logits, its gradient scaled by @loss_scale (1 / records in
  * the optimizer step).  *loss_sum (host) = unscaled sum of the micro-batch's BCE values.
+ * With MoE layers and a non-zero router_aux_loss_coef, the load-balancing loss of the micro-batch
+ * (transformers' load_balancing_loss_func over its real tokens and every MoE layer) is added as
+ * coef * aux per record (classify) or per target (sft) of the micro-batch, its gradient scaled
+ * alike: the step's loss gets coef * aux as transformers' does when one micro-batch holds the
+ * step (several micro-batches: their aux losses weighted by records or targets).
+ * sl_model_lm_loss (evaluation) leaves it out: the cross-entropy only.
  * @scores (host, B) gets the logits when non-NULL.
  */
 int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 			const struct sl_batch_dev *b, float loss_scale, double *loss_sum,
 			float *scores);
 
-/* Forward only: logits (host, B). */
+/* sft, forward only: *loss_sum = sum of the targets' cross-entropies (validation). */
+int sl_model_lm_loss(struct sl_model *m, const struct sl_unit_source *src,
+		     const struct sl_batch_dev *b, double *loss_sum);
+
+/* sft: compute the logits in chunks of at most @rows rows (>= 1; at most the default, which
+ * keeps a chunk's logits near 256 MiB).  For tests of the chunking. */
+void sl_model_set_lm_chunk(struct sl_model *m, int rows);
+
+/* true when the model's head is the causal-LM head (task sft) */
+bool sl_model_is_lm(const struct sl_model *m);
+
+/* classify, forward only: logits (host, B). */
 int sl_model_score(struct sl_model *m, const struct sl_unit_source *src,
 		   const struct sl_batch_dev *b, float *scores);
+
+/*
+ * Mixture of experts: after sl_model_train_step or sl_model_score, the tokens each expert received
+ * in the last micro-batch (real tokens only, each counted once per expert it chose), as
+ * (*n_layers) x (*n_experts) values, row i for the i-th MoE layer (in layer order); NULL when the
+ * model has no MoE layer.  *aux (when non-NULL): that micro-batch's load-balancing loss (without
+ * router_aux_loss_coef).
+ */
+const int64_t *sl_model_expert_counts(const struct sl_model *m, int *n_layers, int *n_experts,
+				      double *aux);
 
 /* Bytes of backend memory the model's workspace holds. */
 size_t sl_model_workspace_bytes(const struct sl_model *m);

@@ -71,9 +71,13 @@ static int qwen3_layers(const char *path, json_t *tc, struct sl_model_config *mc
 	return 0;
 }
 
+static int qwen3_moe_layers(const char *path, json_t *tc, struct sl_model_config *mc);
+
 static const struct family families[] = {
 	/* Qwen3Config: head_dim 128, max_position_embeddings 32768 */
 	{ "qwen3", 128, 32768, text_config_top, qwen3_layers },
+	/* Qwen3MoeConfig: no head_dim key (hidden_size / num_attention_heads), 32768 positions */
+	{ "qwen3_moe", 0, 32768, text_config_top, qwen3_moe_layers },
 };
 
 /* ---- typed key readers: each names the file and the key on error ---------------------------- */
@@ -266,9 +270,80 @@ static const struct family *find_family(const char *path, const char *type)
 	for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
 		if (!strcmp(families[i].model_type, type))
 			return &families[i];
-	sl_error("%s: model_type '%s' is not supported (qwen3; qwen3_moe and qwen3_5 come later)",
+	sl_error("%s: model_type '%s' is not supported (qwen3, qwen3_moe; qwen3_5 comes later)",
 		 path, type);
 	return NULL;
+}
+
+/*
+ * Qwen3-MoE: attention as qwen3; layer l has the sparse MLP unless it is in mlp_only_layers, as
+ * Qwen3MoeDecoderLayer decides: num_experts > 0 and (l + 1) % decoder_sparse_step == 0.
+ * transformers 5 writes num_local_experts (num_experts is its attribute alias); older files
+ * num_experts.  Defaults are Qwen3MoeConfig's.
+ */
+static int qwen3_moe_layers(const char *path, json_t *tc, struct sl_model_config *mc)
+{
+	json_t *only = get(tc, "mlp_only_layers");
+	int ne = -1, nle = -1, step;
+	size_t i;
+	json_t *v;
+
+	if (qwen3_layers(path, tc, mc))
+		return -1;
+	if ((get(tc, "num_experts") && get_int(path, tc, "num_experts", false, 0, &ne)) ||
+	    (get(tc, "num_local_experts") &&
+	     get_int(path, tc, "num_local_experts", false, 0, &nle)))
+		return -1;
+	if (ne >= 0 && nle >= 0 && ne != nle) {
+		sl_error("%s: num_experts (%d) and num_local_experts (%d) disagree; keep one", path,
+			 ne, nle);
+		return -1;
+	}
+	mc->n_experts = ne >= 0 ? ne : nle >= 0 ? nle : 128;
+	if (get_positive(path, tc, "num_experts_per_tok", false, 8, &mc->top_k) ||
+	    get_positive(path, tc, "moe_intermediate_size", false, 768, &mc->moe_intermediate) ||
+	    get_positive(path, tc, "decoder_sparse_step", false, 1, &step) ||
+	    get_bool(path, tc, "norm_topk_prob", false, &mc->norm_topk_prob) ||
+	    get_double(path, tc, "router_aux_loss_coef", 0.001, &mc->router_aux_loss_coef))
+		return -1;
+	if (mc->n_experts < 0 || mc->n_experts > 4096) {
+		sl_error("%s: num_experts must be in 0..4096 (is %d)", path, mc->n_experts);
+		return -1;
+	}
+	if (mc->n_experts && mc->top_k > mc->n_experts) {
+		sl_error("%s: num_experts_per_tok (%d) exceeds num_experts (%d)", path, mc->top_k,
+			 mc->n_experts);
+		return -1;
+	}
+	if (!(mc->router_aux_loss_coef >= 0) || !isfinite(mc->router_aux_loss_coef)) {
+		sl_error("%s: router_aux_loss_coef must be a finite number >= 0 (is %g)", path,
+			 mc->router_aux_loss_coef);
+		return -1;
+	}
+	if ((double)mc->n_experts * mc->moe_intermediate * mc->hidden * mc->n_layers > 1e13) {
+		sl_error("%s: %d experts of %d x %d in %d layers: more than any model shardlm can "
+			 "train; the file is damaged", path, mc->n_experts, mc->moe_intermediate,
+			 mc->hidden, mc->n_layers);
+		return -1;
+	}
+	for (int l = 0; l < mc->n_layers; l++)
+		mc->mlp_kind[l] = mc->n_experts > 0 && (l + 1) % step == 0 ? SL_MLP_MOE :
+			SL_MLP_DENSE;
+	if (only && !json_is_array(only)) {
+		sl_error("%s: key mlp_only_layers must be a list of layer indices", path);
+		return -1;
+	}
+	json_array_foreach(only, i, v) {
+		json_int_t l = json_is_integer(v) ? json_integer_value(v) : -1;
+
+		if (l < 0 || l >= mc->n_layers) {
+			sl_error("%s: mlp_only_layers[%zu] must be a layer index in 0..%d", path, i,
+				 mc->n_layers - 1);
+			return -1;
+		}
+		mc->mlp_kind[l] = SL_MLP_DENSE;
+	}
+	return 0;
 }
 
 int sl_model_config_load(struct sl_model_config *mc, const char *path)
@@ -322,7 +397,8 @@ int sl_model_config_load(struct sl_model_config *mc, const char *path)
 	    get_positive(path, tc, "num_hidden_layers", true, 0, &mc->n_layers) ||
 	    get_positive(path, tc, "num_attention_heads", true, 0, &mc->n_heads) ||
 	    get_positive(path, tc, "num_key_value_heads", false, mc->n_heads, &mc->n_kv_heads) ||
-	    get_positive(path, tc, "head_dim", false, fam->default_head_dim, &mc->head_dim) ||
+	    get_positive(path, tc, "head_dim", false, fam->default_head_dim ?
+			 fam->default_head_dim : mc->hidden / mc->n_heads, &mc->head_dim) ||
 	    get_positive(path, tc, "intermediate_size", true, 0, &mc->intermediate) ||
 	    get_positive(path, tc, "max_position_embeddings", false, fam->default_max_position,
 			 &mc->max_position) ||

@@ -11,6 +11,20 @@
 #define SL_ALIGN 16
 #define NO_OFF SIZE_MAX
 
+struct layout_builder {
+	struct sl_layout *lay;
+	int cap;
+	int unit;
+	size_t off;		/* next free element in the current unit */
+};
+
+/*
+ * Appends one tensor to the current unit.  @fused_next: the tensor continues a fused group
+ * (k/v after q, up after gate, ...) and must follow its predecessor with no padding.
+ */
+int sl_layout_add(struct layout_builder *lb, bool fused_next, const char *name, int ndim,
+		  int64_t d0, int64_t d1, enum sl_init init);
+
 /* a decoder layer's tensors, as element offsets in its unit; NO_OFF when absent */
 struct layer_off {
 	size_t ln1;	/* (H) */
@@ -22,6 +36,10 @@ struct layer_off {
 	size_t ln2;	/* (H) */
 	size_t wgu;	/* (2I, H) */
 	size_t wd;	/* (H, I) */
+	/* MoE layers instead of wgu, wd (model_moe.c) */
+	size_t wr;	/* (E, H) router */
+	size_t wegu;	/* (E, 2Im, H): expert e's gate (Im, H) then up (Im, H) */
+	size_t wed;	/* (E, H, Im) */
 };
 
 /* what a layer's backward needs from its forward */
@@ -47,6 +65,8 @@ struct sl_model {
 	int V, H, nh, nkv, hd, I, Q, nL;	/* Q = (nh + 2 nkv) hd */
 	float eps, theta;
 	bool bias;
+	bool dense_mlp;			/* some layer has the dense MLP */
+	double aux_coef;		/* router_aux_loss_coef */
 
 	struct layer_off *lo;		/* (nL) */
 	size_t norm_off, score_off;	/* in the head unit */
@@ -60,14 +80,29 @@ struct sl_model {
 	void *gb1;		/* (T, max(2I, Q)) */
 	void *gb2;		/* (T, max(I, Q, nh hd)) */
 
-	void *xl;		/* (B, H) last-token hidden states */
-	void *xnf;		/* (B, H) after the final norm */
-	void *rstdf;		/* (B) stat */
+	/*
+	 * The head.  classify: on each record's last token (Bh = max_records rows).  sft: the causal-LM
+	 * head on the tokens whose next token is a target (Bh = max_tokens rows), its cross-entropy
+	 * in chunks of `chunk` rows, so the (tokens x V) logits never exist whole.
+	 */
+	bool sft;
+	bool tied;		/* sft: the LM head is unit 0's embedding table */
+	size_t lm_off;		/* sft, untied: lm_head.weight in the head unit */
+	int chunk;		/* sft: rows of logits per chunk */
+	void *lg;		/* (chunk, V) sft: logits, then their gradient */
+	float *row_loss;	/* (chunk) sft: per-row cross-entropy */
+	void *g_embed;		/* sft, tied: unit 0's gradient buffer, from the head to the embedding */
+
+	void *xl;		/* (Bh, H) the head's input rows */
+	void *xnf;		/* (Bh, H) after the final norm */
+	void *rstdf;		/* (Bh) stat */
 	void *logits;		/* (B) */
 	void *dlogits;		/* (B) */
-	void *gxnf, *gxl;	/* (B, H) */
+	void *gxnf, *gxl;	/* (Bh, H) */
 	double *loss_dev;	/* (1) */
 	float *scores_f32;	/* (B) */
+
+	struct sl_moe *moe;	/* mixture-of-experts state; NULL without MoE layers */
 
 	void **bufs;		/* everything above that came from be->alloc, to free */
 	int n_bufs, cap_bufs;
@@ -76,6 +111,29 @@ struct sl_model {
 
 
 void *sl_model_ws_alloc(struct sl_model *m, size_t n, size_t elt);
+
+/* model_moe.c: the Qwen3-MoE sparse MLP */
+struct sl_batch_dev;
+int sl_moe_layout(struct layout_builder *lb, const struct sl_model_config *mc, int l);
+int sl_moe_offsets(const struct sl_layout *lay, int l, struct layer_off *lo);
+int sl_moe_create(struct sl_model *m, const struct sl_model_config *mc);
+void sl_moe_destroy(struct sl_model *m);
+/* before the first layer of a forward */
+void sl_moe_begin(struct sl_model *m);
+/*
+ * Layer l's MLP on a->xn2: xout = a->h + moe(a->xn2).  @full false (the backward's recompute):
+ * everything the backward needs, no xout.
+ */
+void sl_moe_fwd(struct sl_model *m, int l, const void *w, const struct acts *a, void *xout,
+		const struct sl_batch_dev *b, bool full);
+/*
+ * After the last layer: the aux loss and expert counts to the host.  @aux_weight: the aux loss's
+ * weight in the loss whose gradient the backward computes (0: none).  Returns the aux loss.
+ */
+double sl_moe_end_fwd(struct sl_model *m, const struct sl_batch_dev *b, double aux_weight);
+/* Layer l's MLP backward: m->gx (gradient of the layer output) in, m->gn (of a->xn2) out */
+void sl_moe_bwd(struct sl_model *m, int l, const void *w, void *g, const struct acts *a,
+		const struct sl_batch_dev *b);
 
 /* element @off of a compute-type buffer */
 static inline void *at(const struct sl_model *m, const void *base, size_t off)

@@ -15,7 +15,8 @@
 #include "fsutil.h"
 #include "safetensors.h"
 
-int sl_model_files_open(struct sl_model_files *f, const char *path, const char *revision)
+int sl_model_files_open(struct sl_model_files *f, const char *path, const char *revision,
+			int task)
 {
 	char cj[SL_PATH_MAX + 16];
 
@@ -26,7 +27,8 @@ int sl_model_files_open(struct sl_model_files *f, const char *path, const char *
 	if (sl_model_config_load(&f->mc, cj))
 		return -1;
 	f->have_mc = true;
-	if (sl_model_layout(&f->mc, 0, &f->lay)) {
+	f->task = task;
+	if (sl_model_layout(&f->mc, task, &f->lay)) {
 		sl_model_files_close(f);
 		return -1;
 	}
@@ -96,12 +98,16 @@ int sl_model_files_load_shard(struct sl_model_files *f, struct sl_shard *sh, uin
 		free(sub.t);
 		first += n;
 	}
+	/* fused expert tensors (transformers 5) were read through their per-expert names */
 	for (int i = 0; i < w.n_tensors; i++)
-		if (!sl_layout_find(lay, w.tensors[i].name))
+		if (!sl_layout_find(lay, w.tensors[i].name) &&
+		    !strstr(w.tensors[i].name, ".mlp.experts.gate_up_proj") &&
+		    !strstr(w.tensors[i].name, ".mlp.experts.down_proj"))
 			n_unused++;
 	if (n_unused)
-		sl_log("%s: %d tensor(s) of the checkpoint are not used by the classify task "
-		       "(e.g. a causal-LM head)", f->dir, n_unused);
+		sl_log("%s: %d tensor(s) of the checkpoint are not used by the %s task "
+		       "(e.g. %s)", f->dir, n_unused, f->task ? "sft" : "classify",
+		       f->task ? "a classification head" : "a causal-LM head");
 	ret = 0;
 out:
 	free(buf);
@@ -118,7 +124,21 @@ static void file_name(char *buf, size_t len, int k, int n)
 		snprintf(buf, len, "model-%05d-of-%05d.safetensors", k + 1, n);
 }
 
-/* rank 0: config.json with the classification architecture, the index, the tokenizer files */
+/* The class name prefix transformers uses for a model_type (Qwen3ForCausalLM, ...). */
+static const char *hf_class_prefix(const char *model_type)
+{
+	static const struct { const char *type, *prefix; } t[] = {
+		{ "qwen3", "Qwen3" },
+		{ "qwen3_moe", "Qwen3Moe" },
+	};
+
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
+		if (!strcmp(t[i].type, model_type))
+			return t[i].prefix;
+	return "Qwen3";
+}
+
+/* rank 0: config.json with the task's architecture, the index, the tokenizer files */
 static int write_meta(const char *dir, const struct sl_model_files *f, int n_files,
 		      enum sl_precision dtype)
 {
@@ -138,13 +158,21 @@ static int write_meta(const char *dir, const struct sl_model_files *f, int n_fil
 		sl_error("%s:%d: %s", p, jerr.line, jerr.text);
 		return -1;
 	}
-	json_object_set_new(cj, "architectures", json_pack("[s]", "Qwen3ForSequenceClassification"));
-	json_object_set_new(cj, "num_labels", json_integer(1));
-	json_object_set_new(cj, "id2label", json_pack("{s:s}", "0", "LABEL_0"));
-	json_object_set_new(cj, "label2id", json_pack("{s:i}", "LABEL_0", 0));
+	snprintf(name, sizeof(name), "%s%s", hf_class_prefix(f->mc.model_type),
+		 f->task ? "ForCausalLM" : "ForSequenceClassification");
+	json_object_set_new(cj, "architectures", json_pack("[s]", name));
+	if (!f->task) {
+		json_object_set_new(cj, "num_labels", json_integer(1));
+		json_object_set_new(cj, "id2label", json_pack("{s:s}", "0", "LABEL_0"));
+		json_object_set_new(cj, "label2id", json_pack("{s:i}", "LABEL_0", 0));
+	} else {
+		json_object_del(cj, "num_labels");
+		json_object_del(cj, "id2label");
+		json_object_del(cj, "label2id");
+	}
 	json_object_set_new(cj, "dtype", json_string(dtype == SL_PREC_FP32 ? "float32" : "bfloat16"));
 	/* transformers batches sequence classification only with a pad token */
-	if (f->mc.pad_token_id < 0)
+	if (!f->task && f->mc.pad_token_id < 0)
 		json_object_set_new(cj, "pad_token_id",
 				    json_integer(f->mc.eos_token_id >= 0 ? f->mc.eos_token_id : 0));
 	snprintf(p, sizeof(p), "%s/config.json", dir);

@@ -22,10 +22,13 @@ struct sl_model_files {
 	char dir[SL_PATH_MAX];		/* resolved model dir (holds config.json) */
 	struct sl_model_config mc;
 	struct sl_layout lay;
+	int task;			/* config.h's enum sl_task: which head the layout has */
 	bool have_mc, have_lay;
 };
 
-int sl_model_files_open(struct sl_model_files *f, const char *path, const char *revision);
+/* @task: 0 classify (score.weight), 1 sft (lm_head.weight unless tied) */
+int sl_model_files_open(struct sl_model_files *f, const char *path, const char *revision,
+			int task);
 void sl_model_files_close(struct sl_model_files *f);
 
 /*

@@ -399,7 +399,7 @@ int sl_plan_check_job(const struct sl_config *c, int world, int node_size, doubl
 	struct sl_plan p;
 	int ret = -1;
 
-	if (sl_model_files_open(&mf, c->model.path, c->model.revision))
+	if (sl_model_files_open(&mf, c->model.path, c->model.revision, c->task))
 		return -1;
 	if (sl_plan_compute(c, &mf.mc, &mf.lay, &o, &p))
 		goto out_close;
@@ -510,7 +510,7 @@ int sl_cmd_plan(int argc, char **argv)
 			 config);
 		goto out_free;
 	}
-	if (sl_model_files_open(&mf, c->model.path, c->model.revision))
+	if (sl_model_files_open(&mf, c->model.path, c->model.revision, c->task))
 		goto out_free;
 	if (sl_plan_compute(c, &mf.mc, &mf.lay, &o, &p) == 0) {
 		sl_plan_print(&p, c, &mf.mc, &mf.lay, &o, stdout);

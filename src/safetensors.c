@@ -812,6 +812,60 @@ const struct sl_st_tensor *sl_weights_find(const struct sl_weights *w, const cha
 
 /* ---- loading a layout ------------------------------------------------------------------------ */
 
+/*
+ * transformers 5 holds a Qwen3-MoE layer's experts fused and may save them so:
+ * mlp.experts.gate_up_proj (E, 2Im, H), expert e's gate rows then its up rows, and
+ * mlp.experts.down_proj (E, H, Im).  For a per-expert name (mlp.experts.N.gate_proj.weight, ...)
+ * that the checkpoint lacks, *view = expert N's slice of the fused tensor, *fused = that tensor.
+ * Returns 1 with a view, 0 when there is no fused tensor either, -1 on a bad one (printed).
+ */
+static int fused_expert(const struct sl_weights *w, const struct sl_tensor_info *ti,
+			struct sl_st_tensor *view, const struct sl_st_tensor **fused)
+{
+	const char *p = strstr(ti->name, ".mlp.experts.");
+	const struct sl_st_tensor *t;
+	char proj[16], fname[256], have[256];
+	int e, end = 0;
+	bool down, up;
+	size_t esz, off;
+	int64_t ws[3];
+
+	if (!p || ti->ndim != 2 ||
+	    sscanf(p, ".mlp.experts.%d.%15[a-z]_proj.weight%n", &e, proj, &end) != 2 ||
+	    p[end] != '\0' || e < 0)
+		return 0;
+	down = !strcmp(proj, "down");
+	up = !strcmp(proj, "up");
+	if (!down && !up && strcmp(proj, "gate"))
+		return 0;
+	snprintf(fname, sizeof(fname), "%.*s.mlp.experts.%s", (int)(p - ti->name), ti->name,
+		 down ? "down_proj" : "gate_up_proj");
+	t = sl_weights_find(w, fname);
+	if (!t)
+		return 0;
+	ws[0] = t->ndim == 3 ? t->shape[0] : 0;
+	ws[1] = down ? ti->shape[0] : 2 * ti->shape[0];
+	ws[2] = ti->shape[1];
+	if (t->ndim != 3 || t->shape[0] <= e || t->shape[1] != ws[1] || t->shape[2] != ws[2]) {
+		shape_str(have, sizeof(have), t->ndim, t->shape);
+		sl_error("%s: fused tensor %s has shape %s; config.json needs (experts >= %d, %lld, "
+			 "%lld) for %s", w->files[t->file].path, t->name, have, e + 1,
+			 (long long)ws[1], (long long)ws[2], ti->name);
+		return -1;
+	}
+	esz = t->dtype == SL_DT_F32 ? 4 : 2;
+	off = (size_t)e * ws[1] * ws[2] + (up ? ti->numel : 0);
+	*view = *t;
+	view->ndim = 2;
+	view->shape[0] = ti->shape[0];
+	view->shape[1] = ti->shape[1];
+	view->numel = ti->numel;
+	view->nbytes = ti->numel * esz;
+	view->data = (const char *)t->data + off * esz;
+	*fused = t;
+	return 1;
+}
+
 int sl_weights_load_layout(const struct sl_weights *w, const struct sl_layout *lay,
 			   float **units, double init_std, uint64_t seed, bool *initialized,
 			   int *n_initialized, int *n_unused)
@@ -828,13 +882,25 @@ int sl_weights_load_layout(const struct sl_weights *w, const struct sl_layout *l
 	/* check everything before converting anything, so errors come before minutes of copying */
 	for (int i = 0; i < lay->n_tensors; i++) {
 		const struct sl_tensor_info *ti = &lay->t[i];
-		const struct sl_st_tensor *t = sl_weights_find(w, ti->name);
+		const struct sl_st_tensor *t = sl_weights_find(w, ti->name), *fu;
+		struct sl_st_tensor view;
 		bool same;
 
 		if (ti->unit < 0 || ti->unit >= lay->n_units ||
 		    ti->offset + ti->numel > lay->unit_numel[ti->unit]) {
 			sl_error("layout: tensor %s does not fit in its unit %d", ti->name, ti->unit);
 			goto out_free_used;
+		}
+		if (!t) {
+			int f = fused_expert(w, ti, &view, &fu);
+
+			if (f < 0)
+				goto out_free_used;
+			if (f > 0) {
+				used[fu - w->tensors] = true;
+				t = fu;
+				goto check_dtype;
+			}
 		}
 		if (!t) {
 			if (!ti->optional && !n_missing++)
@@ -852,6 +918,7 @@ int sl_weights_load_layout(const struct sl_weights *w, const struct sl_layout *l
 				 w->files[t->file].path, t->name, have, want);
 			goto out_free_used;
 		}
+check_dtype:
 		if (t->dtype == SL_DT_OTHER) {
 			sl_error("%s: tensor %s has dtype %s; shardlm reads F32, BF16 and F16 "
 				 "(convert the checkpoint, e.g. save it again in bfloat16)",
@@ -872,9 +939,12 @@ int sl_weights_load_layout(const struct sl_weights *w, const struct sl_layout *l
 
 	for (int i = 0; i < lay->n_tensors; i++) {
 		const struct sl_tensor_info *ti = &lay->t[i];
-		const struct sl_st_tensor *t = sl_weights_find(w, ti->name);
+		const struct sl_st_tensor *t = sl_weights_find(w, ti->name), *fu;
 		float *dst = units[ti->unit] + ti->offset;
+		struct sl_st_tensor view;
 
+		if (!t && fused_expert(w, ti, &view, &fu) > 0)
+			t = &view;
 		if (initialized)
 			initialized[i] = !t;
 		if (t) {

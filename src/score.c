@@ -119,6 +119,12 @@ int sl_cmd_score(int argc, char **argv)
 	}
 	if (sl_config_load(c, a.config, a.set, a.nset, false) || sl_check_supported(c, false))
 		goto out;
+	if (c->task != SL_TASK_CLASSIFY) {
+		sl_error("%s: task: %s has no scores; score applies to task classify (an sft run "
+			 "reports its validation loss while training)", c->source,
+			 sl_task_name(c->task));
+		goto out;
+	}
 	/* weights: --model, else the run's export, else its newest checkpoint, else model.path */
 	snprintf(exported, sizeof(exported), "%s/model", c->run.dir);
 	snprintf(probe, sizeof(probe), "%s/config.json", exported);
@@ -145,7 +151,8 @@ int sl_cmd_score(int argc, char **argv)
 			 ckpt_dir);
 		goto out;
 	}
-	if (sl_model_files_open(&mf, weights, weights == c->model.path ? c->model.revision : ""))
+	if (sl_model_files_open(&mf, weights, weights == c->model.path ? c->model.revision : "",
+				c->task))
 		goto out;
 	have_mf = true;
 	be = sl_backend_cpu_create();
@@ -258,7 +265,7 @@ int sl_cmd_export(int argc, char **argv)
 		goto out;
 	}
 	ret = 2;
-	if (sl_model_files_open(&mf, c->model.path, c->model.revision)) {
+	if (sl_model_files_open(&mf, c->model.path, c->model.revision, c->task)) {
 		sl_error("%s: export needs the model the run started from (model.path %s) for "
 			 "config.json and the tokenizer files", a.checkpoint, c->model.path);
 		goto out;

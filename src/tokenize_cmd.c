@@ -4,6 +4,8 @@
  * Owns the command only: JSONL on stdin (each line a JSON string or an object with "text"),
  * one JSON array of ids per line on stdout, in order, exactly HF's
  * Tokenizer.encode(text, add_special_tokens=False).ids.  Errors name "<stdin>:LINE".
+ * --chat: each line a chat record ("messages" or "conversations", optional "tools"), rendered
+ * with the model's chat template (chat.c) into {"input_ids": [...], "loss_mask": [...]}.
  */
 #include "tokenizer.h"
 
@@ -14,17 +16,23 @@
 
 #include <jansson.h>
 
+#include "chat.h"
 #include "log.h"
 
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: shardlm tokenize --tokenizer PATH [--split-special] [--stats]\n"
+		"       shardlm tokenize --tokenizer PATH --chat [--keep-reasoning]\n"
 		"  stdin: JSONL, each line a JSON string or an object with \"text\"\n"
 		"  stdout: one JSON array of token ids per line (Hugging Face's\n"
 		"          encode(text, add_special_tokens=False).ids)\n"
 		"  PATH: a tokenizer.json or a model directory holding one\n"
 		"  --split-special: special tokens written in the text are plain text\n"
-		"  --stats: print lines, tokens and tokens/s (loading excluded) on stderr\n");
+		"  --stats: print lines, tokens and tokens/s (loading excluded) on stderr\n"
+		"  --chat: each line a chat record (\"messages\" or \"conversations\", \"tools\"),\n"
+		"          rendered with the chat template beside PATH; out: one line\n"
+		"          {\"input_ids\": [...], \"loss_mask\": [...]} per record (1 = a target)\n"
+		"  --keep-reasoning: keep earlier assistant turns' reasoning (data.keep_reasoning)\n");
 }
 
 /* ids as "[1,2,3]\n" into buf (room for n * 11 + 3 bytes) */
@@ -53,10 +61,76 @@ static size_t format_ids(char *buf, const int32_t *ids, int n)
 	return o;
 }
 
+/* --chat: one record per line to {"input_ids":[...],"loss_mask":[...]} */
+static int tokenize_chat(struct sl_tokenizer *tok, const char *path, bool keep_reasoning)
+{
+	struct sl_chat *ct = NULL;
+	int32_t *ids = NULL;
+	uint8_t *mask = NULL;
+	size_t cap = 0, lcap = 0;
+	char *line = NULL, buf[2048];
+	long lineno = 0;
+	ssize_t got;
+	int rc = 1, i, n;
+
+	if (sl_chat_load(path, &ct))
+		return 1;
+	if (!sl_chat_known(ct)) {
+		sl_chat_refusal(ct, buf, sizeof(buf));
+		sl_error("tokenize --chat: %s", buf);
+		goto out_free;
+	}
+	while ((got = getline(&line, &lcap, stdin)) >= 0) {
+		json_t *root, *msgs = NULL, *tools = NULL;
+		json_error_t jerr;
+		char *err = NULL;
+
+		lineno++;
+		root = json_loadb(line, got, 0, &jerr);
+		if (!root) {
+			sl_error("<stdin>:%ld: invalid JSON at column %d: %s", lineno, jerr.column,
+				 jerr.text);
+			goto out_free;
+		}
+		n = sl_chat_record(root, &msgs, &tools, &err);
+		if (n == 1)
+			err = strdup("not a chat record: give \"messages\" or \"conversations\"");
+		else if (n == 0)
+			n = sl_chat_encode(ct, tok, msgs, tools, keep_reasoning, &ids, &mask, &cap,
+					   &err);
+		json_decref(msgs);
+		json_decref(tools);
+		json_decref(root);
+		if (err || n < 0) {
+			sl_error("<stdin>:%ld: %s", lineno, err ? err : "cannot render");
+			free(err);
+			goto out_free;
+		}
+		fputs("{\"input_ids\":[", stdout);
+		for (i = 0; i < n; i++)
+			printf(i ? ",%d" : "%d", ids[i]);
+		fputs("],\"loss_mask\":[", stdout);
+		for (i = 0; i < n; i++)
+			fputs(i ? (mask[i] ? ",1" : ",0") : (mask[i] ? "1" : "0"), stdout);
+		fputs("]}\n", stdout);
+	}
+	if (fflush(stdout)) {
+		sl_error("tokenize: cannot write to stdout: %s", strerror(errno));
+		goto out_free;
+	}
+	rc = 0;
+out_free:
+	free(line);
+	free(ids);
+	free(mask);
+	sl_chat_free(ct);
+	return rc;
+}
+
 int sl_cmd_tokenize(int argc, char **argv)
 {
 	const char *path = NULL;
-	bool split_special = false, stats = false;
+	bool split_special = false, stats = false, chat = false, keep_reasoning = false;
 	double t_load, t0;
 	long ntok = 0;
 	struct sl_tokenizer *tok;
@@ -77,6 +151,10 @@ int sl_cmd_tokenize(int argc, char **argv)
 			split_special = true;
 		} else if (!strcmp(argv[i], "--stats")) {
 			stats = true;
+		} else if (!strcmp(argv[i], "--chat")) {
+			chat = true;
+		} else if (!strcmp(argv[i], "--keep-reasoning")) {
+			keep_reasoning = true;
 		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
 			usage(stdout);
 			return 0;
@@ -97,6 +175,11 @@ int sl_cmd_tokenize(int argc, char **argv)
 		return 1;
 	t_load = sl_now() - t0;
 	t0 = sl_now();
+	if (chat) {
+		rc = tokenize_chat(tok, path, keep_reasoning);
+		sl_tokenizer_free(tok);
+		return rc;
+	}
 
 	while ((got = getline(&line, &lcap, stdin)) >= 0) {
 		json_error_t jerr;

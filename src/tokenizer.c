@@ -1824,6 +1824,13 @@ int32_t sl_tokenizer_token_to_id(const struct sl_tokenizer *t, const char *token
 	return str_map_get(&t->vocab, token, n);
 }
 
+int sl_tokenizer_token_bytes(const struct sl_tokenizer *t, int32_t id)
+{
+	if (id < 0 || id >= t->vocab_size || !t->id_bytes[id])
+		return -1;
+	return (int)t->id_nbytes[id];
+}
+
 int sl_tokenizer_vocab_size(const struct sl_tokenizer *t)
 {
 	return t->vocab_size;

@@ -44,6 +44,12 @@ int sl_tokenizer_decode(const struct sl_tokenizer *tok, const int32_t *ids, size
 
 /* The id of a token (an added token's content or a vocabulary entry), or -1. */
 int32_t sl_tokenizer_token_to_id(const struct sl_tokenizer *tok, const char *token);
+/*
+ * The number of bytes token @id stands for in the (normalized) text it came from: its decoded
+ * bytes, before decode's repair of invalid UTF-8; -1 for an id outside the vocabulary.  Sums
+ * over an encoding map tokens back to byte offsets (chat.c's loss masks).
+ */
+int sl_tokenizer_token_bytes(const struct sl_tokenizer *tok, int32_t id);
 /* One past the largest id (the embedding rows the model needs at least). */
 int sl_tokenizer_vocab_size(const struct sl_tokenizer *tok);
 /* The tokenizer.json that was loaded. */

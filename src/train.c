@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "chat.h"
 #include "ckpt.h"
 #include "data.h"
 #include "dist.h"
@@ -150,14 +151,9 @@ int sl_check_supported(const struct sl_config *c, bool training)
 			 "computes in fp32 (set precision.compute: auto or fp32)", c->source);
 		return -1;
 	}
-	if (c->task != SL_TASK_CLASSIFY) {
-		sl_error("%s: task: %s is not in this version yet (only classify)", c->source,
-			 sl_task_name(c->task));
-		return -1;
-	}
 	if (!training)
 		return 0;
-	if (c->data.pack) {
+	if (c->data.pack && c->task != SL_TASK_SFT) {
 		sl_error("%s: data.pack applies to task sft only; set data.pack: false",
 			 c->source);
 		return -1;
@@ -286,14 +282,16 @@ out:
  * then every rank loads the whole cache (the sampler orders all records by length).
  */
 static int load_data(struct sl_dataset *ds, const char *path, const struct sl_config *c,
-		     int vocab, struct sl_tokenizer *tok, const struct sl_dist *d,
-		     const char *what)
+		     int vocab, struct sl_tokenizer *tok, const struct sl_chat *chat,
+		     const struct sl_dist *d, const char *what)
 {
 	struct sl_data_opts o = {
 		.text_field = c->data.text_field, .label_field = c->data.label_field,
-		.max_state = c->data.max_state, .need_label = true,
+		.max_state = c->data.max_state, .need_label = c->task == SL_TASK_CLASSIFY,
 		.skip_errors = c->data.on_error == SL_ON_ERROR_SKIP, .vocab = vocab,
 		.tokenizer = tok, .progress = d->rank == 0,
+		.sft = c->task == SL_TASK_SFT, .keep_reasoning = c->data.keep_reasoning,
+		.chat = chat,
 	};
 
 	if (tok && d->world > 1) {
@@ -306,6 +304,9 @@ static int load_data(struct sl_dataset *ds, const char *path, const struct sl_co
 		sl_log("%s: skipped %ld bad line(s) (data.on_error: skip)", path, ds->skipped);
 	sl_log("%s: dropped %ld of %ld records that exceed the training context (max_state %d)",
 	       path, ds->dropped, ds->total, c->data.max_state);
+	if (o.sft)
+		sl_log("%s: dropped %ld of %ld records without a target token (no assistant turn, "
+		       "or an all-zero loss_mask)", path, ds->no_target, ds->total);
 	if (ds->n == 0) {
 		sl_error("%s: no %s records left to use", path, what);
 		return -1;
@@ -313,19 +314,30 @@ static int load_data(struct sl_dataset *ds, const char *path, const struct sl_co
 	return 0;
 }
 
-/* Device-side copy of a host batch. */
+/* Device-side copy of a host batch (and, for sft, its targets). */
 struct dev_batch {
 	int32_t *ids, *lens, *last;
 	float *labels;
+	int32_t *tgt_pos, *tgt_ids;	/* (max_B * max_L) sft */
+	int32_t *pos;			/* (max_B * max_L) packed rows */
+	int32_t *h_tgt;			/* (2 * max_B * max_L) host: positions, then ids */
 	struct sl_batch_dev view;
 };
 
 static void dev_batch_alloc(struct sl_backend *be, struct dev_batch *d, int max_B, int max_L)
 {
-	d->ids = be->alloc(be, (size_t)max_B * max_L * sizeof(int32_t));
+	size_t T = (size_t)max_B * max_L;
+
+	d->ids = be->alloc(be, T * sizeof(int32_t));
 	d->lens = be->alloc(be, max_B * sizeof(int32_t));
 	d->last = be->alloc(be, max_B * sizeof(int32_t));
 	d->labels = be->alloc(be, max_B * sizeof(float));
+	d->tgt_pos = be->alloc(be, T * sizeof(int32_t));
+	d->tgt_ids = be->alloc(be, T * sizeof(int32_t));
+	d->pos = be->alloc(be, T * sizeof(int32_t));
+	d->h_tgt = malloc(2 * T * sizeof(int32_t));
+	if (!d->h_tgt)
+		sl_dist_abort("out of host memory for a micro-batch's targets");
 }
 
 static void dev_batch_free(struct sl_backend *be, struct dev_batch *d)
@@ -336,6 +348,10 @@ static void dev_batch_free(struct sl_backend *be, struct dev_batch *d)
 	be->free(be, d->lens);
 	be->free(be, d->last);
 	be->free(be, d->labels);
+	be->free(be, d->tgt_pos);
+	be->free(be, d->tgt_ids);
+	be->free(be, d->pos);
+	free(d->h_tgt);
 	d->ids = NULL;
 }
 
@@ -349,7 +365,91 @@ static const struct sl_batch_dev *dev_batch_upload(struct sl_backend *be, struct
 	d->view = (struct sl_batch_dev){ .B = hb->B, .L = hb->L, .ids = d->ids, .lens = d->lens,
 					 .last = d->last, .labels = d->labels,
 					 .h_lens = hb->lens };
+	if (hb->packed) {
+		be->upload(be, d->pos, hb->pos, (size_t)hb->B * hb->L * sizeof(int32_t));
+		d->view.pos = d->pos;
+	}
 	return &d->view;
+}
+
+/*
+ * sft: the batch's targets from its mask: token t of the batch (rows of L tokens, packed or not)
+ * is a target when its mask says so, predicted from the logits at t - 1 (a record's first token
+ * never is one, so t - 1 is in the same record).  Uploads them into the device batch; returns
+ * their number.
+ */
+static int dev_batch_targets(struct sl_backend *be, struct dev_batch *d,
+			     const struct sl_host_batch *hb)
+{
+	size_t T = (size_t)hb->max_B * hb->max_L;
+	int32_t *pos = d->h_tgt, *ids = d->h_tgt + T;
+	int k = 0;
+
+	for (int b = 0; b < hb->B; b++)
+		for (int p = 1; p < hb->lens[b]; p++) {
+			size_t t = (size_t)b * hb->L + p;
+
+			if (hb->mask[t]) {
+				pos[k] = (int32_t)t - 1;
+				ids[k++] = hb->ids[t];
+			}
+		}
+	if (k) {
+		be->upload(be, d->tgt_pos, pos, k * sizeof(int32_t));
+		be->upload(be, d->tgt_ids, ids, k * sizeof(int32_t));
+	}
+	d->view.n_tgt = k;
+	d->view.tgt_pos = d->tgt_pos;
+	d->view.tgt_ids = d->tgt_ids;
+	return k;
+}
+
+/* sft: the target tokens of record i */
+static long record_targets(const struct sl_dataset *ds, int i)
+{
+	const struct sl_record *r = &ds->rec[i];
+	long n = 0;
+
+	for (int p = 1; r->mask && p < r->len; p++)
+		n += r->mask[p] != 0;
+	return n;
+}
+
+/*
+ * Validation of the sft task over all ranks (records i % world == rank, similar lengths
+ * together): the mean cross-entropy over every target token of the set.
+ */
+static double evaluate_lm(struct sl_backend *be, struct sl_model *m,
+			  const struct sl_unit_source *src, const struct sl_dataset *ds, int batch,
+			  int max_L, int32_t pad, int rank, int world, long *targets)
+{
+	struct sl_host_batch hb;
+	struct dev_batch db;
+	int n_mine = 0, *order = malloc((ds->n / world + 1) * sizeof(int));
+	double sums[2] = { 0 }, all[2];
+
+	for (int i = rank; i < ds->n; i += world)
+		order[n_mine++] = i;
+	sl_data_sort_longest_first(ds, order, n_mine);
+	sl_host_batch_alloc(&hb, batch, max_L);
+	dev_batch_alloc(be, &db, batch, max_L);
+	for (int i = 0; i < n_mine; i += batch) {
+		int n = n_mine - i < batch ? n_mine - i : batch;
+		double part = 0;
+
+		sl_host_batch_fill(&hb, ds, order + i, n, pad);
+		dev_batch_upload(be, &db, &hb);
+		sums[1] += dev_batch_targets(be, &db, &hb);
+		if (sl_model_lm_loss(m, src, &db.view, &part))
+			sl_dist_abort("the model's validation pass failed");
+		sums[0] += part;
+	}
+	MPI_Allreduce(sums, all, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+	dev_batch_free(be, &db);
+	sl_host_batch_free(&hb);
+	free(order);
+	*targets = (long)all[1];
+	return all[1] > 0 ? all[0] / all[1] : NAN;
 }
 
 enum { EV_N, EV_BCE, EV_SE, EV_P, EV_Y, EV_PP, EV_YY, EV_PY, EV_COUNT };
@@ -466,6 +566,7 @@ struct job {
 	struct sl_gpulog *gpulog;	/* node's local rank 0 */
 	struct sl_tb *tb;		/* rank 0 */
 	struct sl_tokenizer *tok;	/* the model's, NULL without tokenizer.json */
+	struct sl_chat *chat;		/* sft: its chat template, NULL without one */
 	char tok_path[SL_PATH_MAX + 32];
 	bool cuda;			/* the cuda backend */
 	int device;			/* its GPU */
@@ -770,21 +871,57 @@ static double gpu_memory(struct job *j)
 
 /*
  * Model FLOPs of one micro-batch's forward and backward: 6 per parameter of every matrix
- * multiply (heads included, embedding excluded) per real token, plus causal attention: per
- * record of n tokens, QK^T and PV cost 2 * hd * n(n+1)/2 multiply-adds each per head and layer,
- * times 3 for forward and backward.  Padding is not counted.
+ * multiply (embedding excluded) per real token, plus causal attention: per record of n tokens,
+ * QK^T and PV cost 2 * hd * n(n+1)/2 multiply-adds each per head and layer, times 3 for forward
+ * and backward.  The head counts for the rows it is applied to: each record's last token
+ * (classify), each target's predecessor (sft; the tied head included).  Padding is not counted.
  */
+/* the micro-batch's tokens per expert into the step's (sm->expert_tokens, one buffer reused) */
+static void expert_tokens_add(const struct sl_model *m, struct sl_step_metrics *sm, bool first)
+{
+	static long long *sum;
+	const int64_t *c;
+	int nl, ne;
+	double aux;
+
+	c = sl_model_expert_counts(m, &nl, &ne, &aux);
+	if (!c)
+		return;
+	if (!sum && !(sum = calloc((size_t)nl * ne, sizeof(*sum))))
+		sl_dist_abort("out of memory");
+	for (size_t i = 0; i < (size_t)nl * ne; i++)
+		sum[i] = (first ? 0 : sum[i]) + c[i];
+	sm->moe_layers = nl;
+	sm->n_experts = ne;
+	sm->expert_tokens = sum;
+}
+
 static double model_flops(const struct job *j, const struct sl_host_batch *hb)
 {
 	const struct sl_model_config *mc = &j->mf.mc;
-	double f = 0, p = sl_model_matmul_params(mc, &j->mf.lay);
+	const struct sl_layout *lay = &j->mf.lay;
+	double f = 0, p = sl_model_matmul_params(mc, lay), head = 0, rows;
 
-	for (int b = 0; b < hb->B; b++) {
-		double n = hb->lens[b];
-
-		f += 6 * p * n + 3 * 4.0 * mc->head_dim * mc->n_heads * mc->n_layers * n * (n + 1) / 2;
+	for (int i = 0; i < lay->n_tensors; i++)
+		if (lay->t[i].head)
+			head += (double)lay->t[i].numel;
+	if (sl_model_is_lm(j->model)) {
+		p -= head;
+		head = (double)mc->vocab * mc->hidden;
+		rows = j->db.view.n_tgt;
+	} else {
+		p -= head;
+		rows = hb->B;
 	}
-	return f;
+	for (int b = 0; b < hb->B; b++) {
+		double n = hb->lens[b], keys = 0;
+
+		/* causal: token t sees its position + 1 keys (packed: in its own record) */
+		for (int t = 0; t < hb->lens[b]; t++)
+			keys += (hb->packed ? hb->pos[(size_t)b * hb->L + t] : t) + 1;
+		f += 6 * p * n + 3 * 4.0 * mc->head_dim * mc->n_heads * mc->n_layers * keys;
+	}
+	return f + 6 * head * rows;
 }
 
 #ifdef SL_HAVE_CUDA
@@ -880,23 +1017,51 @@ static void start_gpu_log(struct job *j)
 	free(all);
 }
 
+/* Validation after @step (0: before training): log line, metrics, TensorBoard. */
+static void run_eval(struct job *j, int step, int32_t pad)
+{
+	const struct sl_config *c = j->c;
+	double ev[3];
+	long targets;
+
+	if (sl_model_is_lm(j->model)) {
+		ev[0] = evaluate_lm(j->be, j->model, &j->sh.src, &j->valid, c->train.batch,
+				    j->max_L, pad, j->d.rank, j->d.world, &targets);
+		sl_metrics_add_eval_stats(j->met, step, j->valid.n, 1,
+					  (const char *const[]){ "loss" }, ev);
+		sl_log("eval step %d  valid loss %.4f  (%d records, %ld target tokens)", step,
+		       ev[0], j->valid.n, targets);
+		if (j->tb && step)
+			sl_tb_scalar(j->tb, "valid/loss", step, ev[0]);
+		return;
+	}
+	evaluate(j->be, j->model, &j->sh.src, &j->valid, c->train.batch, j->max_L, pad,
+		 j->d.rank, j->d.world, ev);
+	sl_metrics_add_eval_stats(j->met, step, j->valid.n, 3,
+				  (const char *const[]){ "loss", "brier", "corr" }, ev);
+	sl_log("eval step %d  valid loss %.4f  brier %.4f  corr %.3f  (%d records)", step, ev[0],
+	       ev[1], ev[2], j->valid.n);
+	if (j->tb && step) {
+		sl_tb_scalar(j->tb, "valid/loss", step, ev[0]);
+		sl_tb_scalar(j->tb, "valid/brier", step, ev[1]);
+		sl_tb_scalar(j->tb, "valid/corr", step, ev[2]);
+	}
+}
+
 static int run_steps(struct job *j)
 {
 	const struct sl_config *c = j->c;
 	int *idx = malloc(c->train.batch * sizeof(int)), bad_steps = 0, ret = -1;
+	bool lm = sl_model_is_lm(j->model);
+	int *step_idx = malloc(j->R * sizeof(int));
+	double denom = j->R;	/* classify: mean over the step's records */
 	int pad = j->mf.mc.pad_token_id >= 0 ? j->mf.mc.pad_token_id : 0;
-	double t_train0 = sl_now(), ev[3];
+	double t_train0 = sl_now();
 	char dur[64];
 	bool do_eval0 = j->valid.n && j->first_step == 1;
 
-	if (do_eval0) {
-		evaluate(j->be, j->model, &j->sh.src, &j->valid, c->train.batch, j->max_L, pad,
-			 j->d.rank, j->d.world, ev);
-		sl_metrics_add_eval_stats(j->met, 0, j->valid.n, 3,
-					  (const char *const[]){ "loss", "brier", "corr" }, ev);
-		sl_log("eval step 0  valid loss %.4f  brier %.4f  corr %.3f  (%d records)", ev[0],
-		       ev[1], ev[2], j->valid.n);
-	}
+	if (do_eval0)
+		run_eval(j, 0, pad);
 	for (int step = j->first_step; step <= j->steps; step++) {
 		struct sl_step_metrics sm = { .step = step };
 		struct sl_optim_hparams h;
@@ -906,18 +1071,32 @@ static int run_steps(struct job *j)
 		sl_watchdog_arm(c->parallel.timeout_s, "step %d", step);
 		gpu_reset_peak(j);
 		sl_shard_begin_step(&j->sh);
+		if (lm) {
+			/* the loss is per target token of the whole step: every rank counts them */
+			sl_sampler_step(&j->smp, step - 1, step_idx);
+			denom = 0;
+			for (int i = 0; i < j->R; i++)
+				denom += record_targets(&j->train, step_idx[i]);
+			if (denom <= 0)
+				sl_dist_abort("internal error: an sft step without target tokens");
+		}
 		for (int acc = 0; acc < c->train.accum; acc++) {
 			int n = sl_sampler_microbatch(&j->smp, step - 1, acc, j->d.rank, idx);
 			double part = 0;
 
-			if (n < 0 || sl_host_batch_fill(&j->hb, &j->train, idx, n, pad))
+			if (n < 0 || (c->data.pack ?
+				      sl_host_batch_pack(&j->hb, &j->train, idx, n, pad, j->max_L) :
+				      sl_host_batch_fill(&j->hb, &j->train, idx, n, pad)))
 				sl_dist_abort("internal error: bad micro-batch");
+			dev_batch_upload(j->be, &j->db, &j->hb);
+			if (lm)
+				dev_batch_targets(j->be, &j->db, &j->hb);
 			sl_shard_begin_micro(&j->sh, acc == c->train.accum - 1);
-			if (sl_model_train_step(j->model, &j->sh.src,
-						dev_batch_upload(j->be, &j->db, &j->hb),
-						1.0f / j->R, &part, NULL))
+			if (sl_model_train_step(j->model, &j->sh.src, &j->db.view,
+						(float)(1.0 / denom), &part, NULL))
 				sl_dist_abort("the model step failed");
 			mine[0] += part;
+			expert_tokens_add(j->model, &sm, acc == 0);
 			mine[1] += n;
 			mine[2] += j->hb.tokens;
 			mine[3] += j->hb.padded_tokens;
@@ -934,13 +1113,18 @@ static int run_steps(struct job *j)
 			poison_gradient(j, &mine[0]);
 		/* the loss first: a non-finite one skips the update as a non-finite norm does */
 		MPI_Allreduce(mine, sums, 5, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+		if (sm.moe_layers)
+			MPI_Allreduce(MPI_IN_PLACE, (long long *)sm.expert_tokens,
+				      sm.moe_layers * sm.n_experts, MPI_LONG_LONG, MPI_SUM,
+				      MPI_COMM_WORLD);
 		peak = gpu_peak(j);
 		MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 		sm.peak_gpu_bytes = (long long)peak;
 		sm.grad_norm = NAN;
 		status = isfinite(sums[0]) ? sl_shard_optim_step(&j->sh, &h, &sm.grad_norm) : 1;
 		j->be->sync(j->be);
-		sm.loss = sums[0] / j->R;
+		sm.loss = sums[0] / denom;
+		sm.targets = lm ? (long)denom : 0;
 		sm.records = (long)sums[1];
 		sm.tokens = (long)sums[2];
 		sm.padded_tokens = (long)sums[3];
@@ -998,18 +1182,7 @@ static int run_steps(struct job *j)
 		if (j->valid.n && ((c->train.eval_every && step % c->train.eval_every == 0) ||
 				   step == j->steps)) {
 			sl_watchdog_arm(c->parallel.timeout_s, "evaluation after step %d", step);
-			evaluate(j->be, j->model, &j->sh.src, &j->valid, c->train.batch, j->max_L,
-				 pad, j->d.rank, j->d.world, ev);
-			sl_metrics_add_eval_stats(j->met, step, j->valid.n, 3,
-						  (const char *const[]){ "loss", "brier", "corr" },
-						  ev);
-			sl_log("eval step %d  valid loss %.4f  brier %.4f  corr %.3f  (%d records)",
-			       step, ev[0], ev[1], ev[2], j->valid.n);
-			if (j->tb) {
-				sl_tb_scalar(j->tb, "valid/loss", step, ev[0]);
-				sl_tb_scalar(j->tb, "valid/brier", step, ev[1]);
-				sl_tb_scalar(j->tb, "valid/corr", step, ev[2]);
-			}
+			run_eval(j, step, pad);
 		}
 		if (j->tb && (step % c->run.log_every == 0 || step == j->steps))
 			sl_tb_flush(j->tb);
@@ -1031,6 +1204,7 @@ static int run_steps(struct job *j)
 	ret = 0;
 out:
 	free(idx);
+	free(step_idx);
 	return ret;
 }
 
@@ -1057,6 +1231,7 @@ static void job_free(struct job *j)
 		sl_groups_destroy(&j->g);
 	if (j->tok)
 		sl_tokenizer_free(j->tok);
+	sl_chat_free(j->chat);
 	free(j->yaml);
 	free(j->c);
 }
@@ -1141,7 +1316,8 @@ int sl_cmd_train(int argc, char **argv)
 	if (!all_ok(j->d.rank != 0 || sl_write_file_atomic(path, j->yaml, strlen(j->yaml)) == 0))
 		goto out;
 
-	if (!all_ok(sl_model_files_open(&j->mf, j->c->model.path, j->c->model.revision) == 0))
+	if (!all_ok(sl_model_files_open(&j->mf, j->c->model.path, j->c->model.revision,
+						 j->c->task) == 0))
 		goto out;
 	j->have_mf = true;
 	sl_log("model %s: %s, %d layers, hidden %d, heads %d/%d (head_dim %d), vocab %d, "
@@ -1161,13 +1337,18 @@ int sl_cmd_train(int argc, char **argv)
 		j->tok = sl_tokenizer_load(j->tok_path);
 		if (!all_ok(j->tok != NULL))
 			goto out;
+		/* an unknown template loads too: only chat records refuse it (chat.h) */
+		if (!all_ok(j->c->task != SL_TASK_SFT || sl_chat_load(j->mf.dir, &j->chat) == 0))
+			goto out;
+		if (j->chat && j->d.rank == 0)
+			sl_log("chat template: %s (%s)", sl_chat_name(j->chat), j->mf.dir);
 	}
-	if (!all_ok(load_data(&j->train, j->c->data.train, j->c, j->mf.mc.vocab, j->tok, &j->d,
-			      "training") == 0))
+	if (!all_ok(load_data(&j->train, j->c->data.train, j->c, j->mf.mc.vocab, j->tok, j->chat,
+			      &j->d, "training") == 0))
 		goto out;
 	if (!all_ok(!j->c->data.valid[0] ||
-		    load_data(&j->valid, j->c->data.valid, j->c, j->mf.mc.vocab, j->tok, &j->d,
-			      "validation") == 0))
+		    load_data(&j->valid, j->c->data.valid, j->c, j->mf.mc.vocab, j->tok, j->chat,
+			      &j->d, "validation") == 0))
 		goto out;
 	if (!all_ok(sl_sampler_init(&j->smp, &j->train, j->c->train.batch, j->c->train.accum,
 				    j->d.world, j->c->data.shuffle, j->c->data.length_sort,

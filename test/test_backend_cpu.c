@@ -122,7 +122,7 @@ static void test_attention(struct sl_backend *be)
 	float *out = malloc(T * NH * HD * sizeof(float)), *lse = malloc(T * NH * sizeof(float));
 	double *rr = calloc(T * W, sizeof(double)), *ro = calloc(T * NH * HD, sizeof(double));
 
-	be->qk_norm_rope_fwd(be, r, rstd, qkv, qn, kn, T, L, NH, NKV, HD, eps, theta);
+	be->qk_norm_rope_fwd(be, r, rstd, qkv, qn, kn, T, L, NULL, NH, NKV, HD, eps, theta);
 	for (int t = 0; t < T; t++) {
 		int pos = t % L;
 
@@ -147,7 +147,7 @@ static void test_attention(struct sl_backend *be)
 	}
 	close_all("qk_norm_rope_fwd", r, rr, T * W, 1e-5);
 
-	be->attention_fwd(be, out, lse, r, lens, B, L, NH, NKV, HD);
+	be->attention_fwd(be, out, lse, r, lens, NULL, B, L, NH, NKV, HD);
 	for (int b = 0; b < B; b++)
 		for (int h = 0; h < NH; h++)
 			for (int i = 0; i < lens[b]; i++) {
@@ -181,6 +181,74 @@ static void test_attention(struct sl_backend *be)
 	close_all("attention_fwd", out, ro, T * NH * HD, 1e-5);
 	free(qkv); free(qn); free(kn); free(r); free(rstd); free(out); free(lse); free(rr);
 	free(ro);
+}
+
+/*
+ * Packed rows: one row of three documents (5, 4 and 2 tokens, then a padded slot) gives, for
+ * rotary, attention and both backwards, what the same documents give as three records of their
+ * own (the unpacked path, checked against the definitions above).
+ */
+static void test_packed(struct sl_backend *be)
+{
+	enum { NH = 4, NKV = 2, HD = 8, W = (NH + 2 * NKV) * HD, NQ = NH + NKV, LP = 12, LU = 5 };
+	const int dl[3] = { 5, 4, 2 }, lp[1] = { 11 }, lu[3] = { 5, 4, 2 };
+	int32_t pos[LP];
+	const float theta = 1000, eps = 1e-6f;
+	float *x = rand_f(LP * W, 1), *qn = rand_f(HD, 1), *kn = rand_f(HD, 1);
+	float *g = rand_f(LP * NH * HD, 1), *gr = rand_f(LP * W, 1);
+	float *xu = calloc(3 * LU * W, 4), *gu = calloc(3 * LU * NH * HD, 4);
+	float *gru = calloc(3 * LU * W, 4);
+	float *rp = malloc(LP * W * 4), *ru = malloc(3 * LU * W * 4);
+	float *sp = malloc(LP * NQ * 4), *su = malloc(3 * LU * NQ * 4);
+	float *op = malloc(LP * NH * HD * 4), *ou = malloc(3 * LU * NH * HD * 4);
+	float *lp_ = malloc(LP * NH * 4), *lu_ = malloc(3 * LU * NH * 4);
+	float *dp = malloc(LP * W * 4), *du = malloc(3 * LU * W * 4);
+	float *xp = malloc(LP * W * 4), *xuu = malloc(3 * LU * W * 4);
+	float dqp[HD] = { 0 }, dkp[HD] = { 0 }, dqu[HD] = { 0 }, dku[HD] = { 0 };
+	int t = 0, bad = 0;
+
+	for (int d = 0; d < 3; d++)
+		for (int i = 0; i < dl[d]; i++, t++) {
+			pos[t] = i;
+			memcpy(xu + (d * LU + i) * W, x + t * W, W * 4);
+			memcpy(gu + (d * LU + i) * NH * HD, g + t * NH * HD, NH * HD * 4);
+			memcpy(gru + (d * LU + i) * W, gr + t * W, W * 4);
+		}
+	pos[t] = 0;	/* the padded slot: no gradient reaches it (as in the model) */
+	memset(gr + t * W, 0, W * 4);
+	be->qk_norm_rope_fwd(be, rp, sp, x, qn, kn, LP, LP, pos, NH, NKV, HD, eps, theta);
+	be->qk_norm_rope_fwd(be, ru, su, xu, qn, kn, 3 * LU, LU, NULL, NH, NKV, HD, eps, theta);
+	be->attention_fwd(be, op, lp_, rp, lp, pos, 1, LP, NH, NKV, HD);
+	be->attention_fwd(be, ou, lu_, ru, lu, NULL, 3, LU, NH, NKV, HD);
+	be->attention_bwd(be, dp, g, op, lp_, rp, lp, pos, 1, LP, NH, NKV, HD);
+	be->attention_bwd(be, du, gu, ou, lu_, ru, lu, NULL, 3, LU, NH, NKV, HD);
+	be->qk_norm_rope_bwd(be, xp, dqp, dkp, gr, x, qn, kn, sp, LP, LP, pos, NH, NKV, HD, eps,
+			     theta);
+	be->qk_norm_rope_bwd(be, xuu, dqu, dku, gru, xu, qn, kn, su, 3 * LU, LU, NULL, NH, NKV, HD,
+			     eps, theta);
+	t = 0;
+	for (int d = 0; d < 3; d++)
+		for (int i = 0; i < dl[d]; i++, t++) {
+			size_t u = (size_t)d * LU + i;
+
+			for (int e = 0; e < W; e++) {
+				bad += fabsf(rp[t * W + e] - ru[u * W + e]) > 1e-6f;
+				bad += fabsf(dp[t * W + e] - du[u * W + e]) > 1e-5f;
+				bad += fabsf(xp[t * W + e] - xuu[u * W + e]) > 1e-5f;
+			}
+			for (int e = 0; e < NH * HD; e++)
+				bad += fabsf(op[t * NH * HD + e] - ou[u * NH * HD + e]) > 1e-6f;
+			for (int e = 0; e < NH; e++)
+				bad += fabsf(lp_[t * NH + e] - lu_[u * NH + e]) > 1e-6f;
+		}
+	for (int e = 0; e < HD; e++) {
+		bad += fabsf(dqp[e] - dqu[e]) > 1e-4f * (1 + fabsf(dqu[e])) ||
+		       fabsf(dkp[e] - dku[e]) > 1e-4f * (1 + fabsf(dku[e]));
+	}
+	CHECK(bad == 0, "packed row differs from separate records in %d values", bad);
+	free(x); free(qn); free(kn); free(g); free(gr); free(xu); free(gu); free(gru); free(rp);
+	free(ru); free(sp); free(su); free(op); free(ou); free(lp_); free(lu_); free(dp); free(du);
+	free(xp); free(xuu);
 }
 
 static void test_misc(struct sl_backend *be)
@@ -275,6 +343,7 @@ int main(void)
 	test_matmul(be, 300, 64, 200);
 	test_rmsnorm(be);
 	test_attention(be);
+	test_packed(be);
 	test_misc(be);
 	test_adamw(be);
 	be->destroy(be);

@@ -118,33 +118,35 @@ static void e_add(struct sl_backend *be, void *y, const void *x, size_t n)
 }
 
 static void e_qk_fwd(struct sl_backend *be, void *o, void *r, const void *x, const void *qw,
-		     const void *kw, int T, int L, int nh, int nkv, int hd, float eps, float th)
+		     const void *kw, int T, int L, const int32_t *pos, int nh, int nkv, int hd,
+		     float eps, float th)
 {
-	CPU->qk_norm_rope_fwd(CPU, o, r, x, qw, kw, T, L, nh, nkv, hd, eps, th);
+	CPU->qk_norm_rope_fwd(CPU, o, r, x, qw, kw, T, L, pos, nh, nkv, hd, eps, th);
 	rb(o, (size_t)T * (nh + 2 * nkv) * hd);
 }
 
 static void e_qk_bwd(struct sl_backend *be, void *d, void *dq, void *dk, const void *g,
 		     const void *x, const void *qw, const void *kw, const void *r, int T, int L,
-		     int nh, int nkv, int hd, float eps, float th)
+		     const int32_t *pos, int nh, int nkv, int hd, float eps, float th)
 {
-	CPU->qk_norm_rope_bwd(CPU, d, dq, dk, g, x, qw, kw, r, T, L, nh, nkv, hd, eps, th);
+	CPU->qk_norm_rope_bwd(CPU, d, dq, dk, g, x, qw, kw, r, T, L, pos, nh, nkv, hd, eps, th);
 	rb(d, (size_t)T * (nh + 2 * nkv) * hd);
 	rb(dq, hd);
 	rb(dk, hd);
 }
 
 static void e_att_fwd(struct sl_backend *be, void *o, void *lse, const void *qkv,
-		      const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+		      const int32_t *lens, const int32_t *pos, int B, int L, int nh, int nkv, int hd)
 {
-	CPU->attention_fwd(CPU, o, lse, qkv, lens, B, L, nh, nkv, hd);
+	CPU->attention_fwd(CPU, o, lse, qkv, lens, pos, B, L, nh, nkv, hd);
 	rb(o, (size_t)B * L * nh * hd);
 }
 
 static void e_att_bwd(struct sl_backend *be, void *d, const void *g, const void *o, const void *lse,
-		      const void *qkv, const int32_t *lens, int B, int L, int nh, int nkv, int hd)
+		      const void *qkv, const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+		      int nkv, int hd)
 {
-	CPU->attention_bwd(CPU, d, g, o, lse, qkv, lens, B, L, nh, nkv, hd);
+	CPU->attention_bwd(CPU, d, g, o, lse, qkv, lens, pos, B, L, nh, nkv, hd);
 	rb(d, (size_t)B * L * (nh + 2 * nkv) * hd);
 }
 
@@ -242,6 +244,8 @@ static void down(struct sl_backend *be, float *h, const void *src, size_t n)
 	}
 }
 
+static int moe_experts;	/* > 0: layer 0 is a mixture of this many experts */
+
 static void fill_config(struct sl_model_config *mc, int V, int H, int nh, int nkv, int hd, int I,
 			bool bias)
 {
@@ -263,6 +267,19 @@ static void fill_config(struct sl_model_config *mc, int V, int H, int nh, int nk
 	mc->num_labels = 1;
 	mc->layer_kind = calloc(mc->n_layers, sizeof(*mc->layer_kind));
 	mc->mlp_kind = calloc(mc->n_layers, sizeof(*mc->mlp_kind));
+	if (moe_experts) {
+		/*
+		 * Layer 0 sparse.  Every token takes every expert (k = E): a top-k choice near a tie
+		 * may differ between bf16 and fp32 and move a token to another expert, which no
+		 * tolerance covers; test_cuda_ops checks k < E op by op on identical inputs.
+		 */
+		strcpy(mc->model_type, "qwen3_moe");
+		mc->mlp_kind[0] = SL_MLP_MOE;
+		mc->n_experts = mc->top_k = moe_experts;
+		mc->moe_intermediate = I / 2;
+		mc->norm_topk_prob = true;
+		mc->router_aux_loss_coef = 0.05;
+	}
 }
 
 /* one config, one padded micro-batch: loss and every gradient, cuda vs cpu */
@@ -437,5 +454,9 @@ int main(int argc, char **argv)
 	run("demo shape hd 16 + ckpt",            512, 64,  4, 2, 16,  128, false, true,  3, 21);
 	run("hd 64, gqa 4:1",                     300, 256, 8, 2, 64,  512, false, false, 3, 40);
 	run("hd 128 + bias",                      300, 256, 4, 2, 128, 384, true,  false, 2, 70);
+	moe_experts = 4;
+	run("moe 4 experts, k = E, aux",          23, 12,   4, 2, 8,   20,  false, false, 4, 8);
+	run("moe 4 experts + ckpt",               300, 256, 8, 2, 64,  512, false, true,  3, 40);
+	moe_experts = 0;
 	return test_exit("test_cuda_model");
 }

@@ -396,7 +396,40 @@ static struct buf *mk_lens(int B, int L)
 	return l;
 }
 
+/*
+ * Packed rows: positions of documents of random lengths (1 .. L/3 + 1) back to back in each row,
+ * up to its length; NULL when @packed is false.
+ */
+static struct buf *mk_pos(int B, int L, const struct buf *lens, bool packed)
+{
+	struct buf *p;
+
+	if (!packed)
+		return NULL;
+	p = mk(I32, (size_t)B * L);
+	for (int b = 0; b < B; b++) {
+		int start = 0, dlen = 1 + (int)(rnext() % (uint64_t)(L / 3 + 1));
+
+		for (int i = 0; i < L; i++) {
+			if (i - start >= dlen) {
+				start = i;
+				dlen = 1 + (int)(rnext() % (uint64_t)(L / 3 + 1));
+			}
+			p->hi[(size_t)b * L + i] = lens && i >= lens->hi[b] ? 0 : i - start;
+		}
+	}
+	put(p);
+	return p;
+}
+
+static void t_qk_p(int B, int L, int nh, int nkv, int hd, bool packed);
+
 static void t_qk(int B, int L, int nh, int nkv, int hd)
+{
+	t_qk_p(B, L, nh, nkv, hd, false);
+}
+
+static void t_qk_p(int B, int L, int nh, int nkv, int hd, bool packed)
 {
 	char sh[64];
 	int T = B * L, W = (nh + 2 * nkv) * hd, nq = nh + nkv;
@@ -405,12 +438,13 @@ static void t_qk(int B, int L, int nh, int nkv, int hd)
 	struct buf *g = rnd(BF, (size_t)T * W, 1), *dx = out(BF, (size_t)T * W);
 	struct buf *dq = rnd(BF, hd, 1), *dk = rnd(BF, hd, 1);
 	float theta = 1e6f;
+	struct buf *pos = mk_pos(B, L, NULL, packed);
 
-	snprintf(sh, sizeof(sh), "T=%dx%d h=%d/%d hd=%d", B, L, nh, nkv, hd);
-	cpu->qk_norm_rope_fwd(cpu, o->c, rs->c, x->c, qw->c, kw->c, T, L, nh, nkv, hd, 1e-6f,
-			      theta);
-	TIMED(gpu->qk_norm_rope_fwd(gpu, o->g, rs->g, x->g, qw->g, kw->g, T, L, nh, nkv, hd, 1e-6f,
-				    theta));
+	snprintf(sh, sizeof(sh), "T=%dx%d h=%d/%d hd=%d%s", B, L, nh, nkv, hd, packed ? " pk" : "");
+	cpu->qk_norm_rope_fwd(cpu, o->c, rs->c, x->c, qw->c, kw->c, T, L, pos ? pos->c : NULL, nh,
+			      nkv, hd, 1e-6f, theta);
+	TIMED(gpu->qk_norm_rope_fwd(gpu, o->g, rs->g, x->g, qw->g, kw->g, T, L,
+				    pos ? pos->g : NULL, nh, nkv, hd, 1e-6f, theta));
 	cmp("qk_norm_rope_fwd", sh, "out", o, TOL);
 	cmp("qk_norm_rope_fwd", sh, "rstd", rs, 1e-5);
 	{
@@ -419,10 +453,10 @@ static void t_qk(int B, int L, int nh, int nkv, int hd)
 		gpu->upload(gpu, rs->g, rc, (size_t)T * nq * 4);
 		free(rc);
 	}
-	cpu->qk_norm_rope_bwd(cpu, dx->c, dq->c, dk->c, g->c, x->c, qw->c, kw->c, rs->c, T, L, nh,
-			      nkv, hd, 1e-6f, theta);
+	cpu->qk_norm_rope_bwd(cpu, dx->c, dq->c, dk->c, g->c, x->c, qw->c, kw->c, rs->c, T, L,
+			      pos ? pos->c : NULL, nh, nkv, hd, 1e-6f, theta);
 	TIMED(gpu->qk_norm_rope_bwd(gpu, dx->g, dq->g, dk->g, g->g, x->g, qw->g, kw->g, rs->g, T, L,
-				    nh, nkv, hd, 1e-6f, theta));
+				    pos ? pos->g : NULL, nh, nkv, hd, 1e-6f, theta));
 	cmp("qk_norm_rope_bwd", sh, "dqkv", dx, TOL);
 	cmp("qk_norm_rope_bwd", sh, "dq_norm_w", dq, TOL);
 	cmp("qk_norm_rope_bwd", sh, "dk_norm_w", dk, TOL);
@@ -435,22 +469,33 @@ static void t_qk(int B, int L, int nh, int nkv, int hd)
 	drop(dx);
 	drop(dq);
 	drop(dk);
+	if (pos)
+		drop(pos);
 }
 
+static void t_attention_p(int B, int L, int nh, int nkv, int hd, double qs, bool packed);
+
 static void t_attention(int B, int L, int nh, int nkv, int hd, double qs)
+{
+	t_attention_p(B, L, nh, nkv, hd, qs, false);
+}
+
+static void t_attention_p(int B, int L, int nh, int nkv, int hd, double qs, bool packed)
 {
 	char sh[64];
 	int T = B * L, W = (nh + 2 * nkv) * hd;
 	struct buf *lens = mk_lens(B, L), *qkv = rnd(BF, (size_t)T * W, qs);
+	struct buf *pos = mk_pos(B, L, lens, packed);
+	const int32_t *pc = pos ? pos->c : NULL, *pg = pos ? pos->g : NULL;
 	struct buf *o = out(BF, (size_t)T * nh * hd), *lse = out(STAT, (size_t)T * nh);
 	struct buf *g = rnd(BF, (size_t)T * nh * hd, 1), *d = out(BF, (size_t)T * W);
 	double flops = 0;
 
 	for (int b = 0; b < B; b++)
 		flops += 2.0 * lens->hi[b] * (lens->hi[b] + 1) * hd * nh;	/* QK^T + PV, causal */
-	snprintf(sh, sizeof(sh), "%dx%d h=%d/%d hd=%d", B, L, nh, nkv, hd);
-	cpu->attention_fwd(cpu, o->c, lse->c, qkv->c, lens->c, B, L, nh, nkv, hd);
-	TIMED(gpu->attention_fwd(gpu, o->g, lse->g, qkv->g, lens->g, B, L, nh, nkv, hd));
+	snprintf(sh, sizeof(sh), "%dx%d h=%d/%d hd=%d%s", B, L, nh, nkv, hd, packed ? " pk" : "");
+	cpu->attention_fwd(cpu, o->c, lse->c, qkv->c, lens->c, pc, B, L, nh, nkv, hd);
+	TIMED(gpu->attention_fwd(gpu, o->g, lse->g, qkv->g, lens->g, pg, B, L, nh, nkv, hd));
 	cmp("attention_fwd", sh, "out", o, TOL);
 	cmp("attention_fwd", sh, "lse", lse, 1e-3);
 	if (L >= 512)
@@ -470,8 +515,9 @@ static void t_attention(int B, int L, int nh, int nkv, int hd, double qs)
 		free(oc);
 		free(lc);
 	}
-	cpu->attention_bwd(cpu, d->c, g->c, o->c, lse->c, qkv->c, lens->c, B, L, nh, nkv, hd);
-	TIMED(gpu->attention_bwd(gpu, d->g, g->g, o->g, lse->g, qkv->g, lens->g, B, L, nh, nkv, hd));
+	cpu->attention_bwd(cpu, d->c, g->c, o->c, lse->c, qkv->c, lens->c, pc, B, L, nh, nkv, hd);
+	TIMED(gpu->attention_bwd(gpu, d->g, g->g, o->g, lse->g, qkv->g, lens->g, pg, B, L, nh, nkv,
+				 hd));
 	cmp("attention_bwd", sh, "dqkv", d, 2 * TOL);
 	if (L >= 512)
 		printf("  attention_bwd %s: %.2f TFLOP/s (2.5x fwd flops)\n", sh,
@@ -482,6 +528,8 @@ static void t_attention(int B, int L, int nh, int nkv, int hd, double qs)
 	drop(lse);
 	drop(g);
 	drop(d);
+	if (pos)
+		drop(pos);
 }
 
 static void t_swiglu(int T, int I)
@@ -547,6 +595,31 @@ static void t_bce(int n)
 	drop(dz);
 }
 
+/* the LM head's cross-entropy, in place as the model runs it; loss within 1e-3 (bf16 logits) */
+static void t_ce(int n, int V, double s)
+{
+	char sh[64];
+	struct buf *z = rnd(BF, (size_t)n * V, s), *tg = ints(n, 0, V - 1);
+	struct buf *rl = out(F32, n);
+	double *lg = gpu->alloc(gpu, 8), lc = 0.5, lgh = 0.5;
+
+	gpu->upload(gpu, lg, &lgh, 8);
+	snprintf(sh, sizeof(sh), "n=%d V=%d", n, V);
+	cpu->ce_fwd_bwd(cpu, &lc, rl->c, z->c, z->c, tg->c, n, V, 0.125f);
+	TIMED(gpu->ce_fwd_bwd(gpu, lg, rl->g, z->g, z->g, tg->g, n, V, 0.125f));
+	gpu->download(gpu, &lgh, lg, 8);
+	cmp("ce_fwd_bwd", sh, "dlogits", z, TOL);
+	cmp("ce_fwd_bwd", sh, "row_loss", rl, 1e-3);
+	/* += onto what loss_sum held (0.5 on both sides) */
+	CHECK_CLOSE(lgh, lc, 1e-4, 0);
+	printf("%-18s %-28s %-8s %10.2e %10s %8.3f  %s\n", "ce_fwd_bwd", sh, "loss",
+	       fabs(lgh - lc) / fabs(lc), "-", t_ms, fabs(lgh - lc) <= 1e-4 * fabs(lc) ? "ok" : "FAIL");
+	gpu->free(gpu, lg);
+	drop(z);
+	drop(tg);
+	drop(rl);
+}
+
 static void t_sumsq(size_t n)
 {
 	char sh[64];
@@ -593,6 +666,8 @@ static void t_adamw(size_t n, bool wout)
 }
 
 /* a 4B-like matmul and attention shape, timed (no cpu reference: too slow there) */
+#include "cuda_moe_ops.inc"
+
 static void bench(void)
 {
 	const int T = 8192, H = 2560, Q = (32 + 16) * 128, I = 9728;
@@ -645,16 +720,16 @@ static void bench(void)
 		double fl = 4.0 * B * ((double)L * (L + 1) / 2) * hd * nh, ms;
 
 		gpu->upload(gpu, lens, hl, sizeof(hl));
-		gpu->attention_fwd(gpu, att, f, qkv, lens, B, L, nh, nkv, hd);
+		gpu->attention_fwd(gpu, att, f, qkv, lens, NULL, B, L, nh, nkv, hd);
 		TIMED(for (int i = 0; i < 5; i++)
-			      gpu->attention_fwd(gpu, att, f, qkv, lens, B, L, nh, nkv, hd));
+			      gpu->attention_fwd(gpu, att, f, qkv, lens, NULL, B, L, nh, nkv, hd));
 		ms = t_ms / 5;
 		attn_ms += ms;
 		printf("  attention_fwd 4x2048 h=32/8 hd=128: %.2f ms, %.1f TFLOP/s\n", ms,
 		       fl / ms / 1e9);
-		gpu->attention_bwd(gpu, dq, att, att, f, qkv, lens, B, L, nh, nkv, hd);
+		gpu->attention_bwd(gpu, dq, att, att, f, qkv, lens, NULL, B, L, nh, nkv, hd);
 		TIMED(for (int i = 0; i < 5; i++)
-			      gpu->attention_bwd(gpu, dq, att, att, f, qkv, lens, B, L, nh, nkv, hd));
+			      gpu->attention_bwd(gpu, dq, att, att, f, qkv, lens, NULL, B, L, nh, nkv, hd));
 		ms = t_ms / 5;
 		attn_ms += ms;
 		printf("  attention_bwd 4x2048 h=32/8 hd=128: %.2f ms, %.1f TFLOP/s (2.5x fwd)\n",
@@ -717,6 +792,12 @@ int main(int argc, char **argv)
 	t_attention(2, 40, 3, 3, 6, 1);		/* hd not a power of 2 */
 	t_attention(2, 600, 8, 2, 128, 1);
 	t_attention(2, 333, 6, 2, 64, 2);	/* several key and query tiles, hd 64 */
+	/* packed rows (documents back to back): both paths, tiles that start mid-document */
+	t_qk_p(2, 40, 4, 2, 64, true);
+	t_attention_p(3, 70, 4, 2, 16, 1, true);
+	t_attention_p(2, 45, 2, 1, 256, 1, true);
+	t_attention_p(2, 300, 8, 2, 128, 1, true);
+	t_attention_p(2, 333, 6, 2, 64, 2, true);
 	t_swiglu(7, 13);
 	t_swiglu(64, 1000);
 	t_rows(50, 5, 70);
@@ -724,12 +805,16 @@ int main(int argc, char **argv)
 	t_bce(1);
 	t_bce(5);
 	t_bce(300);
+	t_ce(3, 37, 2);		/* V not a multiple of 8: the scalar path */
+	t_ce(17, 1000, 4);
+	t_ce(64, 151936, 3);	/* Qwen3's vocabulary */
 	t_sumsq(1);
 	t_sumsq(1000);
 	t_sumsq(3000001);
 	t_adamw(1, true);
 	t_adamw(1000, false);
 	t_adamw(100001, true);
+	t_moe_all();
 	if (do_bench)
 		bench();
 	printf("peak %zu bytes, reserved %zu\n", sl_backend_cuda_peak_bytes(gpu),

@@ -1,0 +1,499 @@
+// moe.cu: the mixture-of-experts kernels of the cuda backend (see the moe_* ops of
+// src/backend.h; src/backend_cpu_moe.c is their reference).  Routing runs in fp32 on bf16 logits;
+// routing values are float.  Reductions run in a fixed order (no atomics): results repeat bit for
+// bit.  The grouped matmuls are one cublasGemmGroupedBatchedEx call each, one group per expert.
+#include <cmath>
+#include <cublas_v2.h>
+
+#include "common.cuh"
+
+#define MAXK 32		// most experts a token may choose (Qwen3-MoE: 8)
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+	for (int o = 16; o; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v)
+{
+	for (int o = 16; o; o >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+	return v;
+}
+
+// ---- router ------------------------------------------------------------------------------
+
+// one warp per token: softmax over E, then k rounds of a warp argmax (ties: lower expert)
+__global__ void k_route_fwd(float *p, int *topi, float *topw, const bf16 *z, int T, int E, int k,
+			    int norm)
+{
+	int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+	int chosen[MAXK];
+	float val[MAXK], s = 0.f, mx = -INFINITY, sum = 0.f;
+
+	if (t >= T)
+		return;
+	z += (size_t)t * E;
+	p += (size_t)t * E;
+	for (int e = lane; e < E; e += 32)
+		mx = fmaxf(mx, bf(z[e]));
+	mx = warp_max(mx);
+	for (int e = lane; e < E; e += 32)
+		sum += expf(bf(z[e]) - mx);
+	sum = warp_sum(sum);
+	for (int e = lane; e < E; e += 32)
+		p[e] = expf(bf(z[e]) - mx) / sum;
+	for (int j = 0; j < k; j++) {
+		float bv = -1.f;
+		int bi = E;
+
+		for (int e = lane; e < E; e += 32) {
+			bool taken = false;
+			float v = p[e];
+
+			for (int i = 0; i < j; i++)
+				taken |= chosen[i] == e;
+			if (!taken && (v > bv || (v == bv && e < bi))) {
+				bv = v;
+				bi = e;
+			}
+		}
+		for (int o = 16; o; o >>= 1) {
+			float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+			int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+
+			if (ov > bv || (ov == bv && oi < bi)) {
+				bv = ov;
+				bi = oi;
+			}
+		}
+		chosen[j] = bi;
+		val[j] = bv;
+		s += bv;
+	}
+	if (lane < k) {
+		float v = 0.f;
+		int c = 0;
+
+		for (int j = 0; j < k; j++)	// registers: no dynamic indexing by lane
+			if (j == lane) {
+				v = val[j];
+				c = chosen[j];
+			}
+		topi[(size_t)t * k + lane] = c;
+		topw[(size_t)t * k + lane] = norm ? v / s : v;
+	}
+}
+
+// one warp per token: dp = aux_g (real tokens) + the routing weights' gradient, then the softmax
+__global__ void k_route_bwd(bf16 *dz, const float *dw, const float *p, const int *topi,
+			    const float *w, const float *aux_g, const int *lens, int B, int L,
+			    int E, int k, int norm)
+{
+	int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+	float dpj[MAXK], s = 0.f, dot = 0.f, c = 0.f;
+	bool real;
+
+	if (t >= B * L)
+		return;
+	real = aux_g && t % L < lens[t / L];
+	p += (size_t)t * E;
+	for (int j = 0; j < k; j++) {
+		s += p[topi[(size_t)t * k + j]];
+		dot += dw[(size_t)t * k + j] * w[(size_t)t * k + j];
+	}
+	for (int j = 0; j < k; j++) {
+		float g = dw[(size_t)t * k + j];
+
+		dpj[j] = norm ? (g - dot) / s : g;
+	}
+	// c = sum_e p_e dp_e
+	for (int e = lane; real && e < E; e += 32)
+		c += p[e] * aux_g[e];
+	c = warp_sum(c);
+	for (int j = 0; j < k; j++)
+		c += p[topi[(size_t)t * k + j]] * dpj[j];
+	for (int e = lane; e < E; e += 32) {
+		float dp = real ? aux_g[e] : 0.f;
+
+		for (int j = 0; j < k; j++)
+			if (topi[(size_t)t * k + j] == e)
+				dp += dpj[j];
+		dz[(size_t)t * E + e] = tobf(p[e] * (dp - c));
+	}
+}
+
+// one block per expert: its choices and probability sum over real tokens, in double
+__global__ void k_aux_stats(double *stats, const float *p, const int *topi, const int *lens, int B,
+			    int L, int E, int k)
+{
+	__shared__ double sh[2][256];
+	int e = blockIdx.x;
+	double n = 0, ps = 0;
+
+	for (int t = threadIdx.x; t < B * L; t += blockDim.x) {
+		if (t % L >= lens[t / L])
+			continue;
+		for (int j = 0; j < k; j++)
+			n += topi[(size_t)t * k + j] == e;
+		ps += p[(size_t)t * E + e];
+	}
+	sh[0][threadIdx.x] = n;
+	sh[1][threadIdx.x] = ps;
+	__syncthreads();
+	for (int o = blockDim.x / 2; o; o >>= 1) {
+		if (threadIdx.x < o) {
+			sh[0][threadIdx.x] += sh[0][threadIdx.x + o];
+			sh[1][threadIdx.x] += sh[1][threadIdx.x + o];
+		}
+		__syncthreads();
+	}
+	if (!threadIdx.x) {
+		stats[e] += sh[0][0];
+		stats[E + e] += sh[1][0];
+	}
+}
+
+// ---- permutation -------------------------------------------------------------------------
+
+// choices of expert e before index i within a block's chunk: a block-wide exclusive scan of flags
+static __device__ int block_scan(int flag, int *total)
+{
+	__shared__ int warp_tot[32];
+	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	unsigned m = __ballot_sync(0xffffffffu, flag);
+	int before = __popc(m & ((1u << lane) - 1)), off = 0;
+
+	__syncthreads();
+	if (!lane)
+		warp_tot[wid] = __popc(m);
+	__syncthreads();
+	for (int i = 0; i < wid; i++)
+		off += warp_tot[i];
+	*total = 0;
+	for (int i = 0; i < nw; i++)
+		*total += warp_tot[i];
+	return off + before;
+}
+
+// pass 1 (@write 0): counts(E) of each expert; pass 2: rows and slots from offs.  One block per
+// expert walks every choice in order, so each expert's rows keep token order.
+__global__ void k_permute(int *counts, int *rows, int *slot, const int *offs, const int *topi,
+			  int n, int k, int write)
+{
+	int e = blockIdx.x, base = write ? offs[e] : 0;
+
+	for (int i0 = 0; i0 < n; i0 += blockDim.x) {
+		int i = i0 + threadIdx.x, tot;
+		int flag = i < n && topi[i] == e;
+		int pos = block_scan(flag, &tot);
+
+		if (write && flag) {
+			rows[base + pos] = i / k;
+			slot[i] = base + pos;
+		}
+		base += tot;
+	}
+	if (!write && !threadIdx.x)
+		counts[e] = base;
+}
+
+// offs(E+1) = exclusive prefix sums of counts; one thread (E is small)
+__global__ void k_offsets(int *offs, const int *counts, int E)
+{
+	int s = 0;
+
+	for (int e = 0; e < E; e++) {
+		offs[e] = s;
+		s += counts[e];
+	}
+	offs[E] = s;
+}
+
+// ---- combine -----------------------------------------------------------------------------
+
+__global__ void k_combine_fwd(bf16 *out, const bf16 *y, const float *w, const int *slot, int k,
+			      int H)
+{
+	int t = blockIdx.x;
+
+	for (int h = threadIdx.x; h < H; h += blockDim.x) {
+		float acc = 0.f;
+
+		for (int j = 0; j < k; j++)
+			acc += w[(size_t)t * k + j] * bf(y[(size_t)slot[(size_t)t * k + j] * H + h]);
+		out[(size_t)t * H + h] = tobf(acc);
+	}
+}
+
+__global__ void k_combine_bwd(bf16 *dy, float *dw, const bf16 *g, const bf16 *y, const float *w,
+			      const int *slot, int k, int H)
+{
+	__shared__ float sh[32];
+	int t = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+	int nw = blockDim.x >> 5;
+
+	for (int j = 0; j < k; j++) {
+		size_t r = (size_t)slot[(size_t)t * k + j];
+		float wj = w[(size_t)t * k + j], dot = 0.f;
+
+		for (int h = threadIdx.x; h < H; h += blockDim.x) {
+			float gv = bf(g[(size_t)t * H + h]);
+
+			dot += gv * bf(y[r * H + h]);
+			dy[r * H + h] = tobf(wj * gv);
+		}
+		dot = warp_sum(dot);
+		__syncthreads();
+		if (!lane)
+			sh[wid] = dot;
+		__syncthreads();
+		if (!threadIdx.x) {
+			float s = 0.f;
+
+			for (int i = 0; i < nw; i++)
+				s += sh[i];
+			dw[(size_t)t * k + j] = s;
+		}
+	}
+}
+
+// ---- launchers ---------------------------------------------------------------------------
+
+static void need_k(int k)
+{
+	if (k > MAXK) {
+		fprintf(stderr, "cuda: num_experts_per_tok %d exceeds the kernels' %d\n", k, MAXK);
+		abort();
+	}
+}
+
+extern "C" void sl_cuda_moe_route_fwd(struct sl_cuda *c, float *p, int *topi, float *topw,
+				      const void *logits, int T, int E, int k, int norm)
+{
+	need_k(k);
+	if (T <= 0)
+		return;
+	k_route_fwd<<<(T + 7) / 8, 256, 0, c->stream>>>(p, topi, topw, (const bf16 *)logits, T, E,
+							 k, norm);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_moe_route_bwd(struct sl_cuda *c, void *dlogits, const float *dtopw,
+				      const float *p, const int *topi, const float *topw,
+				      const float *aux_g, const int *lens, int B, int L, int E,
+				      int k, int norm)
+{
+	need_k(k);
+	if (B * L <= 0)
+		return;
+	k_route_bwd<<<(B * L + 7) / 8, 256, 0, c->stream>>>((bf16 *)dlogits, dtopw, p, topi, topw,
+							     aux_g, lens, B, L, E, k, norm);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_moe_aux_stats(struct sl_cuda *c, double *stats, const float *p,
+				      const int *topi, const int *lens, int B, int L, int E, int k)
+{
+	k_aux_stats<<<E, 256, 0, c->stream>>>(stats, p, topi, lens, B, L, E, k);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_moe_permute(struct sl_cuda *c, int *rows, int *slot, int *offs,
+				    const int *topi, int T, int E, int k)
+{
+	// counts go to the tail of rows' neighbour: offs holds E+1 ints, counts need E of scratch
+	int *counts = (int *)sl_cuda_scratch(c, (size_t)E * sizeof(int), "moe_permute");
+
+	k_permute<<<E, 1024, 0, c->stream>>>(counts, rows, slot, offs, topi, T * k, k, 0);
+	CUDA_LAUNCHED();
+	k_offsets<<<1, 1, 0, c->stream>>>(offs, counts, E);
+	CUDA_LAUNCHED();
+	k_permute<<<E, 1024, 0, c->stream>>>(counts, rows, slot, offs, topi, T * k, k, 1);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_moe_combine_fwd(struct sl_cuda *c, void *out, const void *y,
+					const float *topw, const int *slot, int T, int k, int H)
+{
+	if (T <= 0)
+		return;
+	k_combine_fwd<<<T, 256, 0, c->stream>>>((bf16 *)out, (const bf16 *)y, topw, slot, k, H);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_moe_combine_bwd(struct sl_cuda *c, void *dy, float *dtopw,
+					const void *dout, const void *y, const float *topw,
+					const int *slot, int T, int k, int H)
+{
+	if (T <= 0)
+		return;
+	k_combine_bwd<<<T, 256, 0, c->stream>>>((bf16 *)dy, dtopw, (const bf16 *)dout,
+						 (const bf16 *)y, topw, slot, k, H);
+	CUDA_LAUNCHED();
+}
+
+// ---- grouped matmul ----------------------------------------------------------------------
+
+#define GMAX 4096
+
+// a context's cuBLAS handle (on its stream) and the grouped calls' argument arrays
+struct moe_gemm {
+	cublasHandle_t h;
+	void **ptrs;		// device: 3 * GMAX pointers (A, B, C of each group)
+	int *m, *n, *kk, *lda, *ldb, *ldc, *gs;	// host arrays of GMAX
+	float *alpha, *beta;
+	cublasOperation_t *ta, *tb;
+};
+
+void sl_cuda_moe_free(struct sl_cuda *c)
+{
+	struct moe_gemm *g = c->moe;
+
+	if (!g)
+		return;
+	cublasDestroy(g->h);
+	cudaFree(g->ptrs);
+	free(g->m);
+	free(g->alpha);
+	free(g->ta);
+	free(g);
+	c->moe = NULL;
+}
+
+static struct moe_gemm *grouped_init(struct sl_cuda *c)
+{
+	struct moe_gemm *g = c->moe;
+
+	if (g)
+		return g;
+	g = (struct moe_gemm *)calloc(1, sizeof(*g));
+	if (!g) {
+		fprintf(stderr, "cuda: out of host memory (grouped matmul)\n");
+		abort();
+	}
+	CUBLAS_CHECK(cublasCreate(&g->h));
+	CUBLAS_CHECK(cublasSetStream(g->h, c->stream));
+	CUDA_CHECK(cudaMalloc((void **)&g->ptrs, 3 * GMAX * sizeof(void *)));
+	g->m = (int *)calloc(7 * GMAX, sizeof(int));
+	g->alpha = (float *)calloc(2 * GMAX, sizeof(float));
+	g->ta = (cublasOperation_t *)calloc(2 * GMAX, sizeof(cublasOperation_t));
+	if (!g->m || !g->alpha || !g->ta) {
+		fprintf(stderr, "cuda: out of host memory (grouped matmul)\n");
+		abort();
+	}
+	g->n = g->m + GMAX;
+	g->kk = g->n + GMAX;
+	g->lda = g->kk + GMAX;
+	g->ldb = g->lda + GMAX;
+	g->ldc = g->ldb + GMAX;
+	g->gs = g->ldc + GMAX;
+	g->beta = g->alpha + GMAX;
+	g->tb = g->ta + GMAX;
+	c->moe = g;
+	return g;
+}
+
+// pointers of expert e: A = a + sa*e + ra*offs[e], B and C alike (element strides, bf16)
+__global__ void k_group_ptrs(void **ptrs, const int *offs, const bf16 *a, size_t sa, size_t ra,
+			     const bf16 *b, size_t sb, size_t rb, bf16 *cc, size_t sc, size_t rc,
+			     int E)
+{
+	int e = blockIdx.x * blockDim.x + threadIdx.x;
+
+	if (e >= E)
+		return;
+	ptrs[e] = (void *)(a + sa * e + ra * offs[e]);
+	ptrs[GMAX + e] = (void *)(b + sb * e + rb * offs[e]);
+	ptrs[2 * GMAX + e] = (void *)(cc + sc * e + rc * offs[e]);
+}
+
+// column-major C(m,n) = op(A) op(B) + beta C per expert, m/n/k from the expert's row count
+static void grouped(struct sl_cuda *c, const int *d_offs, const int *h_offs, int E, int ta,
+		    int tb, int which_rows, int m0, int n0, int k0, const void *A, size_t sa,
+		    size_t ra, int lda, const void *B, size_t sb, size_t rb, int ldb, void *C,
+		    size_t sc, size_t rc, int ldc, float beta)
+{
+	struct moe_gemm *g;
+
+	if (E > GMAX) {
+		fprintf(stderr, "cuda: %d experts exceed the grouped matmul's %d\n", E, GMAX);
+		abort();
+	}
+	g = grouped_init(c);
+	for (int e = 0; e < E; e++) {
+		int rows = h_offs[e + 1] - h_offs[e];
+
+		g->m[e] = which_rows == 0 ? rows : m0;
+		g->n[e] = which_rows == 1 ? rows : n0;
+		g->kk[e] = which_rows == 2 ? rows : k0;
+		g->lda[e] = lda;
+		g->ldb[e] = ldb;
+		g->ldc[e] = ldc;
+		g->gs[e] = 1;
+		g->alpha[e] = 1.f;
+		g->beta[e] = beta;
+		g->ta[e] = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+		g->tb[e] = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+	}
+	k_group_ptrs<<<(E + 127) / 128, 128, 0, c->stream>>>(g->ptrs, d_offs, (const bf16 *)A, sa,
+							      ra, (const bf16 *)B, sb, rb, (bf16 *)C,
+							      sc, rc, E);
+	CUDA_LAUNCHED();
+	CUBLAS_CHECK(cublasGemmGroupedBatchedEx(g->h, g->ta, g->tb, g->m, g->n, g->kk, g->alpha,
+						(const void *const *)g->ptrs, CUDA_R_16BF, g->lda,
+						(const void *const *)(g->ptrs + GMAX), CUDA_R_16BF,
+						g->ldb, g->beta, g->ptrs + 2 * GMAX, CUDA_R_16BF,
+						g->ldc, E, g->gs, CUBLAS_COMPUTE_32F));
+}
+
+// The grouped call fails ("internal operation failed") on rows that are not 16-byte aligned:
+// shapes with K or N not a multiple of 8 (tiny test models) take one cuBLASLt matmul per expert.
+static bool aligned(int K, int N, const void *a, const void *b, const void *cc)
+{
+	return K % 8 == 0 && N % 8 == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 &&
+	       (uintptr_t)cc % 16 == 0;
+}
+
+// out(rows, N) = x(rows, K) w_e(N, K)^T  ->  out^T (N, rows) = w_e^T-op x^T (see gemm.cu)
+extern "C" void sl_cuda_moe_gemm_fwd(struct sl_cuda *c, void *out, const void *x, const void *w,
+				     const int *d_offs, const int *h_offs, int E, int K, int N)
+{
+	if (!aligned(K, N, out, x, w)) {
+		for (int e = 0; e < E; e++)
+			if (h_offs[e + 1] > h_offs[e])
+				sl_cuda_matmul_fwd(c, (bf16 *)out + (size_t)h_offs[e] * N,
+						   (const bf16 *)x + (size_t)h_offs[e] * K,
+						   (const bf16 *)w + (size_t)e * N * K, NULL,
+						   h_offs[e + 1] - h_offs[e], K, N);
+		return;
+	}
+	grouped(c, d_offs, h_offs, E, 1, 0, 1, N, 0, K, w, (size_t)N * K, 0, K, x, 0, K, K, out,
+		0, N, N, 0.f);
+}
+
+extern "C" void sl_cuda_moe_gemm_bwd(struct sl_cuda *c, void *dx, void *dw, const void *dout,
+				     const void *x, const void *w, const int *d_offs,
+				     const int *h_offs, int E, int K, int N)
+{
+	if (!aligned(K, N, dout, x, w) || (dx && (uintptr_t)dx % 16) || (uintptr_t)dw % 16) {
+		for (int e = 0; e < E; e++)
+			if (h_offs[e + 1] > h_offs[e])
+				sl_cuda_matmul_bwd(c, dx ? (bf16 *)dx + (size_t)h_offs[e] * K : NULL,
+						   (bf16 *)dw + (size_t)e * N * K, NULL,
+						   (const bf16 *)dout + (size_t)h_offs[e] * N,
+						   (const bf16 *)x + (size_t)h_offs[e] * K,
+						   (const bf16 *)w + (size_t)e * N * K,
+						   h_offs[e + 1] - h_offs[e], K, N, 0);
+		return;
+	}
+	// dx^T (K, rows) = w_e (K, N col-major) dout^T (N, rows)
+	if (dx)
+		grouped(c, d_offs, h_offs, E, 0, 0, 1, K, 0, N, w, (size_t)N * K, 0, K, dout, 0, N,
+			N, dx, 0, K, K, 0.f);
+	// dw_e^T (K, N) += x^T (K, rows) dout (rows, N)
+	grouped(c, d_offs, h_offs, E, 0, 1, 2, K, N, 0, x, 0, K, K, dout, 0, N, N, dw,
+		(size_t)N * K, 0, K, 1.f);
+}

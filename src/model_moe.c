@@ -1,0 +1,355 @@
+/*
+ * model_moe: the Qwen3-MoE sparse MLP (Hugging Face Qwen3MoeSparseMoeBlock), forward and backward
+ * against struct sl_backend, and its part of the parameter layout.
+ *
+ * A token's router logits (E) go through a softmax; its k most probable experts get the token,
+ * weighted by their probabilities (renormalized to sum 1 with norm_topk_prob).  The choices are
+ * sorted by expert (a stable counting sort), the tokens gathered in that order so every expert's
+ * rows are contiguous, the experts' SwiGLU MLPs run as grouped matmuls over those row ranges, and
+ * the outputs are summed back per token with the routing weights.  The row ranges reach the host
+ * once per layer (one sync): the grouped matmul needs them there.
+ *
+ * Layout: in the layer's unit after post_attention_layernorm, mlp.gate.weight (E, H), then every
+ * expert's gate_proj and up_proj (Im, H) back to back (one (E, 2Im, H) block, the fused layout
+ * transformers 5 holds in memory), then every expert's down_proj (H, Im) (one (E, H, Im) block).
+ * The tensors keep Hugging Face's per-expert names.
+ *
+ * The load-balancing loss is transformers' load_balancing_loss_func with the attention mask:
+ * over every MoE layer and real token together (its concatenation of all layers' logits),
+ * f_e = share of the k-choices that went to expert e, P_e = mean probability of e,
+ * aux = E * sum_e f_e P_e.  Only P carries a gradient: d aux / d p(t,e) = E f_e / N for each of
+ * the N (layer, real token) rows.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_impl.h"
+
+/* what a MoE layer's backward needs from its forward */
+struct moe_acts {
+	void *logits;		/* (T, E) router logits */
+	void *p;		/* (T, E) stat: router probabilities */
+	int32_t *topi;		/* (T, k) chosen experts */
+	void *topw;		/* (T, k) stat: their routing weights */
+	int32_t *rows;		/* (T k) token of each expert-sorted row */
+	int32_t *slot;		/* (T k) sorted row of each choice */
+	int32_t *offs;		/* (E + 1) first row of each expert */
+	int *h_offs;		/* (E + 1) the same on the host */
+	void *gu;		/* (T k, 2 Im) experts' gate | up */
+	void *act;		/* (T k, Im) silu(gate) * up */
+	void *y;		/* (T k, H) experts' outputs, before the routing weights */
+};
+
+struct sl_moe {
+	int E, k, Im, n_moe;
+	bool norm;
+	int *index;		/* (nL) the layer's index among MoE layers, -1 for dense ones */
+	struct moe_acts *la;	/* (m->n_acts), beside m->acts */
+	void *s_h1, *s_h2;	/* (T k, H) scratch */
+	void *s_i;		/* (T k, Im) scratch */
+	void *s_gu;		/* (T k, 2 Im) scratch */
+	void *dlogits;		/* (T, E) */
+	void *dtopw;		/* (T, k) stat */
+	double *stats;		/* (n_moe, 2E) device: choices and probability sums per expert */
+	double *h_stats;	/* (n_moe, 2E) host copy */
+	int64_t *counts;	/* (n_moe, E) host: tokens per expert, last micro-batch */
+	void *aux_g;		/* (E) stat: gradient of the weighted aux loss per p(t, e) */
+	void *ones;		/* (T, k) stat: 1 */
+	bool aux_on;		/* aux_g applies in this micro-batch's backward */
+	double aux;		/* the last micro-batch's aux loss */
+};
+
+/* ---- layout ------------------------------------------------------------------------------ */
+
+int sl_moe_layout(struct layout_builder *lb, const struct sl_model_config *mc, int l)
+{
+	const int64_t H = mc->hidden, Im = mc->moe_intermediate;
+	char n[160];
+	int rc;
+
+	snprintf(n, sizeof(n), "model.layers.%d.mlp.gate.weight", l);
+	rc = sl_layout_add(lb, false, n, 2, mc->n_experts, H, SL_INIT_NORMAL);
+	for (int e = 0; e < mc->n_experts && !rc; e++) {
+		snprintf(n, sizeof(n), "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+		rc = sl_layout_add(lb, e > 0, n, 2, Im, H, SL_INIT_NORMAL);
+		snprintf(n, sizeof(n), "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+		rc = rc ? rc : sl_layout_add(lb, true, n, 2, Im, H, SL_INIT_NORMAL);
+	}
+	for (int e = 0; e < mc->n_experts && !rc; e++) {
+		snprintf(n, sizeof(n), "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+		rc = sl_layout_add(lb, e > 0, n, 2, H, Im, SL_INIT_NORMAL);
+	}
+	return rc;
+}
+
+static const struct sl_tensor_info *find(const struct sl_layout *lay, int l, const char *fmt,
+					 int e)
+{
+	char s[96], n[160];
+	const struct sl_tensor_info *ti;
+
+	snprintf(s, sizeof(s), fmt, e);
+	snprintf(n, sizeof(n), "model.layers.%d.%s", l, s);
+	ti = sl_layout_find(lay, n);
+	if (!ti || ti->unit != 1 + l) {
+		fprintf(stderr, "model: layout has no tensor %s in unit %d\n", n, 1 + l);
+		return NULL;
+	}
+	return ti;
+}
+
+int sl_moe_offsets(const struct sl_layout *lay, int l, struct layer_off *lo)
+{
+	const struct sl_tensor_info *r = find(lay, l, "mlp.gate.weight%.0d", 0), *g0, *d0;
+	size_t gsz, dsz;
+	int E;
+
+	g0 = find(lay, l, "mlp.experts.%d.gate_proj.weight", 0);
+	d0 = find(lay, l, "mlp.experts.%d.down_proj.weight", 0);
+	if (!r || !g0 || !d0)
+		return -EINVAL;
+	E = (int)r->shape[0];
+	gsz = g0->numel;
+	dsz = d0->numel;
+	lo->wr = r->offset;
+	lo->wegu = g0->offset;
+	lo->wed = d0->offset;
+	/* the grouped matmuls index experts by stride: every expert must sit where they look */
+	for (int e = 0; e < E; e++) {
+		const struct sl_tensor_info *g = find(lay, l, "mlp.experts.%d.gate_proj.weight", e);
+		const struct sl_tensor_info *u = find(lay, l, "mlp.experts.%d.up_proj.weight", e);
+		const struct sl_tensor_info *d = find(lay, l, "mlp.experts.%d.down_proj.weight", e);
+
+		if (!g || !u || !d)
+			return -EINVAL;
+		if (g->offset != lo->wegu + 2 * gsz * e || u->offset != g->offset + gsz ||
+		    u->numel != gsz || d->offset != lo->wed + dsz * e || d->numel != dsz) {
+			fprintf(stderr, "model: layer %d: expert %d's weights are not laid out "
+				"contiguously\n", l, e);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+/* ---- workspace --------------------------------------------------------------------------- */
+
+static int alloc_acts(struct sl_model *m, struct sl_moe *mo, struct moe_acts *a)
+{
+	const size_t T = (size_t)m->max_tokens, n = T * mo->k, e = m->be->elt;
+	const size_t s = m->be->stat_elt, E = (size_t)mo->E;
+
+	a->logits = sl_model_ws_alloc(m, T * E, e);
+	a->p = sl_model_ws_alloc(m, T * E, s);
+	a->topi = sl_model_ws_alloc(m, T * mo->k, sizeof(int32_t));
+	a->topw = sl_model_ws_alloc(m, T * mo->k, s);
+	a->rows = sl_model_ws_alloc(m, n, sizeof(int32_t));
+	a->slot = sl_model_ws_alloc(m, n, sizeof(int32_t));
+	a->offs = sl_model_ws_alloc(m, E + 1, sizeof(int32_t));
+	a->gu = sl_model_ws_alloc(m, n * 2 * mo->Im, e);
+	a->act = sl_model_ws_alloc(m, n * mo->Im, e);
+	a->y = sl_model_ws_alloc(m, n * m->H, e);
+	a->h_offs = calloc(E + 1, sizeof(*a->h_offs));
+	return a->y && a->h_offs ? 0 : -ENOMEM;
+}
+
+int sl_moe_create(struct sl_model *m, const struct sl_model_config *mc)
+{
+	struct sl_moe *mo;
+	struct sl_backend *be = m->be;
+	size_t T = (size_t)m->max_tokens, n;
+	int n_moe = 0;
+
+	for (int l = 0; l < m->nL; l++)
+		n_moe += sl_layer_is_moe(mc, l);
+	if (!n_moe)
+		return 0;
+	if (!be->moe_route_fwd) {
+		fprintf(stderr, "model: the %s backend has no mixture-of-experts ops\n", be->name);
+		return -EINVAL;
+	}
+	mo = calloc(1, sizeof(*mo));
+	if (!mo)
+		return -ENOMEM;
+	m->moe = mo;
+	mo->E = mc->n_experts;
+	mo->k = mc->top_k;
+	mo->Im = mc->moe_intermediate;
+	mo->norm = mc->norm_topk_prob;
+	mo->n_moe = n_moe;
+	mo->index = calloc((size_t)m->nL, sizeof(*mo->index));
+	mo->la = calloc((size_t)m->n_acts, sizeof(*mo->la));
+	mo->h_stats = calloc((size_t)n_moe * 2 * mo->E, sizeof(*mo->h_stats));
+	mo->counts = calloc((size_t)n_moe * mo->E, sizeof(*mo->counts));
+	if (!mo->index || !mo->la || !mo->h_stats || !mo->counts)
+		return -ENOMEM;
+	n_moe = 0;
+	for (int l = 0; l < m->nL; l++)
+		mo->index[l] = sl_layer_is_moe(mc, l) ? n_moe++ : -1;
+	for (int i = 0; i < m->n_acts; i++)
+		if (alloc_acts(m, mo, &mo->la[i]))
+			return -ENOMEM;
+	n = T * mo->k;
+	mo->s_h1 = sl_model_ws_alloc(m, n * m->H, be->elt);
+	mo->s_h2 = sl_model_ws_alloc(m, n * m->H, be->elt);
+	mo->s_i = sl_model_ws_alloc(m, n * mo->Im, be->elt);
+	mo->s_gu = sl_model_ws_alloc(m, n * 2 * mo->Im, be->elt);
+	mo->dlogits = sl_model_ws_alloc(m, T * mo->E, be->elt);
+	mo->dtopw = sl_model_ws_alloc(m, T * mo->k, be->stat_elt);
+	mo->stats = sl_model_ws_alloc(m, (size_t)mo->n_moe * 2 * mo->E, sizeof(double));
+	mo->aux_g = sl_model_ws_alloc(m, (size_t)mo->E, be->stat_elt);
+	mo->ones = sl_model_ws_alloc(m, n, be->stat_elt);
+	if (!mo->ones)
+		return -ENOMEM;
+	{
+		void *h = malloc(n * be->stat_elt);
+
+		if (!h)
+			return -ENOMEM;
+		for (size_t i = 0; i < n; i++) {
+			if (be->stat_elt == sizeof(float))
+				((float *)h)[i] = 1.0f;
+			else
+				((double *)h)[i] = 1.0;
+		}
+		be->upload(be, mo->ones, h, n * be->stat_elt);
+		free(h);
+	}
+	return 0;
+}
+
+void sl_moe_destroy(struct sl_model *m)
+{
+	struct sl_moe *mo = m->moe;
+
+	if (!mo)
+		return;
+	for (int i = 0; mo->la && i < m->n_acts; i++)
+		free(mo->la[i].h_offs);
+	free(mo->la);
+	free(mo->index);
+	free(mo->h_stats);
+	free(mo->counts);
+	free(mo);
+	m->moe = NULL;
+}
+
+/* ---- forward ----------------------------------------------------------------------------- */
+
+void sl_moe_begin(struct sl_model *m)
+{
+	struct sl_moe *mo = m->moe;
+
+	if (mo)
+		m->be->zero(m->be, mo->stats, (size_t)mo->n_moe * 2 * mo->E * sizeof(double));
+}
+
+void sl_moe_fwd(struct sl_model *m, int l, const void *w, const struct acts *a, void *xout,
+		const struct sl_batch_dev *b, bool full)
+{
+	struct sl_backend *be = m->be;
+	struct sl_moe *mo = m->moe;
+	const struct layer_off *lo = &m->lo[l];
+	struct moe_acts *ma = &mo->la[a - m->acts];
+	const int T = b->B * b->L, H = m->H, E = mo->E, k = mo->k, n = T * k;
+
+	be->matmul_fwd(be, ma->logits, a->xn2, at(m, w, lo->wr), NULL, T, H, E);
+	be->moe_route_fwd(be, ma->p, ma->topi, ma->topw, ma->logits, T, E, k, mo->norm);
+	be->moe_permute(be, ma->rows, ma->slot, ma->offs, ma->topi, T, E, k);
+	if (full)	/* not again in the backward's recompute */
+		be->moe_aux_stats(be, mo->stats + (size_t)mo->index[l] * 2 * E, ma->p, ma->topi,
+				  b->lens, b->B, b->L, E, k);
+	be->download(be, ma->h_offs, ma->offs, (size_t)(E + 1) * sizeof(int32_t));
+	be->sync(be);
+
+	be->gather_rows(be, mo->s_h1, a->xn2, ma->rows, n, H);
+	be->moe_gemm_fwd(be, ma->gu, mo->s_h1, at(m, w, lo->wegu), ma->offs, ma->h_offs, E, H,
+			 2 * mo->Im);
+	be->swiglu_fwd(be, ma->act, ma->gu, n, mo->Im);
+	be->moe_gemm_fwd(be, ma->y, ma->act, at(m, w, lo->wed), ma->offs, ma->h_offs, E, mo->Im,
+			 H);
+	if (!full)
+		return;
+	be->moe_combine_fwd(be, xout, ma->y, ma->topw, ma->slot, T, k, H);
+	be->add(be, xout, a->h, (size_t)T * H);
+}
+
+double sl_moe_end_fwd(struct sl_model *m, const struct sl_batch_dev *b, double aux_weight)
+{
+	struct sl_backend *be = m->be;
+	struct sl_moe *mo = m->moe;
+	const int E = mo ? mo->E : 0;
+	double n_real = 0, N, aux = 0;
+	float gf[4096];
+	double gd[4096];
+
+	if (!mo)
+		return 0;
+	be->download(be, mo->h_stats, mo->stats, (size_t)mo->n_moe * 2 * E * sizeof(double));
+	be->sync(be);
+	for (int r = 0; r < b->B; r++)
+		n_real += b->h_lens[r];
+	N = n_real * mo->n_moe;
+	for (int e = 0; e < E; e++) {
+		double c = 0, p = 0;
+
+		for (int i = 0; i < mo->n_moe; i++) {
+			c += mo->h_stats[(size_t)i * 2 * E + e];
+			p += mo->h_stats[(size_t)i * 2 * E + E + e];
+			mo->counts[(size_t)i * E + e] = (int64_t)mo->h_stats[(size_t)i * 2 * E + e];
+		}
+		aux += (c / N) * (p / N);
+		gd[e] = aux_weight * E * (c / N) / N;
+		gf[e] = (float)gd[e];
+	}
+	aux *= E;
+	mo->aux = aux;
+	mo->aux_on = aux_weight != 0;
+	if (mo->aux_on)
+		be->upload(be, mo->aux_g, be->stat_elt == sizeof(float) ? (void *)gf : (void *)gd,
+			   (size_t)E * be->stat_elt);
+	return aux;
+}
+
+/* ---- backward ---------------------------------------------------------------------------- */
+
+void sl_moe_bwd(struct sl_model *m, int l, const void *w, void *g, const struct acts *a,
+		const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	struct sl_moe *mo = m->moe;
+	const struct layer_off *lo = &m->lo[l];
+	struct moe_acts *ma = &mo->la[a - m->acts];
+	const int T = b->B * b->L, H = m->H, E = mo->E, k = mo->k, n = T * k, Im = mo->Im;
+
+	/* out = sum_j w_j y_j: to the experts' outputs and the routing weights */
+	be->moe_combine_bwd(be, mo->s_h1, mo->dtopw, m->gx, ma->y, ma->topw, ma->slot, T, k, H);
+	be->moe_gemm_bwd(be, mo->s_i, at(m, g, lo->wed), mo->s_h1, ma->act, at(m, w, lo->wed),
+			 ma->offs, ma->h_offs, E, Im, H);
+	be->swiglu_bwd(be, mo->s_gu, mo->s_i, ma->gu, n, Im);
+	/* the gathered input again (s_h1's gradient is spent) rather than a copy per layer */
+	be->gather_rows(be, mo->s_h1, a->xn2, ma->rows, n, H);
+	be->moe_gemm_bwd(be, mo->s_h2, at(m, g, lo->wegu), mo->s_gu, mo->s_h1,
+			 at(m, w, lo->wegu), ma->offs, ma->h_offs, E, H, 2 * Im);
+	/* un-permute: each token sums its k rows (a combine with weights 1: no atomics) */
+	be->moe_combine_fwd(be, m->gn, mo->s_h2, mo->ones, ma->slot, T, k, H);
+	/* the router: routing weights and the aux loss through the softmax to the logits */
+	be->moe_route_bwd(be, mo->dlogits, mo->dtopw, ma->p, ma->topi, ma->topw,
+			  mo->aux_on ? mo->aux_g : NULL, b->lens, b->B, b->L, E, k, mo->norm);
+	be->matmul_bwd(be, m->gn, at(m, g, lo->wr), NULL, mo->dlogits, a->xn2, at(m, w, lo->wr),
+		       T, H, E, true);
+}
+
+const int64_t *sl_model_expert_counts(const struct sl_model *m, int *n_layers, int *n_experts,
+				      double *aux)
+{
+	if (!m->moe)
+		return NULL;
+	*n_layers = m->moe->n_moe;
+	*n_experts = m->moe->E;
+	if (aux)
+		*aux = m->moe->aux;
+	return m->moe->counts;
+}

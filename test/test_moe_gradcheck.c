@@ -1,0 +1,696 @@
+/*
+ * test_moe_gradcheck: the mixture-of-experts backward against central finite differences, in
+ * double (the cpu64 backend).
+ *  - ops: the router (softmax, top-k, with and without renormalization) followed by the weighted
+ *    combine, with an aux-loss-like term on real tokens only; the grouped matmul with an expert
+ *    that gets no rows; the permutation against a hand-worked example;
+ *  - a whole tiny Qwen3-MoE classifier (MoE, dense, MoE layers; router_aux_loss_coef 0.3, so the
+ *    load-balancing loss pools two layers): every sampled parameter's gradient, activation
+ *    checkpointing giving the same gradients, padding changing nothing, and the fp32 backend
+ *    against the double one.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "model.h"
+#include "testutil.h"
+
+#define VOCAB 23
+#define MAXT 32
+#define MAXB 4
+#define NEXP 5
+#define TOPK 2
+
+/* ---- deterministic random numbers ---------------------------------------------------------- */
+
+static uint64_t rng_state = 88172645463325252ull;
+
+static uint64_t rng_next(void)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return rng_state;
+}
+
+static double rng_unif(void)
+{
+	return ((rng_next() >> 11) + 0.5) / 9007199254740992.0;
+}
+
+static double rng_normal(void)
+{
+	return sqrt(-2 * log(rng_unif())) * cos(2 * M_PI * rng_unif());
+}
+
+/* ---- a unit source over host-side double parameters ---------------------------------------- */
+
+struct env {
+	struct sl_backend *be;
+	struct sl_layout lay;
+	struct sl_model *m;
+	size_t *ubase;		/* (n_units) offset of each unit in params */
+	double *params;		/* (total_numel) the parameters, padding 0 */
+	void **w;		/* (n_units) device weights */
+	void **g;		/* (n_units) device grads */
+	void **gsink;		/* (n_units) grads nobody reads (finite differences) */
+	bool sink;
+	int n_fwd_release, n_bwd_release;
+};
+
+static const void *src_weights(void *ctx, int u)
+{
+	return ((struct env *)ctx)->w[u];
+}
+
+static void *src_grads(void *ctx, int u)
+{
+	struct env *e = ctx;
+
+	return e->sink ? e->gsink[u] : e->g[u];
+}
+
+static void src_release_fwd(void *ctx, int u)
+{
+	((struct env *)ctx)->n_fwd_release++;
+}
+
+static void src_release_bwd(void *ctx, int u)
+{
+	((struct env *)ctx)->n_bwd_release++;
+}
+
+static void put_elt(struct env *e, int u, size_t off, double v)
+{
+	float f = (float)v;
+
+	e->be->upload(e->be, (char *)e->w[u] + off * e->be->elt,
+		      e->be->elt == sizeof(double) ? (const void *)&v : (const void *)&f,
+		      e->be->elt);
+}
+
+static void upload_all(struct env *e)
+{
+	for (int u = 0; u < e->lay.n_units; u++)
+		for (size_t i = 0; i < e->lay.unit_numel[u]; i++)
+			put_elt(e, u, i, e->params[e->ubase[u] + i]);
+}
+
+static void zero_grads(struct env *e)
+{
+	for (int u = 0; u < e->lay.n_units; u++)
+		e->be->zero(e->be, e->g[u], e->lay.unit_numel[u] * e->be->elt);
+}
+
+/* all gradients as one double vector (total_numel) */
+static void get_grads(struct env *e, double *out)
+{
+	size_t elt = e->be->elt;
+
+	for (int u = 0; u < e->lay.n_units; u++) {
+		size_t n = e->lay.unit_numel[u];
+		char *h = malloc(n * elt);
+
+		e->be->download(e->be, h, e->g[u], n * elt);
+		for (size_t i = 0; i < n; i++)
+			out[e->ubase[u] + i] = elt == sizeof(double) ? ((double *)h)[i] :
+								       ((float *)h)[i];
+		free(h);
+	}
+}
+
+static void fill_config(struct sl_model_config *mc, bool bias)
+{
+	memset(mc, 0, sizeof(*mc));
+	strcpy(mc->model_type, "qwen3_moe");
+	mc->vocab = VOCAB;
+	mc->hidden = 12;
+	mc->n_layers = 3;
+	mc->n_heads = 4;
+	mc->n_kv_heads = 2;
+	mc->head_dim = 8;
+	mc->intermediate = 20;
+	mc->max_position = 64;
+	mc->rms_eps = 1e-6;
+	mc->rope_theta = 10000;
+	mc->attention_bias = bias;
+	mc->initializer_range = 0.02;
+	mc->pad_token_id = -1;
+	mc->bos_token_id = -1;
+	mc->eos_token_id = -1;
+	mc->num_labels = 1;
+	mc->layer_kind = calloc(mc->n_layers, sizeof(*mc->layer_kind));
+	mc->mlp_kind = calloc(mc->n_layers, sizeof(*mc->mlp_kind));
+	/* MoE, dense, MoE: the aux loss pools two layers */
+	mc->mlp_kind[0] = mc->mlp_kind[2] = SL_MLP_MOE;
+	mc->n_experts = NEXP;
+	mc->top_k = TOPK;
+	mc->moe_intermediate = 6;
+	mc->norm_topk_prob = true;
+	mc->router_aux_loss_coef = 0.3;
+}
+
+static void free_config(struct sl_model_config *mc)
+{
+	free(mc->layer_kind);
+	free(mc->mlp_kind);
+}
+
+/* random parameters: the same for every env made from the same seed */
+static void init_params(struct sl_layout *lay, size_t *ubase, double *p, uint64_t seed)
+{
+	rng_state = seed;
+	for (int i = 0; i < lay->n_tensors; i++) {
+		const struct sl_tensor_info *t = &lay->t[i];
+		double *q = p + ubase[t->unit] + t->offset;
+
+		for (size_t k = 0; k < t->numel; k++)
+			q[k] = t->init == SL_INIT_ONES ? 1 + 0.2 * rng_normal() :
+							 0.3 * rng_normal();
+	}
+}
+
+static void env_init(struct env *e, const struct sl_model_config *mc, struct sl_backend *be,
+		     bool ckpt)
+{
+	int rc;
+
+	memset(e, 0, sizeof(*e));
+	e->be = be;
+	rc = sl_model_layout(mc, 0, &e->lay);
+	CHECK(rc == 0, "layout: %d", rc);
+	e->ubase = calloc(e->lay.n_units, sizeof(*e->ubase));
+	for (int u = 1; u < e->lay.n_units; u++)
+		e->ubase[u] = e->ubase[u - 1] + e->lay.unit_numel[u - 1];
+	e->params = calloc(e->lay.total_numel, sizeof(double));
+	init_params(&e->lay, e->ubase, e->params, 12345);
+	e->w = calloc(e->lay.n_units, sizeof(void *));
+	e->g = calloc(e->lay.n_units, sizeof(void *));
+	e->gsink = calloc(e->lay.n_units, sizeof(void *));
+	for (int u = 0; u < e->lay.n_units; u++) {
+		e->w[u] = be->alloc(be, e->lay.unit_numel[u] * be->elt);
+		e->g[u] = be->alloc(be, e->lay.unit_numel[u] * be->elt);
+		e->gsink[u] = be->alloc(be, e->lay.unit_numel[u] * be->elt);
+	}
+	upload_all(e);
+	e->m = sl_model_create(mc, &e->lay, be, MAXT, MAXB, ckpt);
+	CHECK(e->m != NULL, "%s", "");
+}
+
+static void env_free(struct env *e)
+{
+	sl_model_destroy(e->m);
+	for (int u = 0; u < e->lay.n_units; u++) {
+		e->be->free(e->be, e->w[u]);
+		e->be->free(e->be, e->g[u]);
+		e->be->free(e->be, e->gsink[u]);
+	}
+	free(e->w);
+	free(e->g);
+	free(e->gsink);
+	free(e->params);
+	free(e->ubase);
+	sl_layout_free(&e->lay);
+}
+
+/* ---- micro-batches ------------------------------------------------------------------------- */
+
+struct hbatch {
+	int B, L;
+	int32_t ids[MAXT], lens[MAXB], last[MAXB];
+	float labels[MAXB];
+};
+
+static void make_batch(struct hbatch *hb, int B, const int *lens, const float *labels)
+{
+	hb->B = B;
+	hb->L = 0;
+	for (int b = 0; b < B; b++)
+		if (lens[b] > hb->L)
+			hb->L = lens[b];
+	for (int b = 0; b < B; b++) {
+		hb->lens[b] = lens[b];
+		hb->last[b] = b * hb->L + lens[b] - 1;
+		hb->labels[b] = labels[b];
+	}
+	for (int t = 0; t < B * hb->L; t++)
+		hb->ids[t] = (int32_t)(rng_next() % VOCAB);
+}
+
+/* forward + backward; returns loss_scale * loss_sum */
+static double run_step(struct env *e, const struct hbatch *hb, float loss_scale, float *scores)
+{
+	struct sl_backend *be = e->be;
+	size_t T = (size_t)hb->B * hb->L;
+	int32_t *ids = be->alloc(be, T * 4), *lens = be->alloc(be, hb->B * 4);
+	int32_t *last = be->alloc(be, hb->B * 4);
+	float *labels = be->alloc(be, hb->B * 4);
+	struct sl_batch_dev b = { .B = hb->B, .L = hb->L, .ids = ids, .lens = lens, .last = last,
+				  .labels = labels, .h_lens = hb->lens };
+	struct sl_unit_source src = { e, src_weights, src_grads, src_release_fwd,
+				      src_release_bwd };
+	double loss = NAN;
+	int rc;
+
+	be->upload(be, ids, hb->ids, T * 4);
+	be->upload(be, lens, hb->lens, hb->B * 4);
+	be->upload(be, last, hb->last, hb->B * 4);
+	be->upload(be, labels, hb->labels, hb->B * 4);
+	rc = sl_model_train_step(e->m, &src, &b, loss_scale, &loss, scores);
+	CHECK(rc == 0, "train_step: %d", rc);
+	be->free(be, ids);
+	be->free(be, lens);
+	be->free(be, last);
+	be->free(be, labels);
+	return loss_scale * loss;
+}
+
+static int score_only(struct env *e, const struct hbatch *hb, float *scores)
+{
+	struct sl_backend *be = e->be;
+	size_t T = (size_t)hb->B * hb->L;
+	int32_t *ids = be->alloc(be, T * 4), *lens = be->alloc(be, hb->B * 4);
+	int32_t *last = be->alloc(be, hb->B * 4);
+	struct sl_batch_dev b = { .B = hb->B, .L = hb->L, .ids = ids, .lens = lens, .last = last,
+				  .h_lens = hb->lens };
+	struct sl_unit_source src = { e, src_weights, src_grads, NULL, NULL };
+	int rc;
+
+	be->upload(be, ids, hb->ids, T * 4);
+	be->upload(be, lens, hb->lens, hb->B * 4);
+	be->upload(be, last, hb->last, hb->B * 4);
+	rc = sl_model_score(e->m, &src, &b, scores);
+	be->free(be, ids);
+	be->free(be, lens);
+	be->free(be, last);
+	return rc;
+}
+
+/* ---- checks -------------------------------------------------------------------------------- */
+
+/* where parameter i lives: unit and element; false for padding */
+static bool param_at(const struct env *e, size_t i, int *unit, size_t *off, const char **name)
+{
+	for (int k = 0; k < e->lay.n_tensors; k++) {
+		const struct sl_tensor_info *t = &e->lay.t[k];
+		size_t base = e->ubase[t->unit] + t->offset;
+
+		if (i >= base && i < base + t->numel) {
+			*unit = t->unit;
+			*off = t->offset + (i - base);
+			*name = t->name;
+			return true;
+		}
+	}
+	return false;
+}
+
+/* d(sum of the batches' scaled losses)/d(param i) by central differences */
+static double fd_grad(struct env *e, const struct hbatch *hbs, int nb, float scale, size_t i)
+{
+	const double h = 1e-5;
+	double p0 = e->params[i], lp = 0, lm = 0;
+	int u;
+	size_t off;
+	const char *name;
+
+	if (!param_at(e, i, &u, &off, &name))
+		return 0;
+	e->sink = true;
+	put_elt(e, u, off, p0 + h);
+	for (int k = 0; k < nb; k++)
+		lp += run_step(e, &hbs[k], scale, NULL);
+	put_elt(e, u, off, p0 - h);
+	for (int k = 0; k < nb; k++)
+		lm += run_step(e, &hbs[k], scale, NULL);
+	put_elt(e, u, off, p0);
+	e->sink = false;
+	return (lp - lm) / (2 * h);
+}
+
+/* analytic gradient g against finite differences at every @stride-th parameter */
+static void check_fd(struct env *e, const struct hbatch *hbs, int nb, float scale,
+		     const double *g, size_t stride, const char *what)
+{
+	double worst = 0;
+	size_t n = 0;
+
+	for (size_t i = 0; i < e->lay.total_numel; i += stride) {
+		int u;
+		size_t off;
+		const char *name;
+		double fd = fd_grad(e, hbs, nb, scale, i), d = fabs(g[i] - fd);
+
+		if (!param_at(e, i, &u, &off, &name)) {
+			CHECK(g[i] == 0, "%s: padding element %zu has gradient %g", what, i, g[i]);
+			continue;
+		}
+		n++;
+		if (d / (fabs(fd) + 1e-6) > worst)
+			worst = d / (fabs(fd) + 1e-6);
+		CHECK(d <= 1e-6 * fabs(fd) + 1e-9, "%s: %s[%zu]: analytic %.10g, finite diff "
+		      "%.10g", what, name, off, g[i], fd);
+	}
+	printf("%s: %zu parameters, worst |analytic - fd| / (|fd| + 1e-6) = %.2e\n", what, n,
+	       worst);
+}
+
+/* ---- ops ----------------------------------------------------------------------------------- */
+
+static double *dalloc(struct sl_backend *be, size_t n)
+{
+	return be->alloc(be, n * sizeof(double));
+}
+
+/* permutation of a hand-worked example: T = 4 tokens, k = 2, E = 3 */
+static void check_permute(struct sl_backend *be)
+{
+	static const int32_t topi[8] = { 2, 0, 0, 1, 2, 1, 0, 2 };
+	/* expert 0: choices 1 (t0), 2 (t1), 6 (t3); expert 1: 3 (t1), 5 (t2); 2: 0, 4, 7 */
+	static const int32_t want_rows[8] = { 0, 1, 3, 1, 2, 0, 2, 3 };
+	static const int32_t want_slot[8] = { 5, 0, 1, 3, 6, 4, 2, 7 };
+	static const int32_t want_offs[4] = { 0, 3, 5, 8 };
+	int32_t rows[8], slot[8], offs[4];
+
+	be->moe_permute(be, rows, slot, offs, topi, 4, 3, 2);
+	CHECK(!memcmp(rows, want_rows, sizeof(rows)) && !memcmp(slot, want_slot, sizeof(slot)) &&
+	      !memcmp(offs, want_offs, sizeof(offs)), "permutation of the hand example");
+}
+
+/* router on hand values: softmax, the top 2 in order, ties to the lower expert, renormalized */
+static void check_route_hand(struct sl_backend *be)
+{
+	double z[2 * 4] = { 0, log(3), log(2), log(3), 1, 1, 1, 1 }, p[8], w[4];
+	int32_t ti[4];
+
+	be->moe_route_fwd(be, p, ti, w, z, 2, 4, 2, true);
+	/* token 0: p = (1, 3, 2, 3) / 9, experts 1 and 3 tie: 1 first */
+	CHECK(fabs(p[0] - 1.0 / 9) < 1e-15 && fabs(p[1] - 3.0 / 9) < 1e-15, "softmax");
+	CHECK(ti[0] == 1 && ti[1] == 3 && fabs(w[0] - 0.5) < 1e-15 && fabs(w[1] - 0.5) < 1e-15,
+	      "token 0: experts %d %d weights %g %g", ti[0], ti[1], w[0], w[1]);
+	CHECK(ti[2] == 0 && ti[3] == 1, "token 1 (all equal): experts %d %d", ti[2], ti[3]);
+	be->moe_route_fwd(be, p, ti, w, z, 1, 4, 2, false);
+	CHECK(fabs(w[0] - 3.0 / 9) < 1e-15 && fabs(w[1] - 3.0 / 9) < 1e-15, "not renormalized");
+}
+
+struct route_case {
+	int B, L, E, k, H;
+	int32_t lens[4];
+	bool norm;
+	double *z, *y, *r, *aux;	/* logits (T,E), expert outputs (Tk,H), dout (T,H), aux_g (E) */
+};
+
+/* loss = sum r . combine(route(z), y) + sum over real tokens of aux . p */
+static double route_loss(struct sl_backend *be, const struct route_case *c)
+{
+	const int T = c->B * c->L, E = c->E, k = c->k, H = c->H;
+	double *p = dalloc(be, T * E), *w = dalloc(be, T * k), *out = dalloc(be, T * H), loss = 0;
+	int32_t *ti = be->alloc(be, T * k * 4), *rows = be->alloc(be, T * k * 4);
+	int32_t *slot = be->alloc(be, T * k * 4), *offs = be->alloc(be, (E + 1) * 4);
+
+	be->moe_route_fwd(be, p, ti, w, c->z, T, E, k, c->norm);
+	be->moe_permute(be, rows, slot, offs, ti, T, E, k);
+	be->moe_combine_fwd(be, out, c->y, w, slot, T, k, H);
+	for (int i = 0; i < T * H; i++)
+		loss += c->r[i] * out[i];
+	for (int t = 0; t < T; t++)
+		for (int e = 0; t % c->L < c->lens[t / c->L] && e < E; e++)
+			loss += c->aux[e] * p[t * E + e];
+	be->free(be, p);
+	be->free(be, w);
+	be->free(be, out);
+	be->free(be, ti);
+	be->free(be, rows);
+	be->free(be, slot);
+	be->free(be, offs);
+	return loss;
+}
+
+static void check_route_fd(struct sl_backend *be, bool norm)
+{
+	struct route_case c = { .B = 2, .L = 5, .E = 6, .k = 3, .H = 4, .lens = { 5, 3 },
+				.norm = norm };
+	const int T = c.B * c.L, E = c.E, k = c.k, H = c.H;
+	double *p = dalloc(be, T * E), *w = dalloc(be, T * k), *dy = dalloc(be, T * k * H);
+	double *dw = dalloc(be, T * k), *dz = dalloc(be, T * E), worst = 0;
+	int32_t *ti = be->alloc(be, T * k * 4), *rows = be->alloc(be, T * k * 4);
+	int32_t *slot = be->alloc(be, T * k * 4), *offs = be->alloc(be, (E + 1) * 4);
+	int32_t *lens = be->alloc(be, 2 * 4);
+	const double h = 1e-6;
+
+	c.z = dalloc(be, T * E);
+	c.y = dalloc(be, T * k * H);
+	c.r = dalloc(be, T * H);
+	c.aux = dalloc(be, E);
+	for (int i = 0; i < T * E; i++)
+		c.z[i] = 2 * rng_normal();
+	for (int i = 0; i < T * k * H; i++)
+		c.y[i] = rng_normal();
+	for (int i = 0; i < T * H; i++)
+		c.r[i] = rng_normal();
+	for (int e = 0; e < E; e++)
+		c.aux[e] = rng_normal();
+	memcpy(lens, c.lens, 2 * 4);
+	be->moe_route_fwd(be, p, ti, w, c.z, T, E, k, norm);
+	be->moe_permute(be, rows, slot, offs, ti, T, E, k);
+	be->moe_combine_bwd(be, dy, dw, c.r, c.y, w, slot, T, k, H);
+	be->moe_route_bwd(be, dz, dw, p, ti, w, c.aux, lens, c.B, c.L, E, k, norm);
+	for (int i = 0; i < T * E; i++) {
+		double z0 = c.z[i], lp, lm, fd;
+
+		c.z[i] = z0 + h;
+		lp = route_loss(be, &c);
+		c.z[i] = z0 - h;
+		lm = route_loss(be, &c);
+		c.z[i] = z0;
+		fd = (lp - lm) / (2 * h);
+		worst = fmax(worst, fabs(dz[i] - fd));
+		CHECK(fabs(dz[i] - fd) < 1e-7 * (1 + fabs(fd)), "route%s: dlogits[%d] %.10g, "
+		      "finite diff %.10g", norm ? " (norm)" : "", i, dz[i], fd);
+	}
+	/* the combine is linear in y: its gradient lands on each choice's sorted row */
+	for (int i = 0; i < T * k * H; i++) {
+		double y0 = c.y[i], lp, lm, fd;
+
+		c.y[i] = y0 + h;
+		lp = route_loss(be, &c);
+		c.y[i] = y0 - h;
+		lm = route_loss(be, &c);
+		c.y[i] = y0;
+		fd = (lp - lm) / (2 * h);
+		worst = fmax(worst, fabs(dy[i] - fd));
+		CHECK(fabs(dy[i] - fd) < 1e-7 * (1 + fabs(fd)), "combine: dy[%d] %.10g, finite "
+		      "diff %.10g", i, dy[i], fd);
+	}
+	printf("router + combine%s: worst |analytic - fd| %.2e\n", norm ? " (norm_topk_prob)" : "",
+	       worst);
+	be->free(be, p);
+	be->free(be, w);
+	be->free(be, dy);
+	be->free(be, dw);
+	be->free(be, dz);
+	be->free(be, ti);
+	be->free(be, rows);
+	be->free(be, slot);
+	be->free(be, offs);
+	be->free(be, lens);
+	be->free(be, c.z);
+	be->free(be, c.y);
+	be->free(be, c.r);
+	be->free(be, c.aux);
+}
+
+/* grouped matmul: loss = sum r . gemm(x, w); expert 1 of 3 gets no rows */
+static void check_gemm_fd(struct sl_backend *be)
+{
+	const int E = 3, K = 5, N = 4, M = 7, offs[4] = { 0, 3, 3, 7 };
+	double x[7 * 5], w[3 * 4 * 5], r[7 * 4], out[7 * 4], dx[7 * 5], dw[3 * 4 * 5] = { 0 };
+	double worst = 0;
+	const double h = 1e-6;
+
+	for (int i = 0; i < M * K; i++)
+		x[i] = rng_normal();
+	for (int i = 0; i < E * N * K; i++)
+		w[i] = rng_normal();
+	for (int i = 0; i < M * N; i++)
+		r[i] = rng_normal();
+	be->moe_gemm_bwd(be, dx, dw, r, x, w, NULL, offs, E, K, N);
+	for (int which = 0; which < 2; which++) {
+		double *v = which ? w : x, *g = which ? dw : dx;
+		int n = which ? E * N * K : M * K;
+
+		for (int i = 0; i < n; i++) {
+			double v0 = v[i], l[2] = { 0, 0 };
+
+			for (int s = 0; s < 2; s++) {
+				v[i] = v0 + (s ? -h : h);
+				be->moe_gemm_fwd(be, out, x, w, NULL, offs, E, K, N);
+				for (int j = 0; j < M * N; j++)
+					l[s] += r[j] * out[j];
+			}
+			v[i] = v0;
+			worst = fmax(worst, fabs(g[i] - (l[0] - l[1]) / (2 * h)));
+			CHECK(fabs(g[i] - (l[0] - l[1]) / (2 * h)) < 1e-7, "grouped matmul d%s[%d]",
+			      which ? "w" : "x", i);
+		}
+	}
+	/* the empty expert's weights get no gradient */
+	for (int i = N * K; i < 2 * N * K; i++)
+		CHECK(dw[i] == 0, "expert without rows: dw[%d] = %g", i, dw[i]);
+	printf("grouped matmul: worst |analytic - fd| %.2e\n", worst);
+}
+
+/* ---- the whole model ----------------------------------------------------------------------- */
+
+static void check_model(void)
+{
+	struct sl_model_config mc;
+	struct sl_backend *be = sl_backend_cpu64_create(), *be32 = sl_backend_cpu_create();
+	struct env e, ec, e32;
+	struct hbatch hb[1], hbp;
+	const int lens[2] = { 6, 4 }, lens1[1] = { 4 };
+	const float labels[2] = { 0.3f, 0.8f };
+	double *g, *gc, *g32, l1, l2;
+	float s1[2], s2[2];
+	int nl = 0, ne = 0;
+	double aux = 0;
+	const int64_t *cnt;
+
+	fill_config(&mc, false);
+	env_init(&e, &mc, be, false);
+	make_batch(&hb[0], 2, lens, labels);
+	g = calloc(e.lay.total_numel, sizeof(double));
+	gc = calloc(e.lay.total_numel, sizeof(double));
+	g32 = calloc(e.lay.total_numel, sizeof(double));
+
+	zero_grads(&e);
+	l1 = run_step(&e, &hb[0], 0.5f, s1);
+	get_grads(&e, g);
+	cnt = sl_model_expert_counts(e.m, &nl, &ne, &aux);
+	CHECK(cnt && nl == 2 && ne == NEXP, "counts %d x %d", nl, ne);
+	for (int i = 0; cnt && i < 2; i++) {
+		int64_t sum = 0;
+
+		for (int k = 0; k < NEXP; k++)
+			sum += cnt[i * NEXP + k];
+		CHECK(sum == (6 + 4) * TOPK, "layer %d: %lld choices over real tokens", i,
+		      (long long)sum);
+	}
+	/* aux = E sum_e f_e P_e with sum f = k, sum P = 1: within (0, E k) */
+	CHECK(aux > 0 && aux < NEXP * TOPK, "aux %g", aux);
+	check_fd(&e, hb, 1, 0.5f, g, 19, "moe model");
+
+	/* activation checkpointing: the same gradients */
+	env_init(&ec, &mc, be, true);
+	zero_grads(&ec);
+	l2 = run_step(&ec, &hb[0], 0.5f, s2);
+	get_grads(&ec, gc);
+	CHECK(l1 == l2 && s1[0] == s2[0] && s1[1] == s2[1], "checkpointing changed the loss");
+	for (size_t i = 0; i < e.lay.total_numel; i++)
+		CHECK(fabs(g[i] - gc[i]) <= 1e-12 * (1 + fabs(g[i])),
+		      "checkpointing: gradient %zu %.17g vs %.17g", i, gc[i], g[i]);
+
+	/* padding: record 1 alone (no padding) scores as in the padded batch */
+	make_batch(&hbp, 1, lens1, labels + 1);
+	memcpy(hbp.ids, hb[0].ids + hb[0].L, 4 * sizeof(int32_t));
+	CHECK(score_only(&e, &hbp, s2) == 0 && fabs(s2[0] - s1[1]) < 1e-12,
+	      "padding changed record 1's score: %.17g vs %.17g", s2[0], s1[1]);
+
+	/* the fp32 backend agrees with the double one */
+	env_init(&e32, &mc, be32, false);
+	zero_grads(&e32);
+	l2 = run_step(&e32, &hb[0], 0.5f, s2);
+	get_grads(&e32, g32);
+	CHECK(fabs(l2 - l1) < 1e-5 * fabs(l1), "fp32 loss %.9g vs %.9g", l2, l1);
+	{
+		double num = 0, den = 0;
+
+		for (size_t i = 0; i < e.lay.total_numel; i++) {
+			num += (g32[i] - g[i]) * (g32[i] - g[i]);
+			den += g[i] * g[i];
+		}
+		CHECK(sqrt(num / den) < 1e-4, "fp32 gradient relative error %g", sqrt(num / den));
+	}
+	env_free(&e);
+	env_free(&ec);
+	env_free(&e32);
+	free(g);
+	free(gc);
+	free(g32);
+	free_config(&mc);
+	be->destroy(be);
+	be32->destroy(be32);
+}
+
+/* ---- config.json --------------------------------------------------------------------------- */
+
+/* parse a qwen3_moe config.json made of the base keys and @extra; returns the loader's status */
+static int load_cfg(struct sl_model_config *mc, const char *extra)
+{
+	char path[] = "/tmp/sl-moe-cfg-XXXXXX";
+	int fd = mkstemp(path), rc;
+	FILE *f = fdopen(fd, "w");
+
+	fprintf(f, "{\"model_type\": \"qwen3_moe\", \"vocab_size\": 50, \"hidden_size\": 32, "
+		"\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+		"\"intermediate_size\": 64%s}", extra);
+	fclose(f);
+	rc = sl_model_config_load(mc, path);
+	unlink(path);
+	return rc;
+}
+
+static void check_config(void)
+{
+	struct sl_model_config mc;
+	static const char *const bad[] = {
+		", \"num_experts\": 8, \"num_local_experts\": 4",
+		", \"num_experts\": 4, \"num_experts_per_tok\": 5",
+		", \"mlp_only_layers\": [4]",
+		", \"mlp_only_layers\": 1",
+		", \"router_aux_loss_coef\": -1",
+		", \"decoder_sparse_step\": 0",
+	};
+
+	/* Qwen3MoeConfig's defaults; head_dim = hidden / heads when absent */
+	CHECK(load_cfg(&mc, "") == 0);
+	CHECK(mc.n_experts == 128 && mc.top_k == 8 && mc.moe_intermediate == 768 &&
+	      !mc.norm_topk_prob && mc.router_aux_loss_coef == 0.001 && mc.head_dim == 8 &&
+	      mc.mlp_kind[0] == SL_MLP_MOE && mc.mlp_kind[3] == SL_MLP_MOE, "defaults");
+	sl_model_config_free(&mc);
+	/* transformers 5 spelling; sparse step 2 and mlp_only_layers */
+	CHECK(load_cfg(&mc, ", \"num_local_experts\": 6, \"num_experts_per_tok\": 2, "
+		       "\"decoder_sparse_step\": 2, \"mlp_only_layers\": [3], "
+		       "\"norm_topk_prob\": true, \"moe_intermediate_size\": 12") == 0);
+	CHECK(mc.n_experts == 6 && mc.top_k == 2 && mc.norm_topk_prob && mc.moe_intermediate == 12);
+	CHECK(mc.mlp_kind[0] == SL_MLP_DENSE && mc.mlp_kind[1] == SL_MLP_MOE &&
+	      mc.mlp_kind[2] == SL_MLP_DENSE && mc.mlp_kind[3] == SL_MLP_DENSE, "layer kinds");
+	sl_model_config_free(&mc);
+	/* no experts: every layer dense */
+	CHECK(load_cfg(&mc, ", \"num_experts\": 0") == 0 && mc.mlp_kind[0] == SL_MLP_DENSE);
+	sl_model_config_free(&mc);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		CHECK(load_cfg(&mc, bad[i]) < 0, "accepted %s", bad[i]);
+		sl_model_config_free(&mc);
+	}
+}
+
+int main(void)
+{
+	struct sl_backend *be = sl_backend_cpu64_create();
+
+	check_config();
+	check_permute(be);
+	check_route_hand(be);
+	check_route_fd(be, false);
+	check_route_fd(be, true);
+	check_gemm_fd(be);
+	be->destroy(be);
+	check_model();
+	return test_exit("test_moe_gradcheck");
+}
