@@ -50,7 +50,9 @@ fi
 # the cuda backend against the cpu one: every op, then the whole tiny model (loss and gradients)
 gpu_test "cuda ops vs cpu" "$top_builddir/test/test_cuda_ops"
 gpu_test "cuda model vs cpu" "$top_builddir/test/test_cuda_model"
-# parallel.offload: optimizer and params against on-GPU optimizer state (losses, 20 steps)
+# parallel.offload: the copy streams and events, then optimizer and params against on-GPU
+# optimizer state (losses, 20 steps)
+gpu_test "cuda async copies" "$top_builddir/test/test_cuda_async"
 gpu_test "offload vs on-GPU losses" sh "$top_srcdir/test/check-gpu-offload.sh"
 # task sft (dense, tied, packed, MoE) against the cpu backend's losses
 gpu_test "sft cuda vs cpu losses" sh "$top_srcdir/test/check-gpu-sft.sh"
