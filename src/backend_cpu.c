@@ -707,6 +707,9 @@ static void cpu_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, c
 	}
 }
 
+/* the Qwen3.5 hybrid's ops, in this file's float and double builds */
+#include "backend_cpu_gdn.c"
+
 static void cpu_destroy(struct sl_backend *be)
 {
 	free(be);
@@ -750,6 +753,7 @@ struct sl_backend *CPU_CREATE(void)
 	be->bce_fwd_bwd = cpu_bce_fwd_bwd;
 	be->sumsq_f32 = cpu_sumsq_f32;
 	be->adamw_f32 = cpu_adamw_f32;
+	cpu_gdn_init(be);
 	be->destroy = cpu_destroy;
 	return be;
 }

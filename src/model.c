@@ -24,13 +24,6 @@ static size_t align_up(size_t n)
 
 /* ---- layout ------------------------------------------------------------------------------ */
 
-struct layout_builder {
-	struct sl_layout *lay;
-	int cap;
-	int unit;
-	size_t off;		/* next free element in the current unit */
-};
-
 /*
  * Appends one tensor to the current unit.  @fused_next: the tensor continues a fused group
  * (k/v after q, up after gate, ...) and must follow its predecessor with no padding.
@@ -65,6 +58,12 @@ static int lb_add(struct layout_builder *lb, bool fused_next, const char *name, 
 	ti->init = init;
 	lb->off += ti->numel;
 	return 0;
+}
+
+int sl_layout_add(struct layout_builder *lb, bool fused_next, const char *name, int ndim,
+		  int64_t d0, int64_t d1, enum sl_init init)
+{
+	return lb_add(lb, fused_next, name, ndim, d0, d1, init);
 }
 
 static void lb_end_unit(struct layout_builder *lb)
@@ -139,7 +138,8 @@ int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout
 		goto out_free_layout;
 	lb_end_unit(&lb);
 	for (int l = 0; l < mc->n_layers; l++) {
-		rc = layout_layer(&lb, mc, l);
+		rc = mc->layer_kind[l] == SL_LAYER_FULL_ATTENTION ? layout_layer(&lb, mc, l) :
+								    sl_q35_layout_layer(&lb, mc, l);
 		if (rc)
 			goto out_free_layout;
 		lb_end_unit(&lb);
@@ -181,7 +181,7 @@ double sl_model_matmul_params(const struct sl_model_config *mc, const struct sl_
 	double n = 0;
 
 	for (int i = 0; i < lay->n_tensors; i++)
-		if (lay->t[i].ndim == 2 && lay->t[i].unit != 0)
+		if (lay->t[i].ndim == 2 && lay->t[i].unit != 0 && !lay->t[i].unsqueeze1)
 			n += (double)lay->t[i].numel;
 	return n;
 }
@@ -351,7 +351,12 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 	m->acts = calloc((size_t)m->n_acts + 1, sizeof(*m->acts));
 	if (!m->lo || !m->x || !m->acts)
 		goto out_free_model;
-	for (int l = 0; l < m->nL; l++)
+	if (mc->norm_offset) {
+		if (sl_q35_init(m, mc, lay))
+			goto out_free_model;
+		m->n_acts = 0;
+	}
+	for (int l = 0; l < m->nL && !m->q35; l++)
 		if (layer_offsets(lay, l, m->bias, &m->lo[l]))
 			goto out_free_model;
 	norm = sl_layout_find(lay, "model.norm.weight");
@@ -396,6 +401,7 @@ void sl_model_destroy(struct sl_model *m)
 {
 	if (!m)
 		return;
+	sl_q35_free(m);
 	for (int i = 0; i < m->n_bufs; i++)
 		m->be->free(m->be, m->bufs[i]);
 	free(m->bufs);
@@ -511,14 +517,18 @@ static void forward(struct sl_model *m, const struct sl_unit_source *src,
 
 	for (int l = 0; l < m->nL; l++) {
 		w = src->weights(src->ctx, 1 + l);
-		layer_fwd(m, l, w, acts_of(m, l, keep), m->x[l], m->x[l + 1], b, true);
+		if (m->q35)
+			sl_q35_layer_fwd(m, l, w, m->x[l], m->x[l + 1], b, keep);
+		else
+			layer_fwd(m, l, w, acts_of(m, l, keep), m->x[l], m->x[l + 1], b, true);
 		release(src->release_fwd, src->ctx, 1 + l);
 	}
 
 	/* the head reads only each record's last token: normalize just those B rows */
 	w = src->weights(src->ctx, uh);
 	be->gather_rows(be, m->xl, m->x[m->nL], b->last, b->B, H);
-	be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->xl, at(m, w, m->norm_off), b->B, H, m->eps);
+	be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->xl,
+			m->q35 ? sl_q35_final_norm(m, w) : at(m, w, m->norm_off), b->B, H, m->eps);
 	be->matmul_fwd(be, m->logits, m->xnf, at(m, w, m->score_off), NULL, b->B, H, 1);
 	release(src->release_fwd, src->ctx, uh);
 }
@@ -550,8 +560,9 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 	be->bce_fwd_bwd(be, m->loss_dev, m->dlogits, m->logits, b->labels, b->B, loss_scale);
 	be->matmul_bwd(be, m->gxnf, at(m, g, m->score_off), NULL, m->dlogits, m->xnf,
 		       at(m, w, m->score_off), b->B, H, 1, false);
-	be->rmsnorm_bwd(be, m->gxl, at(m, g, m->norm_off), m->gxnf, m->xl, at(m, w, m->norm_off),
-			m->rstdf, b->B, H, false);
+	be->rmsnorm_bwd(be, m->gxl, at(m, g, m->norm_off), m->gxnf, m->xl,
+			m->q35 ? sl_q35_final_norm(m, w) : at(m, w, m->norm_off), m->rstdf, b->B,
+			H, false);
 	release(src->release_bwd, src->ctx, uh);
 	be->zero(be, m->gx, (size_t)T * H * be->elt);
 	be->scatter_add_rows(be, m->gx, m->gxl, b->last, b->B, H);
@@ -561,6 +572,11 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 
 		w = src->weights(src->ctx, 1 + l);
 		g = src->grads(src->ctx, 1 + l);
+		if (m->q35) {
+			sl_q35_layer_bwd(m, l, w, g, m->x[l], b);
+			release(src->release_bwd, src->ctx, 1 + l);
+			continue;
+		}
 		if (m->ckpt)
 			layer_fwd(m, l, w, a, m->x[l], NULL, b, false);
 		layer_bwd(m, l, w, g, a, m->x[l], b);

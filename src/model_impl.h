@@ -69,6 +69,8 @@ struct sl_model {
 	double *loss_dev;	/* (1) */
 	float *scores_f32;	/* (B) */
 
+	struct sl_q35 *q35;	/* Qwen3.5 hybrid layers' state (model_qwen35.c), else NULL */
+
 	void **bufs;		/* everything above that came from be->alloc, to free */
 	int n_bufs, cap_bufs;
 	size_t ws_bytes;
@@ -76,6 +78,35 @@ struct sl_model {
 
 
 void *sl_model_ws_alloc(struct sl_model *m, size_t n, size_t elt);
+
+/* builds a struct sl_layout unit by unit (model.c) */
+struct layout_builder {
+	struct sl_layout *lay;
+	int cap;
+	int unit;
+	size_t off;		/* next free element in the current unit */
+};
+
+/*
+ * Appends one tensor to the current unit.  @fused_next: the tensor continues a fused group
+ * (k/v after q, up after gate, ...) and must follow its predecessor with no padding.
+ */
+int sl_layout_add(struct layout_builder *lb, bool fused_next, const char *name, int ndim,
+		  int64_t d0, int64_t d1, enum sl_init init);
+
+/* ---- model_qwen35.c: the Qwen3.5 hybrid's layers (gated attention, Gated DeltaNet) ---- */
+int sl_q35_layout_layer(struct layout_builder *lb, const struct sl_model_config *mc, int l);
+int sl_q35_init(struct sl_model *m, const struct sl_model_config *mc,
+		const struct sl_layout *lay);
+void sl_q35_free(struct sl_model *m);
+/* layer l of input x (T, H) into xout (T, H); @keep: keep what the backward needs */
+void sl_q35_layer_fwd(struct sl_model *m, int l, const void *w, const void *x, void *xout,
+		      const struct sl_batch_dev *b, bool keep);
+/* m->gx: gradient of the layer's output in, of its input x out; the unit's grads g += */
+void sl_q35_layer_bwd(struct sl_model *m, int l, const void *w, void *g, const void *x,
+		      const struct sl_batch_dev *b);
+/* the final norm's effective weight 1 + w (H), from the head unit's weights */
+const void *sl_q35_final_norm(struct sl_model *m, const void *w);
 
 /* element @off of a compute-type buffer */
 static inline void *at(const struct sl_model *m, const void *base, size_t off)

@@ -50,7 +50,7 @@ int sl_model_files_load_shard(struct sl_model_files *f, struct sl_shard *sh, uin
 	struct sl_weights w;
 	float *buf = NULL;
 	bool *init = NULL;
-	int ret = -1, n_unused = 0, first = 0;
+	int ret = -1, n_unused = 0, n_vision = 0, first = 0;
 
 	*n_initialized = 0;
 	if (sl_weights_open(&w, f->dir))
@@ -96,9 +96,24 @@ int sl_model_files_load_shard(struct sl_model_files *f, struct sl_shard *sh, uin
 		free(sub.t);
 		first += n;
 	}
-	for (int i = 0; i < w.n_tensors; i++)
-		if (!sl_layout_find(lay, w.tensors[i].name))
-			n_unused++;
+	for (int i = 0; i < w.n_tensors; i++) {
+		const char *n = w.tensors[i].name;
+		char alt[256];
+
+		/* the published Qwen3.5 layout: the language model under model.language_model. */
+		if (!strncmp(n, "model.language_model.", 21)) {
+			snprintf(alt, sizeof(alt), "model.%s", n + 21);
+			n = alt;
+		}
+		if (sl_layout_find(lay, n))
+			continue;
+		n_unused++;
+		n_vision += !strncmp(n, "model.visual.", 13);
+	}
+	if (n_vision)
+		sl_log("%s: the vision tower (%d tensors, model.visual.*) is not loaded: shardlm "
+		       "trains the language model", f->dir, n_vision);
+	n_unused -= n_vision;
 	if (n_unused)
 		sl_log("%s: %d tensor(s) of the checkpoint are not used by the classify task "
 		       "(e.g. a causal-LM head)", f->dir, n_unused);
@@ -138,7 +153,26 @@ static int write_meta(const char *dir, const struct sl_model_files *f, int n_fil
 		sl_error("%s:%d: %s", p, jerr.line, jerr.text);
 		return -1;
 	}
-	json_object_set_new(cj, "architectures", json_pack("[s]", "Qwen3ForSequenceClassification"));
+	if (!strcmp(f->mc.model_type, "qwen3_5")) {
+		/* the language model alone: its text_config as a qwen3_5_text config */
+		json_t *tc = json_deep_copy(json_object_get(cj, "text_config"));
+
+		if (!json_is_object(tc)) {
+			json_decref(tc);
+			json_decref(cj);
+			sl_error("%s: text_config is missing", p);
+			return -1;
+		}
+		json_object_set_new(tc, "model_type", json_string("qwen3_5_text"));
+		json_object_set(tc, "tie_word_embeddings",
+				json_boolean(f->mc.tie_word_embeddings));
+		json_decref(cj);
+		cj = tc;
+	}
+	json_object_set_new(cj, "architectures",
+			    json_pack("[s]", f->mc.norm_offset ?
+					     "Qwen3_5TextForSequenceClassification" :
+					     "Qwen3ForSequenceClassification"));
 	json_object_set_new(cj, "num_labels", json_integer(1));
 	json_object_set_new(cj, "id2label", json_pack("{s:s}", "0", "LABEL_0"));
 	json_object_set_new(cj, "label2id", json_pack("{s:i}", "LABEL_0", 0));
@@ -205,6 +239,11 @@ static int write_my_file(const char *dir, const struct sl_model_files *f, float 
 		t[n].ndim = ti->ndim;
 		t[n].shape[0] = ti->shape[0];
 		t[n].shape[1] = ti->shape[1];
+		if (ti->unsqueeze1) {	/* a Conv1d weight: (C, 1, K) in HF files */
+			t[n].ndim = 3;
+			t[n].shape[1] = 1;
+			t[n].shape[2] = ti->shape[1];
+		}
 		t[n].data = units[ti->unit] + ti->offset;
 		n++;
 	}
