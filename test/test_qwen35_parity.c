@@ -78,6 +78,25 @@ static int load(struct loaded *l, const char *dir)
 	return 0;
 }
 
+/* float host data <-> compute-type device buffers (float or double) */
+static void to_dev(struct sl_backend *be, void *dst, const float *src, size_t n)
+{
+	float *f = be->alloc(be, n * sizeof(float));
+
+	be->upload(be, f, src, n * sizeof(float));
+	be->to_compute(be, dst, f, n);
+	be->free(be, f);
+}
+
+static void from_dev(struct sl_backend *be, float *dst, const void *src, size_t n)
+{
+	float *f = be->alloc(be, n * sizeof(float));
+
+	be->to_f32(be, f, src, n);
+	be->download(be, dst, f, n * sizeof(float));
+	be->free(be, f);
+}
+
 struct src_ctx {
 	void **w, **g;
 };
@@ -95,10 +114,11 @@ static void *src_g(void *ctx, int u)
 /*
  * Logits of the fixture's records, all in one padded micro-batch (forward only), and with
  * @grads non-NULL one training step over them (mean BCE): the gradients, unit by unit (float).
+ * @be (destroyed here): the fp32 cpu backend or its double build.
  */
-static void run_lib(struct loaded *l, const struct sl_dataset *ds, float *out, float **grads)
+static void run_lib(struct sl_backend *be, struct loaded *l, const struct sl_dataset *ds,
+		    float *out, float **grads)
 {
-	struct sl_backend *be = sl_backend_cpu_create();
 	struct src_ctx ctx = { calloc(l->lay.n_units, sizeof(void *)),
 			       calloc(l->lay.n_units, sizeof(void *)) };
 	struct sl_unit_source src = { .ctx = &ctx, .weights = src_w, .grads = src_g };
@@ -110,7 +130,7 @@ static void run_lib(struct loaded *l, const struct sl_dataset *ds, float *out, f
 	for (int u = 0; u < l->lay.n_units; u++) {
 		ctx.w[u] = be->alloc(be, l->lay.unit_numel[u] * be->elt);
 		ctx.g[u] = be->alloc(be, l->lay.unit_numel[u] * be->elt);
-		be->upload(be, ctx.w[u], l->units[u], l->lay.unit_numel[u] * sizeof(float));
+		to_dev(be, ctx.w[u], l->units[u], l->lay.unit_numel[u]);
 	}
 	for (int i = 0; i < n; i++) {
 		idx[i] = i;
@@ -138,7 +158,7 @@ static void run_lib(struct loaded *l, const struct sl_dataset *ds, float *out, f
 		sl_model_score(m, &src, &b, out);
 	for (int u = 0; grads && u < l->lay.n_units; u++) {
 		grads[u] = malloc(l->lay.unit_numel[u] * sizeof(float));
-		be->download(be, grads[u], ctx.g[u], l->lay.unit_numel[u] * sizeof(float));
+		from_dev(be, grads[u], ctx.g[u], l->lay.unit_numel[u]);
 	}
 	sl_model_destroy(m);
 	be->free(be, d_ids), be->free(be, d_lens), be->free(be, d_last), be->free(be, d_lab);
@@ -195,6 +215,50 @@ static void check_score_file(const char *path, json_t *want, const char *what)
 	CHECK(n == NREC, "%s: %d score lines", what, n);
 }
 
+/*
+ * One training step's gradients on @be against the reference's per-tensor norms (tolerance
+ * @tol relative) and, when present, each tensor's first gradient elements (@tol relative to the
+ * largest of them).
+ */
+static void check_grads(struct sl_backend *be, struct loaded *l, const struct sl_dataset *ds,
+			json_t *rc, double tol, const char *what)
+{
+	json_t *gn = json_object_get(rc, "grad_norms0"), *g8 = json_object_get(rc, "grad_first8_0");
+	float **grads = calloc(l->lay.n_units, sizeof(float *)), s[NREC];
+	const char *name;
+	json_t *v;
+	int n = 0;
+
+	run_lib(be, l, ds, s, grads);
+	json_object_foreach(gn, name, v) {
+		const struct sl_tensor_info *ti = sl_layout_find(&l->lay, name);
+		double ss = 0, want = json_number_value(v), big = 0;
+		json_t *first = json_object_get(g8, name);
+		const float *g;
+
+		CHECK(ti, "reference tensor %s is not in the layout", name);
+		if (!ti)
+			continue;
+		g = grads[ti->unit] + ti->offset;
+		for (size_t k = 0; k < ti->numel; k++)
+			ss += (double)g[k] * g[k];
+		CHECK(fabs(sqrt(ss) - want) <= tol * want + 1e-9,
+		      "%s: gradient norm of %s: %.9g, transformers %.9g", what, name, sqrt(ss), want);
+		for (size_t k = 0; k < json_array_size(first); k++)
+			big = fmax(big, fabs(num_at(first, k)));
+		for (size_t k = 0; k < json_array_size(first) && k < ti->numel; k++)
+			CHECK(fabs(g[k] - num_at(first, k)) <= tol * big + 1e-9,
+			      "%s: gradient %s[%zu]: %.9g, transformers %.9g", what, name, k, g[k],
+			      num_at(first, k));
+		n++;
+	}
+	CHECK(n == l->lay.n_tensors, "%d reference gradient norms, %d tensors", n,
+	      l->lay.n_tensors);
+	for (int u = 0; u < l->lay.n_units; u++)
+		free(grads[u]);
+	free(grads);
+}
+
 int main(void)
 {
 	json_error_t jerr;
@@ -203,7 +267,7 @@ int main(void)
 	struct sl_data_opts o = { .text_field = "text", .label_field = "label", .need_label = true,
 				  .vocab = 128 };
 	struct loaded cls = { 0 }, pub = { 0 };
-	float s[NREC], sp[NREC], **grads;
+	float s[NREC], sp[NREC];
 	json_t *ref, *rc, *tr, *tm = NULL;
 	double loss = 0;
 	int rcode;
@@ -238,8 +302,7 @@ int main(void)
 	CHECK(load(&cls, p) == 0, "load cls");
 	CHECK(cls.n_init == 0, "cls has score.weight: nothing should be initialized");
 	CHECK(!strcmp(cls.mc.model_type, "qwen3_5_text") && cls.mc.norm_offset, "qwen3_5_text");
-	grads = calloc(cls.lay.n_units, sizeof(float *));
-	run_lib(&cls, &ds, s, grads);
+	run_lib(sl_backend_cpu_create(), &cls, &ds, s, NULL);
 	for (int i = 0; i < NREC; i++) {
 		double want = num_at(json_object_get(rc, "scores0"), i);
 
@@ -247,38 +310,33 @@ int main(void)
 		loss += bce(s[i], ds.rec[i].label) / NREC;
 	}
 	CHECK_CLOSE(loss, json_number_value(json_object_get(rc, "loss0")), REL, 0);
+	check_grads(sl_backend_cpu_create(), &cls, &ds, rc, REL, "fp32");
+	/*
+	 * The double build against the float64 reference: agreement to rounding, so any
+	 * difference in the math shows (the fp32 checks leave room for float rounding, which the
+	 * hybrid amplifies).  Fixtures of generator v1 (float32 inside transformers) lack
+	 * grad_first8_0 and get the fp32 tolerance.
+	 */
 	{
-		json_t *gn = json_object_get(rc, "grad_norms0");
-		const char *name;
-		json_t *v;
-		int n = 0;
+		bool exact = json_object_get(rc, "grad_first8_0") != NULL;
+		double tol = exact ? 1e-8 : REL;
+		float s64[NREC];
 
-		json_object_foreach(gn, name, v) {
-			const struct sl_tensor_info *ti = sl_layout_find(&cls.lay, name);
-			double ss = 0, want = json_number_value(v);
+		run_lib(sl_backend_cpu64_create(), &cls, &ds, s64, NULL);
+		for (int i = 0; i < NREC; i++) {
+			double want = num_at(json_object_get(rc, "scores0"), i);
 
-			CHECK(ti, "reference tensor %s is not in the layout", name);
-			if (!ti)
-				continue;
-			for (size_t k = 0; k < ti->numel; k++)
-				ss += (double)grads[ti->unit][ti->offset + k] *
-				      grads[ti->unit][ti->offset + k];
-			CHECK(fabs(sqrt(ss) - want) <= REL * want + 1e-9,
-			      "gradient norm of %s: %.9g, transformers %.9g", name, sqrt(ss), want);
-			n++;
+			CHECK(fabs(s64[i] - want) <= tol * fabs(want) + 1e-7,
+			      "double build score %d: %.9g, transformers %.9g", i, s64[i], want);
 		}
-		CHECK(n == cls.lay.n_tensors, "%d reference gradient norms, %d tensors", n,
-		      cls.lay.n_tensors);
+		check_grads(sl_backend_cpu64_create(), &cls, &ds, rc, exact ? 1e-6 : REL, "double");
 	}
-	for (int u = 0; u < cls.lay.n_units; u++)
-		free(grads[u]);
-	free(grads);
 
 	/* 2. the published qwen3_5 layout loads to the same model */
 	snprintf(p, sizeof(p), "%s/pub", fix);
 	CHECK(load(&pub, p) == 0, "load pub");
 	CHECK(!strcmp(pub.mc.model_type, "qwen3_5") && pub.n_init == 0, "qwen3_5, complete");
-	run_lib(&pub, &ds, sp, NULL);
+	run_lib(sl_backend_cpu_create(), &pub, &ds, sp, NULL);
 	for (int i = 0; i < NREC; i++)
 		CHECK_CLOSE(sp[i], s[i], 1e-6, 1e-7);
 
