@@ -163,14 +163,16 @@ struct sl_backend {
 	 * and ab (T rows of stride abs: b(nv) then a(nv)):
 	 *   qn(T, nk dk) = l2norm(q) / sqrt(dk), kn(T, nk dk) = l2norm(k), l2norm(x) =
 	 *   x / sqrt(sum x^2 + 1e-6), rqk(T, 2 nk) stat = those reciprocal norms (q heads, k heads);
-	 *   beta(T, nv) = sigmoid(b); g(T, nv) = -exp(A_log) softplus(a + dt_bias) (log decay).
+	 *   beta(T, nv) stat = sigmoid(b); g(T, nv) stat = -exp(A_log) softplus(a + dt_bias) (the
+	 *   log decay: stat precision, as its sums over positions set the state's decay).
 	 */
 	void (*gdn_prep_fwd)(struct sl_backend *be, void *qn, void *kn, void *rqk, void *beta,
 			     void *g, const void *qkv, const void *ab, int abs, const void *A_log,
 			     const void *dt_bias, int T, int nk, int nv, int dk, int dv);
 	/*
 	 * dqkv: its q and k columns (the first 2 nk dk) overwritten; dab: b and a overwritten;
-	 * dA_log(nv) +=, ddt_bias(nv) += ; from dqn, dkn (T, nk dk), dbeta, dg (T, nv).
+	 * dA_log(nv) +=, ddt_bias(nv) += ; from dqn, dkn (T, nk dk), dbeta, dg (T, nv; compute
+	 * type) and beta, g (stat).
 	 */
 	void (*gdn_prep_bwd)(struct sl_backend *be, void *dqkv, void *dab, int abs, void *dA_log,
 			     void *ddt_bias, const void *dqn, const void *dkn, const void *dbeta,
@@ -182,14 +184,16 @@ struct sl_backend {
 	 * S(dk, dv) = 0 at each record's start, for positions p < lens[b]:
 	 *   S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q
 	 * with q = qn, k = kn, v at v (T rows of stride vs, head h at h dv).  o(T, nv dv), rows of
-	 * padded positions zero.  states(B, ceil(L/64), nv, dk, dv): S at the start of every
-	 * 64-position chunk, for the backward.
+	 * padded positions zero.  beta, g stat (as gdn_prep_fwd writes them).  states(B,
+	 * ceil(L/64), nv, dk, dv) stat: S at the start of every 64-position chunk, for the
+	 * backward.
 	 */
 	void (*gdn_rule_fwd)(struct sl_backend *be, void *o, void *states, const void *qn,
 			     const void *kn, const void *v, int vs, const void *beta,
 			     const void *g, const int32_t *lens, int B, int L, int nk, int nv,
 			     int dk, int dv);
-	/* dqn, dkn (T, nk dk), dval (stride vs, nv dv columns), dbeta, dg (T, nv): overwritten */
+	/* dqn, dkn (T, nk dk), dval (stride vs, nv dv columns), dbeta, dg (T, nv; compute type):
+	 * overwritten */
 	void (*gdn_rule_bwd)(struct sl_backend *be, void *dqn, void *dkn, void *dval, void *dbeta,
 			     void *dg, const void *dout, const void *states, const void *qn,
 			     const void *kn, const void *v, int vs, const void *beta,

@@ -44,9 +44,9 @@ struct q35_acts {
 	void *xn1, *rstd1;	/* (T, H), (T) */
 	void *proj;		/* (T, Pa) | (T, P): the fused input projection */
 	void *cpre, *c;		/* GDN (T, Cc): conv pre-activation and output */
-	void *qn, *kn, *rqk;	/* GDN (T, nk dk) x 2, (T, 2 nk) */
-	void *beta, *g;		/* GDN (T, nv) */
-	void *states;		/* GDN (T/64 + B, nv, dk, dv): chunk-start states */
+	void *qn, *kn, *rqk;	/* GDN (T, nk dk) x 2, (T, 2 nk) stat */
+	void *beta, *g;		/* GDN (T, nv) stat */
+	void *states;		/* GDN (T/64 + B, nv, dk, dv) stat: chunk-start states */
 	void *qkvr, *gate, *lse;	/* attention (T, (nh + 2 nkv) hd), (T, nh hd), (T, nh) */
 	void *o;		/* (T, nh hd) attention | (T, nv dv) delta rule output */
 	void *rstd_o;		/* (T, nh + nkv) q/k norms | (T, nv) gated norm */
@@ -217,11 +217,11 @@ static int alloc_q35_acts(struct sl_model *m, struct q35_acts *a, enum sl_layer_
 		a->c = sl_model_ws_alloc(m, T * q->Cc, e);
 		a->qn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
 		a->kn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
-		a->rqk = sl_model_ws_alloc(m, T * 2 * q->nk, e);
-		a->beta = sl_model_ws_alloc(m, T * q->nv, e);
-		a->g = sl_model_ws_alloc(m, T * q->nv, e);
+		a->rqk = sl_model_ws_alloc(m, T * 2 * q->nk, s);
+		a->beta = sl_model_ws_alloc(m, T * q->nv, s);
+		a->g = sl_model_ws_alloc(m, T * q->nv, s);
 		/* B records of L tokens have at most ceil(L/64) <= L/64 + 1 chunks each */
-		a->states = sl_model_ws_alloc(m, (T / 64 + B) * q->nv * q->dk * q->dv, e);
+		a->states = sl_model_ws_alloc(m, (T / 64 + B) * q->nv * q->dk * q->dv, s);
 		a->o = sl_model_ws_alloc(m, T * q->nv * q->dv, e);
 		a->rstd_o = sl_model_ws_alloc(m, T * q->nv, s);
 		a->y = sl_model_ws_alloc(m, T * q->nv * q->dv, e);
