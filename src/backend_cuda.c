@@ -312,6 +312,9 @@ static void cuda_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, 
 			  a->weight_decay, a->bc1, a->bc2, a->grad_scale);
 }
 
+/* the Qwen3.5 hybrid's ops */
+#include "backend_cuda_gdn.c"
+
 static void cuda_destroy(struct sl_backend *be)
 {
 	struct cuda_priv *pr = P(be);
@@ -375,6 +378,7 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	be->bce_fwd_bwd = cuda_bce_fwd_bwd;
 	be->sumsq_f32 = cuda_sumsq_f32;
 	be->adamw_f32 = cuda_adamw_f32;
+	cuda_gdn_init(be);
 	be->destroy = cuda_destroy;
 	return be;
 
