@@ -4,16 +4,16 @@
  */
 
 static void cuda_conv1d_silu_fwd(struct sl_backend *be, void *out, void *pre, const void *x,
-				 int xs, const void *w, int T, int L, int C, int K)
+				 int xs, const void *w, int T, int L, int Cc, int K)
 {
-	sl_cuda_conv1d_silu_fwd(C(be), out, pre, x, xs, w, T, L, C, K);
+	sl_cuda_conv1d_silu_fwd(C(be), out, pre, x, xs, w, T, L, Cc, K);
 }
 
 static void cuda_conv1d_silu_bwd(struct sl_backend *be, void *dx, int xs, void *dw,
 				 const void *dout, const void *x, const void *pre, const void *w,
-				 int T, int L, int C, int K)
+				 int T, int L, int Cc, int K)
 {
-	sl_cuda_conv1d_silu_bwd(C(be), dx, xs, dw, dout, x, pre, w, T, L, C, K);
+	sl_cuda_conv1d_silu_bwd(C(be), dx, xs, dw, dout, x, pre, w, T, L, Cc, K);
 }
 
 static void cuda_gdn_prep_fwd(struct sl_backend *be, void *qn, void *kn, void *rqk, void *beta,

@@ -493,7 +493,7 @@ static void t_model(void)
 				      .norm_offset = true, .rot_dim = 8, .lin_nk = 2, .lin_nv = 4,
 				      .lin_dk = 16, .lin_dv = 24, .lin_conv = 4 };
 	struct sl_layout lay;
-	struct side sd[2] = { { cpu }, { gpu } };
+	struct side sd[2] = { { .be = cpu }, { .be = gpu } };
 	int B = 3, L = 150, T = B * L;
 	int32_t ids[450], lens[3] = { 150, 70, 5 }, last[3];
 	float labels[3] = { 0.3f, 0.8f, 0.5f }, sc[2][3];
