@@ -4,6 +4,7 @@
 #   test_dist_gpu: NCCL with 1 rank; 2 and 4 ranks sharing the GPU through the host-staged MPI
 #   communicator (NCCL refuses two ranks on one device), also as 2 pretended nodes of 2.
 #   test_cuda_ops, test_cuda_model: the cuda backend's ops and the tiny model against the cpu one.
+#   test_cuda_qwen35: the same for the Qwen3.5 hybrid's ops and a tiny hybrid model.
 set -u
 : "${top_srcdir:=$(cd "$(dirname "$0")/.." && pwd)}"
 : "${top_builddir:=$top_srcdir}"
@@ -48,6 +49,8 @@ fi
 # the cuda backend against the cpu one: every op, then the whole tiny model (loss and gradients)
 gpu_test "cuda ops vs cpu" "$top_builddir/test/test_cuda_ops"
 gpu_test "cuda model vs cpu" "$top_builddir/test/test_cuda_model"
+# the Qwen3.5 hybrid's cuda ops (cuda/gdn.cu) and its tiny model against the cpu backend
+gpu_test "cuda qwen3.5 ops and model vs cpu" "$top_builddir/test/test_cuda_qwen35"
 
 grep -h "checks," "$LOG"
 echo "check-gpu: $passed passed, $failed failed"
