@@ -138,8 +138,9 @@ int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout
 		goto out_free_layout;
 	lb_end_unit(&lb);
 	for (int l = 0; l < mc->n_layers; l++) {
-		rc = mc->layer_kind[l] == SL_LAYER_FULL_ATTENTION ? layout_layer(&lb, mc, l) :
-								    sl_q35_layout_layer(&lb, mc, l);
+		/* configs built in code may leave layer_kind NULL: all Qwen3 layers then */
+		rc = !mc->layer_kind || mc->layer_kind[l] == SL_LAYER_FULL_ATTENTION ?
+			     layout_layer(&lb, mc, l) : sl_q35_layout_layer(&lb, mc, l);
 		if (rc)
 			goto out_free_layout;
 		lb_end_unit(&lb);
