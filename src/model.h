@@ -100,6 +100,13 @@ const struct sl_tensor_info *sl_layout_find(const struct sl_layout *lay, const c
 
 /* Parameters that count for MFU: every matrix multiply (heads included, embedding excluded). */
 double sl_model_matmul_params(const struct sl_model_config *mc, const struct sl_layout *lay);
+/*
+ * FLOPs of the token mixers for one record of n tokens, forward and backward (MFU): causal
+ * attention in full-attention layers (QK^T and PV, 2 hd n(n+1)/2 multiply-adds each per head,
+ * times 3), the gated delta rule in linear-attention layers (three dk x dv matrix-vector products
+ * per token and value head, times 3).
+ */
+double sl_model_mixer_flops(const struct sl_model_config *mc, double n);
 
 /*
  * Where the model gets units from.  weights(u) returns the full unit in compute precision, ready

@@ -499,3 +499,16 @@ void sl_q35_layer_bwd(struct sl_model *m, int l, const void *w, void *g, const v
 	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln1), m->gn, x,
 			eff_weight(m, q->wn1, at(m, w, lo->ln1), H), a->rstd1, T, H, true);
 }
+
+double sl_model_mixer_flops(const struct sl_model_config *mc, double n)
+{
+	double f = 0;
+
+	for (int l = 0; l < mc->n_layers; l++) {
+		if (mc->layer_kind && mc->layer_kind[l] == SL_LAYER_LINEAR_ATTENTION)
+			f += 3 * 3 * 2.0 * mc->lin_dk * mc->lin_dv * mc->lin_nv * n;
+		else
+			f += 3 * 4.0 * mc->head_dim * mc->n_heads * n * (n + 1) / 2;
+	}
+	return f;
+}

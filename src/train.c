@@ -730,9 +730,8 @@ static double gpu_memory(struct job *j)
 
 /*
  * Model FLOPs of one micro-batch's forward and backward: 6 per parameter of every matrix
- * multiply (heads included, embedding excluded) per real token, plus causal attention: per
- * record of n tokens, QK^T and PV cost 2 * hd * n(n+1)/2 multiply-adds each per head and layer,
- * times 3 for forward and backward.  Padding is not counted.
+ * multiply (heads included, embedding excluded) per real token, plus the token mixers
+ * (sl_model_mixer_flops: causal attention, the gated delta rule).  Padding is not counted.
  */
 static double model_flops(const struct job *j, const struct sl_host_batch *hb)
 {
@@ -742,7 +741,7 @@ static double model_flops(const struct job *j, const struct sl_host_batch *hb)
 	for (int b = 0; b < hb->B; b++) {
 		double n = hb->lens[b];
 
-		f += 6 * p * n + 3 * 4.0 * mc->head_dim * mc->n_heads * mc->n_layers * n * (n + 1) / 2;
+		f += 6 * p * n + sl_model_mixer_flops(mc, n);
 	}
 	return f;
 }

@@ -414,6 +414,9 @@ static void test_layout(void)
 				n += lay.t[i].numel;
 		CHECK(sl_model_matmul_params(&mc, &lay) == n, "matmul params");
 	}
+	/* MFU's mixer FLOPs: 3 Gated DeltaNet layers (18 dk dv nv per token), 1 attention layer */
+	CHECK(sl_model_mixer_flops(&mc, 10) == 3 * 18.0 * 4 * 3 * 2 * 10 +
+					       12.0 * 8 * 2 * 10 * 11 / 2, "mixer flops");
 	sl_layout_free(&lay);
 	free(mc.layer_kind), free(mc.mlp_kind);
 }
