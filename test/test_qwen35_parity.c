@@ -312,24 +312,25 @@ int main(void)
 	CHECK_CLOSE(loss, json_number_value(json_object_get(rc, "loss0")), REL, 0);
 	check_grads(sl_backend_cpu_create(), &cls, &ds, rc, REL, "fp32");
 	/*
-	 * The double build against the float64 reference: agreement to rounding, so any
-	 * difference in the math shows (the fp32 checks leave room for float rounding, which the
-	 * hybrid amplifies).  Fixtures of generator v1 (float32 inside transformers) lack
+	 * The double build against the float64 reference: agreement to about 1e-7 (transformers
+	 * keeps a float32 cast in the decay), so any difference in the math shows (the fp32 checks
+	 * leave room for float rounding, which the hybrid amplifies).  Fixtures of generator v1 (float32 inside transformers) lack
 	 * grad_first8_0 and get the fp32 tolerance.
 	 */
 	{
 		bool exact = json_object_get(rc, "grad_first8_0") != NULL;
-		double tol = exact ? 1e-8 : REL;
+		/* transformers still rounds A_log and a to float32 where it forms the decay */
+		double tol = exact ? 1e-6 : REL;
 		float s64[NREC];
 
 		run_lib(sl_backend_cpu64_create(), &cls, &ds, s64, NULL);
 		for (int i = 0; i < NREC; i++) {
 			double want = num_at(json_object_get(rc, "scores0"), i);
 
-			CHECK(fabs(s64[i] - want) <= tol * fabs(want) + 1e-7,
+			CHECK(fabs(s64[i] - want) <= tol * fabs(want) + 1e-8,
 			      "double build score %d: %.9g, transformers %.9g", i, s64[i], want);
 		}
-		check_grads(sl_backend_cpu64_create(), &cls, &ds, rc, exact ? 1e-6 : REL, "double");
+		check_grads(sl_backend_cpu64_create(), &cls, &ds, rc, exact ? 1e-5 : REL, "double");
 	}
 
 	/* 2. the published qwen3_5 layout loads to the same model */
@@ -401,6 +402,28 @@ int main(void)
 	CHECK(rcode == 0, "shardlm score failed (%d); see %s/score.err", rcode, tmp);
 	snprintf(p, sizeof(p), "%s/scores.jsonl", tmp);
 	check_score_file(p, json_object_get(rc, "scores3"), "scores after 3 steps");
+
+	/* the export: a Qwen3_5TextForSequenceClassification with HF's (C, 1, K) conv weights */
+	{
+		json_t *cj;
+		struct sl_weights w;
+		const struct sl_st_tensor *cv;
+
+		snprintf(p, sizeof(p), "%s/run/model/config.json", tmp);
+		cj = json_load_file(p, 0, &jerr);
+		CHECK(cj && !strcmp(json_string_value(json_object_get(cj, "model_type")),
+				    "qwen3_5_text") &&
+		      !strcmp(json_string_value(json_array_get(json_object_get(cj, "architectures"),
+							       0)),
+			      "Qwen3_5TextForSequenceClassification"), "exported config %s", p);
+		json_decref(cj);
+		snprintf(p, sizeof(p), "%s/run/model", tmp);
+		CHECK(sl_weights_open(&w, p) == 0, "exported weights");
+		cv = sl_weights_find(&w, "model.layers.0.linear_attn.conv1d.weight");
+		CHECK(cv && cv->ndim == 3 && cv->shape[1] == 1 &&
+		      cv->shape[2] == cls.mc.lin_conv, "exported conv1d weight is (C, 1, K)");
+		sl_weights_close(&w);
+	}
 
 	printf("largest relative difference from transformers (scores, losses, grad norms): "
 	       "%.3g\n", worst);
