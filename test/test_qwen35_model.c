@@ -329,7 +329,7 @@ static void test_model(void)
 		fd = fd_grad(&e, &hb, i);
 		n_fd++;
 		d = fabs(fd - gA[i]);
-		if (d > 1e-6 * fabs(fd) + 1e-9 && bad++ < 10)
+		if (d > 1e-6 * fabs(fd) + 1e-8 && bad++ < 10)
 			fprintf(stderr, "%s[%zu]: analytic %.10g, finite difference %.10g\n", nm, off,
 				gA[i], fd);
 	}
