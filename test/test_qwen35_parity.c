@@ -225,6 +225,7 @@ static void check_grads(struct sl_backend *be, struct loaded *l, const struct sl
 {
 	json_t *gn = json_object_get(rc, "grad_norms0"), *g8 = json_object_get(rc, "grad_first8_0");
 	float **grads = calloc(l->lay.n_units, sizeof(float *)), s[NREC];
+	double worst_norm = 0;
 	const char *name;
 	json_t *v;
 	int n = 0;
@@ -242,6 +243,7 @@ static void check_grads(struct sl_backend *be, struct loaded *l, const struct sl
 		g = grads[ti->unit] + ti->offset;
 		for (size_t k = 0; k < ti->numel; k++)
 			ss += (double)g[k] * g[k];
+		worst_norm = fmax(worst_norm, fabs(sqrt(ss) - want) / want);
 		CHECK(fabs(sqrt(ss) - want) <= tol * want + 1e-9,
 		      "%s: gradient norm of %s: %.9g, transformers %.9g", what, name, sqrt(ss), want);
 		for (size_t k = 0; k < json_array_size(first); k++)
@@ -254,6 +256,8 @@ static void check_grads(struct sl_backend *be, struct loaded *l, const struct sl
 	}
 	CHECK(n == l->lay.n_tensors, "%d reference gradient norms, %d tensors", n,
 	      l->lay.n_tensors);
+	printf("%s build: largest relative difference of a tensor's gradient norm: %.3g\n", what,
+	       worst_norm);
 	for (int u = 0; u < l->lay.n_units; u++)
 		free(grads[u]);
 	free(grads);
@@ -323,13 +327,18 @@ int main(void)
 		double tol = exact ? 1e-6 : REL;
 		float s64[NREC];
 
+		double w64 = 0;
+
 		run_lib(sl_backend_cpu64_create(), &cls, &ds, s64, NULL);
 		for (int i = 0; i < NREC; i++) {
 			double want = num_at(json_object_get(rc, "scores0"), i);
 
+			w64 = fmax(w64, fabs(s64[i] - want) / fabs(want));
+
 			CHECK(fabs(s64[i] - want) <= tol * fabs(want) + 1e-8,
 			      "double build score %d: %.9g, transformers %.9g", i, s64[i], want);
 		}
+		printf("double build: largest relative difference of a score: %.3g\n", w64);
 		check_grads(sl_backend_cpu64_create(), &cls, &ds, rc, exact ? 1e-5 : REL, "double");
 	}
 
