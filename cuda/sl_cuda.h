@@ -117,6 +117,44 @@ void sl_cuda_moe_combine_fwd(struct sl_cuda *c, void *out, const void *y, const 
 void sl_cuda_moe_combine_bwd(struct sl_cuda *c, void *dy, float *dtopw, const void *dout,
 			     const void *y, const float *topw, const int *slot, int T, int k,
 			     int H);
+/* ---- the Qwen3.5 hybrid (gdn.cu): beta, g, rqk, states and the rstds are float (stat) ---- */
+void sl_cuda_conv1d_silu_fwd(struct sl_cuda *c, void *out, void *pre, const void *x, int xs,
+			     const void *w, int T, int L, int C, int K);
+void sl_cuda_conv1d_silu_bwd(struct sl_cuda *c, void *dx, int xs, void *dw, const void *dout,
+			     const void *x, const void *pre, const void *w, int T, int L, int C,
+			     int K);
+void sl_cuda_gdn_prep_fwd(struct sl_cuda *c, void *qn, void *kn, float *rqk, float *beta,
+			  float *g, const void *qkv, const void *ab, int abs, const void *A_log,
+			  const void *dt_bias, int T, int nk, int nv, int dk, int dv);
+void sl_cuda_gdn_prep_bwd(struct sl_cuda *c, void *dqkv, void *dab, int abs, void *dA_log,
+			  void *ddt_bias, const void *dqn, const void *dkn, const void *dbeta,
+			  const void *dg, const void *qkv, const void *ab, const float *rqk,
+			  const float *beta, const float *g, const void *A_log,
+			  const void *dt_bias, int T, int nk, int nv, int dk, int dv);
+void sl_cuda_gdn_rule_fwd(struct sl_cuda *c, void *o, float *states, const void *qn,
+			  const void *kn, const void *v, int vs, const float *beta, const float *g,
+			  const int *lens, int B, int L, int nk, int nv, int dk, int dv);
+void sl_cuda_gdn_rule_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, void *dbeta,
+			  void *dg, const void *dout, const float *states, const void *qn,
+			  const void *kn, const void *v, int vs, const float *beta, const float *g,
+			  const int *lens, int B, int L, int nk, int nv, int dk, int dv);
+void sl_cuda_gated_rmsnorm_fwd(struct sl_cuda *c, void *out, float *rstd, const void *x,
+			       const void *z, int zs, const void *w, int T, int nh, int d,
+			       float eps);
+void sl_cuda_gated_rmsnorm_bwd(struct sl_cuda *c, void *dx, void *dz, int zs, void *dw,
+			       const void *dout, const void *x, const void *z, const void *w,
+			       const float *rstd, int T, int nh, int d, float eps);
+void sl_cuda_gattn_qk_fwd(struct sl_cuda *c, void *out, void *gate, float *rstd,
+			  const void *qgkv, const void *qw, const void *kw, int T, int L, int nh,
+			  int nkv, int hd, int rot, float eps, float theta);
+void sl_cuda_gattn_qk_bwd(struct sl_cuda *c, void *dqgkv, void *dqw, void *dkw, const void *dout,
+			  const void *dgate, const void *qgkv, const void *qw, const void *kw,
+			  const float *rstd, int T, int L, int nh, int nkv, int hd, int rot,
+			  float eps, float theta);
+void sl_cuda_sigmoid_mul_fwd(struct sl_cuda *c, void *y, const void *x, const void *gate,
+			     size_t n);
+void sl_cuda_sigmoid_mul_bwd(struct sl_cuda *c, void *dx, void *dgate, const void *dy,
+			     const void *x, const void *gate, size_t n);
 
 #ifdef __cplusplus
 }

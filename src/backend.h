@@ -238,6 +238,102 @@ struct sl_backend {
 				int H);
 
 	/*
+	 * ---- Qwen3.5 hybrid (issue 12): Gated DeltaNet and gated full attention ----
+	 * Every op below works per record: position p = t % L of record t / L; nothing crosses
+	 * records.  Rows of x with a stride take the stride in elements (xs, zs, abs, vs).
+	 */
+
+	/*
+	 * Causal depthwise convolution over each record's positions, then SiLU, on the first C
+	 * columns of x (T rows of stride xs): pre(t,c) = sum_{j<K, p-K+1+j >= 0}
+	 * x(t-K+1+j, c) w(c, j); out(T,C) = silu(pre); pre(T,C) is kept for the backward.
+	 */
+	void (*conv1d_silu_fwd)(struct sl_backend *be, void *out, void *pre, const void *x, int xs,
+				const void *w, int T, int L, int C, int K);
+	/* dx (T rows of stride xs, its first C columns overwritten), dw(C,K) += ; from dout(T,C) */
+	void (*conv1d_silu_bwd)(struct sl_backend *be, void *dx, int xs, void *dw, const void *dout,
+				const void *x, const void *pre, const void *w, int T, int L, int C,
+				int K);
+
+	/*
+	 * Gated DeltaNet inputs, per token, from qkv(T, 2 nk dk + nv dv) = [q heads | k heads | v]
+	 * and ab (T rows of stride abs: b(nv) then a(nv)):
+	 *   qn(T, nk dk) = l2norm(q) / sqrt(dk), kn(T, nk dk) = l2norm(k), l2norm(x) =
+	 *   x / sqrt(sum x^2 + 1e-6), rqk(T, 2 nk) stat = those reciprocal norms (q heads, k heads);
+	 *   beta(T, nv) stat = sigmoid(b); g(T, nv) stat = -exp(A_log) softplus(a + dt_bias) (the
+	 *   log decay: stat precision, as its sums over positions set the state's decay).
+	 */
+	void (*gdn_prep_fwd)(struct sl_backend *be, void *qn, void *kn, void *rqk, void *beta,
+			     void *g, const void *qkv, const void *ab, int abs, const void *A_log,
+			     const void *dt_bias, int T, int nk, int nv, int dk, int dv);
+	/*
+	 * dqkv: its q and k columns (the first 2 nk dk) overwritten; dab: b and a overwritten;
+	 * dA_log(nv) +=, ddt_bias(nv) += ; from dqn, dkn (T, nk dk), dbeta, dg (T, nv; compute
+	 * type) and beta, g (stat).
+	 */
+	void (*gdn_prep_bwd)(struct sl_backend *be, void *dqkv, void *dab, int abs, void *dA_log,
+			     void *ddt_bias, const void *dqn, const void *dkn, const void *dbeta,
+			     const void *dg, const void *qkv, const void *ab, const void *rqk,
+			     const void *beta, const void *g, const void *A_log,
+			     const void *dt_bias, int T, int nk, int nv, int dk, int dv);
+	/*
+	 * The gated delta rule per record and value head h (key head h / (nv / nk)), state
+	 * S(dk, dv) = 0 at each record's start, for positions p < lens[b]:
+	 *   S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q
+	 * with q = qn, k = kn, v at v (T rows of stride vs, head h at h dv).  o(T, nv dv), rows of
+	 * padded positions zero.  beta, g stat (as gdn_prep_fwd writes them).  states(B,
+	 * ceil(L/64), nv, dk, dv) stat: S at the start of every 64-position chunk, for the
+	 * backward.
+	 */
+	void (*gdn_rule_fwd)(struct sl_backend *be, void *o, void *states, const void *qn,
+			     const void *kn, const void *v, int vs, const void *beta,
+			     const void *g, const int32_t *lens, int B, int L, int nk, int nv,
+			     int dk, int dv);
+	/* dqn, dkn (T, nk dk), dval (stride vs, nv dv columns), dbeta, dg (T, nv; compute type):
+	 * overwritten */
+	void (*gdn_rule_bwd)(struct sl_backend *be, void *dqn, void *dkn, void *dval, void *dbeta,
+			     void *dg, const void *dout, const void *states, const void *qn,
+			     const void *kn, const void *v, int vs, const void *beta,
+			     const void *g, const int32_t *lens, int B, int L, int nk, int nv,
+			     int dk, int dv);
+
+	/*
+	 * Gated RMSNorm over each head's d values: x(T, nh d), z (T rows of stride zs, head h at
+	 * h d): out = w * x * r * silu(z), r = 1/sqrt(mean(x^2) + eps); rstd(T, nh) stat.
+	 */
+	void (*gated_rmsnorm_fwd)(struct sl_backend *be, void *out, void *rstd, const void *x,
+				  const void *z, int zs, const void *w, int T, int nh, int d,
+				  float eps);
+	/* dx(T, nh d) =, dz (stride zs) =, dw(d) += */
+	void (*gated_rmsnorm_bwd)(struct sl_backend *be, void *dx, void *dz, int zs, void *dw,
+				  const void *dout, const void *x, const void *z, const void *w,
+				  const void *rstd, int T, int nh, int d, float eps);
+
+	/*
+	 * The gated attention's q/k: qgkv(T, (2 nh + 2 nkv) hd) per token [q0 g0 q1 g1 ... |
+	 * k heads | v heads] (Hugging Face's q_proj rows: per head hd query then hd gate values).
+	 * out(T, (nh + 2 nkv) hd): RMSNorm of each q and k head with weights qw / kw (hd), then the
+	 * rotary embedding on its first rot dims (rotate_half over rot: pairs (i, i + rot/2),
+	 * inv_freq_i = theta^(-2i/rot), position t % L), the other hd - rot dims unrotated; v
+	 * copied: the attention_fwd layout.  gate(T, nh hd) = the gate halves; rstd(T, nh + nkv).
+	 */
+	void (*gattn_qk_fwd)(struct sl_backend *be, void *out, void *gate, void *rstd,
+			     const void *qgkv, const void *qw, const void *kw, int T, int L,
+			     int nh, int nkv, int hd, int rot, float eps, float theta);
+	/* dqgkv =, dqw(hd) +=, dkw(hd) += ; from dout (attention layout) and dgate(T, nh hd) */
+	void (*gattn_qk_bwd)(struct sl_backend *be, void *dqgkv, void *dqw, void *dkw,
+			     const void *dout, const void *dgate, const void *qgkv, const void *qw,
+			     const void *kw, const void *rstd, int T, int L, int nh, int nkv,
+			     int hd, int rot, float eps, float theta);
+	/* y(n) = x(n) * sigmoid(gate(n)) */
+	void (*sigmoid_mul_fwd)(struct sl_backend *be, void *y, const void *x, const void *gate,
+				size_t n);
+	/* dx(n) =, dgate(n) = */
+	void (*sigmoid_mul_bwd)(struct sl_backend *be, void *dx, void *dgate, const void *dy,
+				const void *x, const void *gate, size_t n);
+	/* ---- end of Qwen3.5 hybrid ---- */
+
+	/*
 	 * Optional (NULL: malloc/free): host memory the backend copies to and from fastest (pinned
 	 * memory on cuda), for the host-resident state of parallel.offload.  Zeroed; aborts on
 	 * failure, as alloc().

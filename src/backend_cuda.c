@@ -434,6 +434,8 @@ static void cuda_moe_combine_bwd(struct sl_backend *be, void *dy, void *dtopw, c
 {
 	sl_cuda_moe_combine_bwd(C(be), dy, dtopw, dout, y, topw, slot, T, k, H);
 }
+/* the Qwen3.5 hybrid's ops */
+#include "backend_cuda_gdn.c"
 
 static void cuda_destroy(struct sl_backend *be)
 {
@@ -515,6 +517,7 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	be->moe_gemm_bwd = cuda_moe_gemm_bwd;
 	be->moe_combine_fwd = cuda_moe_combine_fwd;
 	be->moe_combine_bwd = cuda_moe_combine_bwd;
+	cuda_gdn_init(be);
 	be->destroy = cuda_destroy;
 	return be;
 

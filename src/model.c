@@ -130,7 +130,9 @@ int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout
 		goto out_free_layout;
 	lb_end_unit(&lb);
 	for (int l = 0; l < mc->n_layers; l++) {
-		rc = layout_layer(&lb, mc, l);
+		/* configs built in code may leave layer_kind NULL: all Qwen3 layers then */
+		rc = !mc->layer_kind || mc->layer_kind[l] == SL_LAYER_FULL_ATTENTION ?
+			     layout_layer(&lb, mc, l) : sl_q35_layout_layer(&lb, mc, l);
 		if (rc)
 			goto out_free_layout;
 		lb_end_unit(&lb);
@@ -184,7 +186,9 @@ double sl_model_matmul_params(const struct sl_model_config *mc, const struct sl_
 
 	/* a token multiplies by top_k of the n_experts experts: count the active ones */
 	for (int i = 0; i < lay->n_tensors; i++)
-		if (lay->t[i].ndim == 2 && lay->t[i].unit != 0)
+		/* active parameters: an expert's matrices count for top_k / n_experts of the
+		 * tokens; a Conv1d weight is no matrix multiply */
+		if (lay->t[i].ndim == 2 && lay->t[i].unit != 0 && !lay->t[i].unsqueeze1)
 			n += (double)lay->t[i].numel * (strstr(lay->t[i].name, ".mlp.experts.") ?
 				(double)mc->top_k / mc->n_experts : 1.0);
 	return n;
@@ -358,7 +362,12 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 	m->acts = calloc((size_t)m->n_acts + 1, sizeof(*m->acts));
 	if (!m->lo || !m->x || !m->acts)
 		goto out_free_model;
-	for (int l = 0; l < m->nL; l++) {
+	if (mc->norm_offset) {
+		if (sl_q35_init(m, mc, lay))
+			goto out_free_model;
+		m->n_acts = 0;
+	}
+	for (int l = 0; l < m->nL && !m->q35; l++) {
 		if (layer_offsets(lay, l, m->bias, sl_layer_is_moe(mc, l), &m->lo[l]))
 			goto out_free_model;
 		m->dense_mlp |= !sl_layer_is_moe(mc, l);
@@ -425,6 +434,7 @@ void sl_model_destroy(struct sl_model *m)
 	if (!m)
 		return;
 	sl_moe_destroy(m);
+	sl_q35_free(m);
 	for (int i = 0; i < m->n_bufs; i++)
 		m->be->free(m->be, m->bufs[i]);
 	free(m->bufs);
@@ -540,6 +550,12 @@ static const struct acts *acts_of(const struct sl_model *m, int l, bool keep)
 	return keep && !m->ckpt ? &m->acts[l] : &m->acts[0];
 }
 
+/* the final norm's effective weight (Qwen3.5 scales by 1 + w) */
+static const void *final_norm_w(struct sl_model *m, const void *w)
+{
+	return m->q35 ? sl_q35_final_norm(m, w) : at(m, w, m->norm_off);
+}
+
 /* embedding, layers, final norm and head: m->logits (B).  @keep: keep what the backward needs */
 static void forward(struct sl_model *m, const struct sl_unit_source *src,
 		    const struct sl_batch_dev *b, bool keep, double aux_weight, double *aux)
@@ -555,7 +571,10 @@ static void forward(struct sl_model *m, const struct sl_unit_source *src,
 
 	for (int l = 0; l < m->nL; l++) {
 		w = src->weights(src->ctx, 1 + l);
-		layer_fwd(m, l, w, acts_of(m, l, keep), m->x[l], m->x[l + 1], b, true);
+		if (m->q35)
+			sl_q35_layer_fwd(m, l, w, m->x[l], m->x[l + 1], b, keep);
+		else
+			layer_fwd(m, l, w, acts_of(m, l, keep), m->x[l], m->x[l + 1], b, true);
 		release(src->release_fwd, src->ctx, 1 + l);
 	}
 	*aux = sl_moe_end_fwd(m, b, aux_weight);
@@ -565,7 +584,7 @@ static void forward(struct sl_model *m, const struct sl_unit_source *src,
 	/* the head reads only each record's last token: normalize just those B rows */
 	w = src->weights(src->ctx, uh);
 	be->gather_rows(be, m->xl, m->x[m->nL], b->last, b->B, H);
-	be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->xl, at(m, w, m->norm_off), b->B, H, m->eps);
+	be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->xl, final_norm_w(m, w), b->B, H, m->eps);
 	be->matmul_fwd(be, m->logits, m->xnf, at(m, w, m->score_off), NULL, b->B, H, 1);
 	release(src->release_fwd, src->ctx, uh);
 }
@@ -597,7 +616,7 @@ static void lm_head(struct sl_model *m, const struct sl_unit_source *src,
 	be->zero(be, m->loss_dev, sizeof(double));
 	if (n) {
 		be->gather_rows(be, m->xl, m->x[m->nL], b->tgt_pos, n, H);
-		be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->xl, at(m, w, m->norm_off), n, H, m->eps);
+		be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->xl, final_norm_w(m, w), n, H, m->eps);
 	}
 	for (int c0 = 0; c0 < n; c0 += m->chunk) {
 		int cn = n - c0 < m->chunk ? n - c0 : m->chunk;
@@ -618,7 +637,7 @@ static void lm_head(struct sl_model *m, const struct sl_unit_source *src,
 	}
 	if (n)
 		be->rmsnorm_bwd(be, m->gxl, at(m, g, m->norm_off), m->gxnf, m->xl,
-				at(m, w, m->norm_off), m->rstdf, n, H, false);
+				final_norm_w(m, w), m->rstdf, n, H, false);
 	release(src->release_bwd, src->ctx, uh);
 	be->zero(be, m->gx, (size_t)b->B * b->L * H * be->elt);
 	if (n)
@@ -664,7 +683,7 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 		be->matmul_bwd(be, m->gxnf, at(m, g, m->score_off), NULL, m->dlogits, m->xnf,
 			       at(m, w, m->score_off), b->B, H, 1, false);
 		be->rmsnorm_bwd(be, m->gxl, at(m, g, m->norm_off), m->gxnf, m->xl,
-				at(m, w, m->norm_off), m->rstdf, b->B, H, false);
+				final_norm_w(m, w), m->rstdf, b->B, H, false);
 		release(src->release_bwd, src->ctx, uh);
 		be->zero(be, m->gx, (size_t)T * H * be->elt);
 		be->scatter_add_rows(be, m->gx, m->gxl, b->last, b->B, H);
@@ -675,6 +694,11 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 
 		w = src->weights(src->ctx, 1 + l);
 		g = src->grads(src->ctx, 1 + l);
+		if (m->q35) {
+			sl_q35_layer_bwd(m, l, w, g, m->x[l], b);
+			release(src->release_bwd, src->ctx, 1 + l);
+			continue;
+		}
 		if (m->ckpt)
 			layer_fwd(m, l, w, a, m->x[l], NULL, b, false);
 		layer_bwd(m, l, w, g, a, m->x[l], b);

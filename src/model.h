@@ -23,6 +23,8 @@
 
 enum sl_layer_kind {
 	SL_LAYER_FULL_ATTENTION,	/* Qwen3 attention: q/k norm, rope, GQA */
+	SL_LAYER_GATED_ATTENTION,	/* Qwen3.5 full_attention: + output gate, partial rope */
+	SL_LAYER_LINEAR_ATTENTION,	/* Qwen3.5 linear_attention: Gated DeltaNet */
 };
 
 enum sl_mlp_kind {
@@ -50,6 +52,12 @@ struct sl_model_config {
 	int bos_token_id;		/* -1 if absent */
 	int eos_token_id;		/* -1 if absent */
 	int num_labels;			/* 1 for the scalar head */
+	/* Qwen3.5 hybrid (qwen3_5_text, qwen3_5): 0 elsewhere */
+	bool norm_offset;		/* RMSNorms scale by (1 + weight) (zero-centred weights) */
+	int rot_dim;			/* rotated dims of a head: head_dim * partial_rotary_factor */
+	int lin_nk, lin_nv;		/* Gated DeltaNet key / value heads; nv % nk == 0 */
+	int lin_dk, lin_dv;		/* their dims */
+	int lin_conv;			/* linear_conv_kernel_dim */
 	enum sl_layer_kind *layer_kind;	/* (n_layers) */
 	enum sl_mlp_kind *mlp_kind;	/* (n_layers) */
 	/* mixture of experts (qwen3_moe); 0 / false elsewhere */
@@ -86,6 +94,7 @@ struct sl_tensor_info {
 	bool decay;			/* weight decay applies (ndim >= 2) */
 	bool head;			/* optim.head_lr_mult applies */
 	bool optional;			/* may be absent from a checkpoint (the head) */
+	bool unsqueeze1;		/* HF stores it as (shape[0], 1, shape[1]): a Conv1d weight */
 	enum sl_init init;		/* how to initialize when absent */
 };
 
@@ -104,6 +113,13 @@ const struct sl_tensor_info *sl_layout_find(const struct sl_layout *lay, const c
 
 /* Parameters that count for MFU: every matrix multiply (heads included, embedding excluded). */
 double sl_model_matmul_params(const struct sl_model_config *mc, const struct sl_layout *lay);
+/*
+ * FLOPs of the token mixers for one record of n tokens, forward and backward (MFU): causal
+ * attention in full-attention layers (QK^T and PV, 2 hd n(n+1)/2 multiply-adds each per head,
+ * times 3), the gated delta rule in linear-attention layers (three dk x dv matrix-vector products
+ * per token and value head, times 3).
+ */
+double sl_model_mixer_flops(const struct sl_model_config *mc, double n);
 
 /*
  * Where the model gets units from.  weights(u) returns the full unit in compute precision, ready

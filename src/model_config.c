@@ -72,12 +72,19 @@ static int qwen3_layers(const char *path, json_t *tc, struct sl_model_config *mc
 }
 
 static int qwen3_moe_layers(const char *path, json_t *tc, struct sl_model_config *mc);
+/* Qwen3.5 hybrid, defined at the end of the file */
+static json_t *text_config_nested(json_t *root);
+static int qwen35_layers(const char *path, json_t *tc, struct sl_model_config *mc);
 
 static const struct family families[] = {
 	/* Qwen3Config: head_dim 128, max_position_embeddings 32768 */
 	{ "qwen3", 128, 32768, text_config_top, qwen3_layers },
 	/* Qwen3MoeConfig: no head_dim key (hidden_size / num_attention_heads), 32768 positions */
 	{ "qwen3_moe", 0, 32768, text_config_top, qwen3_moe_layers },
+	/* Qwen3_5TextConfig: head_dim 256, max_position_embeddings 32768 */
+	{ "qwen3_5_text", 256, 32768, text_config_top, qwen35_layers },
+	/* Qwen3_5Config (vision-language): the language model's keys under text_config */
+	{ "qwen3_5", 256, 32768, text_config_nested, qwen35_layers },
 };
 
 /* ---- typed key readers: each names the file and the key on error ---------------------------- */
@@ -270,8 +277,12 @@ static const struct family *find_family(const char *path, const char *type)
 	for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
 		if (!strcmp(families[i].model_type, type))
 			return &families[i];
-	sl_error("%s: model_type '%s' is not supported (qwen3, qwen3_moe; qwen3_5 comes later)",
-		 path, type);
+	if (!strcmp(type, "qwen3_5_moe"))
+		sl_error("%s: model_type qwen3_5_moe is not supported yet (qwen3_moe and the dense "
+			 "Qwen3.5 qwen3_5 and qwen3_5_text are)", path);
+	else
+		sl_error("%s: model_type '%s' is not supported (qwen3, qwen3_moe, qwen3_5, "
+			 "qwen3_5_text)", path, type);
 	return NULL;
 }
 
@@ -389,8 +400,11 @@ int sl_model_config_load(struct sl_model_config *mc, const char *path)
 			 json_string_value(json_array_get(v, 0)));
 
 	tc = fam->text_config(root);
-	if (!tc)
+	if (!tc) {
+		sl_error("%s: model_type %s keeps the language model's keys in the object "
+			 "text_config, which is missing", path, fam->model_type);
 		goto out_free_root;
+	}
 
 	if (get_positive(path, tc, "vocab_size", true, 0, &mc->vocab) ||
 	    get_positive(path, tc, "hidden_size", true, 0, &mc->hidden) ||
@@ -407,9 +421,12 @@ int sl_model_config_load(struct sl_model_config *mc, const char *path)
 	    get_bool(path, tc, "attention_bias", false, &mc->attention_bias) ||
 	    get_bool(path, root, "tie_word_embeddings", false, &mc->tie_word_embeddings) ||
 	    get_double(path, tc, "initializer_range", 0.02, &mc->initializer_range) ||
-	    get_token(path, root, "pad_token_id", &mc->pad_token_id) ||
-	    get_token(path, root, "bos_token_id", &mc->bos_token_id) ||
-	    get_token(path, root, "eos_token_id", &mc->eos_token_id) ||
+	    get_token(path, get(root, "pad_token_id") ? root : tc, "pad_token_id",
+		      &mc->pad_token_id) ||
+	    get_token(path, get(root, "bos_token_id") ? root : tc, "bos_token_id",
+		      &mc->bos_token_id) ||
+	    get_token(path, get(root, "eos_token_id") ? root : tc, "eos_token_id",
+		      &mc->eos_token_id) ||
 	    get_num_labels(path, root, &mc->num_labels))
 		goto out_free_root;
 
@@ -470,4 +487,119 @@ void sl_model_config_free(struct sl_model_config *mc)
 	free(mc->mlp_kind);
 	mc->layer_kind = NULL;
 	mc->mlp_kind = NULL;
+}
+
+/* ---- Qwen3.5 hybrid ------------------------------------------------------------------------ */
+
+static json_t *text_config_nested(json_t *root)
+{
+	json_t *tc = get(root, "text_config");
+
+	return json_is_object(tc) ? tc : NULL;
+}
+
+/*
+ * partial_rotary_factor: in rope_parameters (what transformers 5 writes), else at the top level
+ * or in rope_scaling (older files); Qwen3_5TextConfig's default is 0.25.
+ */
+static int get_partial_rotary(const char *path, json_t *tc, double *out)
+{
+	static const char *const holders[] = { "rope_parameters", "rope_scaling" };
+
+	for (size_t i = 0; i < 2; i++) {
+		json_t *o = get(tc, holders[i]);
+
+		if (json_is_object(o) && get(o, "partial_rotary_factor")) {
+			if (!json_is_number(get(o, "partial_rotary_factor"))) {
+				sl_error("%s: key %s.partial_rotary_factor must be a number", path,
+					 holders[i]);
+				return -1;
+			}
+			*out = json_number_value(get(o, "partial_rotary_factor"));
+			return 0;
+		}
+	}
+	return get_double(path, tc, "partial_rotary_factor", 0.25, out);
+}
+
+/*
+ * Qwen3.5: layer_types (or, without it, every full_attention_interval-th layer full attention)
+ * decides each layer's kind; the gated attention and Gated DeltaNet dims; RMSNorms scale by
+ * (1 + weight).  As in transformers, the attention output gate is always on (attn_output_gate
+ * is not read there either).
+ */
+static int qwen35_layers(const char *path, json_t *tc, struct sl_model_config *mc)
+{
+	json_t *lt = get(tc, "layer_types"), *act = get(tc, "hidden_act");
+	int interval;
+	double prf;
+
+	mc->norm_offset = true;
+	if (get_positive(path, tc, "linear_num_key_heads", false, 16, &mc->lin_nk) ||
+	    get_positive(path, tc, "linear_num_value_heads", false, 32, &mc->lin_nv) ||
+	    get_positive(path, tc, "linear_key_head_dim", false, 128, &mc->lin_dk) ||
+	    get_positive(path, tc, "linear_value_head_dim", false, 128, &mc->lin_dv) ||
+	    get_positive(path, tc, "linear_conv_kernel_dim", false, 4, &mc->lin_conv) ||
+	    get_positive(path, tc, "full_attention_interval", false, 4, &interval) ||
+	    get_partial_rotary(path, tc, &prf))
+		return -1;
+	if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu"))) {
+		sl_error("%s: hidden_act must be silu (is %s)", path,
+			 json_is_string(act) ? json_string_value(act) : "not a string");
+		return -1;
+	}
+	if (mc->attention_bias) {
+		sl_error("%s: attention_bias true is not supported for %s yet", path,
+			 mc->model_type);
+		return -1;
+	}
+	if (mc->lin_nv % mc->lin_nk) {
+		sl_error("%s: linear_num_value_heads (%d) must be a multiple of "
+			 "linear_num_key_heads (%d)", path, mc->lin_nv, mc->lin_nk);
+		return -1;
+	}
+	if ((double)mc->lin_nv * mc->lin_dk * mc->lin_dv > 1e8 || mc->lin_conv > 64) {
+		sl_error("%s: linear attention dims (%d heads of %d x %d, kernel %d) are beyond any "
+			 "model shardlm can train; the file is damaged", path, mc->lin_nv,
+			 mc->lin_dk, mc->lin_dv, mc->lin_conv);
+		return -1;
+	}
+	/* transformers: dim = int(head_dim * partial_rotary_factor), rotated as pairs */
+	mc->rot_dim = (int)(mc->head_dim * prf);
+	if (!(prf > 0 && prf <= 1) || mc->rot_dim < 2 || mc->rot_dim % 2) {
+		sl_error("%s: partial_rotary_factor %g of head_dim %d must give an even number of "
+			 "rotated dims (gives %d)", path, prf, mc->head_dim, mc->rot_dim);
+		return -1;
+	}
+	if (lt) {
+		size_t i;
+		json_t *v;
+
+		if (!json_is_array(lt) || json_array_size(lt) != (size_t)mc->n_layers) {
+			sl_error("%s: layer_types must be a list of num_hidden_layers (%d) strings",
+				 path, mc->n_layers);
+			return -1;
+		}
+		json_array_foreach(lt, i, v) {
+			const char *s = json_is_string(v) ? json_string_value(v) : "";
+
+			if (!strcmp(s, "linear_attention")) {
+				mc->layer_kind[i] = SL_LAYER_LINEAR_ATTENTION;
+			} else if (!strcmp(s, "full_attention")) {
+				mc->layer_kind[i] = SL_LAYER_GATED_ATTENTION;
+			} else {
+				sl_error("%s: layer_types[%zu] is '%s'; %s layers are "
+					 "linear_attention or full_attention", path, i,
+					 json_is_string(v) ? s : "not a string", mc->model_type);
+				return -1;
+			}
+		}
+	} else {
+		for (int l = 0; l < mc->n_layers; l++)
+			mc->layer_kind[l] = (l + 1) % interval ? SL_LAYER_LINEAR_ATTENTION :
+								 SL_LAYER_GATED_ATTENTION;
+	}
+	for (int l = 0; l < mc->n_layers; l++)
+		mc->mlp_kind[l] = SL_MLP_DENSE;
+	return 0;
 }

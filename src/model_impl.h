@@ -103,6 +103,7 @@ struct sl_model {
 	float *scores_f32;	/* (B) */
 
 	struct sl_moe *moe;	/* mixture-of-experts state; NULL without MoE layers */
+	struct sl_q35 *q35;	/* Qwen3.5 hybrid layers' state (model_qwen35.c), else NULL */
 
 	void **bufs;		/* everything above that came from be->alloc, to free */
 	int n_bufs, cap_bufs;
@@ -134,6 +135,20 @@ double sl_moe_end_fwd(struct sl_model *m, const struct sl_batch_dev *b, double a
 /* Layer l's MLP backward: m->gx (gradient of the layer output) in, m->gn (of a->xn2) out */
 void sl_moe_bwd(struct sl_model *m, int l, const void *w, void *g, const struct acts *a,
 		const struct sl_batch_dev *b);
+
+/* ---- model_qwen35.c: the Qwen3.5 hybrid's layers (gated attention, Gated DeltaNet) ---- */
+int sl_q35_layout_layer(struct layout_builder *lb, const struct sl_model_config *mc, int l);
+int sl_q35_init(struct sl_model *m, const struct sl_model_config *mc,
+		const struct sl_layout *lay);
+void sl_q35_free(struct sl_model *m);
+/* layer l of input x (T, H) into xout (T, H); @keep: keep what the backward needs */
+void sl_q35_layer_fwd(struct sl_model *m, int l, const void *w, const void *x, void *xout,
+		      const struct sl_batch_dev *b, bool keep);
+/* m->gx: gradient of the layer's output in, of its input x out; the unit's grads g += */
+void sl_q35_layer_bwd(struct sl_model *m, int l, const void *w, void *g, const void *x,
+		      const struct sl_batch_dev *b);
+/* the final norm's effective weight 1 + w (H), from the head unit's weights */
+const void *sl_q35_final_norm(struct sl_model *m, const void *w);
 
 /* element @off of a compute-type buffer */
 static inline void *at(const struct sl_model *m, const void *base, size_t off)

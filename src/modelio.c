@@ -52,7 +52,7 @@ int sl_model_files_load_shard(struct sl_model_files *f, struct sl_shard *sh, uin
 	struct sl_weights w;
 	float *buf = NULL;
 	bool *init = NULL;
-	int ret = -1, n_unused = 0, first = 0;
+	int ret = -1, n_unused = 0, n_vision = 0, first = 0;
 
 	*n_initialized = 0;
 	if (sl_weights_open(&w, f->dir))
@@ -98,12 +98,26 @@ int sl_model_files_load_shard(struct sl_model_files *f, struct sl_shard *sh, uin
 		free(sub.t);
 		first += n;
 	}
-	/* fused expert tensors (transformers 5) were read through their per-expert names */
-	for (int i = 0; i < w.n_tensors; i++)
-		if (!sl_layout_find(lay, w.tensors[i].name) &&
-		    !strstr(w.tensors[i].name, ".mlp.experts.gate_up_proj") &&
-		    !strstr(w.tensors[i].name, ".mlp.experts.down_proj"))
-			n_unused++;
+	for (int i = 0; i < w.n_tensors; i++) {
+		const char *n = w.tensors[i].name;
+		char alt[256];
+
+		/* the published Qwen3.5 layout: the language model under model.language_model. */
+		if (!strncmp(n, "model.language_model.", 21)) {
+			snprintf(alt, sizeof(alt), "model.%s", n + 21);
+			n = alt;
+		}
+		/* fused expert tensors (transformers 5) were read through their per-expert names */
+		if (sl_layout_find(lay, n) || strstr(n, ".mlp.experts.gate_up_proj") ||
+		    strstr(n, ".mlp.experts.down_proj"))
+			continue;
+		n_unused++;
+		n_vision += !strncmp(n, "model.visual.", 13);
+	}
+	if (n_vision)
+		sl_log("%s: the vision tower (%d tensors, model.visual.*) is not loaded: shardlm "
+		       "trains the language model", f->dir, n_vision);
+	n_unused -= n_vision;
 	if (n_unused)
 		sl_log("%s: %d tensor(s) of the checkpoint are not used by the %s task "
 		       "(e.g. %s)", f->dir, n_unused, f->task ? "sft" : "classify",
@@ -130,6 +144,9 @@ static const char *hf_class_prefix(const char *model_type)
 	static const struct { const char *type, *prefix; } t[] = {
 		{ "qwen3", "Qwen3" },
 		{ "qwen3_moe", "Qwen3Moe" },
+		/* exported as the text model (qwen3_5_text) */
+		{ "qwen3_5_text", "Qwen3_5Text" },
+		{ "qwen3_5", "Qwen3_5Text" },
 	};
 
 	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
@@ -157,6 +174,22 @@ static int write_meta(const char *dir, const struct sl_model_files *f, int n_fil
 	if (!cj) {
 		sl_error("%s:%d: %s", p, jerr.line, jerr.text);
 		return -1;
+	}
+	if (!strcmp(f->mc.model_type, "qwen3_5")) {
+		/* the language model alone: its text_config as a qwen3_5_text config */
+		json_t *tc = json_deep_copy(json_object_get(cj, "text_config"));
+
+		if (!json_is_object(tc)) {
+			json_decref(tc);
+			json_decref(cj);
+			sl_error("%s: text_config is missing", p);
+			return -1;
+		}
+		json_object_set_new(tc, "model_type", json_string("qwen3_5_text"));
+		json_object_set(tc, "tie_word_embeddings",
+				json_boolean(f->mc.tie_word_embeddings));
+		json_decref(cj);
+		cj = tc;
 	}
 	snprintf(name, sizeof(name), "%s%s", hf_class_prefix(f->mc.model_type),
 		 f->task ? "ForCausalLM" : "ForSequenceClassification");
@@ -233,6 +266,11 @@ static int write_my_file(const char *dir, const struct sl_model_files *f, float 
 		t[n].ndim = ti->ndim;
 		t[n].shape[0] = ti->shape[0];
 		t[n].shape[1] = ti->shape[1];
+		if (ti->unsqueeze1) {	/* a Conv1d weight: (C, 1, K) in HF files */
+			t[n].ndim = 3;
+			t[n].shape[1] = 1;
+			t[n].shape[2] = ti->shape[1];
+		}
 		t[n].data = units[ti->unit] + ti->offset;
 		n++;
 	}

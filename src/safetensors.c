@@ -866,6 +866,30 @@ static int fused_expert(const struct sl_weights *w, const struct sl_tensor_info 
 	return 1;
 }
 
+const struct sl_st_tensor *sl_weights_find_layout(const struct sl_weights *w, const char *name)
+{
+	const struct sl_st_tensor *t = sl_weights_find(w, name);
+	char alt[256];
+
+	if (t || strncmp(name, "model.", 6))
+		return t;
+	snprintf(alt, sizeof(alt), "model.language_model.%s", name + 6);
+	return sl_weights_find(w, alt);
+}
+
+/* does checkpoint tensor @t have layout tensor @ti's shape ((d0, 1, d1) for a Conv1d weight) */
+static bool same_shape(const struct sl_st_tensor *t, const struct sl_tensor_info *ti)
+{
+	bool same = t->ndim == ti->ndim;
+
+	if (ti->unsqueeze1)
+		return t->ndim == 3 && t->shape[0] == ti->shape[0] && t->shape[1] == 1 &&
+		       t->shape[2] == ti->shape[1];
+	for (int d = 0; same && d < t->ndim; d++)
+		same = t->shape[d] == ti->shape[d];
+	return same;
+}
+
 int sl_weights_load_layout(const struct sl_weights *w, const struct sl_layout *lay,
 			   float **units, double init_std, uint64_t seed, bool *initialized,
 			   int *n_initialized, int *n_unused)
@@ -882,9 +906,8 @@ int sl_weights_load_layout(const struct sl_weights *w, const struct sl_layout *l
 	/* check everything before converting anything, so errors come before minutes of copying */
 	for (int i = 0; i < lay->n_tensors; i++) {
 		const struct sl_tensor_info *ti = &lay->t[i];
-		const struct sl_st_tensor *t = sl_weights_find(w, ti->name), *fu;
+		const struct sl_st_tensor *t = sl_weights_find_layout(w, ti->name), *fu;
 		struct sl_st_tensor view;
-		bool same;
 
 		if (ti->unit < 0 || ti->unit >= lay->n_units ||
 		    ti->offset + ti->numel > lay->unit_numel[ti->unit]) {
@@ -908,12 +931,14 @@ int sl_weights_load_layout(const struct sl_weights *w, const struct sl_layout *l
 			continue;
 		}
 		used[t - w->tensors] = true;
-		same = t->ndim == ti->ndim;
-		for (int d = 0; same && d < t->ndim; d++)
-			same = t->shape[d] == ti->shape[d];
-		if (!same) {
+		if (!same_shape(t, ti)) {
+			int64_t s3[3] = { ti->shape[0], 1, ti->shape[1] };
+
 			shape_str(have, sizeof(have), t->ndim, t->shape);
-			shape_str(want, sizeof(want), ti->ndim, ti->shape);
+			if (ti->unsqueeze1)
+				shape_str(want, sizeof(want), 3, s3);
+			else
+				shape_str(want, sizeof(want), ti->ndim, ti->shape);
 			sl_error("%s: tensor %s has shape %s, config.json says %s",
 				 w->files[t->file].path, t->name, have, want);
 			goto out_free_used;
@@ -939,7 +964,7 @@ check_dtype:
 
 	for (int i = 0; i < lay->n_tensors; i++) {
 		const struct sl_tensor_info *ti = &lay->t[i];
-		const struct sl_st_tensor *t = sl_weights_find(w, ti->name), *fu;
+		const struct sl_st_tensor *t = sl_weights_find_layout(w, ti->name), *fu;
 		float *dst = units[ti->unit] + ti->offset;
 		struct sl_st_tensor view;
 

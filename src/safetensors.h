@@ -64,6 +64,11 @@ int sl_weights_open(struct sl_weights *w, const char *dir);
 int sl_weights_open_file(struct sl_weights *w, const char *file);
 void sl_weights_close(struct sl_weights *w);
 const struct sl_st_tensor *sl_weights_find(const struct sl_weights *w, const char *name);
+/*
+ * The checkpoint tensor of layout tensor @name: under that name or, in the published Qwen3.5
+ * vision-language layout, with model. replaced by model.language_model. (NULL if neither).
+ */
+const struct sl_st_tensor *sl_weights_find_layout(const struct sl_weights *w, const char *name);
 /* Convert @t to float (t->numel elements); t->dtype must not be SL_DT_OTHER (NaNs then). */
 void sl_st_to_f32(const struct sl_st_tensor *t, float *out);
 

@@ -869,13 +869,6 @@ static double gpu_memory(struct job *j)
 /* H100/H200 dense bf16 peak, the MFU denominator (DESIGN.md §3) */
 #define SL_PEAK_FLOPS 989e12
 
-/*
- * Model FLOPs of one micro-batch's forward and backward: 6 per parameter of every matrix
- * multiply (embedding excluded) per real token, plus causal attention: per record of n tokens,
- * QK^T and PV cost 2 * hd * n(n+1)/2 multiply-adds each per head and layer, times 3 for forward
- * and backward.  The head counts for the rows it is applied to: each record's last token
- * (classify), each target's predecessor (sft; the tied head included).  Padding is not counted.
- */
 /* the micro-batch's tokens per expert into the step's (sm->expert_tokens, one buffer reused) */
 static void expert_tokens_add(const struct sl_model *m, struct sl_step_metrics *sm, bool first)
 {
@@ -896,6 +889,13 @@ static void expert_tokens_add(const struct sl_model *m, struct sl_step_metrics *
 	sm->expert_tokens = sum;
 }
 
+/*
+ * Model FLOPs of one micro-batch's forward and backward: 6 per parameter of every matrix
+ * multiply (embedding excluded; experts at top_k / n_experts) per real token, plus the token
+ * mixers (sl_model_mixer_flops: causal attention, the gated delta rule) of each record.  The head
+ * counts for the rows it is applied to: each record's last token (classify), each target's
+ * predecessor (sft; the tied head included).  Padding is not counted.
+ */
 static double model_flops(const struct job *j, const struct sl_host_batch *hb)
 {
 	const struct sl_model_config *mc = &j->mf.mc;
@@ -905,21 +905,27 @@ static double model_flops(const struct job *j, const struct sl_host_batch *hb)
 	for (int i = 0; i < lay->n_tensors; i++)
 		if (lay->t[i].head)
 			head += (double)lay->t[i].numel;
+	p -= head;
 	if (sl_model_is_lm(j->model)) {
-		p -= head;
 		head = (double)mc->vocab * mc->hidden;
 		rows = j->db.view.n_tgt;
 	} else {
-		p -= head;
 		rows = hb->B;
 	}
 	for (int b = 0; b < hb->B; b++) {
-		double n = hb->lens[b], keys = 0;
+		double n = hb->lens[b];
 
-		/* causal: token t sees its position + 1 keys (packed: in its own record) */
-		for (int t = 0; t < hb->lens[b]; t++)
-			keys += (hb->packed ? hb->pos[(size_t)b * hb->L + t] : t) + 1;
-		f += 6 * p * n + 3 * 4.0 * mc->head_dim * mc->n_heads * mc->n_layers * keys;
+		f += 6 * p * n;
+		if (!hb->packed) {
+			f += sl_model_mixer_flops(mc, n);
+			continue;
+		}
+		/* packed: each record mixes only its own tokens (positions restart at 0) */
+		for (int t = 0, start = 0; t <= hb->lens[b]; t++)
+			if (t == hb->lens[b] || (t > start && hb->pos[(size_t)b * hb->L + t] == 0)) {
+				f += sl_model_mixer_flops(mc, t - start);
+				start = t;
+			}
 	}
 	return f + 6 * head * rows;
 }
@@ -1320,6 +1326,14 @@ int sl_cmd_train(int argc, char **argv)
 						 j->c->task) == 0))
 		goto out;
 	j->have_mf = true;
+	/* the Qwen3.5 layers are checked against transformers for classify, unpacked, so far */
+	if (j->mf.mc.norm_offset && (j->c->task != SL_TASK_CLASSIFY || j->c->data.pack)) {
+		if (j->d.rank == 0)
+			sl_error("%s: model %s (%s): task sft and data.pack are not supported for the "
+				 "Qwen3.5 hybrid family yet (task classify, data.pack: false are)",
+				 j->c->source, j->mf.dir, j->mf.mc.model_type);
+		goto out;
+	}
 	sl_log("model %s: %s, %d layers, hidden %d, heads %d/%d (head_dim %d), vocab %d, "
 	       "%.2fM parameters", j->mf.dir, j->mf.mc.model_type, j->mf.mc.n_layers,
 	       j->mf.mc.hidden, j->mf.mc.n_heads, j->mf.mc.n_kv_heads, j->mf.mc.head_dim,

@@ -6,6 +6,7 @@
 #   test_cuda_ops, test_cuda_model: the cuda backend's ops and the tiny model against the cpu one.
 #   check-gpu-offload.sh: offloaded optimizer state and weights train to the on-GPU losses.
 #   check-gpu-sft.sh: task sft (untied, tied, packed, Qwen3-MoE) trains to the cpu backend's losses.
+#   test_cuda_qwen35: the same for the Qwen3.5 hybrid's ops and a tiny hybrid model.
 set -u
 : "${top_srcdir:=$(cd "$(dirname "$0")/.." && pwd)}"
 : "${top_builddir:=$top_srcdir}"
@@ -56,6 +57,8 @@ gpu_test "cuda async copies" "$top_builddir/test/test_cuda_async"
 gpu_test "offload vs on-GPU losses" sh "$top_srcdir/test/check-gpu-offload.sh"
 # task sft (dense, tied, packed, MoE) against the cpu backend's losses
 gpu_test "sft cuda vs cpu losses" sh "$top_srcdir/test/check-gpu-sft.sh"
+# the Qwen3.5 hybrid's cuda ops (cuda/gdn.cu) and its tiny model against the cpu backend
+gpu_test "cuda qwen3.5 ops and model vs cpu" "$top_builddir/test/test_cuda_qwen35"
 
 grep -h "checks," "$LOG"
 echo "check-gpu: $passed passed, $failed failed"

@@ -1,0 +1,269 @@
+// gattn.cu: the Qwen3.5 gated full-attention layer's kernels (issue 12) with their extern "C"
+// launchers: the q/k RMSNorm with partial rotary embedding on the fused q|gate, k, v projection,
+// and the sigmoid output gate.  bf16 in memory, fp32 arithmetic, fixed-order reductions.
+#include <cmath>
+
+#include "common.cuh"
+
+#define NT 256
+
+static __device__ __forceinline__ float sigm(float x)
+{
+	return 1.f / (1.f + expf(-x));
+}
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+	for (int o = 16; o; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+// sum over the block (blockDim a multiple of 32); every thread gets the result
+static __device__ float block_sum(float v)
+{
+	__shared__ float sh[32];
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+
+	v = warp_sum(v);
+	__syncthreads();
+	if (!lane)
+		sh[warp] = v;
+	__syncthreads();
+	v = lane < nw ? sh[lane] : 0.f;
+	return warp_sum(v);
+}
+
+static int round32(int n)
+{
+	return (n + 31) / 32 * 32;
+}
+
+#define GRID_LOOP(i, n)                                                                     \
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);             \
+	     i += (size_t)gridDim.x * blockDim.x)
+
+// ---- gated attention: q/k norm, partial rotary, output gate -------------------------------------
+
+// cos at cs[p*rot + i], sin at cs[p*rot + rot/2 + i]; angles in double
+__global__ void k_prope_table(float *cs, int L, int rot, float theta)
+{
+	int half = rot / 2;
+
+	GRID_LOOP(k, (size_t)L * half)
+	{
+		int p = k / half, i = k % half;
+		double s, co, ang = p * pow((double)theta, -2.0 * i / rot);
+
+		sincos(ang, &s, &co);
+		cs[(size_t)p * rot + i] = (float)co;
+		cs[(size_t)p * rot + half + i] = (float)s;
+	}
+}
+
+static __device__ __forceinline__ size_t gq_in_off(int t, int j, int nh, int hd, int Win)
+{
+	return (size_t)t * Win + (j < nh ? (size_t)j * 2 * hd : (size_t)(2 * nh + j - nh) * hd);
+}
+
+// block (token, q or k head), thread i < hd: element i
+__global__ void k_gattn_fwd(bf16 *out, bf16 *gate, float *rstd, const bf16 *in, const bf16 *qw,
+			    const bf16 *kw, const float *cs, int L, int nh, int nkv, int hd,
+			    int rot, float eps)
+{
+	extern __shared__ float n[];
+	int nq = nh + nkv, t = blockIdx.x / nq, j = blockIdx.x % nq, i = threadIdx.x;
+	int Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd, half = rot / 2;
+	const bf16 *x = in + gq_in_off(t, j, nh, hd, Win), *w = j < nh ? qw : kw;
+	const float *c = cs + (size_t)(t % L) * rot, *s = c + half;
+	float xi = i < hd ? bf(x[i]) : 0.f, r = rsqrtf(block_sum(xi * xi) / hd + eps), y;
+
+	if (i < hd)
+		n[i] = xi * r * bf(w[i]);
+	if (!i)
+		rstd[(size_t)t * nq + j] = r;
+	__syncthreads();
+	if (i >= hd)
+		return;
+	if (i < half)
+		y = n[i] * c[i] - n[i + half] * s[i];
+	else if (i < rot)
+		y = n[i] * c[i - half] + n[i - half] * s[i - half];
+	else
+		y = n[i];
+	out[(size_t)t * Wout + (size_t)j * hd + i] = tobf(y);
+	if (j < nh)
+		gate[(size_t)t * nh * hd + (size_t)j * hd + i] = x[hd + i];
+}
+
+// v heads copied between the two layouts (forward: in -> out; backward: out -> in)
+__global__ void k_gattn_v(bf16 *dst, const bf16 *src, int T, int nh, int nkv, int hd, int fwd)
+{
+	int Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd;
+
+	GRID_LOOP(k, (size_t)T * nkv * hd)
+	{
+		size_t t = k / ((size_t)nkv * hd), e = k % ((size_t)nkv * hd);
+		size_t io = t * Win + (size_t)(2 * nh + nkv) * hd + e;
+		size_t oo = t * Wout + (size_t)(nh + nkv) * hd + e;
+
+		if (fwd)
+			dst[oo] = src[io];
+		else
+			dst[io] = src[oo];
+	}
+}
+
+static __device__ __forceinline__ float prope_back(const bf16 *dy, const float *c, const float *s,
+						   int i, int half, int rot)
+{
+	if (i >= rot)
+		return bf(dy[i]);
+	if (i < half)
+		return bf(dy[i]) * c[i] + bf(dy[i + half]) * s[i];
+	i -= half;
+	return -bf(dy[i]) * s[i] + bf(dy[i + half]) * c[i];
+}
+
+__global__ void k_gattn_bwd(bf16 *din, const bf16 *dout, const bf16 *dgate, const bf16 *in,
+			    const bf16 *qw, const bf16 *kw, const float *rstd, const float *cs,
+			    int L, int nh, int nkv, int hd, int rot)
+{
+	int nq = nh + nkv, t = blockIdx.x / nq, j = blockIdx.x % nq, i = threadIdx.x;
+	int Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd, half = rot / 2;
+	size_t io = gq_in_off(t, j, nh, hd, Win);
+	const bf16 *x = in + io, *w = j < nh ? qw : kw;
+	const bf16 *dy = dout + (size_t)t * Wout + (size_t)j * hd;
+	const float *c = cs + (size_t)(t % L) * rot, *s = c + half;
+	float r = rstd[(size_t)t * nq + j], dn = 0.f, sum;
+
+	if (i < hd)
+		dn = prope_back(dy, c, s, i, half, rot);
+	sum = block_sum(i < hd ? dn * bf(w[i]) * bf(x[i]) : 0.f);
+	if (i >= hd)
+		return;
+	din[io + i] = tobf(r * bf(w[i]) * dn - bf(x[i]) * sum * r * r * r / hd);
+	if (j < nh)
+		din[io + hd + i] = dgate[(size_t)t * nh * hd + (size_t)j * hd + i];
+}
+
+// thread per (q|k, element i): the sum over tokens and heads, in a fixed order
+__global__ void k_gattn_dw(bf16 *dqw, bf16 *dkw, const bf16 *dout, const bf16 *in,
+			   const float *rstd, const float *cs, int T, int L, int nh, int nkv,
+			   int hd, int rot)
+{
+	int nq = nh + nkv, Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd;
+	int half = rot / 2;
+
+	GRID_LOOP(k, (size_t)2 * hd)
+	{
+		int kind = k / hd, i = k % hd, j0 = kind ? nh : 0, j1 = kind ? nq : nh;
+		float acc = 0.f;
+
+		for (int t = 0; t < T; t++) {
+			const float *c = cs + (size_t)(t % L) * rot, *s = c + half;
+
+			for (int j = j0; j < j1; j++)
+				acc += prope_back(dout + (size_t)t * Wout + (size_t)j * hd, c, s, i,
+						  half, rot) *
+				       bf(in[gq_in_off(t, j, nh, hd, Win) + i]) * rstd[(size_t)t * nq + j];
+		}
+		if (kind)
+			dkw[i] = tobf(bf(dkw[i]) + acc);
+		else
+			dqw[i] = tobf(bf(dqw[i]) + acc);
+	}
+}
+
+static float *prope_table(struct sl_cuda *c, int L, int rot, float theta)
+{
+	float *cs = sl_cuda_scratch(c, (size_t)L * rot * sizeof(float), "partial rotary table");
+
+	k_prope_table<<<grid_for((size_t)L * (rot / 2), NT), NT, 0, c->stream>>>(cs, L, rot,
+									     theta);
+	CUDA_LAUNCHED();
+	return cs;
+}
+
+extern "C" void sl_cuda_gattn_qk_fwd(struct sl_cuda *c, void *out, void *gate, float *rstd,
+				     const void *qgkv, const void *qw, const void *kw, int T,
+				     int L, int nh, int nkv, int hd, int rot, float eps,
+				     float theta)
+{
+	float *cs = prope_table(c, L, rot, theta);
+	int threads = round32(hd);
+
+	if (threads > 1024) {
+		fprintf(stderr, "cuda: gated attention head_dim %d is too large\n", hd);
+		abort();
+	}
+	k_gattn_fwd<<<T * (nh + nkv), threads, hd * sizeof(float), c->stream>>>(
+		(bf16 *)out, (bf16 *)gate, rstd, (const bf16 *)qgkv, (const bf16 *)qw,
+		(const bf16 *)kw, cs, L, nh, nkv, hd, rot, eps);
+	CUDA_LAUNCHED();
+	k_gattn_v<<<grid_for((size_t)T * nkv * hd, NT), NT, 0, c->stream>>>(
+		(bf16 *)out, (const bf16 *)qgkv, T, nh, nkv, hd, 1);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_gattn_qk_bwd(struct sl_cuda *c, void *dqgkv, void *dqw, void *dkw,
+				     const void *dout, const void *dgate, const void *qgkv,
+				     const void *qw, const void *kw, const float *rstd, int T,
+				     int L, int nh, int nkv, int hd, int rot, float eps,
+				     float theta)
+{
+	float *cs = prope_table(c, L, rot, theta);
+
+	k_gattn_bwd<<<T * (nh + nkv), round32(hd), 0, c->stream>>>(
+		(bf16 *)dqgkv, (const bf16 *)dout, (const bf16 *)dgate, (const bf16 *)qgkv,
+		(const bf16 *)qw, (const bf16 *)kw, rstd, cs, L, nh, nkv, hd, rot);
+	CUDA_LAUNCHED();
+	k_gattn_v<<<grid_for((size_t)T * nkv * hd, NT), NT, 0, c->stream>>>(
+		(bf16 *)dqgkv, (const bf16 *)dout, T, nh, nkv, hd, 0);
+	CUDA_LAUNCHED();
+	k_gattn_dw<<<grid_for((size_t)2 * hd, 64), 64, 0, c->stream>>>(
+		(bf16 *)dqw, (bf16 *)dkw, (const bf16 *)dout, (const bf16 *)qgkv, rstd, cs, T, L,
+		nh, nkv, hd, rot);
+	CUDA_LAUNCHED();
+}
+
+// ---- the sigmoid output gate --------------------------------------------------------------------
+
+__global__ void k_sigmul_fwd(bf16 *y, const bf16 *x, const bf16 *g, size_t n)
+{
+	GRID_LOOP(i, n)
+	y[i] = tobf(bf(x[i]) * sigm(bf(g[i])));
+}
+
+__global__ void k_sigmul_bwd(bf16 *dx, bf16 *dg, const bf16 *dy, const bf16 *x, const bf16 *g,
+			     size_t n)
+{
+	GRID_LOOP(i, n)
+	{
+		float s = sigm(bf(g[i])), d = bf(dy[i]);
+
+		dx[i] = tobf(d * s);
+		dg[i] = tobf(d * bf(x[i]) * s * (1.f - s));
+	}
+}
+
+extern "C" void sl_cuda_sigmoid_mul_fwd(struct sl_cuda *c, void *y, const void *x,
+					const void *gate, size_t n)
+{
+	if (!n)
+		return;
+	k_sigmul_fwd<<<grid_for(n, NT), NT, 0, c->stream>>>((bf16 *)y, (const bf16 *)x,
+							    (const bf16 *)gate, n);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_sigmoid_mul_bwd(struct sl_cuda *c, void *dx, void *dgate, const void *dy,
+					const void *x, const void *gate, size_t n)
+{
+	if (!n)
+		return;
+	k_sigmul_bwd<<<grid_for(n, NT), NT, 0, c->stream>>>((bf16 *)dx, (bf16 *)dgate,
+							    (const bf16 *)dy, (const bf16 *)x,
+							    (const bf16 *)gate, n);
+	CUDA_LAUNCHED();
+}

@@ -1,0 +1,639 @@
+// gdn.cu: the Qwen3.5 hybrid's Gated DeltaNet kernels (issue 12) with their extern "C" launchers:
+// the causal depthwise conv + SiLU, the Gated DeltaNet inputs, the gated delta rule and the gated
+// RMSNorm (gattn.cu has the gated attention's).  bf16 in memory, fp32 arithmetic, reductions in a
+// fixed order (no atomics), so results repeat bit for bit.
+//
+// The delta rule runs as the plain recurrence, one block per (record, value head) and one thread
+// per value column: a column of the state evolves on its own (S = g S + k (b (v - S^T k))^T acts
+// column by column), so the forward needs no communication between threads beyond loading k and
+// q.  The backward recomputes each 64-position chunk's states from the saved chunk start into
+// scratch and walks it backwards.  This is the correct first version; the chunked tensor-core
+// form for Hopper is still to come.
+#include <cmath>
+
+#include "common.cuh"
+
+#define NT 256
+#define GDN_CHUNK 64
+
+static __device__ __forceinline__ float sigm(float x)
+{
+	return 1.f / (1.f + expf(-x));
+}
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+	for (int o = 16; o; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+// sum over the block (blockDim a multiple of 32); every thread gets the result
+static __device__ float block_sum(float v)
+{
+	__shared__ float sh[32];
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+
+	v = warp_sum(v);
+	__syncthreads();
+	if (!lane)
+		sh[warp] = v;
+	__syncthreads();
+	v = lane < nw ? sh[lane] : 0.f;
+	return warp_sum(v);
+}
+
+static int round32(int n)
+{
+	return (n + 31) / 32 * 32;
+}
+
+#define GRID_LOOP(i, n)                                                                     \
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);             \
+	     i += (size_t)gridDim.x * blockDim.x)
+
+// ---- causal depthwise conv1d + SiLU -----------------------------------------------------------
+
+__global__ void k_conv_fwd(bf16 *out, bf16 *pre, const bf16 *x, int xs, const bf16 *w, int T,
+			   int L, int C, int K)
+{
+	GRID_LOOP(i, (size_t)T * C)
+	{
+		int t = i / C, c = i % C, p = t % L;
+		float acc = 0.f;
+
+		for (int j = 0; j < K; j++) {
+			int back = K - 1 - j;
+
+			if (p - back >= 0)
+				acc += bf(x[(size_t)(t - back) * xs + c]) * bf(w[(size_t)c * K + j]);
+		}
+		pre[i] = tobf(acc);
+		out[i] = tobf(acc * sigm(acc));
+	}
+}
+
+static __device__ __forceinline__ float dsilu_g(const bf16 *g, const bf16 *pre, size_t o)
+{
+	float u = bf(pre[o]), s = sigm(u);
+
+	return bf(g[o]) * s * (1.f + u * (1.f - s));
+}
+
+__global__ void k_conv_bwd_dx(bf16 *dx, int xs, const bf16 *g, const bf16 *pre, const bf16 *w,
+			      int T, int L, int C, int K)
+{
+	GRID_LOOP(i, (size_t)T * C)
+	{
+		int t = i / C, c = i % C, p = t % L;
+		float acc = 0.f;
+
+		for (int j = 0; j < K; j++) {
+			int back = K - 1 - j;
+
+			if (p + back < L)
+				acc += dsilu_g(g, pre, (size_t)(t + back) * C + c) *
+				       bf(w[(size_t)c * K + j]);
+		}
+		dx[(size_t)t * xs + c] = tobf(acc);
+	}
+}
+
+__global__ void k_conv_bwd_dw(bf16 *dw, const bf16 *g, const bf16 *x, int xs, const bf16 *pre,
+			      int T, int L, int C, int K)
+{
+	GRID_LOOP(i, (size_t)C * K)
+	{
+		int c = i / K, j = i % K, back = K - 1 - j;
+		float acc = 0.f;
+
+		for (int t = 0; t < T; t++)
+			if (t % L - back >= 0)
+				acc += dsilu_g(g, pre, (size_t)t * C + c) *
+				       bf(x[(size_t)(t - back) * xs + c]);
+		dw[i] = tobf(bf(dw[i]) + acc);
+	}
+}
+
+extern "C" void sl_cuda_conv1d_silu_fwd(struct sl_cuda *c, void *out, void *pre, const void *x,
+					int xs, const void *w, int T, int L, int C, int K)
+{
+	k_conv_fwd<<<grid_for((size_t)T * C, NT), NT, 0, c->stream>>>(
+		(bf16 *)out, (bf16 *)pre, (const bf16 *)x, xs, (const bf16 *)w, T, L, C, K);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_conv1d_silu_bwd(struct sl_cuda *c, void *dx, int xs, void *dw,
+					const void *dout, const void *x, const void *pre,
+					const void *w, int T, int L, int C, int K)
+{
+	k_conv_bwd_dx<<<grid_for((size_t)T * C, NT), NT, 0, c->stream>>>(
+		(bf16 *)dx, xs, (const bf16 *)dout, (const bf16 *)pre, (const bf16 *)w, T, L, C, K);
+	CUDA_LAUNCHED();
+	k_conv_bwd_dw<<<grid_for((size_t)C * K, 128), 128, 0, c->stream>>>(
+		(bf16 *)dw, (const bf16 *)dout, (const bf16 *)x, xs, (const bf16 *)pre, T, L, C, K);
+	CUDA_LAUNCHED();
+}
+
+// ---- Gated DeltaNet inputs ----------------------------------------------------------------------
+
+static __device__ __forceinline__ float softplus20(float u)
+{
+	return u > 20.f ? u : log1pf(expf(u));
+}
+
+static __device__ __forceinline__ float softplus20_grad(float u)
+{
+	return u > 20.f ? 1.f : sigm(u);
+}
+
+// one warp per (token, q or k head)
+__global__ void k_prep_fwd_qk(bf16 *qn, bf16 *kn, float *rqk, const bf16 *qkv, int T, int nk,
+			      int dk, int C, float scale)
+{
+	int wid = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+
+	if (wid >= T * 2 * nk)
+		return;
+	int t = wid / (2 * nk), j = wid % (2 * nk);
+	const bf16 *x = qkv + (size_t)t * C + (size_t)j * dk;
+	bf16 *y = (j < nk ? qn : kn) + (size_t)t * nk * dk + (size_t)(j % nk) * dk;
+	float ss = 0.f, r, sc = j < nk ? scale : 1.f;
+
+	for (int i = lane; i < dk; i += 32)
+		ss += bf(x[i]) * bf(x[i]);
+	ss = warp_sum(ss);
+	r = rsqrtf(ss + 1e-6f);
+	if (!lane)
+		rqk[(size_t)t * 2 * nk + j] = r;
+	for (int i = lane; i < dk; i += 32)
+		y[i] = tobf(bf(x[i]) * r * sc);
+}
+
+__global__ void k_prep_fwd_bg(float *beta, float *g, const bf16 *ab, int abs, const bf16 *A_log,
+			      const bf16 *dt, int T, int nv)
+{
+	GRID_LOOP(i, (size_t)T * nv)
+	{
+		int t = i / nv, h = i % nv;
+		float b = bf(ab[(size_t)t * abs + h]), a = bf(ab[(size_t)t * abs + nv + h]);
+
+		beta[i] = sigm(b);
+		g[i] = -expf(bf(A_log[h])) * softplus20(a + bf(dt[h]));
+	}
+}
+
+__global__ void k_prep_bwd_qk(bf16 *dqkv, const bf16 *dqn, const bf16 *dkn, const bf16 *qkv,
+			      const float *rqk, int T, int nk, int dk, int C, float scale)
+{
+	int wid = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+
+	if (wid >= T * 2 * nk)
+		return;
+	int t = wid / (2 * nk), j = wid % (2 * nk);
+	const bf16 *x = qkv + (size_t)t * C + (size_t)j * dk;
+	const bf16 *dy = (j < nk ? dqn : dkn) + (size_t)t * nk * dk + (size_t)(j % nk) * dk;
+	bf16 *dx = dqkv + (size_t)t * C + (size_t)j * dk;
+	float r = rqk[(size_t)t * 2 * nk + j], sc = j < nk ? scale : 1.f, s = 0.f;
+
+	for (int i = lane; i < dk; i += 32)
+		s += bf(x[i]) * bf(dy[i]);
+	s = warp_sum(s);
+	for (int i = lane; i < dk; i += 32)
+		dx[i] = tobf(sc * (r * bf(dy[i]) - r * r * r * bf(x[i]) * s));
+}
+
+__global__ void k_prep_bwd_ab(bf16 *dab, int abs, const bf16 *dbeta, const bf16 *dg,
+			      const bf16 *ab, const float *beta, const bf16 *A_log, const bf16 *dt,
+			      int T, int nv)
+{
+	GRID_LOOP(i, (size_t)T * nv)
+	{
+		int t = i / nv, h = i % nv;
+		float b = beta[i], u = bf(ab[(size_t)t * abs + nv + h]) + bf(dt[h]);
+
+		dab[(size_t)t * abs + h] = tobf(bf(dbeta[i]) * b * (1.f - b));
+		dab[(size_t)t * abs + nv + h] =
+			tobf(bf(dg[i]) * -expf(bf(A_log[h])) * softplus20_grad(u));
+	}
+}
+
+// one block per value head: dA_log += sum dg g, ddt_bias += sum dg dg/du
+__global__ void k_prep_bwd_params(bf16 *dA, bf16 *ddt, const bf16 *dg, const float *g,
+				  const bf16 *ab, int abs, const bf16 *A_log, const bf16 *dt,
+				  int T, int nv)
+{
+	int h = blockIdx.x;
+	float sa = 0.f, sd = 0.f, A = expf(bf(A_log[h]));
+
+	for (int t = threadIdx.x; t < T; t += blockDim.x) {
+		float d = bf(dg[(size_t)t * nv + h]);
+		float u = bf(ab[(size_t)t * abs + nv + h]) + bf(dt[h]);
+
+		sa += d * g[(size_t)t * nv + h];
+		sd += d * -A * softplus20_grad(u);
+	}
+	sa = block_sum(sa);
+	sd = block_sum(sd);
+	if (!threadIdx.x) {
+		dA[h] = tobf(bf(dA[h]) + sa);
+		ddt[h] = tobf(bf(ddt[h]) + sd);
+	}
+}
+
+extern "C" void sl_cuda_gdn_prep_fwd(struct sl_cuda *c, void *qn, void *kn, float *rqk,
+				     float *beta, float *g, const void *qkv, const void *ab,
+				     int abs, const void *A_log, const void *dt_bias, int T, int nk,
+				     int nv, int dk, int dv)
+{
+	int C = 2 * nk * dk + nv * dv;
+	size_t warps = (size_t)T * 2 * nk;
+
+	k_prep_fwd_qk<<<(unsigned)((warps * 32 + NT - 1) / NT), NT, 0, c->stream>>>(
+		(bf16 *)qn, (bf16 *)kn, rqk, (const bf16 *)qkv, T, nk, dk, C, 1.f / sqrtf(dk));
+	CUDA_LAUNCHED();
+	k_prep_fwd_bg<<<grid_for((size_t)T * nv, NT), NT, 0, c->stream>>>(
+		beta, g, (const bf16 *)ab, abs, (const bf16 *)A_log, (const bf16 *)dt_bias, T, nv);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_gdn_prep_bwd(struct sl_cuda *c, void *dqkv, void *dab, int abs,
+				     void *dA_log, void *ddt_bias, const void *dqn,
+				     const void *dkn, const void *dbeta, const void *dg,
+				     const void *qkv, const void *ab, const float *rqk,
+				     const float *beta, const float *g, const void *A_log,
+				     const void *dt_bias, int T, int nk, int nv, int dk, int dv)
+{
+	int C = 2 * nk * dk + nv * dv;
+	size_t warps = (size_t)T * 2 * nk;
+
+	k_prep_bwd_qk<<<(unsigned)((warps * 32 + NT - 1) / NT), NT, 0, c->stream>>>(
+		(bf16 *)dqkv, (const bf16 *)dqn, (const bf16 *)dkn, (const bf16 *)qkv, rqk, T, nk,
+		dk, C, 1.f / sqrtf(dk));
+	CUDA_LAUNCHED();
+	k_prep_bwd_ab<<<grid_for((size_t)T * nv, NT), NT, 0, c->stream>>>(
+		(bf16 *)dab, abs, (const bf16 *)dbeta, (const bf16 *)dg, (const bf16 *)ab, beta,
+		(const bf16 *)A_log, (const bf16 *)dt_bias, T, nv);
+	CUDA_LAUNCHED();
+	k_prep_bwd_params<<<nv, NT, 0, c->stream>>>((bf16 *)dA_log, (bf16 *)ddt_bias,
+						    (const bf16 *)dg, g, (const bf16 *)ab, abs,
+						    (const bf16 *)A_log, (const bf16 *)dt_bias, T,
+						    nv);
+	CUDA_LAUNCHED();
+}
+
+// ---- the gated delta rule ------------------------------------------------------------------------
+
+// block (record, value head); thread j < dv owns column j of S (shared, dk x dv)
+__global__ void k_rule_fwd(bf16 *o, float *states, const bf16 *qn, const bf16 *kn, const bf16 *v,
+			   int vs, const float *beta, const float *g, const int *lens, int L,
+			   int nk, int nv, int dk, int dv)
+{
+	extern __shared__ float sm[];
+	float *S = sm, *kk = S + (size_t)dk * dv, *qq = kk + dk;
+	int b = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk), len = lens[b];
+	int j = threadIdx.x, nch = (L + GDN_CHUNK - 1) / GDN_CHUNK;
+	size_t SS = (size_t)dk * dv;
+
+	if (j < dv)
+		for (int i = 0; i < dk; i++)
+			S[(size_t)i * dv + j] = 0.f;
+	for (int p = 0; p < L; p++) {
+		size_t t = (size_t)b * L + p;
+
+		if (p % GDN_CHUNK == 0 && j < dv) {
+			float *sv = states + (((size_t)b * nch + p / GDN_CHUNK) * nv + h) * SS;
+
+			for (int i = 0; i < dk; i++)
+				sv[(size_t)i * dv + j] = S[(size_t)i * dv + j];
+		}
+		if (p >= len) {
+			if (j < dv)
+				o[t * nv * dv + (size_t)h * dv + j] = tobf(0.f);
+			continue;
+		}
+		__syncthreads();
+		for (int i = j; i < dk; i += blockDim.x) {
+			kk[i] = bf(kn[t * nk * dk + (size_t)kh * dk + i]);
+			qq[i] = bf(qn[t * nk * dk + (size_t)kh * dk + i]);
+		}
+		__syncthreads();
+		if (j < dv) {
+			float gam = expf(g[t * nv + h]), bet = beta[t * nv + h];
+			float vj = bf(v[t * vs + (size_t)h * dv + j]), pred = 0.f, d, acc = 0.f;
+
+			for (int i = 0; i < dk; i++) {
+				float s = S[(size_t)i * dv + j] * gam;
+
+				S[(size_t)i * dv + j] = s;
+				pred += s * kk[i];
+			}
+			d = bet * (vj - pred);
+			for (int i = 0; i < dk; i++) {
+				float s = S[(size_t)i * dv + j] + kk[i] * d;
+
+				S[(size_t)i * dv + j] = s;
+				acc += s * qq[i];
+			}
+			o[t * nv * dv + (size_t)h * dv + j] = tobf(acc);
+		}
+	}
+}
+
+// block (record, key head) of a wave: the value heads of the group one after the other (their
+// dq, dk add up in a fixed order); hist: (CHUNK + 1) states of dk x dv per block
+__global__ void k_rule_bwd(bf16 *dqn, bf16 *dkn, bf16 *dval, bf16 *dbeta, bf16 *dg,
+			   const bf16 *dout, const float *states, const bf16 *qn, const bf16 *kn,
+			   const bf16 *v, int vs, const float *beta, const float *g,
+			   const int *lens, int L, int nk, int nv, int dk, int dv, int first,
+			   float *hist_all)
+{
+	extern __shared__ float sm[];
+	const int ld = dv + 1;	// padded rows: row and column walks are both conflict-free
+	float *dS = sm, *kk = dS + (size_t)dk * ld, *qq = kk + dk, *dO = qq + dk;
+	float *dl = dO + dv, *dp = dl + dv;
+	int bk = first + blockIdx.x, b = bk / nk, kh = bk % nk, len = lens[b], grp = nv / nk;
+	int tid = threadIdx.x, nch = (L + GDN_CHUNK - 1) / GDN_CHUNK;
+	size_t SS = (size_t)dk * dv;
+	float *hist = hist_all + (size_t)blockIdx.x * (GDN_CHUNK + 1) * SS;
+
+	for (int hi = 0; hi < grp; hi++) {
+		int h = kh * grp + hi;
+
+		for (int p = len; p < L; p++) {
+			size_t t = (size_t)b * L + p;
+
+			for (int x = tid; x < dv; x += blockDim.x)
+				dval[t * vs + (size_t)h * dv + x] = tobf(0.f);
+			if (!tid) {
+				dbeta[t * nv + h] = tobf(0.f);
+				dg[t * nv + h] = tobf(0.f);
+			}
+			if (!hi)
+				for (int x = tid; x < dk; x += blockDim.x) {
+					dqn[t * nk * dk + (size_t)kh * dk + x] = tobf(0.f);
+					dkn[t * nk * dk + (size_t)kh * dk + x] = tobf(0.f);
+				}
+		}
+		for (int i = tid; i < dk * ld; i += blockDim.x)
+			dS[i] = 0.f;
+		for (int ch = (len - 1) / GDN_CHUNK; ch >= 0; ch--) {
+			int c0 = ch * GDN_CHUNK, c1 = min(c0 + GDN_CHUNK, len);
+			const float *sv = states + (((size_t)b * nch + ch) * nv + h) * SS;
+
+			// the chunk's states: hist[s] = S before position c0 + s
+			__syncthreads();
+			if (tid < dv)
+				for (int i = 0; i < dk; i++)
+					hist[(size_t)i * dv + tid] = sv[(size_t)i * dv + tid];
+			for (int p = c0; p < c1; p++) {
+				size_t t = (size_t)b * L + p;
+				const float *Sp = hist + (size_t)(p - c0) * SS;
+				float *Sn = hist + (size_t)(p - c0 + 1) * SS;
+
+				__syncthreads();
+				for (int i = tid; i < dk; i += blockDim.x)
+					kk[i] = bf(kn[t * nk * dk + (size_t)kh * dk + i]);
+				__syncthreads();
+				if (tid < dv) {
+					float gam = expf(g[t * nv + h]), bet = beta[t * nv + h];
+					float pred = 0.f, d;
+
+					for (int i = 0; i < dk; i++)
+						pred += gam * Sp[(size_t)i * dv + tid] * kk[i];
+					d = bet * (bf(v[t * vs + (size_t)h * dv + tid]) - pred);
+					for (int i = 0; i < dk; i++)
+						Sn[(size_t)i * dv + tid] =
+							gam * Sp[(size_t)i * dv + tid] + kk[i] * d;
+				}
+			}
+			for (int p = c1 - 1; p >= c0; p--) {
+				size_t t = (size_t)b * L + p;
+				const float *Sp = hist + (size_t)(p - c0) * SS, *Sn = Sp + SS;
+				float gam = expf(g[t * nv + h]), bet = beta[t * nv + h];
+				float dbet = 0.f, dgam = 0.f;
+				size_t qo = t * nk * dk + (size_t)kh * dk;
+
+				__syncthreads();
+				for (int i = tid; i < dk; i += blockDim.x) {
+					kk[i] = bf(kn[qo + i]);
+					qq[i] = bf(qn[qo + i]);
+				}
+				for (int x = tid; x < dv; x += blockDim.x)
+					dO[x] = bf(dout[t * nv * dv + (size_t)h * dv + x]);
+				__syncthreads();
+				// o = S_p^T q
+				if (tid < dv)
+					for (int i = 0; i < dk; i++)
+						dS[(size_t)i * ld + tid] += qq[i] * dO[tid];
+				if (tid < dk) {
+					float a = 0.f;
+
+					for (int x = 0; x < dv; x++)
+						a += Sn[(size_t)tid * dv + x] * dO[x];
+					a += hi ? bf(dqn[qo + tid]) : 0.f;
+					dqn[qo + tid] = tobf(a);
+				}
+				__syncthreads();
+				// S_p = S_a + k delta^T, S_a = gam S_{p-1}, pred = S_a^T k
+				if (tid < dv) {
+					float pr = 0.f, dd = 0.f, vj;
+
+					for (int i = 0; i < dk; i++) {
+						pr += gam * Sp[(size_t)i * dv + tid] * kk[i];
+						dd += dS[(size_t)i * ld + tid] * kk[i];
+					}
+					vj = bf(v[t * vs + (size_t)h * dv + tid]);
+					dl[tid] = bet * (vj - pr);
+					dp[tid] = -bet * dd;
+					dbet = dd * (vj - pr);
+					dval[t * vs + (size_t)h * dv + tid] = tobf(bet * dd);
+				}
+				dbet = block_sum(dbet);
+				if (tid < dk) {
+					float a = 0.f;
+
+					for (int x = 0; x < dv; x++)
+						a += dS[(size_t)tid * ld + x] * dl[x] +
+						     gam * Sp[(size_t)tid * dv + x] * dp[x];
+					a += hi ? bf(dkn[qo + tid]) : 0.f;
+					dkn[qo + tid] = tobf(a);
+				}
+				__syncthreads();
+				if (tid < dv)
+					for (int i = 0; i < dk; i++) {
+						float ds = dS[(size_t)i * ld + tid] + kk[i] * dp[tid];
+
+						dgam += ds * Sp[(size_t)i * dv + tid];
+						dS[(size_t)i * ld + tid] = gam * ds;
+					}
+				dgam = block_sum(dgam);
+				if (!tid) {
+					dbeta[t * nv + h] = tobf(dbet);
+					dg[t * nv + h] = tobf(gam * dgam);
+				}
+			}
+		}
+	}
+}
+
+static size_t rule_fwd_smem(int dk, int dv)
+{
+	return ((size_t)dk * dv + 2 * dk) * sizeof(float);
+}
+
+static size_t rule_bwd_smem(int dk, int dv)
+{
+	return ((size_t)dk * (dv + 1) + 2 * dk + 3 * dv) * sizeof(float);
+}
+
+extern "C" void sl_cuda_gdn_rule_fwd(struct sl_cuda *c, void *o, float *states, const void *qn,
+				     const void *kn, const void *v, int vs, const float *beta,
+				     const float *g, const int *lens, int B, int L, int nk, int nv,
+				     int dk, int dv)
+{
+	size_t smem = rule_fwd_smem(dk, dv);
+	int threads = round32(dv > dk ? dv : dk);
+
+	if (threads > 1024 || smem > 227 * 1024) {
+		fprintf(stderr, "cuda: gated delta rule with key dim %d, value dim %d is too large\n",
+			dk, dv);
+		abort();
+	}
+	CUDA_CHECK(cudaFuncSetAttribute(k_rule_fwd, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					(int)smem));
+	k_rule_fwd<<<B * nv, threads, smem, c->stream>>>(
+		(bf16 *)o, states, (const bf16 *)qn, (const bf16 *)kn, (const bf16 *)v, vs, beta, g,
+		lens, L, nk, nv, dk, dv);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_gdn_rule_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval,
+				     void *dbeta, void *dg, const void *dout, const float *states,
+				     const void *qn, const void *kn, const void *v, int vs,
+				     const float *beta, const float *g, const int *lens, int B,
+				     int L, int nk, int nv, int dk, int dv)
+{
+	size_t smem = rule_bwd_smem(dk, dv), hist = (size_t)(GDN_CHUNK + 1) * dk * dv * 4;
+	int threads = round32(dv > dk ? dv : dk), per_wave = (int)(c->scratch_bytes / hist);
+	float *scratch;
+
+	if (threads > 1024 || smem > 227 * 1024 || per_wave < 1) {
+		fprintf(stderr, "cuda: gated delta rule with key dim %d, value dim %d is too large\n",
+			dk, dv);
+		abort();
+	}
+	if (per_wave > B * nk)
+		per_wave = B * nk;
+	scratch = sl_cuda_scratch(c, (size_t)per_wave * hist, "gated delta rule backward");
+	CUDA_CHECK(cudaFuncSetAttribute(k_rule_bwd, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					(int)smem));
+	for (int first = 0; first < B * nk; first += per_wave) {
+		int n = B * nk - first < per_wave ? B * nk - first : per_wave;
+
+		k_rule_bwd<<<n, threads, smem, c->stream>>>(
+			(bf16 *)dqn, (bf16 *)dkn, (bf16 *)dval, (bf16 *)dbeta, (bf16 *)dg,
+			(const bf16 *)dout, states, (const bf16 *)qn, (const bf16 *)kn,
+			(const bf16 *)v, vs, beta, g, lens, L, nk, nv, dk, dv, first, scratch);
+		CUDA_LAUNCHED();
+	}
+}
+
+// ---- gated RMSNorm --------------------------------------------------------------------------------
+
+// one warp per (token, head) row of d
+__global__ void k_gnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 *z, int zs,
+			    const bf16 *w, int T, int nh, int d, float eps)
+{
+	int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+
+	if (row >= T * nh)
+		return;
+	int t = row / nh, h = row % nh;
+	const bf16 *xr = x + (size_t)row * d, *zr = z + (size_t)t * zs + (size_t)h * d;
+	float ss = 0.f, r;
+
+	for (int i = lane; i < d; i += 32)
+		ss += bf(xr[i]) * bf(xr[i]);
+	r = rsqrtf(warp_sum(ss) / d + eps);
+	if (!lane)
+		rstd[row] = r;
+	for (int i = lane; i < d; i += 32) {
+		float zv = bf(zr[i]);
+
+		out[(size_t)row * d + i] = tobf(bf(w[i]) * (bf(xr[i]) * r) * zv * sigm(zv));
+	}
+}
+
+__global__ void k_gnorm_bwd(bf16 *dx, bf16 *dz, int zs, const bf16 *g, const bf16 *x,
+			    const bf16 *z, const bf16 *w, const float *rstd, int T, int nh, int d)
+{
+	int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+
+	if (row >= T * nh)
+		return;
+	int t = row / nh, h = row % nh;
+	const bf16 *xr = x + (size_t)row * d, *zr = z + (size_t)t * zs + (size_t)h * d;
+	const bf16 *gr = g + (size_t)row * d;
+	float r = rstd[row], s = 0.f;
+
+	for (int i = lane; i < d; i += 32) {
+		float zv = bf(zr[i]), sz = sigm(zv), xv = bf(xr[i]), gw = bf(gr[i]) * bf(w[i]);
+
+		s += gw * zv * sz * xv;
+		dz[(size_t)t * zs + (size_t)h * d + i] = tobf(gw * xv * r * sz * (1.f + zv * (1.f - sz)));
+	}
+	s = warp_sum(s);
+	for (int i = lane; i < d; i += 32) {
+		float zv = bf(zr[i]), dxh = bf(gr[i]) * bf(w[i]) * zv * sigm(zv);
+
+		dx[(size_t)row * d + i] = tobf(r * dxh - bf(xr[i]) * s * r * r * r / d);
+	}
+}
+
+// one block per element i of the weight: the sum over all rows, in a fixed order
+__global__ void k_gnorm_dw(bf16 *dw, const bf16 *g, const bf16 *x, const bf16 *z, int zs,
+			   const float *rstd, int T, int nh, int d)
+{
+	int i = blockIdx.x;
+	float acc = 0.f;
+
+	for (int row = threadIdx.x; row < T * nh; row += blockDim.x) {
+		int t = row / nh, h = row % nh;
+		float zv = bf(z[(size_t)t * zs + (size_t)h * d + i]);
+
+		acc += bf(g[(size_t)row * d + i]) * bf(x[(size_t)row * d + i]) * rstd[row] * zv *
+		       sigm(zv);
+	}
+	acc = block_sum(acc);
+	if (!threadIdx.x)
+		dw[i] = tobf(bf(dw[i]) + acc);
+}
+
+extern "C" void sl_cuda_gated_rmsnorm_fwd(struct sl_cuda *c, void *out, float *rstd,
+					  const void *x, const void *z, int zs, const void *w,
+					  int T, int nh, int d, float eps)
+{
+	size_t rows = (size_t)T * nh;
+
+	k_gnorm_fwd<<<(unsigned)((rows * 32 + NT - 1) / NT), NT, 0, c->stream>>>(
+		(bf16 *)out, rstd, (const bf16 *)x, (const bf16 *)z, zs, (const bf16 *)w, T, nh, d,
+		eps);
+	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_gated_rmsnorm_bwd(struct sl_cuda *c, void *dx, void *dz, int zs,
+					  void *dw, const void *dout, const void *x,
+					  const void *z, const void *w, const float *rstd, int T,
+					  int nh, int d, float eps)
+{
+	size_t rows = (size_t)T * nh;
+
+	k_gnorm_bwd<<<(unsigned)((rows * 32 + NT - 1) / NT), NT, 0, c->stream>>>(
+		(bf16 *)dx, (bf16 *)dz, zs, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)z,
+		(const bf16 *)w, rstd, T, nh, d);
+	CUDA_LAUNCHED();
+	k_gnorm_dw<<<d, NT, 0, c->stream>>>((bf16 *)dw, (const bf16 *)dout, (const bf16 *)x,
+					    (const bf16 *)z, zs, rstd, T, nh, d);
+	CUDA_LAUNCHED();
+}

@@ -1,0 +1,112 @@
+/*
+ * backend_cuda_gdn: the cuda backend's Qwen3.5 hybrid ops (issue 12) over cuda/gdn.cu.
+ * Not compiled on its own: backend_cuda.c includes it (it uses that file's C()).
+ */
+
+static void cuda_conv1d_silu_fwd(struct sl_backend *be, void *out, void *pre, const void *x,
+				 int xs, const void *w, int T, int L, int Cc, int K)
+{
+	sl_cuda_conv1d_silu_fwd(C(be), out, pre, x, xs, w, T, L, Cc, K);
+}
+
+static void cuda_conv1d_silu_bwd(struct sl_backend *be, void *dx, int xs, void *dw,
+				 const void *dout, const void *x, const void *pre, const void *w,
+				 int T, int L, int Cc, int K)
+{
+	sl_cuda_conv1d_silu_bwd(C(be), dx, xs, dw, dout, x, pre, w, T, L, Cc, K);
+}
+
+static void cuda_gdn_prep_fwd(struct sl_backend *be, void *qn, void *kn, void *rqk, void *beta,
+			      void *g, const void *qkv, const void *ab, int abs, const void *A_log,
+			      const void *dt_bias, int T, int nk, int nv, int dk, int dv)
+{
+	sl_cuda_gdn_prep_fwd(C(be), qn, kn, rqk, beta, g, qkv, ab, abs, A_log, dt_bias, T, nk, nv,
+			     dk, dv);
+}
+
+static void cuda_gdn_prep_bwd(struct sl_backend *be, void *dqkv, void *dab, int abs,
+			      void *dA_log, void *ddt_bias, const void *dqn, const void *dkn,
+			      const void *dbeta, const void *dg, const void *qkv, const void *ab,
+			      const void *rqk, const void *beta, const void *g, const void *A_log,
+			      const void *dt_bias, int T, int nk, int nv, int dk, int dv)
+{
+	sl_cuda_gdn_prep_bwd(C(be), dqkv, dab, abs, dA_log, ddt_bias, dqn, dkn, dbeta, dg, qkv,
+			     ab, rqk, beta, g, A_log, dt_bias, T, nk, nv, dk, dv);
+}
+
+static void cuda_gdn_rule_fwd(struct sl_backend *be, void *o, void *states, const void *qn,
+			      const void *kn, const void *v, int vs, const void *beta,
+			      const void *g, const int32_t *lens, int B, int L, int nk, int nv,
+			      int dk, int dv)
+{
+	sl_cuda_gdn_rule_fwd(C(be), o, states, qn, kn, v, vs, beta, g, lens, B, L, nk, nv, dk, dv);
+}
+
+static void cuda_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void *dval,
+			      void *dbeta, void *dg, const void *dout, const void *states,
+			      const void *qn, const void *kn, const void *v, int vs,
+			      const void *beta, const void *g, const int32_t *lens, int B, int L,
+			      int nk, int nv, int dk, int dv)
+{
+	sl_cuda_gdn_rule_bwd(C(be), dqn, dkn, dval, dbeta, dg, dout, states, qn, kn, v, vs, beta,
+			     g, lens, B, L, nk, nv, dk, dv);
+}
+
+static void cuda_gated_rmsnorm_fwd(struct sl_backend *be, void *out, void *rstd, const void *x,
+				   const void *z, int zs, const void *w, int T, int nh, int d,
+				   float eps)
+{
+	sl_cuda_gated_rmsnorm_fwd(C(be), out, rstd, x, z, zs, w, T, nh, d, eps);
+}
+
+static void cuda_gated_rmsnorm_bwd(struct sl_backend *be, void *dx, void *dz, int zs, void *dw,
+				   const void *dout, const void *x, const void *z, const void *w,
+				   const void *rstd, int T, int nh, int d, float eps)
+{
+	sl_cuda_gated_rmsnorm_bwd(C(be), dx, dz, zs, dw, dout, x, z, w, rstd, T, nh, d, eps);
+}
+
+static void cuda_gattn_qk_fwd(struct sl_backend *be, void *out, void *gate, void *rstd,
+			      const void *qgkv, const void *qw, const void *kw, int T, int L,
+			      int nh, int nkv, int hd, int rot, float eps, float theta)
+{
+	sl_cuda_gattn_qk_fwd(C(be), out, gate, rstd, qgkv, qw, kw, T, L, nh, nkv, hd, rot, eps,
+			     theta);
+}
+
+static void cuda_gattn_qk_bwd(struct sl_backend *be, void *dqgkv, void *dqw, void *dkw,
+			      const void *dout, const void *dgate, const void *qgkv, const void *qw,
+			      const void *kw, const void *rstd, int T, int L, int nh, int nkv,
+			      int hd, int rot, float eps, float theta)
+{
+	sl_cuda_gattn_qk_bwd(C(be), dqgkv, dqw, dkw, dout, dgate, qgkv, qw, kw, rstd, T, L, nh,
+			     nkv, hd, rot, eps, theta);
+}
+
+static void cuda_sigmoid_mul_fwd(struct sl_backend *be, void *y, const void *x, const void *gate,
+				 size_t n)
+{
+	sl_cuda_sigmoid_mul_fwd(C(be), y, x, gate, n);
+}
+
+static void cuda_sigmoid_mul_bwd(struct sl_backend *be, void *dx, void *dgate, const void *dy,
+				 const void *x, const void *gate, size_t n)
+{
+	sl_cuda_sigmoid_mul_bwd(C(be), dx, dgate, dy, x, gate, n);
+}
+
+static void cuda_gdn_init(struct sl_backend *be)
+{
+	be->conv1d_silu_fwd = cuda_conv1d_silu_fwd;
+	be->conv1d_silu_bwd = cuda_conv1d_silu_bwd;
+	be->gdn_prep_fwd = cuda_gdn_prep_fwd;
+	be->gdn_prep_bwd = cuda_gdn_prep_bwd;
+	be->gdn_rule_fwd = cuda_gdn_rule_fwd;
+	be->gdn_rule_bwd = cuda_gdn_rule_bwd;
+	be->gated_rmsnorm_fwd = cuda_gated_rmsnorm_fwd;
+	be->gated_rmsnorm_bwd = cuda_gated_rmsnorm_bwd;
+	be->gattn_qk_fwd = cuda_gattn_qk_fwd;
+	be->gattn_qk_bwd = cuda_gattn_qk_bwd;
+	be->sigmoid_mul_fwd = cuda_sigmoid_mul_fwd;
+	be->sigmoid_mul_bwd = cuda_sigmoid_mul_bwd;
+}

@@ -1,0 +1,516 @@
+/*
+ * model_qwen35: the Qwen3.5 hybrid's decoder layers (transformers' modeling_qwen3_5.py), written
+ * against struct sl_backend like model.c, which dispatches here when the config says
+ * norm_offset (model_type qwen3_5 / qwen3_5_text).
+ *
+ * Both kinds share the Qwen3 residual structure, x' = x + mixer(norm(x)); x'' = x' +
+ * mlp(norm(x')), with Qwen3.5's RMSNorm, which scales by (1 + weight): the effective weight is
+ * formed in a scratch buffer before each norm (its gradient is the weight's gradient).
+ *  - full_attention (SL_LAYER_GATED_ATTENTION): q_proj gives per head hd query values and hd
+ *    gate values; q/k RMSNorm, rotary embedding on the first rot_dim dims of each head, causal
+ *    GQA attention, output * sigmoid(gate), o_proj.  q_proj, k_proj, v_proj are one fused GEMM.
+ *  - linear_attention (SL_LAYER_LINEAR_ATTENTION, Gated DeltaNet): in_proj_qkv, in_proj_z,
+ *    in_proj_b, in_proj_a as one fused GEMM; causal depthwise conv + SiLU on the qkv part;
+ *    l2-normed q (scaled by dk^-1/2) and k, beta = sigmoid(b), g = -exp(A_log) softplus(a +
+ *    dt_bias); the gated delta rule; gated RMSNorm with z; out_proj.
+ * With activation checkpointing only each layer's input is kept; the backward recomputes the
+ * layer first.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_impl.h"
+
+/* a layer's tensors as element offsets in its unit; NO_OFF where the kind has none */
+struct q35_off {
+	enum sl_layer_kind kind;
+	size_t ln1, ln2;	/* (H) */
+	size_t wgu;		/* (2I, H) */
+	size_t wd;		/* (H, I) */
+	size_t wqgkv;		/* attention: ((2 nh + 2 nkv) hd, H) q_proj | k_proj | v_proj */
+	size_t wo;		/* attention: (H, nh hd) */
+	size_t qn, kn;		/* attention: (hd) */
+	size_t win;		/* GDN: (P, H) in_proj_qkv | in_proj_z | in_proj_b | in_proj_a */
+	size_t conv;		/* GDN: (Cc, K) */
+	size_t dt_bias, A_log;	/* GDN: (nv) */
+	size_t gnorm;		/* GDN: (dv) */
+	size_t wout;		/* GDN: (H, nv dv) */
+};
+
+/* what a layer's backward needs from its forward; the comments give (attention | GDN) shapes */
+struct q35_acts {
+	void *xn1, *rstd1;	/* (T, H), (T) */
+	void *proj;		/* (T, Pa) | (T, P): the fused input projection */
+	void *cpre, *c;		/* GDN (T, Cc): conv pre-activation and output */
+	void *qn, *kn, *rqk;	/* GDN (T, nk dk) x 2, (T, 2 nk) stat */
+	void *beta, *g;		/* GDN (T, nv) stat */
+	void *states;		/* GDN (T/64 + B, nv, dk, dv) stat: chunk-start states */
+	void *qkvr, *gate, *lse;	/* attention (T, (nh + 2 nkv) hd), (T, nh hd), (T, nh) */
+	void *o;		/* (T, nh hd) attention | (T, nv dv) delta rule output */
+	void *rstd_o;		/* (T, nh + nkv) q/k norms | (T, nv) gated norm */
+	void *y;		/* (T, nh hd) gated | (T, nv dv) gated-normed */
+	void *h, *xn2, *rstd2;	/* (T, H), (T, H), (T) */
+	void *gu, *act;		/* (T, 2I), (T, I) */
+};
+
+struct sl_q35 {
+	int nk, nv, dk, dv, K;
+	int Cc;			/* conv channels 2 nk dk + nv dv */
+	int P;			/* GDN projection width Cc + nv dv + 2 nv */
+	int Pa;			/* attention projection width (2 nh + 2 nkv) hd */
+	int rot;
+	struct q35_off *lo;	/* (nL) */
+	struct q35_acts *acts;	/* (nL), or one per kind when checkpointing */
+	void *ones;		/* (max(H, hd)) */
+	void *wn1, *wn2, *wqn, *wkn, *wfin;	/* effective norm weights 1 + w */
+	/* gradient scratch */
+	void *gproj;		/* (T, max(P, Pa)) */
+	void *gc;		/* (T, Cc) */
+	void *gqn, *gkn;	/* (T, nk dk) */
+	void *gbeta, *gg;	/* (T, nv) */
+	void *go, *gy;		/* (T, max(nv dv, nh hd)) */
+	void *gqkvr, *ggate;	/* (T, (nh + 2 nkv) hd), (T, nh hd) */
+};
+
+/* ---- layout -------------------------------------------------------------------------------- */
+
+int sl_q35_layout_layer(struct layout_builder *lb, const struct sl_model_config *mc, int l)
+{
+	const int64_t H = mc->hidden, hd = mc->head_dim, I = mc->intermediate;
+	const int64_t nh = mc->n_heads, nkv = mc->n_kv_heads;
+	const int64_t nk = mc->lin_nk, nv = mc->lin_nv, dk = mc->lin_dk, dv = mc->lin_dv;
+	const int64_t Cc = 2 * nk * dk + nv * dv;
+	char n[160];
+	int rc = 0;
+
+#define ADD(fused, suffix, ndim, d0, d1, init)                                               \
+	do {                                                                                 \
+		snprintf(n, sizeof(n), "model.layers.%d.%s", l, suffix);                     \
+		rc = sl_layout_add(lb, fused, n, ndim, d0, d1, init);                        \
+		if (rc)                                                                      \
+			return rc;                                                           \
+	} while (0)
+
+	if (!mc->norm_offset || mc->rot_dim < 2 || nk < 1 || nv % nk) {
+		fprintf(stderr, "model: layer %d: not a Qwen3.5 config\n", l);
+		return -EINVAL;
+	}
+	/* zero-centred norms: (1 + w), so "ones" is zeros */
+	ADD(false, "input_layernorm.weight", 1, H, 0, SL_INIT_ZEROS);
+	if (mc->layer_kind[l] == SL_LAYER_GATED_ATTENTION) {
+		ADD(false, "self_attn.q_proj.weight", 2, 2 * nh * hd, H, SL_INIT_NORMAL);
+		ADD(true, "self_attn.k_proj.weight", 2, nkv * hd, H, SL_INIT_NORMAL);
+		ADD(true, "self_attn.v_proj.weight", 2, nkv * hd, H, SL_INIT_NORMAL);
+		ADD(false, "self_attn.o_proj.weight", 2, H, nh * hd, SL_INIT_NORMAL);
+		ADD(false, "self_attn.q_norm.weight", 1, hd, 0, SL_INIT_ZEROS);
+		ADD(false, "self_attn.k_norm.weight", 1, hd, 0, SL_INIT_ZEROS);
+	} else if (mc->layer_kind[l] == SL_LAYER_LINEAR_ATTENTION) {
+		ADD(false, "linear_attn.in_proj_qkv.weight", 2, Cc, H, SL_INIT_NORMAL);
+		ADD(true, "linear_attn.in_proj_z.weight", 2, nv * dv, H, SL_INIT_NORMAL);
+		ADD(true, "linear_attn.in_proj_b.weight", 2, nv, H, SL_INIT_NORMAL);
+		ADD(true, "linear_attn.in_proj_a.weight", 2, nv, H, SL_INIT_NORMAL);
+		ADD(false, "linear_attn.conv1d.weight", 2, Cc, mc->lin_conv, SL_INIT_NORMAL);
+		lb->lay->t[lb->lay->n_tensors - 1].unsqueeze1 = true;
+		ADD(false, "linear_attn.dt_bias", 1, nv, 0, SL_INIT_ONES);
+		ADD(false, "linear_attn.A_log", 1, nv, 0, SL_INIT_ZEROS);
+		ADD(false, "linear_attn.norm.weight", 1, dv, 0, SL_INIT_ONES);
+		ADD(false, "linear_attn.out_proj.weight", 2, H, nv * dv, SL_INIT_NORMAL);
+	} else {
+		fprintf(stderr, "model: layer %d: kind %d is not a Qwen3.5 layer\n", l,
+			mc->layer_kind[l]);
+		return -EINVAL;
+	}
+	ADD(false, "post_attention_layernorm.weight", 1, H, 0, SL_INIT_ZEROS);
+	ADD(false, "mlp.gate_proj.weight", 2, I, H, SL_INIT_NORMAL);
+	ADD(true, "mlp.up_proj.weight", 2, I, H, SL_INIT_NORMAL);
+	ADD(false, "mlp.down_proj.weight", 2, H, I, SL_INIT_NORMAL);
+#undef ADD
+	return rc;
+}
+
+/* ---- setup --------------------------------------------------------------------------------- */
+
+/*
+ * Offset of layer l's tensor @suffix in its unit; with @after (not NO_OFF) it must start there
+ * (the next member of a fused group).
+ */
+static int off_of(const struct sl_layout *lay, int l, const char *suffix, size_t after,
+		  size_t *off, size_t *end)
+{
+	char n[160];
+	const struct sl_tensor_info *ti;
+
+	snprintf(n, sizeof(n), "model.layers.%d.%s", l, suffix);
+	ti = sl_layout_find(lay, n);
+	if (!ti || ti->unit != 1 + l || (after != NO_OFF && ti->offset != after)) {
+		fprintf(stderr, "model: layout has no %s in unit %d%s\n", n, 1 + l,
+			after != NO_OFF ? " right after its fused predecessor" : "");
+		return -EINVAL;
+	}
+	*off = ti->offset;
+	if (end)
+		*end = ti->offset + ti->numel;
+	return 0;
+}
+
+static int q35_offsets(const struct sl_layout *lay, int l, enum sl_layer_kind kind,
+		       struct q35_off *o)
+{
+	size_t e, dummy;
+	int rc;
+
+	memset(o, 0xff, sizeof(*o));	/* NO_OFF everywhere */
+	o->kind = kind;
+	rc = off_of(lay, l, "input_layernorm.weight", NO_OFF, &o->ln1, NULL);
+	rc = rc ? rc : off_of(lay, l, "post_attention_layernorm.weight", NO_OFF, &o->ln2, NULL);
+	rc = rc ? rc : off_of(lay, l, "mlp.gate_proj.weight", NO_OFF, &o->wgu, &e);
+	rc = rc ? rc : off_of(lay, l, "mlp.up_proj.weight", e, &dummy, NULL);
+	rc = rc ? rc : off_of(lay, l, "mlp.down_proj.weight", NO_OFF, &o->wd, NULL);
+	if (rc)
+		return rc;
+	if (kind == SL_LAYER_GATED_ATTENTION) {
+		rc = off_of(lay, l, "self_attn.q_proj.weight", NO_OFF, &o->wqgkv, &e);
+		rc = rc ? rc : off_of(lay, l, "self_attn.k_proj.weight", e, &dummy, &e);
+		rc = rc ? rc : off_of(lay, l, "self_attn.v_proj.weight", e, &dummy, NULL);
+		rc = rc ? rc : off_of(lay, l, "self_attn.o_proj.weight", NO_OFF, &o->wo, NULL);
+		rc = rc ? rc : off_of(lay, l, "self_attn.q_norm.weight", NO_OFF, &o->qn, NULL);
+		rc = rc ? rc : off_of(lay, l, "self_attn.k_norm.weight", NO_OFF, &o->kn, NULL);
+		return rc;
+	}
+	rc = off_of(lay, l, "linear_attn.in_proj_qkv.weight", NO_OFF, &o->win, &e);
+	rc = rc ? rc : off_of(lay, l, "linear_attn.in_proj_z.weight", e, &dummy, &e);
+	rc = rc ? rc : off_of(lay, l, "linear_attn.in_proj_b.weight", e, &dummy, &e);
+	rc = rc ? rc : off_of(lay, l, "linear_attn.in_proj_a.weight", e, &dummy, NULL);
+	rc = rc ? rc : off_of(lay, l, "linear_attn.conv1d.weight", NO_OFF, &o->conv, NULL);
+	rc = rc ? rc : off_of(lay, l, "linear_attn.dt_bias", NO_OFF, &o->dt_bias, NULL);
+	rc = rc ? rc : off_of(lay, l, "linear_attn.A_log", NO_OFF, &o->A_log, NULL);
+	rc = rc ? rc : off_of(lay, l, "linear_attn.norm.weight", NO_OFF, &o->gnorm, NULL);
+	rc = rc ? rc : off_of(lay, l, "linear_attn.out_proj.weight", NO_OFF, &o->wout, NULL);
+	return rc;
+}
+
+static size_t zmax(size_t a, size_t b)
+{
+	return a > b ? a : b;
+}
+
+static int alloc_q35_acts(struct sl_model *m, struct q35_acts *a, enum sl_layer_kind kind)
+{
+	struct sl_q35 *q = m->q35;
+	const size_t T = m->max_tokens, B = m->max_records, e = m->be->elt, s = m->be->stat_elt;
+
+	a->xn1 = sl_model_ws_alloc(m, T * m->H, e);
+	a->rstd1 = sl_model_ws_alloc(m, T, s);
+	if (kind == SL_LAYER_GATED_ATTENTION) {
+		a->proj = sl_model_ws_alloc(m, T * q->Pa, e);
+		a->qkvr = sl_model_ws_alloc(m, T * m->Q, e);
+		a->gate = sl_model_ws_alloc(m, T * m->nh * m->hd, e);
+		a->lse = sl_model_ws_alloc(m, T * m->nh, s);
+		a->o = sl_model_ws_alloc(m, T * m->nh * m->hd, e);
+		a->rstd_o = sl_model_ws_alloc(m, T * (m->nh + m->nkv), s);
+		a->y = sl_model_ws_alloc(m, T * m->nh * m->hd, e);
+	} else {
+		a->proj = sl_model_ws_alloc(m, T * q->P, e);
+		a->cpre = sl_model_ws_alloc(m, T * q->Cc, e);
+		a->c = sl_model_ws_alloc(m, T * q->Cc, e);
+		a->qn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
+		a->kn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
+		a->rqk = sl_model_ws_alloc(m, T * 2 * q->nk, s);
+		a->beta = sl_model_ws_alloc(m, T * q->nv, s);
+		a->g = sl_model_ws_alloc(m, T * q->nv, s);
+		/* B records of L tokens have at most ceil(L/64) <= L/64 + 1 chunks each */
+		a->states = sl_model_ws_alloc(m, (T / 64 + B) * q->nv * q->dk * q->dv, s);
+		a->o = sl_model_ws_alloc(m, T * q->nv * q->dv, e);
+		a->rstd_o = sl_model_ws_alloc(m, T * q->nv, s);
+		a->y = sl_model_ws_alloc(m, T * q->nv * q->dv, e);
+	}
+	a->h = sl_model_ws_alloc(m, T * m->H, e);
+	a->xn2 = sl_model_ws_alloc(m, T * m->H, e);
+	a->rstd2 = sl_model_ws_alloc(m, T, s);
+	a->gu = sl_model_ws_alloc(m, T * 2 * m->I, e);
+	a->act = sl_model_ws_alloc(m, T * m->I, e);
+	return a->act ? 0 : -ENOMEM;
+}
+
+int sl_q35_init(struct sl_model *m, const struct sl_model_config *mc,
+		const struct sl_layout *lay)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q;
+	const size_t T = m->max_tokens, e = be->elt;
+	size_t n1 = zmax(m->H, m->hd), vw;
+	float *ones;
+	void *ones32;
+
+	if (!be->gdn_rule_fwd || !be->gattn_qk_fwd) {
+		fprintf(stderr, "model: the %s backend has no Qwen3.5 ops yet\n", be->name);
+		return -EINVAL;
+	}
+	q = calloc(1, sizeof(*q));
+	if (!q)
+		return -ENOMEM;
+	m->q35 = q;
+	q->nk = mc->lin_nk;
+	q->nv = mc->lin_nv;
+	q->dk = mc->lin_dk;
+	q->dv = mc->lin_dv;
+	q->K = mc->lin_conv;
+	q->Cc = 2 * q->nk * q->dk + q->nv * q->dv;
+	q->P = q->Cc + q->nv * q->dv + 2 * q->nv;
+	q->Pa = (2 * m->nh + 2 * m->nkv) * m->hd;
+	q->rot = mc->rot_dim;
+	q->lo = calloc(m->nL, sizeof(*q->lo));
+	q->acts = calloc(zmax(m->nL, 2), sizeof(*q->acts));
+	if (!q->lo || !q->acts)
+		return -ENOMEM;
+	for (int l = 0; l < m->nL; l++)
+		if (q35_offsets(lay, l, mc->layer_kind[l], &q->lo[l]))
+			return -EINVAL;
+	if (m->ckpt) {
+		if (alloc_q35_acts(m, &q->acts[0], SL_LAYER_GATED_ATTENTION) ||
+		    alloc_q35_acts(m, &q->acts[1], SL_LAYER_LINEAR_ATTENTION))
+			return -ENOMEM;
+	} else {
+		for (int l = 0; l < m->nL; l++)
+			if (alloc_q35_acts(m, &q->acts[l], mc->layer_kind[l]))
+				return -ENOMEM;
+	}
+	q->ones = sl_model_ws_alloc(m, n1, e);
+	q->wn1 = sl_model_ws_alloc(m, m->H, e);
+	q->wn2 = sl_model_ws_alloc(m, m->H, e);
+	q->wfin = sl_model_ws_alloc(m, m->H, e);
+	q->wqn = sl_model_ws_alloc(m, m->hd, e);
+	q->wkn = sl_model_ws_alloc(m, m->hd, e);
+	vw = zmax((size_t)q->nv * q->dv, (size_t)m->nh * m->hd);
+	q->gproj = sl_model_ws_alloc(m, T * zmax(q->P, q->Pa), e);
+	q->gc = sl_model_ws_alloc(m, T * q->Cc, e);
+	q->gqn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
+	q->gkn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
+	q->gbeta = sl_model_ws_alloc(m, T * q->nv, e);
+	q->gg = sl_model_ws_alloc(m, T * q->nv, e);
+	q->go = sl_model_ws_alloc(m, T * vw, e);
+	q->gy = sl_model_ws_alloc(m, T * vw, e);
+	q->gqkvr = sl_model_ws_alloc(m, T * m->Q, e);
+	q->ggate = sl_model_ws_alloc(m, T * m->nh * m->hd, e);
+	if (!q->ggate)
+		return -ENOMEM;
+	/* ones in the compute type, through an f32 device buffer */
+	ones = malloc(n1 * sizeof(float));
+	ones32 = be->alloc(be, n1 * sizeof(float));
+	if (!ones)
+		abort();
+	for (size_t i = 0; i < n1; i++)
+		ones[i] = 1.0f;
+	be->upload(be, ones32, ones, n1 * sizeof(float));
+	be->to_compute(be, q->ones, ones32, n1);
+	be->sync(be);
+	be->free(be, ones32);
+	free(ones);
+	return 0;
+}
+
+void sl_q35_free(struct sl_model *m)
+{
+	if (!m->q35)
+		return;
+	free(m->q35->lo);
+	free(m->q35->acts);
+	free(m->q35);
+	m->q35 = NULL;
+}
+
+/* dst(n) = 1 + w(n): Qwen3.5's RMSNorm scale */
+static void *eff_weight(const struct sl_model *m, void *dst, const void *w, size_t n)
+{
+	struct sl_backend *be = m->be;
+
+	be->zero(be, dst, n * be->elt);
+	be->add(be, dst, w, n);
+	be->add(be, dst, m->q35->ones, n);
+	return dst;
+}
+
+const void *sl_q35_final_norm(struct sl_model *m, const void *w)
+{
+	return eff_weight(m, m->q35->wfin, at(m, w, m->norm_off), m->H);
+}
+
+static struct q35_acts *acts_for(const struct sl_model *m, int l, bool keep)
+{
+	struct sl_q35 *q = m->q35;
+
+	(void)keep;	/* every layer has its own activations unless checkpointing */
+	if (m->ckpt)
+		return &q->acts[q->lo[l].kind == SL_LAYER_GATED_ATTENTION ? 0 : 1];
+	return &q->acts[l];
+}
+
+/* ---- forward ------------------------------------------------------------------------------- */
+
+static void gated_attn_fwd(const struct sl_model *m, const struct q35_off *lo, const void *w,
+			   struct q35_acts *a, const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const int T = b->B * b->L;
+
+	be->matmul_fwd(be, a->proj, a->xn1, at(m, w, lo->wqgkv), NULL, T, m->H, q->Pa);
+	be->gattn_qk_fwd(be, a->qkvr, a->gate, a->rstd_o, a->proj,
+			 eff_weight(m, q->wqn, at(m, w, lo->qn), m->hd),
+			 eff_weight(m, q->wkn, at(m, w, lo->kn), m->hd), T, b->L, m->nh, m->nkv,
+			 m->hd, q->rot, m->eps, m->theta);
+	/* packed rows are refused for this family (train.c): b->pos is NULL */
+	be->attention_fwd(be, a->o, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh, m->nkv,
+			  m->hd);
+	be->sigmoid_mul_fwd(be, a->y, a->o, a->gate, (size_t)T * m->nh * m->hd);
+	be->matmul_fwd(be, a->h, a->y, at(m, w, lo->wo), NULL, T, m->nh * m->hd, m->H);
+}
+
+static void gdn_fwd(const struct sl_model *m, const struct q35_off *lo, const void *w,
+		    struct q35_acts *a, const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const int T = b->B * b->L, vd = q->nv * q->dv;
+	char *proj = a->proj;
+
+	be->matmul_fwd(be, a->proj, a->xn1, at(m, w, lo->win), NULL, T, m->H, q->P);
+	be->conv1d_silu_fwd(be, a->c, a->cpre, a->proj, q->P, at(m, w, lo->conv), T, b->L, q->Cc,
+			    q->K);
+	be->gdn_prep_fwd(be, a->qn, a->kn, a->rqk, a->beta, a->g, a->c,
+			 proj + (size_t)(q->Cc + vd) * be->elt, q->P, at(m, w, lo->A_log),
+			 at(m, w, lo->dt_bias), T, q->nk, q->nv, q->dk, q->dv);
+	be->gdn_rule_fwd(be, a->o, a->states, a->qn, a->kn,
+			 (char *)a->c + (size_t)2 * q->nk * q->dk * be->elt, q->Cc, a->beta, a->g,
+			 b->lens, b->B, b->L, q->nk, q->nv, q->dk, q->dv);
+	be->gated_rmsnorm_fwd(be, a->y, a->rstd_o, a->o, proj + (size_t)q->Cc * be->elt, q->P,
+			      at(m, w, lo->gnorm), T, q->nv, q->dv, m->eps);
+	be->matmul_fwd(be, a->h, a->y, at(m, w, lo->wout), NULL, T, vd, m->H);
+}
+
+/* @full: also the MLP's down projection and the output (the backward's recompute needs neither) */
+static void layer_fwd(struct sl_model *m, int l, const void *w, struct q35_acts *a, const void *x,
+		      void *xout, const struct sl_batch_dev *b, bool full)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const struct q35_off *lo = &q->lo[l];
+	const int T = b->B * b->L, H = m->H;
+
+	be->rmsnorm_fwd(be, a->xn1, a->rstd1, x, eff_weight(m, q->wn1, at(m, w, lo->ln1), H), T,
+			H, m->eps);
+	if (lo->kind == SL_LAYER_GATED_ATTENTION)
+		gated_attn_fwd(m, lo, w, a, b);
+	else
+		gdn_fwd(m, lo, w, a, b);
+	be->add(be, a->h, x, (size_t)T * H);
+	be->rmsnorm_fwd(be, a->xn2, a->rstd2, a->h, eff_weight(m, q->wn2, at(m, w, lo->ln2), H),
+			T, H, m->eps);
+	be->matmul_fwd(be, a->gu, a->xn2, at(m, w, lo->wgu), NULL, T, H, 2 * m->I);
+	be->swiglu_fwd(be, a->act, a->gu, T, m->I);
+	if (!full)
+		return;
+	be->matmul_fwd(be, xout, a->act, at(m, w, lo->wd), NULL, T, m->I, H);
+	be->add(be, xout, a->h, (size_t)T * H);
+}
+
+void sl_q35_layer_fwd(struct sl_model *m, int l, const void *w, const void *x, void *xout,
+		      const struct sl_batch_dev *b, bool keep)
+{
+	layer_fwd(m, l, w, acts_for(m, l, keep), x, xout, b, true);
+}
+
+/* ---- backward ------------------------------------------------------------------------------ */
+
+/* m->gx: gradient of the mixer's output (the residual h) in; m->gn: of xn1 out */
+static void gated_attn_bwd(struct sl_model *m, const struct q35_off *lo, const void *w, void *g,
+			   struct q35_acts *a, const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const int T = b->B * b->L, nd = m->nh * m->hd;
+
+	be->matmul_bwd(be, q->gy, at(m, g, lo->wo), NULL, m->gx, a->y, at(m, w, lo->wo), T, nd,
+		       m->H, false);
+	be->sigmoid_mul_bwd(be, q->go, q->ggate, q->gy, a->o, a->gate, (size_t)T * nd);
+	be->attention_bwd(be, q->gqkvr, q->go, a->o, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L,
+			  m->nh, m->nkv, m->hd);
+	be->gattn_qk_bwd(be, q->gproj, at(m, g, lo->qn), at(m, g, lo->kn), q->gqkvr, q->ggate,
+			 a->proj, eff_weight(m, q->wqn, at(m, w, lo->qn), m->hd),
+			 eff_weight(m, q->wkn, at(m, w, lo->kn), m->hd), a->rstd_o, T, b->L, m->nh,
+			 m->nkv, m->hd, q->rot, m->eps, m->theta);
+	be->matmul_bwd(be, m->gn, at(m, g, lo->wqgkv), NULL, q->gproj, a->xn1,
+		       at(m, w, lo->wqgkv), T, m->H, q->Pa, false);
+}
+
+static void gdn_bwd(struct sl_model *m, const struct q35_off *lo, const void *w, void *g,
+		    struct q35_acts *a, const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const int T = b->B * b->L, vd = q->nv * q->dv;
+	const size_t e = be->elt, koff = (size_t)2 * q->nk * q->dk * e;
+	char *proj = a->proj, *gproj = q->gproj;
+
+	be->matmul_bwd(be, q->gy, at(m, g, lo->wout), NULL, m->gx, a->y, at(m, w, lo->wout), T,
+		       vd, m->H, false);
+	be->gated_rmsnorm_bwd(be, q->go, gproj + (size_t)q->Cc * e, q->P, at(m, g, lo->gnorm),
+			      q->gy, a->o, proj + (size_t)q->Cc * e, at(m, w, lo->gnorm),
+			      a->rstd_o, T, q->nv, q->dv, m->eps);
+	be->gdn_rule_bwd(be, q->gqn, q->gkn, (char *)q->gc + koff, q->gbeta, q->gg, q->go,
+			 a->states, a->qn, a->kn, (char *)a->c + koff, q->Cc, a->beta, a->g,
+			 b->lens, b->B, b->L, q->nk, q->nv, q->dk, q->dv);
+	be->gdn_prep_bwd(be, q->gc, gproj + (size_t)(q->Cc + vd) * e, q->P,
+			 at(m, g, lo->A_log), at(m, g, lo->dt_bias), q->gqn, q->gkn, q->gbeta,
+			 q->gg, a->c, proj + (size_t)(q->Cc + vd) * e, a->rqk, a->beta, a->g,
+			 at(m, w, lo->A_log), at(m, w, lo->dt_bias), T, q->nk, q->nv, q->dk,
+			 q->dv);
+	be->conv1d_silu_bwd(be, q->gproj, q->P, at(m, g, lo->conv), q->gc, a->proj, a->cpre,
+			    at(m, w, lo->conv), T, b->L, q->Cc, q->K);
+	be->matmul_bwd(be, m->gn, at(m, g, lo->win), NULL, q->gproj, a->xn1, at(m, w, lo->win),
+		       T, m->H, q->P, false);
+}
+
+void sl_q35_layer_bwd(struct sl_model *m, int l, const void *w, void *g, const void *x,
+		      const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const struct q35_off *lo = &q->lo[l];
+	struct q35_acts *a = acts_for(m, l, true);
+	const int T = b->B * b->L, H = m->H;
+
+	if (m->ckpt)
+		layer_fwd(m, l, w, a, x, NULL, b, false);
+
+	/* MLP: x' = h + down(act); the residual passes gx through to h unchanged */
+	be->matmul_bwd(be, m->gb2, at(m, g, lo->wd), NULL, m->gx, a->act, at(m, w, lo->wd), T,
+		       m->I, H, false);
+	be->swiglu_bwd(be, m->gb1, m->gb2, a->gu, T, m->I);
+	be->matmul_bwd(be, m->gn, at(m, g, lo->wgu), NULL, m->gb1, a->xn2, at(m, w, lo->wgu), T,
+		       H, 2 * m->I, false);
+	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln2), m->gn, a->h,
+			eff_weight(m, q->wn2, at(m, w, lo->ln2), H), a->rstd2, T, H, true);
+
+	if (lo->kind == SL_LAYER_GATED_ATTENTION)
+		gated_attn_bwd(m, lo, w, g, a, b);
+	else
+		gdn_bwd(m, lo, w, g, a, b);
+	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln1), m->gn, x,
+			eff_weight(m, q->wn1, at(m, w, lo->ln1), H), a->rstd1, T, H, true);
+}
+
+double sl_model_mixer_flops(const struct sl_model_config *mc, double n)
+{
+	double f = 0;
+
+	for (int l = 0; l < mc->n_layers; l++) {
+		if (mc->layer_kind && mc->layer_kind[l] == SL_LAYER_LINEAR_ATTENTION)
+			f += 3 * 3 * 2.0 * mc->lin_dk * mc->lin_dv * mc->lin_nv * n;
+		else
+			f += 3 * 4.0 * mc->head_dim * mc->n_heads * n * (n + 1) / 2;
+	}
+	return f;
+}

@@ -1,0 +1,627 @@
+/*
+ * test_cuda_qwen35: the cuda backend's Qwen3.5 hybrid ops (cuda/gdn.cu) against the cpu backend
+ * (the numeric reference) on random inputs, as test_cuda_ops does for the others: a fresh seed
+ * each run (printed; pass one as argv[1] to repeat it), outputs poisoned with NaN first, inputs
+ * rounded to bf16 before the cpu sees them, bf16 outputs within about 1e-2 relative.  Padded
+ * batches whose longest record crosses 64-token chunks; the backward ops get the cpu's saved
+ * statistics so that only their own arithmetic is compared.  Then the tiny hybrid model's loss
+ * and gradients, cuda against cpu.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "model.h"
+#include "testutil.h"
+
+static struct sl_backend *cpu, *gpu;
+
+/* ---- random numbers and bf16 on the host --------------------------------------------------- */
+
+static uint64_t rng = 1;
+
+static uint64_t rnext(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+static double runif(void)
+{
+	return ((rnext() >> 11) + 0.5) / 9007199254740992.0;
+}
+
+static double rnorm(void)
+{
+	return sqrt(-2 * log(runif())) * cos(2 * M_PI * runif());
+}
+
+static uint16_t f2bf(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	if ((u & 0x7fffffff) > 0x7f800000)
+		return 0x7fc0;
+	u += 0x7fff + ((u >> 16) & 1);	/* round to nearest even */
+	return (uint16_t)(u >> 16);
+}
+
+static float bf2f(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static float round_bf(float f)
+{
+	return bf2f(f2bf(f));
+}
+
+/* ---- paired buffers: the same values on both backends -------------------------------------- */
+
+enum kind { BF, F32, I32, STAT };
+
+struct buf {
+	enum kind k;
+	size_t n;
+	float *h;	/* host values (bf16-exact for BF) */
+	int32_t *hi;	/* ints */
+	void *c, *g;	/* cpu and gpu buffers */
+};
+
+static size_t gelt(enum kind k)
+{
+	return k == BF ? 2 : 4;
+}
+
+static struct buf *mk(enum kind k, size_t n)
+{
+	struct buf *b = calloc(1, sizeof(*b));
+
+	b->k = k;
+	b->n = n;
+	b->h = calloc(n ? n : 1, sizeof(float));
+	b->hi = calloc(n ? n : 1, sizeof(int32_t));
+	b->c = cpu->alloc(cpu, n * 4);
+	b->g = gpu->alloc(gpu, n * gelt(k));
+	return b;
+}
+
+static void put(struct buf *b)
+{
+	if (b->k == I32) {
+		cpu->upload(cpu, b->c, b->hi, b->n * 4);
+		gpu->upload(gpu, b->g, b->hi, b->n * 4);
+		return;
+	}
+	cpu->upload(cpu, b->c, b->h, b->n * 4);
+	if (b->k == BF) {
+		uint16_t *t = malloc(b->n * 2 + 2);
+
+		for (size_t i = 0; i < b->n; i++)
+			t[i] = f2bf(b->h[i]);
+		gpu->upload(gpu, b->g, t, b->n * 2);
+		free(t);
+	} else {
+		gpu->upload(gpu, b->g, b->h, b->n * 4);
+	}
+}
+
+/* random N(0, s^2) values (bf16-exact) on both sides */
+static struct buf *rnd(enum kind k, size_t n, double s)
+{
+	struct buf *b = mk(k, n);
+
+	for (size_t i = 0; i < n; i++)
+		b->h[i] = k == BF ? round_bf((float)(s * rnorm())) : (float)(s * rnorm());
+	put(b);
+	return b;
+}
+
+/* an output: NaN on both sides, so nothing unwritten passes */
+static struct buf *out(enum kind k, size_t n)
+{
+	struct buf *b = mk(k, n);
+
+	for (size_t i = 0; i < n; i++)
+		b->h[i] = NAN;
+	put(b);
+	return b;
+}
+
+static __attribute__((unused)) struct buf *ints(size_t n, int lo, int hi)
+{
+	struct buf *b = mk(I32, n);
+
+	for (size_t i = 0; i < n; i++)
+		b->hi[i] = lo + (int)(rnext() % (uint64_t)(hi - lo + 1));
+	put(b);
+	return b;
+}
+
+static void drop(struct buf *b)
+{
+	cpu->free(cpu, b->c);
+	gpu->free(gpu, b->g);
+	free(b->h);
+	free(b->hi);
+	free(b);
+}
+
+/* the gpu's values as floats */
+static float *gget(struct buf *b)
+{
+	float *f = malloc(b->n * 4 + 4);
+
+	if (b->k == BF) {
+		uint16_t *t = malloc(b->n * 2 + 2);
+
+		gpu->download(gpu, t, b->g, b->n * 2);
+		for (size_t i = 0; i < b->n; i++)
+			f[i] = bf2f(t[i]);
+		free(t);
+	} else {
+		gpu->download(gpu, f, b->g, b->n * 4);
+	}
+	return f;
+}
+
+static float *cget(struct buf *b)
+{
+	float *f = malloc(b->n * 4 + 4);
+
+	cpu->download(cpu, f, b->c, b->n * 4);
+	return f;
+}
+
+/* ---- comparison and the table -------------------------------------------------------------- */
+
+static double t_ms;	/* gpu time of the op under test */
+
+static double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* wall time of one call, the launch included (the stream drained before and after) */
+#define TIMED(stmt)                                                     \
+	do {                                                            \
+		gpu->sync(gpu);                                         \
+		t_ms = now_ms();                                        \
+		stmt;                                                   \
+		gpu->sync(gpu);                                         \
+		t_ms = now_ms() - t_ms;                                 \
+	} while (0)
+
+/*
+ * gpu vs cpu values of one output: norm-relative error <= tol, every element within
+ * 4 tol (|want| + 0.05 max|want|), everything finite.
+ */
+static void cmp(const char *op, const char *shape, const char *what, struct buf *b, double tol)
+{
+	float *g = gget(b), *c = cget(b);
+	double num = 0, den = 0, mx = 0, worst = 0;
+	size_t bad = 0, nonfin = 0;
+
+	for (size_t i = 0; i < b->n; i++)
+		if (fabs(c[i]) > mx)
+			mx = fabs(c[i]);
+	for (size_t i = 0; i < b->n; i++) {
+		double d = (double)g[i] - c[i];
+
+		if (!isfinite(g[i]) || !isfinite(c[i])) {
+			nonfin++;
+			continue;
+		}
+		num += d * d;
+		den += (double)c[i] * c[i];
+		if (fabs(d) > 4 * tol * (fabs(c[i]) + 0.05 * mx))
+			bad++;
+		if (mx > 0 && fabs(d) / mx > worst)
+			worst = fabs(d) / mx;
+	}
+	double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+	bool ok = !nonfin && !bad && rel <= tol;
+
+	CHECK(ok, "%s %s %s: rel %.3g (tol %.3g), %zu elements off, %zu not finite", op, shape,
+	      what, rel, tol, bad, nonfin);
+	printf("%-18s %-28s %-8s %10.2e %10.2e %8.3f  %s\n", op, shape, what, rel, worst, t_ms,
+	       ok ? "ok" : "FAIL");
+	free(g);
+	free(c);
+}
+
+
+
+#define TOL 1e-2
+
+/* the cpu's values of a stat buffer onto the gpu (a backward then sees the same statistics) */
+static void sync_stat(struct buf *b)
+{
+	float *c = cget(b);
+
+	gpu->upload(gpu, b->g, c, b->n * 4);
+	free(c);
+}
+
+/* values in [lo, hi) on both sides */
+static struct buf *unif(enum kind k, size_t n, double lo, double hi)
+{
+	struct buf *b = mk(k, n);
+
+	for (size_t i = 0; i < n; i++) {
+		float v = (float)(lo + (hi - lo) * runif());
+
+		b->h[i] = k == BF ? round_bf(v) : v;
+	}
+	put(b);
+	return b;
+}
+
+static struct buf *mk_lens(int B, int L)
+{
+	struct buf *l = mk(I32, B);
+
+	for (int b = 0; b < B; b++)
+		l->hi[b] = b == 0 ? L : 1 + (int)(rnext() % (uint64_t)L);
+	put(l);
+	return l;
+}
+
+static void t_conv(int B, int L, int C, int K, int xs)
+{
+	char sh[64];
+	int T = B * L;
+	struct buf *x = rnd(BF, (size_t)T * xs, 1), *w = rnd(BF, (size_t)C * K, 0.5);
+	struct buf *o = out(BF, (size_t)T * C), *pre = out(BF, (size_t)T * C);
+	struct buf *g = rnd(BF, (size_t)T * C, 1), *dx = rnd(BF, (size_t)T * xs, 1);
+	struct buf *dw = rnd(BF, (size_t)C * K, 1);
+
+	snprintf(sh, sizeof(sh), "T=%dx%d C=%d K=%d", B, L, C, K);
+	cpu->conv1d_silu_fwd(cpu, o->c, pre->c, x->c, xs, w->c, T, L, C, K);
+	TIMED(gpu->conv1d_silu_fwd(gpu, o->g, pre->g, x->g, xs, w->g, T, L, C, K));
+	cmp("conv1d_silu_fwd", sh, "out", o, TOL);
+	cmp("conv1d_silu_fwd", sh, "pre", pre, TOL);
+	cpu->conv1d_silu_bwd(cpu, dx->c, xs, dw->c, g->c, x->c, pre->c, w->c, T, L, C, K);
+	TIMED(gpu->conv1d_silu_bwd(gpu, dx->g, xs, dw->g, g->g, x->g, pre->g, w->g, T, L, C, K));
+	cmp("conv1d_silu_bwd", sh, "dx", dx, TOL);	/* columns past C: untouched on both */
+	cmp("conv1d_silu_bwd", sh, "dw", dw, TOL);
+	drop(x), drop(w), drop(o), drop(pre), drop(g), drop(dx), drop(dw);
+}
+
+static void t_prep(int T, int nk, int nv, int dk, int dv, int abs)
+{
+	char sh[64];
+	int C = 2 * nk * dk + nv * dv;
+	struct buf *qkv = rnd(BF, (size_t)T * C, 1), *ab = rnd(BF, (size_t)T * abs, 1);
+	struct buf *A = unif(BF, nv, -2, 1.5), *dt = rnd(BF, nv, 0.5);
+	struct buf *qn = out(BF, (size_t)T * nk * dk), *kn = out(BF, (size_t)T * nk * dk);
+	struct buf *rqk = out(STAT, (size_t)T * 2 * nk), *beta = out(STAT, (size_t)T * nv);
+	struct buf *g = out(STAT, (size_t)T * nv);
+	struct buf *gq = rnd(BF, (size_t)T * nk * dk, 1), *gk = rnd(BF, (size_t)T * nk * dk, 1);
+	struct buf *gb = rnd(BF, (size_t)T * nv, 1), *gg = rnd(BF, (size_t)T * nv, 1);
+	struct buf *dqkv = rnd(BF, (size_t)T * C, 1), *dab = rnd(BF, (size_t)T * abs, 1);
+	struct buf *dA = rnd(BF, nv, 1), *ddt = rnd(BF, nv, 1);
+
+	snprintf(sh, sizeof(sh), "T=%d k=%dx%d v=%dx%d", T, nk, dk, nv, dv);
+	cpu->gdn_prep_fwd(cpu, qn->c, kn->c, rqk->c, beta->c, g->c, qkv->c, ab->c, abs, A->c,
+			  dt->c, T, nk, nv, dk, dv);
+	TIMED(gpu->gdn_prep_fwd(gpu, qn->g, kn->g, rqk->g, beta->g, g->g, qkv->g, ab->g, abs, A->g,
+				dt->g, T, nk, nv, dk, dv));
+	cmp("gdn_prep_fwd", sh, "qn", qn, TOL);
+	cmp("gdn_prep_fwd", sh, "kn", kn, TOL);
+	cmp("gdn_prep_fwd", sh, "rqk", rqk, 1e-5);
+	cmp("gdn_prep_fwd", sh, "beta", beta, 1e-5);
+	cmp("gdn_prep_fwd", sh, "g", g, 1e-5);
+	sync_stat(rqk), sync_stat(beta), sync_stat(g);
+	cpu->gdn_prep_bwd(cpu, dqkv->c, dab->c, abs, dA->c, ddt->c, gq->c, gk->c, gb->c, gg->c,
+			  qkv->c, ab->c, rqk->c, beta->c, g->c, A->c, dt->c, T, nk, nv, dk, dv);
+	TIMED(gpu->gdn_prep_bwd(gpu, dqkv->g, dab->g, abs, dA->g, ddt->g, gq->g, gk->g, gb->g,
+				gg->g, qkv->g, ab->g, rqk->g, beta->g, g->g, A->g, dt->g, T, nk, nv,
+				dk, dv));
+	cmp("gdn_prep_bwd", sh, "dqkv", dqkv, TOL);
+	cmp("gdn_prep_bwd", sh, "dab", dab, TOL);
+	cmp("gdn_prep_bwd", sh, "dA_log", dA, TOL);
+	cmp("gdn_prep_bwd", sh, "ddt_bias", ddt, TOL);
+	drop(qkv), drop(ab), drop(A), drop(dt), drop(qn), drop(kn), drop(rqk), drop(beta);
+	drop(g), drop(gq), drop(gk), drop(gb), drop(gg), drop(dqkv), drop(dab), drop(dA);
+	drop(ddt);
+}
+
+/* l2-normalized rows of d (bf16-exact), as gdn_prep_fwd gives the rule */
+static struct buf *unit_rows(size_t rows, int d, double scale)
+{
+	struct buf *b = mk(BF, rows * d);
+
+	for (size_t r = 0; r < rows; r++) {
+		double ss = 0;
+
+		for (int i = 0; i < d; i++) {
+			b->h[r * d + i] = (float)rnorm();
+			ss += b->h[r * d + i] * b->h[r * d + i];
+		}
+		for (int i = 0; i < d; i++)
+			b->h[r * d + i] = round_bf((float)(b->h[r * d + i] * scale / sqrt(ss)));
+	}
+	put(b);
+	return b;
+}
+
+static void t_rule(int B, int L, int nk, int nv, int dk, int dv)
+{
+	char sh[64];
+	int T = B * L, vs = nv * dv + 5, nch = (L + 63) / 64;
+	struct buf *lens = mk_lens(B, L);
+	struct buf *q = unit_rows((size_t)T * nk, dk, 1 / sqrt(dk)), *k = unit_rows((size_t)T * nk, dk, 1);
+	struct buf *v = rnd(BF, (size_t)T * vs, 1), *beta = unif(STAT, (size_t)T * nv, 0, 1);
+	struct buf *g = unif(STAT, (size_t)T * nv, -0.5, 0);
+	struct buf *o = out(BF, (size_t)T * nv * dv);
+	struct buf *st = out(STAT, (size_t)B * nch * nv * dk * dv);
+	struct buf *go = rnd(BF, (size_t)T * nv * dv, 1);
+	struct buf *dq = out(BF, (size_t)T * nk * dk), *dk_ = out(BF, (size_t)T * nk * dk);
+	struct buf *dv_ = rnd(BF, (size_t)T * vs, 1), *db = out(BF, (size_t)T * nv);
+	struct buf *dg = out(BF, (size_t)T * nv);
+
+	snprintf(sh, sizeof(sh), "T=%dx%d k=%dx%d v=%dx%d", B, L, nk, dk, nv, dv);
+	cpu->gdn_rule_fwd(cpu, o->c, st->c, q->c, k->c, v->c, vs, beta->c, g->c, lens->c, B, L,
+			  nk, nv, dk, dv);
+	TIMED(gpu->gdn_rule_fwd(gpu, o->g, st->g, q->g, k->g, v->g, vs, beta->g, g->g, lens->g, B,
+				L, nk, nv, dk, dv));
+	cmp("gdn_rule_fwd", sh, "o", o, TOL);
+	cmp("gdn_rule_fwd", sh, "states", st, 1e-4);
+	sync_stat(st);
+	cpu->gdn_rule_bwd(cpu, dq->c, dk_->c, dv_->c, db->c, dg->c, go->c, st->c, q->c, k->c,
+			  v->c, vs, beta->c, g->c, lens->c, B, L, nk, nv, dk, dv);
+	TIMED(gpu->gdn_rule_bwd(gpu, dq->g, dk_->g, dv_->g, db->g, dg->g, go->g, st->g, q->g, k->g,
+				v->g, vs, beta->g, g->g, lens->g, B, L, nk, nv, dk, dv));
+	cmp("gdn_rule_bwd", sh, "dq", dq, TOL);
+	cmp("gdn_rule_bwd", sh, "dk", dk_, TOL);
+	cmp("gdn_rule_bwd", sh, "dv", dv_, TOL);
+	cmp("gdn_rule_bwd", sh, "dbeta", db, TOL);
+	cmp("gdn_rule_bwd", sh, "dg", dg, TOL);
+	drop(lens), drop(q), drop(k), drop(v), drop(beta), drop(g), drop(o), drop(st), drop(go);
+	drop(dq), drop(dk_), drop(dv_), drop(db), drop(dg);
+}
+
+static void t_gnorm(int T, int nh, int d, int zs)
+{
+	char sh[64];
+	struct buf *x = rnd(BF, (size_t)T * nh * d, 1), *z = rnd(BF, (size_t)T * zs, 1);
+	struct buf *w = rnd(BF, d, 1), *o = out(BF, (size_t)T * nh * d);
+	struct buf *rs = out(STAT, (size_t)T * nh), *g = rnd(BF, (size_t)T * nh * d, 1);
+	struct buf *dx = out(BF, (size_t)T * nh * d), *dz = rnd(BF, (size_t)T * zs, 1);
+	struct buf *dw = rnd(BF, d, 1);
+
+	snprintf(sh, sizeof(sh), "T=%d h=%d d=%d", T, nh, d);
+	cpu->gated_rmsnorm_fwd(cpu, o->c, rs->c, x->c, z->c, zs, w->c, T, nh, d, 1e-6f);
+	TIMED(gpu->gated_rmsnorm_fwd(gpu, o->g, rs->g, x->g, z->g, zs, w->g, T, nh, d, 1e-6f));
+	cmp("gated_rmsnorm_fwd", sh, "out", o, TOL);
+	cmp("gated_rmsnorm_fwd", sh, "rstd", rs, 1e-5);
+	sync_stat(rs);
+	cpu->gated_rmsnorm_bwd(cpu, dx->c, dz->c, zs, dw->c, g->c, x->c, z->c, w->c, rs->c, T, nh,
+			       d, 1e-6f);
+	TIMED(gpu->gated_rmsnorm_bwd(gpu, dx->g, dz->g, zs, dw->g, g->g, x->g, z->g, w->g, rs->g,
+				     T, nh, d, 1e-6f));
+	cmp("gated_rmsnorm_bwd", sh, "dx", dx, TOL);
+	cmp("gated_rmsnorm_bwd", sh, "dz", dz, TOL);
+	cmp("gated_rmsnorm_bwd", sh, "dw", dw, TOL);
+	drop(x), drop(z), drop(w), drop(o), drop(rs), drop(g), drop(dx), drop(dz), drop(dw);
+}
+
+static void t_gattn(int B, int L, int nh, int nkv, int hd, int rot)
+{
+	char sh[64];
+	int T = B * L, Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd;
+	struct buf *x = rnd(BF, (size_t)T * Win, 1), *qw = rnd(BF, hd, 1), *kw = rnd(BF, hd, 1);
+	struct buf *o = out(BF, (size_t)T * Wout), *gt = out(BF, (size_t)T * nh * hd);
+	struct buf *rs = out(STAT, (size_t)T * (nh + nkv)), *g = rnd(BF, (size_t)T * Wout, 1);
+	struct buf *gg = rnd(BF, (size_t)T * nh * hd, 1), *dx = out(BF, (size_t)T * Win);
+	struct buf *dq = rnd(BF, hd, 1), *dk = rnd(BF, hd, 1);
+	struct buf *y = out(BF, (size_t)T * nh * hd), *dy = out(BF, (size_t)T * nh * hd);
+	struct buf *dgt = out(BF, (size_t)T * nh * hd);
+	float theta = 1e7f;
+
+	snprintf(sh, sizeof(sh), "T=%dx%d h=%d/%d hd=%d r=%d", B, L, nh, nkv, hd, rot);
+	cpu->gattn_qk_fwd(cpu, o->c, gt->c, rs->c, x->c, qw->c, kw->c, T, L, nh, nkv, hd, rot,
+			  1e-6f, theta);
+	TIMED(gpu->gattn_qk_fwd(gpu, o->g, gt->g, rs->g, x->g, qw->g, kw->g, T, L, nh, nkv, hd, rot,
+				1e-6f, theta));
+	cmp("gattn_qk_fwd", sh, "out", o, TOL);
+	cmp("gattn_qk_fwd", sh, "gate", gt, 1e-6);
+	cmp("gattn_qk_fwd", sh, "rstd", rs, 1e-5);
+	sync_stat(rs);
+	cpu->gattn_qk_bwd(cpu, dx->c, dq->c, dk->c, g->c, gg->c, x->c, qw->c, kw->c, rs->c, T, L,
+			  nh, nkv, hd, rot, 1e-6f, theta);
+	TIMED(gpu->gattn_qk_bwd(gpu, dx->g, dq->g, dk->g, g->g, gg->g, x->g, qw->g, kw->g, rs->g,
+				T, L, nh, nkv, hd, rot, 1e-6f, theta));
+	cmp("gattn_qk_bwd", sh, "dqgkv", dx, TOL);
+	cmp("gattn_qk_bwd", sh, "dq_norm_w", dq, TOL);
+	cmp("gattn_qk_bwd", sh, "dk_norm_w", dk, TOL);
+	/* the output gate, on the gate halves just made */
+	cpu->sigmoid_mul_fwd(cpu, y->c, g->c, gt->c, (size_t)T * nh * hd);
+	TIMED(gpu->sigmoid_mul_fwd(gpu, y->g, g->g, gt->g, (size_t)T * nh * hd));
+	cmp("sigmoid_mul_fwd", sh, "y", y, TOL);
+	cpu->sigmoid_mul_bwd(cpu, dy->c, dgt->c, gg->c, g->c, gt->c, (size_t)T * nh * hd);
+	TIMED(gpu->sigmoid_mul_bwd(gpu, dy->g, dgt->g, gg->g, g->g, gt->g, (size_t)T * nh * hd));
+	cmp("sigmoid_mul_bwd", sh, "dx", dy, TOL);
+	cmp("sigmoid_mul_bwd", sh, "dgate", dgt, TOL);
+	drop(x), drop(qw), drop(kw), drop(o), drop(gt), drop(rs), drop(g), drop(gg), drop(dx);
+	drop(dq), drop(dk), drop(y), drop(dy), drop(dgt);
+}
+
+
+/* ---- the tiny hybrid model: loss and gradients, cuda against cpu ---------------------------- */
+
+struct side {
+	struct sl_backend *be;
+	void **w, **g;
+};
+
+static const void *side_w(void *ctx, int u)
+{
+	return ((struct side *)ctx)->w[u];
+}
+
+static void *side_g(void *ctx, int u)
+{
+	return ((struct side *)ctx)->g[u];
+}
+
+static void t_model(void)
+{
+	static const enum sl_layer_kind kinds[4] = {
+		SL_LAYER_LINEAR_ATTENTION, SL_LAYER_GATED_ATTENTION, SL_LAYER_LINEAR_ATTENTION,
+		SL_LAYER_LINEAR_ATTENTION
+	};
+	struct sl_model_config mc = { .vocab = 50, .hidden = 64, .n_layers = 4, .n_heads = 4,
+				      .n_kv_heads = 2, .head_dim = 32, .intermediate = 96,
+				      .max_position = 512, .rms_eps = 1e-6, .rope_theta = 1e4,
+				      .initializer_range = 0.05, .num_labels = 1,
+				      .norm_offset = true, .rot_dim = 8, .lin_nk = 2, .lin_nv = 4,
+				      .lin_dk = 16, .lin_dv = 24, .lin_conv = 4 };
+	struct sl_layout lay;
+	struct side sd[2] = { { .be = cpu }, { .be = gpu } };
+	int B = 3, L = 150, T = B * L;
+	int32_t ids[450], lens[3] = { 150, 70, 5 }, last[3];
+	float labels[3] = { 0.3f, 0.8f, 0.5f }, sc[2][3];
+	double loss[2], num = 0, den = 0;
+	float **gh = calloc(2, sizeof(float *));
+
+	mc.layer_kind = (enum sl_layer_kind *)kinds;
+	mc.mlp_kind = calloc(4, sizeof(*mc.mlp_kind));
+	strcpy(mc.model_type, "qwen3_5_text");
+	CHECK(sl_model_layout(&mc, 0, &lay) == 0, "layout");
+	for (int b = 0; b < B; b++)
+		last[b] = b * L + lens[b] - 1;
+	for (int t = 0; t < T; t++)
+		ids[t] = (int32_t)(rnext() % 50);
+	gh[0] = calloc(lay.total_numel, sizeof(float));
+	gh[1] = calloc(lay.total_numel, sizeof(float));
+	for (int s = 0; s < 2; s++) {
+		struct sl_backend *be = sd[s].be;
+		struct sl_unit_source src = { .ctx = &sd[s], .weights = side_w, .grads = side_g };
+		int32_t *d_ids = be->alloc(be, T * 4), *d_lens = be->alloc(be, B * 4);
+		int32_t *d_last = be->alloc(be, B * 4);
+		float *d_lab = be->alloc(be, B * 4);
+		struct sl_batch_dev bt = { .B = B, .L = L, .ids = d_ids, .lens = d_lens,
+					   .last = d_last, .labels = d_lab, .h_lens = lens };
+		struct sl_model *m;
+		size_t base = 0;
+		uint64_t keep = rng;
+
+		rng = 777;	/* the same weights on both sides */
+		sd[s].w = calloc(lay.n_units, sizeof(void *));
+		sd[s].g = calloc(lay.n_units, sizeof(void *));
+		for (int u = 0; u < lay.n_units; u++) {
+			size_t n = lay.unit_numel[u];
+			float *h = malloc(n * 4), *f = be->alloc(be, n * 4);
+
+			for (size_t i = 0; i < n; i++)
+				h[i] = round_bf((float)(0.15 * rnorm()));
+			for (int i = 0; i < lay.n_tensors; i++)	/* A_log: decays in a sane range */
+				if (lay.t[i].unit == u && strstr(lay.t[i].name, "A_log"))
+					for (size_t k = 0; k < lay.t[i].numel; k++)
+						h[lay.t[i].offset + k] = round_bf((float)log(0.1 + runif()));
+			sd[s].w[u] = be->alloc(be, n * be->elt);
+			sd[s].g[u] = be->alloc(be, n * be->elt);
+			be->upload(be, f, h, n * 4);
+			be->to_compute(be, sd[s].w[u], f, n);
+			be->free(be, f);
+			free(h);
+		}
+		rng = keep;
+		be->upload(be, d_ids, ids, T * 4);
+		be->upload(be, d_lens, lens, B * 4);
+		be->upload(be, d_last, last, B * 4);
+		be->upload(be, d_lab, labels, B * 4);
+		m = sl_model_create(&mc, &lay, be, T, B, false);
+		CHECK(m, "model on %s", be->name);
+		if (!m)
+			return;
+		if (s)
+			TIMED(sl_model_train_step(m, &src, &bt, 1.0f / B, &loss[s], sc[s]));
+		else
+			sl_model_train_step(m, &src, &bt, 1.0f / B, &loss[s], sc[s]);
+		for (int u = 0; u < lay.n_units; u++) {
+			size_t n = lay.unit_numel[u];
+			float *f = be->alloc(be, n * 4);
+
+			be->to_f32(be, f, sd[s].g[u], n);
+			be->download(be, gh[s] + base, f, n * 4);
+			be->free(be, f);
+			base += n;
+		}
+		sl_model_destroy(m);
+		be->free(be, d_ids), be->free(be, d_lens), be->free(be, d_last), be->free(be, d_lab);
+		for (int u = 0; u < lay.n_units; u++) {
+			be->free(be, sd[s].w[u]);
+			be->free(be, sd[s].g[u]);
+		}
+		free(sd[s].w), free(sd[s].g);
+	}
+	CHECK_CLOSE(loss[1], loss[0], 2e-2, 1e-3);
+	for (int b = 0; b < B; b++)
+		CHECK_CLOSE(sc[1][b], sc[0][b], 3e-2, 3e-2);
+	for (size_t i = 0; i < lay.total_numel; i++) {
+		num += ((double)gh[1][i] - gh[0][i]) * ((double)gh[1][i] - gh[0][i]);
+		den += (double)gh[0][i] * gh[0][i];
+	}
+	CHECK(sqrt(num / den) < 5e-2, "hybrid model gradients: relative error %g", sqrt(num / den));
+	printf("%-18s %-28s %-8s %10.2e %10s %8.3f  %s\n", "model train_step", "3x150 hybrid 4 layers",
+	       "grads", sqrt(num / den), "", t_ms, sqrt(num / den) < 5e-2 ? "ok" : "FAIL");
+	printf("model losses: cpu %.6f cuda %.6f\n", loss[0], loss[1]);
+	free(gh[0]), free(gh[1]), free(gh);
+	free(mc.mlp_kind);
+	sl_layout_free(&lay);
+}
+
+int main(int argc, char **argv)
+{
+	uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) :
+			(uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+
+	rng = seed ? seed : 1;
+	printf("test_cuda_qwen35: seed %llu\n", (unsigned long long)seed);
+	cpu = sl_backend_cpu_create();
+	gpu = sl_backend_cuda_create(0);
+	if (!cpu || !gpu) {
+		fprintf(stderr, "test_cuda_qwen35: no %s backend\n", cpu ? "cuda" : "cpu");
+		return 77;
+	}
+	printf("%-18s %-28s %-8s %10s %10s %8s\n", "op", "shape", "output", "rel.err", "max/scale",
+	       "gpu ms");
+	t_conv(2, 9, 7, 4, 11);
+	t_conv(3, 70, 160, 4, 200);
+	t_conv(2, 300, 1000, 4, 1100);
+	t_prep(5, 1, 2, 4, 3, 9);
+	t_prep(140, 2, 4, 16, 24, 10);
+	t_prep(700, 16, 48, 128, 128, 100);
+	t_rule(2, 9, 1, 2, 4, 3);
+	t_rule(3, 150, 2, 4, 16, 24);
+	t_rule(2, 200, 2, 6, 128, 128);
+	t_gnorm(7, 2, 3, 11);
+	t_gnorm(140, 4, 24, 200);
+	t_gnorm(300, 48, 128, 7000);
+	t_gattn(2, 9, 2, 1, 8, 4);
+	t_gattn(3, 70, 4, 2, 32, 8);
+	t_gattn(2, 150, 24, 4, 256, 64);
+	t_model();
+	printf("peak %zu bytes, reserved %zu\n", sl_backend_cuda_peak_bytes(gpu),
+	       sl_backend_cuda_reserved_bytes(gpu));
+	gpu->destroy(gpu);
+	cpu->destroy(cpu);
+	return test_exit("test_cuda_qwen35");
+}

@@ -1,0 +1,505 @@
+/*
+ * test_qwen35_model: a tiny Qwen3.5 hybrid classifier (Gated DeltaNet, Gated DeltaNet, gated
+ * attention, Gated DeltaNet) through model.c / model_qwen35.c on the cpu backends:
+ *  - every tensor's gradient (small tensors entirely, larger ones at ~8 elements) against
+ *    fourth-order central differences of the model's own loss (cpu64), on a padded micro-batch
+ *    whose longest record crosses a 64-token chunk;
+ *  - activation checkpointing gives identical losses and gradients;
+ *  - padding and batch-mates change no record's score (each record scored alone);
+ *  - the fp32 backend against the double one;
+ *  - the layout (HF names, fused groups, the Conv1d weight's HF shape);
+ *  - config.json: qwen3_5_text and qwen3_5 (text_config) parse to the same model, layer_types
+ *    and full_attention_interval, partial_rotary_factor spellings, and clear refusals.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "model.h"
+#include "testutil.h"
+
+#define VOCAB 11
+#define MAXB 3
+#define MAXL 70
+
+static uint64_t rng_state = 424242;
+
+static double rng_unif(void)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return ((rng_state >> 11) + 0.5) / 9007199254740992.0;
+}
+
+static double rng_normal(void)
+{
+	return sqrt(-2 * log(rng_unif())) * cos(2 * M_PI * rng_unif());
+}
+
+static void fill_config(struct sl_model_config *mc)
+{
+	static const enum sl_layer_kind kinds[4] = {
+		SL_LAYER_LINEAR_ATTENTION, SL_LAYER_LINEAR_ATTENTION, SL_LAYER_GATED_ATTENTION,
+		SL_LAYER_LINEAR_ATTENTION
+	};
+
+	memset(mc, 0, sizeof(*mc));
+	strcpy(mc->model_type, "qwen3_5_text");
+	mc->vocab = VOCAB;
+	mc->hidden = 8;
+	mc->n_layers = 4;
+	mc->n_heads = 2;
+	mc->n_kv_heads = 1;
+	mc->head_dim = 8;
+	mc->intermediate = 12;
+	mc->max_position = 256;
+	mc->rms_eps = 1e-6;
+	mc->rope_theta = 10000;
+	mc->initializer_range = 0.02;
+	mc->pad_token_id = mc->bos_token_id = mc->eos_token_id = -1;
+	mc->num_labels = 1;
+	mc->norm_offset = true;
+	mc->rot_dim = 4;
+	mc->lin_nk = 1;
+	mc->lin_nv = 2;
+	mc->lin_dk = 4;
+	mc->lin_dv = 3;
+	mc->lin_conv = 3;
+	mc->layer_kind = calloc(4, sizeof(*mc->layer_kind));
+	mc->mlp_kind = calloc(4, sizeof(*mc->mlp_kind));
+	memcpy(mc->layer_kind, kinds, sizeof(kinds));
+}
+
+/* ---- an environment: parameters on the host in double, units on a backend -------------------- */
+
+struct env {
+	struct sl_backend *be;
+	struct sl_layout lay;
+	struct sl_model *m;
+	size_t *ubase;
+	double *params;
+	void **w, **g;
+};
+
+static const void *src_w(void *ctx, int u)
+{
+	return ((struct env *)ctx)->w[u];
+}
+
+static void *src_g(void *ctx, int u)
+{
+	return ((struct env *)ctx)->g[u];
+}
+
+static void upload_all(struct env *e)
+{
+	for (int u = 0; u < e->lay.n_units; u++) {
+		size_t n = e->lay.unit_numel[u];
+		char *h = malloc(n * e->be->elt);
+
+		for (size_t i = 0; i < n; i++) {
+			double v = e->params[e->ubase[u] + i];
+
+			if (e->be->elt == sizeof(double))
+				((double *)h)[i] = v;
+			else
+				((float *)h)[i] = (float)v;
+		}
+		e->be->upload(e->be, e->w[u], h, n * e->be->elt);
+		free(h);
+	}
+}
+
+static void get_grads(struct env *e, double *out)
+{
+	for (int u = 0; u < e->lay.n_units; u++) {
+		size_t n = e->lay.unit_numel[u];
+		char *h = malloc(n * e->be->elt);
+
+		e->be->download(e->be, h, e->g[u], n * e->be->elt);
+		for (size_t i = 0; i < n; i++)
+			out[e->ubase[u] + i] = e->be->elt == sizeof(double) ? ((double *)h)[i] :
+									      ((float *)h)[i];
+		e->be->zero(e->be, e->g[u], n * e->be->elt);
+		free(h);
+	}
+}
+
+static void env_init(struct env *e, const struct sl_model_config *mc, struct sl_backend *be,
+		     bool ckpt)
+{
+	memset(e, 0, sizeof(*e));
+	e->be = be;
+	CHECK(sl_model_layout(mc, 0, &e->lay) == 0, "layout");
+	e->ubase = calloc(e->lay.n_units, sizeof(*e->ubase));
+	for (int u = 1; u < e->lay.n_units; u++)
+		e->ubase[u] = e->ubase[u - 1] + e->lay.unit_numel[u - 1];
+	e->params = calloc(e->lay.total_numel, sizeof(double));
+	rng_state = 12345;
+	for (int i = 0; i < e->lay.n_tensors; i++) {
+		const struct sl_tensor_info *t = &e->lay.t[i];
+		double *q = e->params + e->ubase[t->unit] + t->offset;
+		bool alog = strstr(t->name, "A_log") != NULL;
+
+		for (size_t k = 0; k < t->numel; k++)
+			q[k] = alog ? log(0.2 + rng_unif()) :
+			       t->init == SL_INIT_ONES ? 1 + 0.2 * rng_normal() :
+			       t->init == SL_INIT_ZEROS ? 0.2 * rng_normal() : 0.4 * rng_normal();
+	}
+	e->w = calloc(e->lay.n_units, sizeof(void *));
+	e->g = calloc(e->lay.n_units, sizeof(void *));
+	for (int u = 0; u < e->lay.n_units; u++) {
+		e->w[u] = be->alloc(be, e->lay.unit_numel[u] * be->elt);
+		e->g[u] = be->alloc(be, e->lay.unit_numel[u] * be->elt);
+	}
+	upload_all(e);
+	e->m = sl_model_create(mc, &e->lay, be, MAXB * MAXL, MAXB, ckpt);
+	CHECK(e->m != NULL, "model");
+}
+
+static void env_free(struct env *e)
+{
+	sl_model_destroy(e->m);
+	for (int u = 0; u < e->lay.n_units; u++) {
+		e->be->free(e->be, e->w[u]);
+		e->be->free(e->be, e->g[u]);
+	}
+	free(e->w), free(e->g), free(e->params), free(e->ubase);
+	sl_layout_free(&e->lay);
+	e->be->destroy(e->be);
+}
+
+struct hbatch {
+	int B, L;
+	int32_t ids[MAXB * MAXL], lens[MAXB], last[MAXB];
+	float labels[MAXB];
+};
+
+/* records @rec of @all (ids of MAXL each) into one padded micro-batch */
+static void make_batch(struct hbatch *hb, const struct hbatch *all, const int *rec, int B)
+{
+	hb->B = B;
+	hb->L = 0;
+	for (int b = 0; b < B; b++)
+		if (all->lens[rec[b]] > hb->L)
+			hb->L = all->lens[rec[b]];
+	for (int b = 0; b < B; b++) {
+		hb->lens[b] = all->lens[rec[b]];
+		hb->last[b] = b * hb->L + hb->lens[b] - 1;
+		hb->labels[b] = all->labels[rec[b]];
+		for (int p = 0; p < hb->L; p++)	/* padding: any valid id */
+			hb->ids[b * hb->L + p] = p < hb->lens[b] ? all->ids[rec[b] * MAXL + p] :
+								   (p * 7 + b) % VOCAB;
+	}
+}
+
+/* train step (train = true: forward + backward) or score; returns loss_scale * loss_sum */
+static double run(struct env *e, const struct hbatch *hb, bool train, float *scores)
+{
+	struct sl_backend *be = e->be;
+	size_t T = (size_t)hb->B * hb->L;
+	int32_t *ids = be->alloc(be, T * 4), *lens = be->alloc(be, hb->B * 4);
+	int32_t *last = be->alloc(be, hb->B * 4);
+	float *labels = be->alloc(be, hb->B * 4);
+	struct sl_batch_dev b = { .B = hb->B, .L = hb->L, .ids = ids, .lens = lens, .last = last,
+				  .labels = labels, .h_lens = hb->lens };
+	struct sl_unit_source src = { .ctx = e, .weights = src_w, .grads = src_g };
+	double loss = 0;
+	int rc;
+
+	be->upload(be, ids, hb->ids, T * 4);
+	be->upload(be, lens, hb->lens, hb->B * 4);
+	be->upload(be, last, hb->last, hb->B * 4);
+	be->upload(be, labels, hb->labels, hb->B * 4);
+	if (train)
+		rc = sl_model_train_step(e->m, &src, &b, 0.5f, &loss, scores);
+	else
+		rc = sl_model_score(e->m, &src, &b, scores);
+	CHECK(rc == 0, "model step: %d", rc);
+	be->free(be, ids), be->free(be, lens), be->free(be, last), be->free(be, labels);
+	return 0.5 * loss;
+}
+
+/* element i of the parameters set to v on the backend (its unit only) */
+static void put(struct env *e, size_t i, double v)
+{
+	int u = 0;
+	float f = (float)v;
+
+	while (u + 1 < e->lay.n_units && e->ubase[u + 1] <= i)
+		u++;
+	e->be->upload(e->be, (char *)e->w[u] + (i - e->ubase[u]) * e->be->elt,
+		      e->be->elt == sizeof(double) ? (const void *)&v : (const void *)&f,
+		      e->be->elt);
+}
+
+/* the loss (double, from the train step: the scores come back as float) with parameter i at v */
+static double loss_at(struct env *e, const struct hbatch *hb, size_t i, double v)
+{
+	float s[MAXB];
+	double l;
+
+	put(e, i, v);
+	l = run(e, hb, true, s);
+	put(e, i, e->params[i]);
+	for (int u = 0; u < e->lay.n_units; u++)
+		e->be->zero(e->be, e->g[u], e->lay.unit_numel[u] * e->be->elt);
+	return l;
+}
+
+/* fourth-order central difference: the layers' curvature makes the plain one too coarse */
+static double fd_grad(struct env *e, const struct hbatch *hb, size_t i)
+{
+	const double h = 1e-6, x = e->params[i];
+
+	return (-loss_at(e, hb, i, x + 2 * h) + 8 * loss_at(e, hb, i, x + h) -
+		8 * loss_at(e, hb, i, x - h) + loss_at(e, hb, i, x - 2 * h)) / (12 * h);
+}
+
+static const char *name_of(const struct env *e, size_t i, size_t *off)
+{
+	for (int k = 0; k < e->lay.n_tensors; k++) {
+		const struct sl_tensor_info *t = &e->lay.t[k];
+		size_t s = e->ubase[t->unit] + t->offset;
+
+		if (i >= s && i < s + t->numel) {
+			*off = i - s;
+			return t->name;
+		}
+	}
+	return NULL;
+}
+
+static void test_model(void)
+{
+	struct sl_model_config mc;
+	struct env e, ec, e32;
+	struct hbatch all = { .B = 3 }, hb;
+	const int recs[3] = { 0, 1, 2 };
+	double *gA, *gC, *g32, lossA, lossC, loss32;
+	float sA[MAXB], sC[MAXB], s32[MAXB], s1;
+	size_t N;
+	int bad = 0, n_fd = 0;
+
+	fill_config(&mc);
+	rng_state = 99;
+	all.lens[0] = 70, all.lens[1] = 9, all.lens[2] = 33;
+	all.labels[0] = 0.2f, all.labels[1] = 0.9f, all.labels[2] = 0.6f;
+	for (int i = 0; i < MAXB * MAXL; i++)
+		all.ids[i] = (int32_t)(rng_unif() * VOCAB);
+	make_batch(&hb, &all, recs, 3);
+
+	env_init(&e, &mc, sl_backend_cpu64_create(), false);
+	if (!e.m)
+		return;
+	N = e.lay.total_numel;
+	gA = calloc(N, sizeof(double)), gC = calloc(N, sizeof(double));
+	g32 = calloc(N, sizeof(double));
+
+	lossA = run(&e, &hb, true, sA);
+	get_grads(&e, gA);
+	{
+		double ref = 0;
+
+		for (int b = 0; b < 3; b++)
+			ref += log1p(exp(sA[b])) - sA[b] * hb.labels[b];
+		CHECK_CLOSE(lossA, 0.5 * ref, 1e-6, 1e-9);
+	}
+
+	/*
+	 * Every tensor: small ones (norms, A_log, dt_bias, ...) entirely, larger ones at about 8
+	 * elements spread over them; the padding between tensors must have no gradient.
+	 */
+	for (size_t i = 0; i < N; i++) {
+		size_t off = 0, numel = 0;
+		const char *nm = name_of(&e, i, &off);
+		double fd, d;
+
+		if (!nm) {
+			CHECK(gA[i] == 0, "padding element %zu has gradient %g", i, gA[i]);
+			continue;
+		}
+		numel = sl_layout_find(&e.lay, nm)->numel;
+		if (numel > 24 && off % (numel / 8) != (size_t)(numel / 8) / 2)
+			continue;
+		fd = fd_grad(&e, &hb, i);
+		n_fd++;
+		d = fabs(fd - gA[i]);
+		if (d > 1e-6 * fabs(fd) + 1e-8 && bad++ < 10)
+			fprintf(stderr, "%s[%zu]: analytic %.10g, finite difference %.10g\n", nm, off,
+				gA[i], fd);
+	}
+	CHECK(bad == 0, "%d of %d parameters' gradients differ from finite differences", bad,
+	      n_fd);
+
+	/* each record alone: the same score (padding and batch-mates change nothing) */
+	for (int b = 0; b < 3; b++) {
+		struct hbatch one;
+
+		make_batch(&one, &all, &recs[b], 1);
+		run(&e, &one, false, &s1);
+		CHECK_CLOSE(s1, sA[b], 1e-12, 1e-14);
+	}
+
+	/* activation checkpointing: identical */
+	env_init(&ec, &mc, sl_backend_cpu64_create(), true);
+	lossC = run(&ec, &hb, true, sC);
+	get_grads(&ec, gC);
+	CHECK(lossC == lossA, "checkpointed loss %.17g vs %.17g", lossC, lossA);
+	for (size_t i = 0; i < N; i++)
+		if (gC[i] != gA[i] && bad++ < 10)
+			CHECK(0, "checkpointed gradient %zu: %.17g vs %.17g", i, gC[i], gA[i]);
+
+	/* the fp32 backend */
+	env_init(&e32, &mc, sl_backend_cpu_create(), false);
+	loss32 = run(&e32, &hb, true, s32);
+	get_grads(&e32, g32);
+	CHECK_CLOSE(loss32, lossA, 1e-5, 1e-6);
+	{
+		double num = 0, den = 0;
+
+		for (size_t i = 0; i < N; i++) {
+			num += (g32[i] - gA[i]) * (g32[i] - gA[i]);
+			den += gA[i] * gA[i];
+		}
+		CHECK(sqrt(num / den) < 1e-4, "fp32 gradients off by %g (relative norm)",
+		      sqrt(num / den));
+	}
+	printf("hybrid model: %d parameters checked against finite differences\n", n_fd);
+	env_free(&e), env_free(&ec), env_free(&e32);
+	free(gA), free(gC), free(g32);
+	free(mc.layer_kind), free(mc.mlp_kind);
+}
+
+static void test_layout(void)
+{
+	struct sl_model_config mc;
+	struct sl_layout lay;
+	const struct sl_tensor_info *qkv, *z, *b, *a, *cv, *q, *k, *v, *al;
+
+	fill_config(&mc);
+	CHECK(sl_model_layout(&mc, 0, &lay) == 0, "layout");
+	qkv = sl_layout_find(&lay, "model.layers.0.linear_attn.in_proj_qkv.weight");
+	z = sl_layout_find(&lay, "model.layers.0.linear_attn.in_proj_z.weight");
+	b = sl_layout_find(&lay, "model.layers.0.linear_attn.in_proj_b.weight");
+	a = sl_layout_find(&lay, "model.layers.0.linear_attn.in_proj_a.weight");
+	cv = sl_layout_find(&lay, "model.layers.3.linear_attn.conv1d.weight");
+	q = sl_layout_find(&lay, "model.layers.2.self_attn.q_proj.weight");
+	k = sl_layout_find(&lay, "model.layers.2.self_attn.k_proj.weight");
+	v = sl_layout_find(&lay, "model.layers.2.self_attn.v_proj.weight");
+	al = sl_layout_find(&lay, "model.layers.1.linear_attn.A_log");
+	CHECK(qkv && z && b && a && cv && q && k && v && al, "names");
+	if (qkv && z && b && a && cv && q && k && v && al) {
+		CHECK(qkv->shape[0] == 2 * 4 + 2 * 3 && qkv->shape[1] == 8, "in_proj_qkv shape");
+		CHECK(z->offset == qkv->offset + qkv->numel && b->offset == z->offset + z->numel &&
+		      a->offset == b->offset + b->numel, "in_proj_* fused");
+		CHECK(cv->unsqueeze1 && cv->shape[0] == 14 && cv->shape[1] == 3 && cv->decay &&
+		      cv->unit == 4, "conv1d (C, 1, K) in HF files, decays");
+		CHECK(q->shape[0] == 2 * 2 * 8 && k->offset == q->offset + q->numel &&
+		      v->offset == k->offset + k->numel, "q_proj carries the gate; q, k, v fused");
+		CHECK(!al->decay && al->numel == 2, "A_log");
+	}
+	CHECK(!sl_layout_find(&lay, "model.layers.2.linear_attn.A_log") &&
+	      !sl_layout_find(&lay, "model.layers.0.self_attn.q_proj.weight"), "kinds per layer");
+	/* MFU's matmul parameters leave the convolution out */
+	{
+		double n = 0;
+
+		for (int i = 0; i < lay.n_tensors; i++)
+			if (lay.t[i].ndim == 2 && lay.t[i].unit && !lay.t[i].unsqueeze1)
+				n += lay.t[i].numel;
+		CHECK(sl_model_matmul_params(&mc, &lay) == n, "matmul params");
+	}
+	/* MFU's mixer FLOPs: 3 Gated DeltaNet layers (18 dk dv nv per token), 1 attention layer */
+	CHECK(sl_model_mixer_flops(&mc, 10) == 3 * 18.0 * 4 * 3 * 2 * 10 +
+					       12.0 * 8 * 2 * 10 * 11 / 2, "mixer flops");
+	sl_layout_free(&lay);
+	free(mc.layer_kind), free(mc.mlp_kind);
+}
+
+/* ---- config.json ----------------------------------------------------------------------------- */
+
+static char tmpdir[64];
+
+static int load_text(const char *text, struct sl_model_config *mc)
+{
+	char p[128];
+	FILE *f;
+
+	snprintf(p, sizeof(p), "%s/config.json", tmpdir);
+	f = fopen(p, "w");
+	fputs(text, f);
+	fclose(f);
+	return sl_model_config_load(mc, p);
+}
+
+#define TEXT_KEYS                                                                            \
+	"\"vocab_size\": 248320, \"hidden_size\": 5120, \"num_hidden_layers\": 8,"              \
+	"\"num_attention_heads\": 24, \"num_key_value_heads\": 4, \"head_dim\": 256,"          \
+	"\"intermediate_size\": 17408, \"linear_num_key_heads\": 16,"                          \
+	"\"linear_num_value_heads\": 48, \"linear_key_head_dim\": 128,"                        \
+	"\"linear_value_head_dim\": 128, \"linear_conv_kernel_dim\": 4, \"eos_token_id\": 7,"
+
+static void test_config(void)
+{
+	struct sl_model_config mc, mp;
+
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/sl-q35-XXXXXX");
+	CHECK(mkdtemp(tmpdir), "tmpdir");
+
+	/* a text config without layer_types: every 4th layer full attention */
+	CHECK(load_text("{\"model_type\": \"qwen3_5_text\"," TEXT_KEYS
+			"\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1e7,"
+			"\"partial_rotary_factor\": 0.25, \"mrope_section\": [11, 11, 10],"
+			"\"mrope_interleaved\": true}}", &mc) == 0, "qwen3_5_text");
+	CHECK(mc.norm_offset && mc.rot_dim == 64 && mc.lin_nk == 16 && mc.lin_nv == 48 &&
+	      mc.lin_dk == 128 && mc.lin_dv == 128 && mc.lin_conv == 4 && mc.rope_theta == 1e7,
+	      "qwen3_5_text dims");
+	for (int l = 0; l < 8; l++)
+		CHECK(mc.layer_kind[l] == (l % 4 == 3 ? SL_LAYER_GATED_ATTENTION :
+						       SL_LAYER_LINEAR_ATTENTION), "layer %d kind", l);
+
+	/* the published vision-language layout: the same model from text_config */
+	CHECK(load_text("{\"model_type\": \"qwen3_5\", \"architectures\": "
+			"[\"Qwen3_5ForConditionalGeneration\"], \"tie_word_embeddings\": false,"
+			"\"vision_config\": {\"depth\": 27}, \"text_config\": {\"model_type\": "
+			"\"qwen3_5_text\"," TEXT_KEYS "\"partial_rotary_factor\": 0.25,"
+			"\"rope_theta\": 1e7, \"layer_types\": [\"linear_attention\","
+			"\"linear_attention\", \"linear_attention\", \"full_attention\","
+			"\"linear_attention\", \"linear_attention\", \"linear_attention\","
+			"\"full_attention\"]}}", &mp) == 0, "qwen3_5");
+	CHECK(mp.hidden == mc.hidden && mp.rot_dim == mc.rot_dim && mp.vocab == mc.vocab &&
+	      mp.eos_token_id == 7 && mp.rope_theta == 1e7 && mp.norm_offset, "qwen3_5 dims");
+	for (int l = 0; l < 8; l++)
+		CHECK(mp.layer_kind[l] == mc.layer_kind[l], "qwen3_5 layer %d kind", l);
+	sl_model_config_free(&mc);
+	sl_model_config_free(&mp);
+
+	fprintf(stderr, "(the errors below are expected)\n");
+	CHECK(load_text("{\"model_type\": \"qwen3_5_moe\"}", &mc) < 0, "moe not yet");
+	CHECK(load_text("{\"model_type\": \"qwen3_5\", " TEXT_KEYS "\"x\": 1}", &mc) < 0,
+	      "qwen3_5 without text_config");
+	CHECK(load_text("{\"model_type\": \"qwen3_5_text\"," TEXT_KEYS
+			"\"layer_types\": [\"sliding_attention\", \"full_attention\"]}", &mc) < 0,
+	      "bad layer_types");
+	CHECK(load_text("{\"model_type\": \"qwen3_5_text\"," TEXT_KEYS
+			"\"partial_rotary_factor\": 0.001}", &mc) < 0, "no rotated dims");
+	{
+		char p[128];
+
+		snprintf(p, sizeof(p), "rm -rf %s", tmpdir);
+		CHECK(system(p) == 0, "cleanup");
+	}
+}
+
+int main(void)
+{
+	test_layout();
+	test_config();
+	test_model();
+	return test_exit("test_qwen35_model");
+}
