@@ -225,8 +225,11 @@ __global__ void k_combine_fwd(bf16 *out, const bf16 *y, const float *w, const in
 	for (int h = threadIdx.x; h < H; h += blockDim.x) {
 		float acc = 0.f;
 
-		for (int j = 0; j < k; j++)
-			acc += w[(size_t)t * k + j] * bf(y[(size_t)slot[(size_t)t * k + j] * H + h]);
+		for (int j = 0; j < k; j++) {
+			size_t r = (size_t)slot[(size_t)t * k + j];
+
+			acc += w[(size_t)t * k + j] * bf(y[r * H + h]);
+		}
 		out[(size_t)t * H + h] = tobf(acc);
 	}
 }
@@ -541,8 +544,9 @@ static void lt_grouped(struct sl_cuda *c, struct moe_gemm *g, const int *h_offs,
 		dims(which_rows, rows, m0, n0, k0, &m, &n, &k);
 		plan_dims(p, ta, tb, m, n, k);
 		if (p->have_algo)
-			st = cublasLtMatmul(c->lt, p->desc, &alpha, a, p->a, b, p->b, &beta, cc, p->c,
-					    cc, p->c, &p->algo, c->ws, c->ws_bytes, c->stream);
+			st = cublasLtMatmul(c->lt, p->desc, &alpha, a, p->a, b, p->b, &beta, cc,
+					    p->c, cc, p->c, &p->algo, c->ws, c->ws_bytes,
+					    c->stream);
 		if (st == CUBLAS_STATUS_SUCCESS)
 			continue;
 		if (!heuristic(c, p, &algo)) {
@@ -588,9 +592,9 @@ static void grouped(struct sl_cuda *c, const int *d_offs, const int *h_offs, int
 		g->ta[e] = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
 		g->tb[e] = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
 	}
-	k_group_ptrs<<<(E + 127) / 128, 128, 0, c->stream>>>(g->ptrs, d_offs, (const bf16 *)A, sa,
-							      ra, (const bf16 *)B, sb, rb, (bf16 *)C,
-							      sc, rc, E);
+	k_group_ptrs<<<(E + 127) / 128, 128, 0, c->stream>>>(g->ptrs, d_offs, (const bf16 *)A,
+							      sa, ra, (const bf16 *)B, sb, rb,
+							      (bf16 *)C, sc, rc, E);
 	CUDA_LAUNCHED();
 	CUBLAS_CHECK(cublasGemmGroupedBatchedEx(g->h, g->ta, g->tb, g->m, g->n, g->kk, g->alpha,
 						(const void *const *)g->ptrs, CUDA_R_16BF, g->lda,
@@ -629,14 +633,17 @@ extern "C" void sl_cuda_moe_gemm_bwd(struct sl_cuda *c, void *dx, void *dw, cons
 				     const int *h_offs, int E, int K, int N)
 {
 	if (!aligned(K, N, dout, x, w) || (dx && (uintptr_t)dx % 16) || (uintptr_t)dw % 16) {
-		for (int e = 0; e < E; e++)
+		for (int e = 0; e < E; e++) {
+			size_t o = (size_t)h_offs[e];
+
 			if (h_offs[e + 1] > h_offs[e])
-				sl_cuda_matmul_bwd(c, dx ? (bf16 *)dx + (size_t)h_offs[e] * K : NULL,
+				sl_cuda_matmul_bwd(c, dx ? (bf16 *)dx + o * K : NULL,
 						   (bf16 *)dw + (size_t)e * N * K, NULL,
-						   (const bf16 *)dout + (size_t)h_offs[e] * N,
-						   (const bf16 *)x + (size_t)h_offs[e] * K,
+						   (const bf16 *)dout + o * N,
+						   (const bf16 *)x + o * K,
 						   (const bf16 *)w + (size_t)e * N * K,
 						   h_offs[e + 1] - h_offs[e], K, N, 0);
+		}
 		return;
 	}
 	// dx^T (K, rows) = w_e (K, N col-major) dout^T (N, rows)

@@ -52,7 +52,7 @@ struct sl_moe {
 	void *s_gu;		/* (T k, 2 Im) scratch */
 	void *dlogits;		/* (T, E) */
 	void *dtopw;		/* (T, k) stat */
-	double *stats;		/* (n_moe, 2E) device: choices and probability sums per expert */
+	double *stats;		/* (n_moe, 2E) device: choices, probability sums per expert */
 	double *h_stats;	/* (n_moe, 2E) host copy */
 	int64_t *counts;	/* (n_moe, E) host: tokens per expert, last micro-batch */
 	void *aux_g;		/* (E) stat: gradient of the weighted aux loss per p(t, e) */
@@ -163,7 +163,7 @@ int sl_moe_create(struct sl_model *m, const struct sl_model_config *mc)
 	int n_moe = 0;
 
 	for (int l = 0; l < m->nL; l++)
-		n_moe += mc->mlp_kind[l] == SL_MLP_MOE;
+		n_moe += sl_is_moe_layer(mc, l);
 	if (!n_moe)
 		return 0;
 	if (!be->moe_route_fwd) {
@@ -187,7 +187,7 @@ int sl_moe_create(struct sl_model *m, const struct sl_model_config *mc)
 		return -ENOMEM;
 	n_moe = 0;
 	for (int l = 0; l < m->nL; l++)
-		mo->index[l] = mc->mlp_kind[l] == SL_MLP_MOE ? n_moe++ : -1;
+		mo->index[l] = sl_is_moe_layer(mc, l) ? n_moe++ : -1;
 	for (int i = 0; i < m->n_acts; i++)
 		if (alloc_acts(m, mo, &mo->la[i]))
 			return -ENOMEM;
