@@ -93,7 +93,7 @@ r = random.Random(7)
 with open(data, "w") as f:
     for i in range(32):
         f.write(json.dumps({"input_ids": [r.randrange(3, 151000) for _ in range(4096)],
-                            "loss_mask": [1] * 4096}) + "\n")
+                            "loss_mask": [0] + [1] * 4095}) + "\n")
 PY
 
 cat >"$T/moe.yaml" <<YAML

@@ -990,7 +990,8 @@ extern "C" void sl_cuda_attention_fwd(struct sl_cuda *c, void *out, float *lse, 
 	check_heads(nh, nkv);
 	if (B <= 0 || L <= 0)
 		return;
-	if (use_mma(hd, qkv, out)) {
+	/* packed rows: the generic kernels (the tensor-core ones fail their packed test for now) */
+	if (!pos && use_mma(hd, qkv, out)) {
 		if (hd == 128)
 			fa_fwd<128>(c, (bf16 *)out, lse, (const bf16 *)qkv, lens, pos, B, L, nh, nkv,
 				    scale_log2);
@@ -1020,7 +1021,7 @@ extern "C" void sl_cuda_attention_bwd(struct sl_cuda *c, void *dqkv, const void 
 	k_attn_dot<<<(unsigned)((rows + 7) / 8), 256, 0, c->stream>>>(D, (const bf16 *)dout,
 								     (const bf16 *)out, rows, hd);
 	CUDA_LAUNCHED();
-	if (use_mma(hd, qkv, dqkv) && (uintptr_t)dout % 16 == 0) {
+	if (!pos && use_mma(hd, qkv, dqkv) && (uintptr_t)dout % 16 == 0) {
 		float sl2 = (float)(1.4426950408889634 / sqrt((double)hd));
 
 		if (hd == 128)

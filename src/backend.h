@@ -176,9 +176,11 @@ struct sl_backend {
 	 */
 	void (*upload_async)(struct sl_backend *be, void *dst, const void *host_src, size_t bytes,
 			     bool after_compute, void *done);
-	/* host_dst = src (device), after every op issued so far on the compute stream; @done */
+	/* host_dst = src (device), when @after_compute only after every op issued so far on the
+	 * compute stream (what wrote src); @done.  A copy without it still runs after the
+	 * downloads issued before it: a 0-byte one with it orders later ones after that point. */
 	void (*download_async)(struct sl_backend *be, void *host_dst, const void *src,
-			       size_t bytes, void *done);
+			       size_t bytes, bool after_compute, void *done);
 	/* ops issued after this on the compute stream wait for @ev (the host does not wait) */
 	void (*wait_event)(struct sl_backend *be, void *ev);
 	/* the host waits for @ev */

@@ -133,7 +133,7 @@ static void cpu_upload_async(struct sl_backend *be, void *dst, const void *src, 
 }
 
 static void cpu_download_async(struct sl_backend *be, void *dst, const void *src, size_t bytes,
-			       void *done)
+			       bool after_compute, void *done)
 {
 	enqueue(be, dst, src, bytes, done);
 }

@@ -235,9 +235,9 @@ static void cuda_upload_async(struct sl_backend *be, void *dst, const void *src,
 }
 
 static void cuda_download_async(struct sl_backend *be, void *dst, const void *src, size_t bytes,
-				void *done)
+				bool after_compute, void *done)
 {
-	sl_cuda_copy_async(C(be), dst, src, bytes, 0, 1, done);
+	sl_cuda_copy_async(C(be), dst, src, bytes, 0, after_compute, done);
 }
 
 static void cuda_wait_event(struct sl_backend *be, void *ev)

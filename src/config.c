@@ -135,6 +135,7 @@ static const struct key_def keys[] = {
 	BOOL("checkpoint.optimizer", checkpoint.optimizer, "true"),
 	INT("checkpoint.term_grace_s", checkpoint.term_grace_s, "25", GE(0)),
 	ENUM("export.dtype", export_.dtype, "bf16", export_vals),
+	BOOL("export.final", export_.final, "true"),
 	/* sl_config_load replaces this with runs/<config name> unless a file or --set names one */
 	STR("run.dir", run.dir, "runs/default"),
 	INT("run.log_every", run.log_every, "10", GE(1)),

@@ -101,6 +101,7 @@ struct sl_config {
 
 	struct {
 		enum sl_precision dtype;	/* bf16 | fp32 */
+		bool final;			/* export RUN/model at the end (benchmarks: false) */
 	} export_;
 
 	struct {

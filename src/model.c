@@ -94,7 +94,7 @@ static int layout_layer(struct layout_builder *lb, const struct sl_model_config 
 	ADD(false, "self_attn.q_norm.weight", 1, hd, 0, SL_INIT_ONES);
 	ADD(false, "self_attn.k_norm.weight", 1, hd, 0, SL_INIT_ONES);
 	ADD(false, "post_attention_layernorm.weight", 1, H, 0, SL_INIT_ONES);
-	if (sl_is_moe_layer(mc, l))
+	if (sl_layer_is_moe(mc, l))
 		return sl_moe_layout(lb, mc, l);
 	ADD(false, "mlp.gate_proj.weight", 2, I, H, SL_INIT_NORMAL);
 	ADD(true, "mlp.up_proj.weight", 2, I, H, SL_INIT_NORMAL);
@@ -359,9 +359,9 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 	if (!m->lo || !m->x || !m->acts)
 		goto out_free_model;
 	for (int l = 0; l < m->nL; l++) {
-		if (layer_offsets(lay, l, m->bias, sl_is_moe_layer(mc, l), &m->lo[l]))
+		if (layer_offsets(lay, l, m->bias, sl_layer_is_moe(mc, l), &m->lo[l]))
 			goto out_free_model;
-		m->dense_mlp |= !sl_is_moe_layer(mc, l);
+		m->dense_mlp |= !sl_layer_is_moe(mc, l);
 	}
 	norm = sl_layout_find(lay, "model.norm.weight");
 	score = sl_layout_find(lay, "score.weight");

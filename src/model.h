@@ -60,6 +60,12 @@ struct sl_model_config {
 	double router_aux_loss_coef;	/* weight of the load-balancing loss; 0: none */
 };
 
+/* Layer l's MLP is a mixture of experts (a config without per-layer kinds is all dense). */
+static inline bool sl_layer_is_moe(const struct sl_model_config *mc, int l)
+{
+	return mc->mlp_kind && mc->mlp_kind[l] == SL_MLP_MOE;
+}
+
 /*
  * Parse config.json (a Hugging Face model config).  Accepts both the top-level rope_theta of hub
  * checkpoints and the rope_parameters object newer transformers writes.  Errors name @path and the

@@ -112,12 +112,6 @@ struct sl_model {
 
 void *sl_model_ws_alloc(struct sl_model *m, size_t n, size_t elt);
 
-/* layer l has the sparse MLP (a config without mlp_kind, as tests build them: none has) */
-static inline bool sl_is_moe_layer(const struct sl_model_config *mc, int l)
-{
-	return mc->mlp_kind && mc->mlp_kind[l] == SL_MLP_MOE;
-}
-
 /* model_moe.c: the Qwen3-MoE sparse MLP */
 struct sl_batch_dev;
 int sl_moe_layout(struct layout_builder *lb, const struct sl_model_config *mc, int l);

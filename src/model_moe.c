@@ -163,7 +163,7 @@ int sl_moe_create(struct sl_model *m, const struct sl_model_config *mc)
 	int n_moe = 0;
 
 	for (int l = 0; l < m->nL; l++)
-		n_moe += sl_is_moe_layer(mc, l);
+		n_moe += sl_layer_is_moe(mc, l);
 	if (!n_moe)
 		return 0;
 	if (!be->moe_route_fwd) {
@@ -187,7 +187,7 @@ int sl_moe_create(struct sl_model *m, const struct sl_model_config *mc)
 		return -ENOMEM;
 	n_moe = 0;
 	for (int l = 0; l < m->nL; l++)
-		mo->index[l] = sl_is_moe_layer(mc, l) ? n_moe++ : -1;
+		mo->index[l] = sl_layer_is_moe(mc, l) ? n_moe++ : -1;
 	for (int i = 0; i < m->n_acts; i++)
 		if (alloc_acts(m, mo, &mo->la[i]))
 			return -ENOMEM;

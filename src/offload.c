@@ -24,6 +24,13 @@
  *    unit u.  With offload: params, units are uploaded from w_host into device slots `prefetch`
  *    units ahead of use in both directions.
  *
+ * host_lean (an 8B-class model on a host that cannot also hold gradients and a bf16 copy): the
+ *    gradients stay in the device accumulators, their sums of squares are taken there, and the
+ *    update streams each unit's gradient down through a host ring of two (the download of unit
+ *    u + 2 runs while AdamW works on unit u; a zero-byte download issued at the step's end
+ *    orders them after the backward, not after the next forward) and writes the bf16 copy into
+ *    a second ring of two, uploaded from there.  The host then holds master, m and v only.
+ *
  * Who waits for what: a device buffer is overwritten only after the copy reading it completed
  * (ring pairs are freed by the worker after it synchronized on their event; slots are refilled
  * by uploads ordered after the compute stream's issued work); a host buffer is rewritten only
@@ -34,6 +41,7 @@
 #include "offload.h"
 
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +80,14 @@ struct sl_offload_engine {
 	int next_pair;
 	size_t max_shard;
 	void *ev_stage;			/* d_wstage's upload (offload: params, S > 1) */
+	/* host_lean: gradient and bf16 rings for the update, per-unit sums of squares */
+	float *g_ring[N_PAIRS];		/* (max shard) f32, host */
+	void *w_ring[N_PAIRS];		/* (max shard) compute, host */
+	void *ev_gr[N_PAIRS];		/* g_ring[k]'s download */
+	int wr_unit[N_PAIRS];		/* unit whose upload last read w_ring[k], or -1 */
+	double *d_sq;			/* (n_units) double, device */
+	double *h_sq;			/* (n_units) double, host */
+	char fence[2];			/* the 0-byte download's destination and source */
 	/* the update being applied (JOB_ADAM) */
 	struct sl_optim_hparams h;
 	struct sl_adamw_args a;
@@ -91,10 +107,10 @@ static void upload_async(struct sl_backend *b, void *dst, const void *src, size_
 }
 
 static void download_async(struct sl_backend *b, void *dst, const void *src, size_t bytes,
-			   void *ev)
+			   bool after, void *ev)
 {
 	if (b->download_async)
-		b->download_async(b, dst, src, bytes, ev);
+		b->download_async(b, dst, src, bytes, after, ev);
 	else
 		b->download(b, dst, src, bytes);
 }
@@ -149,6 +165,17 @@ static void host_mem_free(struct sl_backend *b, void *p)
 
 /* ---- the worker ---------------------------------------------------------------------------- */
 
+/* host_lean: unit @ui's gradient down into its ring slot, after the fence (see optim_step) */
+static void lean_fetch(struct sl_offload_engine *o, int ui)
+{
+	struct sl_shard *s = o->s;
+	int k = ui % N_PAIRS;
+
+	if (ui < s->n_units)
+		download_async(s->be, o->g_ring[k], s->u[ui].d_acc, s->u[ui].shard * sizeof(float),
+			       false, o->ev_gr[k]);
+}
+
 static void run_adam(struct sl_offload_engine *o, int ui)
 {
 	struct sl_shard *s = o->s;
@@ -156,6 +183,21 @@ static void run_adam(struct sl_offload_engine *o, int ui)
 	const struct sl_layout *lay = s->lay;
 	struct sl_shard_unit *u = &s->u[ui];
 	struct sl_adamw_args a = o->a;
+	const float *grad = u->grad32;
+	void *w = u->w_host;
+	int r = ui % N_PAIRS;
+
+	if (s->lean) {
+		if (ui == 0)
+			for (int i = 0; i < N_PAIRS; i++)
+				lean_fetch(o, i);
+		sync_event(b, o->ev_gr[r]);
+		/* the ring slot's last upload has left the host */
+		if (o->wr_unit[r] >= 0)
+			sync_event(b, s->u[o->wr_unit[r]].ev_w);
+		grad = o->g_ring[r];
+		w = o->w_ring[r];
+	}
 
 	for (int t = 0; t < lay->n_tensors; t++) {
 		const struct sl_tensor_info *ti = &lay->t[t];
@@ -166,18 +208,27 @@ static void run_adam(struct sl_offload_engine *o, int ui)
 		k = lo - u->off;
 		a.lr = o->h.lr * (ti->head ? o->h.head_lr_mult : 1.0);
 		a.weight_decay = ti->decay ? o->h.weight_decay : 0.0;
-		sl_host_adamw(u->master + k, u->m + k, u->v + k, u->grad32 + k,
-			      (char *)u->w_host + k * b->elt, b->elt, hi - lo, &a);
+		sl_host_adamw(u->master + k, u->m + k, u->v + k, grad + k,
+			      (char *)w + k * b->elt, b->elt, hi - lo, &a);
 	}
 	/* offload: params reads w_host itself; optimizer keeps a device copy to refresh */
 	if (!s->host_params)
-		upload_async(b, u->w_shard, u->w_host, u->shard * b->elt, false, u->ev_w);
+		upload_async(b, u->w_shard, w, u->shard * b->elt, false, u->ev_w);
+	if (s->lean) {
+		o->wr_unit[r] = ui;
+		lean_fetch(o, ui + N_PAIRS);	/* into the slot AdamW just read */
+	}
 }
 
 static void *worker(void *arg)
 {
 	struct sl_offload_engine *o = arg;
 	struct sl_shard *s = o->s;
+	int nt = omp_get_max_threads();
+
+	/* this thread's teams leave a core to the thread issuing the GPU's work */
+	if (nt > 2)
+		omp_set_num_threads(nt - 1);
 
 	pthread_mutex_lock(&o->mu);
 	for (;;) {
@@ -272,17 +323,31 @@ int sl_offload_create(struct sl_shard *s, size_t max_shard)
 	pthread_cond_init(&o->work, NULL);
 	pthread_cond_init(&o->done, NULL);
 	for (int i = 0; i < N_PAIRS; i++) {
+		o->wr_unit[i] = -1;
+		if (s->lean) {
+			o->g_ring[i] = host_mem(b, max_shard * sizeof(float));
+			o->w_ring[i] = host_mem(b, max_shard * b->elt);
+			o->ev_gr[i] = event_new(b);
+			continue;
+		}
 		o->d_rs[i] = b->alloc(b, max_shard * sizeof(float));
 		o->ev_pair[i] = event_new(b);
 		/* later micro-batches land here (made later on first need when accum is unknown) */
 		if (!s->accum_dev && s->accum > 1)
 			o->h_rs[i] = host_mem(b, max_shard * sizeof(float));
 	}
+	if (s->lean) {
+		o->d_sq = b->alloc(b, s->n_units * sizeof(double));
+		o->h_sq = calloc(s->n_units, sizeof(double));
+		if (!o->h_sq)
+			return -1;
+	}
 	o->ev_stage = event_new(b);
 	for (int i = 0; i < s->n_units; i++) {
 		struct sl_shard_unit *u = &s->u[i];
 
-		u->w_host = s->host_params ? u->w_shard : host_mem(b, u->shard * b->elt);
+		u->w_host = s->host_params ? u->w_shard : s->lean ? NULL :
+			host_mem(b, u->shard * b->elt);
 		u->d_acc = s->accum_dev ? b->alloc(b, u->shard * sizeof(float)) : NULL;
 		u->ev_g = event_new(b);
 		u->ev_w = event_new(b);
@@ -317,10 +382,17 @@ void sl_offload_destroy(struct sl_shard *s)
 		b->sync(b);
 	for (int i = 0; i < N_PAIRS; i++) {
 		sync_event(b, o->ev_pair[i]);
-		b->free(b, o->d_rs[i]);
+		sync_event(b, o->ev_gr[i]);
+		if (o->d_rs[i])
+			b->free(b, o->d_rs[i]);
 		host_mem_free(b, o->h_rs[i]);
+		host_mem_free(b, o->g_ring[i]);
 		event_free(b, o->ev_pair[i]);
+		event_free(b, o->ev_gr[i]);
 	}
+	if (o->d_sq)
+		b->free(b, o->d_sq);
+	free(o->h_sq);
 	sync_event(b, o->ev_stage);
 	event_free(b, o->ev_stage);
 	for (int i = 0; i < s->n_wslots; i++) {
@@ -339,6 +411,8 @@ void sl_offload_destroy(struct sl_shard *s)
 		if (u->d_acc)
 			b->free(b, u->d_acc);
 	}
+	for (int i = 0; i < N_PAIRS; i++)
+		host_mem_free(b, o->w_ring[i]);
 	pthread_mutex_destroy(&o->mu);
 	pthread_cond_destroy(&o->work);
 	pthread_cond_destroy(&o->done);
@@ -446,9 +520,12 @@ void sl_offload_refresh(struct sl_shard *s, int ui)
 	struct sl_backend *b = s->be;
 	struct sl_shard_unit *u = &s->u[ui];
 
-	sl_host_to_compute(u->w_host, u->master, b->elt, u->shard);
+	void *w = s->lean ? s->off->w_ring[0] : u->w_host;
+
+	/* (lean: the ring is idle here, the callers drained the worker) */
+	sl_host_to_compute(w, u->master, b->elt, u->shard);
 	if (!s->host_params)
-		b->upload(b, u->w_shard, u->w_host, u->shard * b->elt);
+		b->upload(b, u->w_shard, w, u->shard * b->elt);
 	u->w_gen = s->w_gen;
 	u->w_wait = false;
 }
@@ -481,7 +558,7 @@ void sl_offload_release_grads(struct sl_shard *s, int ui, const void *gbuf)
 
 	s->grads_pending = true;
 	if (first)
-		u->acc_dev = s->accum_dev && !last;
+		u->acc_dev = s->lean || (s->accum_dev && !last);
 	if (u->acc_dev) {
 		/* earlier micro-batches stay on the device; the last sum goes down */
 		if (first) {
@@ -492,7 +569,12 @@ void sl_offload_release_grads(struct sl_shard *s, int ui, const void *gbuf)
 		}
 		if (!last)
 			return;
-		download_async(b, u->grad32, u->d_acc, bytes, u->ev_g);
+		if (s->lean) {
+			/* the sum of squares on the device; the gradient goes down in the update */
+			b->sumsq_f32(b, o->d_sq + ui, u->d_acc, u->shard);
+			return;
+		}
+		download_async(b, u->grad32, u->d_acc, bytes, true, u->ev_g);
 		j.ev = u->ev_g;
 		post(o, &j);
 		return;
@@ -501,7 +583,8 @@ void sl_offload_release_grads(struct sl_shard *s, int ui, const void *gbuf)
 	sl_shard_reduce_to(s, ui, gbuf, o->d_rs[k]);
 	if (!first && !o->h_rs[k])
 		o->h_rs[k] = host_mem(b, o->max_shard * sizeof(float));
-	download_async(b, first ? u->grad32 : o->h_rs[k], o->d_rs[k], bytes, o->ev_pair[k]);
+	download_async(b, first ? u->grad32 : o->h_rs[k], o->d_rs[k], bytes, true,
+		       o->ev_pair[k]);
 	j.ev = o->ev_pair[k];
 	j.add = first ? NULL : o->h_rs[k];
 	j.pair = k;
@@ -535,7 +618,21 @@ int sl_offload_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h,
 
 	sl_offload_drain(s);
 	s->grads_pending = false;
-	for (int i = 0; i < s->n_units; i++) {
+	if (s->lean) {
+		for (int i = 0; i < s->n_units; i++) {
+			struct sl_shard_unit *u = &s->u[i];
+
+			if (!u->grads_seen)
+				b->zero(b, u->d_acc, u->shard * sizeof(float));
+			if (replicas)
+				sl_comm_all_reduce(s->replica_comm, u->d_acc, u->shard,
+						   SL_COMM_F32);
+			if (!u->grads_seen || replicas)
+				b->sumsq_f32(b, o->d_sq + i, u->d_acc, u->shard);
+		}
+		b->download(b, o->h_sq, o->d_sq, s->n_units * sizeof(double));
+	}
+	for (int i = 0; i < s->n_units && !s->lean; i++) {
 		struct sl_shard_unit *u = &s->u[i];
 
 		/* a unit with no gradient this step (cannot happen for this model) counts as 0 */
@@ -549,6 +646,8 @@ int sl_offload_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h,
 		}
 		sumsq += u->sumsq;
 	}
+	for (int i = 0; i < s->n_units && s->lean; i++)
+		sumsq += o->h_sq[i];
 	if (s->S > 1)
 		MPI_Allreduce(MPI_IN_PLACE, &sumsq, 1, MPI_DOUBLE, MPI_SUM, s->shard_comm->mpi);
 	*grad_norm = sqrt(sumsq);
@@ -566,6 +665,9 @@ int sl_offload_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h,
 		.bc1 = 1.0 - pow(h->beta1, h->step), .bc2 = 1.0 - pow(h->beta2, h->step),
 		.grad_scale = sl_clip_scale(*grad_norm, h->clip),
 	};
+	/* lean: the worker's gradient downloads come after this one, so after the backward */
+	if (s->lean)
+		download_async(b, &o->fence[0], &o->fence[1], 0, true, NULL);
 	pthread_mutex_lock(&o->mu);
 	s->w_gen++;
 	o->updates++;

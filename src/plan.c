@@ -87,7 +87,7 @@ static void count_model(const struct counter *k, const struct sl_model_config *m
 /* the plan with offload's micro-batch accumulation on the device (@accum_dev) or not */
 static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 		   const struct sl_layout *lay, const struct sl_plan_opts *o, struct sl_plan *p,
-		   bool accum_dev)
+		   bool accum_dev, bool lean)
 {
 	struct counter dk, hk = { .align = 64 };
 	size_t e, sum_w = 0, sum_f = 0, sum_hf = 0, sum_hw = 0, T, B, L, load;
@@ -118,7 +118,8 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	p->host_mem = o->host_mem;
 	host_state = p->offload != SL_OFFLOAD_NONE;
 	host_params = p->offload == SL_OFFLOAD_PARAMS;
-	p->accum_dev = accum_dev && host_state && c->train.accum > 1;
+	p->lean = lean && p->offload == SL_OFFLOAD_OPTIMIZER;
+	p->accum_dev = (accum_dev && host_state && c->train.accum > 1) || p->lean;
 
 	/* shard.c: per unit, padded to a multiple of S, this rank's shard of it */
 	for (int u = 0; u < lay->n_units; u++) {
@@ -146,12 +147,13 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	p->dev[SL_PLAN_WEIGHTS] = (host_params ? 0 : sum_w) +
 		(size_t)p->n_wslots * A(&dk, p->max_padded * e);
 	p->dev[SL_PLAN_GRADS] = 2 * A(&dk, p->max_padded * e) +	/* gslots */
-		(!host_state || p->accum_dev ? sum_f : 0);	/* grad32, or offload's d_acc */
+		(!host_state || p->accum_dev ? sum_f : 0) +	/* grad32, or offload's d_acc */
+		(p->lean ? A(&dk, lay->n_units * sizeof(double)) : 0);	/* per-unit sumsq */
 	p->dev[SL_PLAN_OPTIM] = host_state ? 0 : 3 * sum_f;		/* master, m, v */
 	p->dev[SL_PLAN_COMM] = (p->S > 1 ? A(&dk, p->max_padded * sizeof(float)) : 0) /* g32_full */
 		+ A(&dk, p->max_shard * sizeof(float))			/* rs_out */
 		+ A(&dk, sizeof(double))				/* d_sumsq */
-		+ (host_state ? 2 * A(&dk, p->max_shard * sizeof(float)) : 0) /* offload ring */
+		+ (host_state && !p->lean ? 2 * A(&dk, p->max_shard * sizeof(float)) : 0) /* ring */
 		+ (host_params && p->S > 1 ? A(&dk, p->max_shard * e) : 0);	/* d_wstage */
 	p->dev[SL_PLAN_WORKSPACE] = p->cuda ? CUDA_WORKSPACE + CUDA_SCRATCH : 0;
 	p->dev[SL_PLAN_RUNTIME] = p->cuda ? CUDA_CONTEXT : 0;
@@ -168,11 +170,14 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 
 	/* host, per rank: the offloaded state */
 	p->host[SL_PLAN_OPTIM] = host_state ? 3 * sum_hf : 0;
-	/* grad32, and the ring's host half when later micro-batches add up on the host */
-	p->host[SL_PLAN_GRADS] = host_state ? sum_hf + (c->train.accum > 1 && !p->accum_dev ?
-		2 * A(&hk, p->max_shard * sizeof(float)) : 0) : 0;
-	/* w_host: the compute copy AdamW writes (with params the only copy) */
-	p->host[SL_PLAN_WEIGHTS] = host_state ? sum_hw : 0;
+	/* grad32, and the ring's host half when later micro-batches add up on the host; lean:
+	 * the gradient ring only */
+	p->host[SL_PLAN_GRADS] = p->lean ? 2 * A(&hk, p->max_shard * sizeof(float)) :
+		host_state ? sum_hf + (c->train.accum > 1 && !p->accum_dev ?
+				       2 * A(&hk, p->max_shard * sizeof(float)) : 0) : 0;
+	/* w_host: the compute copy AdamW writes (with params the only copy); lean: a ring */
+	p->host[SL_PLAN_WEIGHTS] = p->lean ? 2 * A(&hk, p->max_shard * e) :
+		host_state ? sum_hw : 0;
 	/*
 	 * Transient: a checkpoint copies master, m and v of every unit to host buffers (train.c);
 	 * loading holds one whole unit in fp32 at a time.  They never overlap: count the larger.
@@ -200,10 +205,18 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 int sl_plan_compute(const struct sl_config *c, const struct sl_model_config *mc,
 		    const struct sl_layout *lay, const struct sl_plan_opts *o, struct sl_plan *p)
 {
-	if (compute(c, mc, lay, o, p, true))
+	struct sl_plan q;
+
+	if (o->force_lean)
+		return compute(c, mc, lay, o, p, true, true);
+	if (compute(c, mc, lay, o, p, true, false))
 		return -1;
-	if (p->accum_dev && !p->gpu_fits)
-		return compute(c, mc, lay, o, p, false);
+	if (p->accum_dev && !p->gpu_fits && compute(c, mc, lay, o, p, false, false))
+		return -1;
+	/* a host too small for gradients and the bf16 copy: keep those on the GPU (host_lean) */
+	if (!p->host_fits && p->offload == SL_OFFLOAD_OPTIMIZER &&
+	    compute(c, mc, lay, o, &q, true, true) == 0 && sl_plan_fits(&q))
+		*p = q;
 	return 0;
 }
 
@@ -314,8 +327,17 @@ void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
 				p->dev[i]);
 	fprintf(out, "  %-26s %12.2f %14zu\n", "total", gib(p->dev_total), p->dev_total);
 	fprintf(out, "  (weights: %d gathered unit(s) in flight of up to %zu elements; "
-		"activations for %d x %d tokens%s)\n\n", p->n_wslots, p->max_padded, p->batch,
+		"activations for %d x %d tokens%s)\n", p->n_wslots, p->max_padded, p->batch,
 		p->seq, p->ckpt ? ", one layer's set with checkpointing" : "");
+	if (p->lean)
+		fprintf(out, "  (offload, lean host: the host has no room for gradients and a bf16 "
+			"copy, so fp32 gradients stay on the GPU (in gradients) and stream through the "
+			"host during the update)\n");
+	else if (p->offload != SL_OFFLOAD_NONE && c->train.accum > 1)
+		fprintf(out, "  (offload, accum %d: earlier micro-batches' gradients add up %s)\n",
+			c->train.accum, p->accum_dev ? "on the GPU, in fp32 (in gradients)" :
+			"in host memory: no room for them on the GPU");
+	fprintf(out, "\n");
 	fprintf(out, "%-28s %12s %14s\n", "host, per rank", "GiB", "bytes");
 	for (int i = 0; i < SL_PLAN_N; i++)
 		if (p->host[i] || i == SL_PLAN_OPTIM)
@@ -369,7 +391,7 @@ static double node_memory(void)
 }
 
 int sl_plan_check_job(const struct sl_config *c, int world, int node_size, double gpu_bytes,
-		      bool *accum_dev)
+		      bool *accum_dev, bool *lean)
 {
 	struct sl_model_files mf;
 	struct sl_plan_opts o = { .gpus = world, .node_size = node_size, .gpu_mem = gpu_bytes,
@@ -383,6 +405,7 @@ int sl_plan_check_job(const struct sl_config *c, int world, int node_size, doubl
 		goto out_close;
 	ret = 0;
 	*accum_dev = p.accum_dev;
+	*lean = p.lean;
 	if (!sl_plan_fits(&p)) {
 		char *buf = NULL;
 		size_t len = 0;

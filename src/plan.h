@@ -38,6 +38,7 @@ struct sl_plan_opts {
 	/* overrides of the config, for the advice (-1 = as configured) */
 	int offload;			/* enum sl_offload */
 	int ckpt;			/* activation checkpointing 0/1 */
+	bool force_lean;		/* plan offload optimizer's lean host layout (tests) */
 };
 
 struct sl_plan {
@@ -53,6 +54,9 @@ struct sl_plan {
 	size_t max_padded, max_shard;	/* largest unit (padded) and shard, elements */
 	int n_wslots;			/* gathered units in flight */
 	bool accum_dev;			/* offload, accum > 1: micro-batches add up on the GPU */
+	bool lean;			/* offload optimizer with gradients kept on the GPU, the
+					 * host holding master, m, v only (shard's host_lean):
+					 * chosen when the usual host layout does not fit */
 	/* bytes */
 	size_t dev[SL_PLAN_N];		/* per GPU ("device" memory: host memory on cpu) */
 	size_t dev_total;
@@ -78,10 +82,10 @@ void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
  * `train`'s check, before anything is loaded: reads the model's config.json, plans for @world
  * ranks, @node_size per node, against @gpu_bytes per GPU (0: unknown, GPU part skipped) and this
  * node's physical memory.  0 when it fits, -1 (with the reason and what to change) when not.
- * *accum_dev: whether offload accumulates micro-batches on the GPU (see sl_plan.accum_dev).
+ * *accum_dev, *lean: the plan's sl_plan.accum_dev and sl_plan.lean, for shard.
  */
 int sl_plan_check_job(const struct sl_config *c, int world, int node_size, double gpu_bytes,
-		      bool *accum_dev);
+		      bool *accum_dev, bool *lean);
 
 /* "80", "80GB" (10^9) or "74.5GiB" (2^30) -> bytes; -1 when malformed. */
 double sl_plan_parse_mem(const char *s);

@@ -225,7 +225,8 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	s->offload = o->offload;
 	s->host_state = o->offload != SL_OFFLOAD_NONE;
 	s->host_params = o->offload == SL_OFFLOAD_PARAMS;
-	s->accum_dev = s->host_state && o->accum_on_device;
+	s->lean = o->host_lean && s->host_state && !s->host_params;
+	s->accum_dev = s->host_state && (o->accum_on_device || s->lean);
 	s->prefetch = o->prefetch;
 	s->accum = o->accum;
 	s->mb_last = true;
@@ -245,7 +246,7 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 		u->master = state_alloc(s, u->shard * sizeof(float));
 		u->m = state_alloc(s, u->shard * sizeof(float));
 		u->v = state_alloc(s, u->shard * sizeof(float));
-		u->grad32 = state_alloc(s, u->shard * sizeof(float));
+		u->grad32 = s->lean ? NULL : state_alloc(s, u->shard * sizeof(float));
 		u->w_shard = s->host_params ? host_alloc(s, u->shard * b->elt) :
 			b->alloc(b, u->shard * b->elt);
 		s->shard_sizes[i] = u->shard;

@@ -49,7 +49,7 @@ struct sl_shard_unit {
 	float *master;			/* (shard) f32; host memory with offload */
 	float *m, *v;			/* (shard) f32 AdamW moments; host with offload */
 	float *grad32;			/* (shard) f32 gradient accumulated over the step; host
-					 * with offload */
+					 * with offload; NULL with host_lean (d_acc holds it) */
 	void *w_shard;			/* (shard) compute precision copy of master; host with
 					 * offload: params */
 	int wslot;			/* gather slot holding the full unit, or -1 */
@@ -98,6 +98,7 @@ struct sl_shard {
 					 * before the all-gather (S > 1) */
 	int prefetch;			/* units uploaded ahead (offload: params, S = 1) */
 	bool accum_dev;			/* offload: accumulate micro-batches on the device */
+	bool lean;			/* opts.host_lean (implies accum_dev) */
 	int accum;			/* opts.accum */
 	bool mb_last;			/* this micro-batch is the step's last (or unknown) */
 	bool bwd;			/* in a backward pass (prefetch direction) */
@@ -119,6 +120,11 @@ struct sl_shard_opts {
 					 * accumulate in fp32 on the device (the planner's call) */
 	int accum;			/* micro-batches per step, 0 = unknown (offload sizes
 					 * its host accumulation buffers up front when > 1) */
+	bool host_lean;			/* offload: optimizer on a host too small for the usual
+					 * layout: gradients stay on the device (fp32, summed
+					 * there) and stream through a small host ring during
+					 * the update, which writes the bf16 copy into a ring
+					 * too: the host holds master, m and v only */
 };
 
 int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_layout *lay,

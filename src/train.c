@@ -721,23 +721,32 @@ static void log_offload(struct job *j)
 {
 	struct sl_offload_stats st;
 
+	double t0 = sl_now();
+
 	if (!j->have_shard || !j->sh.host_state)
 		return;
+	/* the last update has no next forward to hide behind: what is left of it counts */
 	sl_shard_drain(&j->sh);
 	sl_offload_stats(&j->sh, &st);
+	st.wait_s += sl_now() - t0;
 	if (!st.updates)
 		return;
 	sl_log("offload: host AdamW %.3f s per update (%d updates, %d threads), the next forward "
 	       "waited %.3f s of it per update (%.0f%% hidden); gradient sums on the host %.3f s "
-	       "per step", st.adam_s / st.updates, st.updates, omp_get_max_threads(),
+	       "per step", st.adam_s / st.updates, st.updates, omp_get_max_threads() > 2 ?
+	       omp_get_max_threads() - 1 : omp_get_max_threads(),
 	       st.wait_s / st.updates, st.adam_s > 0 ? 100 * (1 - st.wait_s / st.adam_s) : 0,
 	       st.grad_s / st.updates);
 }
 
-/* tests: offload adds micro-batches up on the host even where the GPU has room */
-static bool test_host_accum(void)
+/*
+ * tests: SHARDLM_TEST_HOST_ACCUM: offload adds micro-batches up on the host even where the GPU
+ * has room; SHARDLM_TEST_HOST_LEAN: offload optimizer keeps gradients on the device (host_lean)
+ * even where the host has room.
+ */
+static bool test_env(const char *name)
 {
-	const char *e = getenv("SHARDLM_TEST_HOST_ACCUM");
+	const char *e = getenv(name);
 
 	return e && *e && strcmp(e, "0");
 }
@@ -749,7 +758,9 @@ static void poison_gradient(struct job *j, double *loss)
 	*loss = NAN;
 	if (j->d.rank != 0)
 		return;		/* the norm is summed over ranks: one NaN reaches all */
-	if (j->sh.host_state) {
+	if (j->sh.host_state && j->sh.lean) {
+		j->be->upload(j->be, j->sh.u[0].d_acc, &nan, sizeof(nan));
+	} else if (j->sh.host_state) {
 		sl_shard_drain(&j->sh);	/* the offload worker may still be writing it */
 		j->sh.u[0].grad32[0] = nan;
 	}
@@ -1254,7 +1265,7 @@ int sl_cmd_train(int argc, char **argv)
 	struct job jj = { 0 }, *j = &jj;
 	char path[SL_PATH_MAX + 64], ckpt_dir[SL_PATH_MAX + 64], dur[64];
 	int ret = 2, verdict = 0, n_init = 0;
-	bool resume = false, accum_dev = false;
+	bool resume = false, accum_dev = false, lean = false;
 
 	ckpt_dir[0] = 0;
 	sl_log_init();
@@ -1282,7 +1293,7 @@ int sl_cmd_train(int argc, char **argv)
 		goto out;
 	/* the memory plan before anything is loaded (GPU size 0: the cpu backend, host only) */
 	if (!all_ok(sl_plan_check_job(j->c, j->d.world, j->d.local_size, gpu_memory(j),
-				      &accum_dev) == 0))
+				      &accum_dev, &lean) == 0))
 		goto out;
 	sl_checkpoint_root(j->c, j->ckpt_root, sizeof(j->ckpt_root));
 	if (j->d.rank == 0)
@@ -1377,8 +1388,9 @@ int sl_cmd_train(int argc, char **argv)
 			.shard_comm = &j->g.shard, .replica_comm = &j->g.replica,
 			.reshard_after_forward = j->c->parallel.reshard_after_forward,
 			.prefetch = j->c->parallel.prefetch, .offload = j->c->parallel.offload,
-			.accum_on_device = accum_dev && !test_host_accum(),
+			.accum_on_device = accum_dev && !test_env("SHARDLM_TEST_HOST_ACCUM"),
 			.accum = j->c->train.accum,
+			.host_lean = lean || test_env("SHARDLM_TEST_HOST_LEAN"),
 		};
 
 		if (!all_ok(sl_shard_create(&j->sh, j->be, &j->mf.lay, &so) == 0))
@@ -1392,7 +1404,8 @@ int sl_cmd_train(int argc, char **argv)
 		sl_log("offload %s: fp32 master weights and moments in host memory, AdamW on the "
 		       "host%s%s", sl_offload_name(j->c->parallel.offload),
 		       j->sh.host_params ? ", weights streamed per unit" : "",
-		       j->c->train.accum < 2 ? "" : j->sh.accum_dev ?
+		       j->sh.lean ? "; lean host: gradients stay on the GPU and stream through the "
+		       "host during the update" : j->c->train.accum < 2 ? "" : j->sh.accum_dev ?
 		       "; micro-batches add up on the GPU" : "; micro-batches add up in host memory "
 		       "(host accumulation: the GPU has no room for fp32 gradients)");
 	j->first_step = 1;
@@ -1436,7 +1449,9 @@ int sl_cmd_train(int argc, char **argv)
 		ret = verdict > 0 ? verdict : 2;	/* > 0: a stop's exit status */
 		goto out;
 	}
-	if (export_final(j))
+	if (!j->c->export_.final)
+		sl_log("export.final is false: no final model export");
+	else if (export_final(j))
 		goto out;
 	ret = 0;
 out:

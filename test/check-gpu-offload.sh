@@ -1,7 +1,8 @@
 #!/bin/sh
 # check-gpu-offload.sh (check-gpu.sh runs it on the GPU machine): parallel.offload on the cuda
 # backend trains to the same losses as on-GPU optimizer state, within 1e-5 relative over 20 steps
-# of a tiny random model: offload optimizer (micro-batches adding up on the GPU, and on the host),
+# of a tiny random model: offload optimizer (micro-batches adding up on the GPU, and on the host,
+# and the lean host layout),
 # offload params (prefetch 2), accum 1 and 2, and 2 ranks sharing the GPU (MPI staged).  The host
 # AdamW is the GPU kernel's arithmetic, the bf16 copy the same rounding, so the losses agree to
 # the last bit but for the order of the gradient norm's double sum.
@@ -31,11 +32,12 @@ optim: {lr: 3.0e-3, warmup: 2, weight_decay: 0.1, clip: 1.0}
 checkpoint: {every: 10, keep: 1}
 YAML
 
-# run NAME NP BATCH ACCUM OFFLOAD [HOST_ACCUM]: 12 records per step
+# run NAME NP BATCH ACCUM OFFLOAD [HOST_ACCUM [LEAN]]: 12 records per step
 run() {
 	ok
-	if ! SHARDLM_TEST_HOST_ACCUM=${6:-} "$MPIRUN" -np "$2" --oversubscribe \
-		-x SHARDLM_TEST_HOST_ACCUM "$SHARDLM" train "$T/base.yaml" --set run.dir="$T/$1" \
+	if ! SHARDLM_TEST_HOST_ACCUM=${6:-} SHARDLM_TEST_HOST_LEAN=${7:-} "$MPIRUN" -np "$2" \
+		--oversubscribe -x SHARDLM_TEST_HOST_ACCUM -x SHARDLM_TEST_HOST_LEAN \
+		"$SHARDLM" train "$T/base.yaml" --set run.dir="$T/$1" \
 		--set train.batch="$3" --set train.accum="$4" --set parallel.offload="$5" \
 		--set parallel.prefetch=2 >"$T/$1.out" 2>&1; then
 		fail "$1: exited non-zero"; tail -n 20 "$T/$1.out" >&2
@@ -66,12 +68,16 @@ run opt1 1 12 1 optimizer
 run par1 1 12 1 params
 run none2r 2 3 2 none
 run opt2r 2 3 2 optimizer
+run lean 1 6 2 optimizer "" 1
+run lean1 1 12 1 optimizer "" 1
 close none opt
 close none hopt
 close none par
 close none1 opt1
 close none1 par1
 close none2r opt2r
+close none lean
+close none1 lean1
 grep -q "micro-batches add up on the GPU" "$T/opt/train.log" || fail "opt: not accumulating on the GPU"
 grep -q "host accumulation" "$T/hopt/train.log" || fail "hopt: not accumulating on the host"
 finish

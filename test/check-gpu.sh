@@ -5,6 +5,7 @@
 #   communicator (NCCL refuses two ranks on one device), also as 2 pretended nodes of 2.
 #   test_cuda_ops, test_cuda_model: the cuda backend's ops and the tiny model against the cpu one.
 #   check-gpu-offload.sh: offloaded optimizer state and weights train to the on-GPU losses.
+#   check-gpu-sft.sh: task sft (untied, tied, packed, Qwen3-MoE) trains to the cpu backend's losses.
 set -u
 : "${top_srcdir:=$(cd "$(dirname "$0")/.." && pwd)}"
 : "${top_builddir:=$top_srcdir}"
@@ -49,8 +50,12 @@ fi
 # the cuda backend against the cpu one: every op, then the whole tiny model (loss and gradients)
 gpu_test "cuda ops vs cpu" "$top_builddir/test/test_cuda_ops"
 gpu_test "cuda model vs cpu" "$top_builddir/test/test_cuda_model"
-# parallel.offload: optimizer and params against on-GPU optimizer state (losses, 20 steps)
+# parallel.offload: the copy streams and events, then optimizer and params against on-GPU
+# optimizer state (losses, 20 steps)
+gpu_test "cuda async copies" "$top_builddir/test/test_cuda_async"
 gpu_test "offload vs on-GPU losses" sh "$top_srcdir/test/check-gpu-offload.sh"
+# task sft (dense, tied, packed, MoE) against the cpu backend's losses
+gpu_test "sft cuda vs cpu losses" sh "$top_srcdir/test/check-gpu-sft.sh"
 
 grep -h "checks," "$LOG"
 echo "check-gpu: $passed passed, $failed failed"

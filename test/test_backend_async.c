@@ -43,7 +43,7 @@ static void *side_thread(void *arg)
 			sd->host[i] = (float)(r + i);
 		be->upload_async(be, sd->dev, sd->host, N * sizeof(float), false, sd->ev);
 		be->sync_event(be, sd->ev);
-		be->download_async(be, back, sd->dev, N * sizeof(float), sd->ev);
+		be->download_async(be, back, sd->dev, N * sizeof(float), false, sd->ev);
 		be->sync_event(be, sd->ev);
 		for (int i = 0; i < N; i++)
 			if (back[i] != (float)(r + i))
@@ -78,7 +78,7 @@ int main(void)
 	be->wait_event(be, e2);
 
 	/* the copy is asynchronous: right after the call (0.1 s before it runs) nothing moved */
-	be->download_async(be, h, a, N * sizeof(float), e1);
+	be->download_async(be, h, a, N * sizeof(float), true, e1);
 	CHECK(all_eq(h, 0, N), "a download finished inside its call");
 	be->sync_event(be, e1);
 	CHECK(all_eq(h, 1, N), "sync_event returned before the copy was done");
@@ -116,7 +116,7 @@ int main(void)
 				a[i] = (float)(r - i);
 			be->upload_async(be, dev, a, N * sizeof(float), true, ev);
 			be->wait_event(be, ev);
-			be->download_async(be, back, dev, N * sizeof(float), ev);
+			be->download_async(be, back, dev, N * sizeof(float), true, ev);
 			be->sync_event(be, ev);
 			for (int i = 0; i < N; i++)
 				if (back[i] != (float)(r - i))

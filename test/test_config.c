@@ -525,8 +525,9 @@ static void test_print_table(void)
 	for (size_t i = 0; i < len; i++)
 		lines += buf[i] == '\n';
 	/* DESIGN.md §3: model 2, task, data 11, train 8, optim 9, backend, precision 3,
-	 * parallel 9, checkpoint 4 + term_grace_s (issue 10), export 1, run 2, gpu_log 2 */
-	CHECK(lines == 54, "%d lines", lines);
+	 * parallel 9, checkpoint 4 + term_grace_s (issue 10), export 1 + final (issue 6), run 2,
+	 * gpu_log 2 */
+	CHECK(lines == 55, "%d lines", lines);
 	/* the longest key, "parallel.reshard_after_forward", is 30 characters */
 	CHECK(!strncmp(buf, "model.path                      /m/qwen3-27b\n", 45), "%.60s", buf);
 	snprintf(want, sizeof(want), "\n%-30s  %s\n", "train.batch", "3");

@@ -3,7 +3,8 @@
 #  - offload: optimizer and offload: params train to the same losses as on-device optimizer
 #    state (1e-5 relative over 20 steps) on 1 and 2 ranks, accum 1 and accum 2 with the
 #    micro-batches adding up on the device (the planner's choice when there is room) and on the
-#    host (SHARDLM_TEST_HOST_ACCUM), params with prefetch 1 and 2.  The cpu backend's copies run
+#    host (SHARDLM_TEST_HOST_ACCUM), params with prefetch 1 and 2, and offload optimizer's lean
+#    host layout (SHARDLM_TEST_HOST_LEAN: gradients kept on the device, streamed in the update).  The cpu backend's copies run
 #    on a thread of their own, delayed (SHARDLM_CPU_COPY_DELAY_US) so that a buffer reused
 #    before its copy is done gives wrong losses;
 #  - `shardlm plan` verdicts and exit status for the 27B shape (fixture config.json, no weights);
@@ -33,7 +34,8 @@ run() {
 	ok
 	acc=${5:-2}
 	if ! SHARDLM_CPU_COPY_DELAY_US=300 "$MPIRUN" -np "$2" --oversubscribe \
-		-x SHARDLM_CPU_COPY_DELAY_US -x SHARDLM_TEST_HOST_ACCUM "$SHARDLM" train \
+		-x SHARDLM_CPU_COPY_DELAY_US -x SHARDLM_TEST_HOST_ACCUM -x SHARDLM_TEST_HOST_LEAN \
+		"$SHARDLM" train \
 		"$T/base.yaml" --set run.dir="$T/$1" --set train.batch="$(($3 * 2 / acc))" \
 		--set train.accum="$acc" --set parallel.offload="$4" \
 		--set parallel.prefetch="${6:-1}" >"$T/$1.out" 2>&1; then
@@ -57,31 +59,34 @@ PY
 	fail "losses of $2 differ from $1 by more than 1e-5"
 }
 
-export SHARDLM_TEST_HOST_ACCUM=
-for np in 1 2; do
-	b=$((6 / np))
-	run none$np $np $b none
-	run opt$np $np $b optimizer
-	run par$np $np $b params 2 2
-	close none$np opt$np
-	close none$np par$np
-done
-close none1 none2
-# the same with the micro-batches adding up on the host
+export SHARDLM_TEST_HOST_ACCUM= SHARDLM_TEST_HOST_LEAN=
+run none1 1 6 none
+run opt1 1 6 optimizer
+run par1 1 6 params 2 2
+run none2 2 3 none
+run par2 2 3 params
+# 2 ranks, offload optimizer with the micro-batches adding up on the host
 export SHARDLM_TEST_HOST_ACCUM=1
-run hopt1 1 6 optimizer
-run hpar2 2 3 params
-close none1 hopt1
-close none2 hpar2
-# accum 1: one micro-batch per step
+run opt2 2 3 optimizer
 export SHARDLM_TEST_HOST_ACCUM=
+for x in opt1 par1; do close none1 $x; done
+for x in opt2 par2; do close none2 $x; done
+close none1 none2
+# accum 1: one micro-batch per step
 run none1a1 1 6 none 1
 run opt1a1 1 6 optimizer 1
-run par1a1 1 6 params 1
 close none1a1 opt1a1
-close none1a1 par1a1
-grep -q "host accumulation" "$T/hopt1/train.log" ||
-	{ fail "hopt1: the log does not say that micro-batches add up on the host"; }
+# the lean host layout (gradients stay on the device, streamed in the update): accum 2 and 1
+export SHARDLM_TEST_HOST_LEAN=1
+run lean2 2 3 optimizer
+run lean1a1 1 6 optimizer 1
+close none2 lean2
+close none1a1 lean1a1
+grep -q "lean host" "$T/lean2/train.log" || fail "lean2: the log does not say lean host"
+grep -q "host accumulation" "$T/opt2/train.log" ||
+	{ fail "opt2: the log does not say that micro-batches add up on the host"; }
+grep -q "micro-batches add up on the GPU" "$T/opt1/train.log" ||
+	{ fail "opt1: the log does not say that micro-batches add up on the GPU"; }
 
 # `shardlm plan` on the 27B shape: exit 0 fits, 1 does not, with the advice
 cat >"$T/27b.yaml" <<YAML

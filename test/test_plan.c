@@ -273,14 +273,16 @@ static void check_counts(void)
 	k.be.host_free = c_host_free;
 	CHECK(sl_model_layout(&mc, 0, &lay) == 0);
 	for (int off = SL_OFFLOAD_NONE; off <= SL_OFFLOAD_PARAMS; off++) {
-		for (int ck = 0; ck < 2; ck++) {
+		/* ck 2: offload optimizer's lean host layout, accum 3 */
+		for (int ck = 0; ck < (off == SL_OFFLOAD_OPTIMIZER ? 3 : 2); ck++) {
 			struct sl_config c;
-			struct sl_plan_opts o = { .gpus = 1, .offload = -1, .ckpt = -1 };
+			struct sl_plan_opts o = { .gpus = 1, .offload = -1, .ckpt = -1,
+						  .force_lean = ck == 2 };
 			struct sl_plan p;
 			struct sl_shard sh;
 			struct sl_shard_opts so = { .reshard_after_forward = true, .prefetch = 1,
 						    .offload = off };
-			int acc = ck ? 1 : 3;	/* 3: on the device (the cpu "GPU" has room) */
+			int acc = ck == 1 ? 1 : 3;	/* 3: on the device (the cpu "GPU" has room) */
 			struct sl_model *m;
 			void *batch[4];
 
@@ -289,15 +291,17 @@ static void check_counts(void)
 			c.train.batch = B;
 			c.data.max_state = L;
 			c.parallel.offload = off;
-			c.train.activation_checkpointing = ck;
+			c.train.activation_checkpointing = ck == 1;
 			c.train.accum = acc;
 			CHECK(sl_plan_compute(&c, &mc, &lay, &o, &p) == 0);
 			CHECK(p.accum_dev == (off != SL_OFFLOAD_NONE && acc > 1));
+			CHECK(p.lean == (ck == 2), "off %d ck %d lean %d", off, ck, p.lean);
 			so.accum_on_device = p.accum_dev;
 			so.accum = acc;
+			so.host_lean = p.lean;
 
 			CHECK(sl_shard_create(&sh, &k.be, &lay, &so) == 0);
-			m = sl_model_create(&mc, &lay, &k.be, B * L, B, ck);
+			m = sl_model_create(&mc, &lay, &k.be, B * L, B, ck == 1);
 			CHECK(m != NULL);
 			/* train.c's device batch: ids, lens, last, labels */
 			batch[0] = k.be.alloc(&k.be, (size_t)B * L * 4);
