@@ -50,8 +50,9 @@ static bool is_real_token(const int32_t *lens, int L, int t)
 }
 
 static void cpu_moe_route_bwd(struct sl_backend *be, void *dlogits, const void *dtopw,
-			      const void *p, const int32_t *topi, const void *topw, const void *aux_g,
-			      const int32_t *lens, int B, int L, int E, int k, bool norm)
+			      const void *p, const int32_t *topi, const void *topw,
+			      const void *aux_g, const int32_t *lens, int B, int L, int E, int k,
+			      bool norm)
 {
 	const int T = B * L;
 
@@ -62,10 +63,11 @@ static void cpu_moe_route_bwd(struct sl_backend *be, void *dlogits, const void *
 		const real *wt = (const real *)topw + (size_t)t * k;
 		const int32_t *it = topi + (size_t)t * k;
 		real *dz = (real *)dlogits + (size_t)t * E;
+		const real *ag = aux_g && is_real_token(lens, L, t) ? aux_g : NULL;
 		double dp[4096], s = 0, dot = 0, c = 0;
 
 		for (int e = 0; e < E; e++)
-			dp[e] = aux_g && is_real_token(lens, L, t) ? (double)((const real *)aux_g)[e] : 0;
+			dp[e] = ag ? (double)ag[e] : 0;
 		if (norm) {
 			/* w_j = p_j / S:  dp_j = (dw_j - sum_m dw_m w_m) / S */
 			for (int j = 0; j < k; j++) {

@@ -52,7 +52,7 @@ struct sl_moe {
 	void *s_gu;		/* (T k, 2 Im) scratch */
 	void *dlogits;		/* (T, E) */
 	void *dtopw;		/* (T, k) stat */
-	double *stats;		/* (n_moe, 2E) device: choices and probability sums per expert */
+	double *stats;		/* (n_moe, 2E) device: choices, probability sums per expert */
 	double *h_stats;	/* (n_moe, 2E) host copy */
 	int64_t *counts;	/* (n_moe, E) host: tokens per expert, last micro-batch */
 	void *aux_g;		/* (E) stat: gradient of the weighted aux loss per p(t, e) */
