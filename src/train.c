@@ -133,6 +133,12 @@ int sl_cmd_parse(const char *cmd, int argc, char **argv, struct sl_cmd_args *a)
 
 int sl_check_supported(const struct sl_config *c, bool training)
 {
+	if (c->backend == SL_BACKEND_CUDA && training &&
+	    (c->parallel.expert != 1 || c->parallel.capacity_factor > 0)) {
+		sl_error("%s: parallel.expert > 1 and parallel.capacity_factor > 0 need the cpu "
+			 "backend in this version (no device all-to-all yet)", c->source);
+		return -1;
+	}
 #ifndef SL_HAVE_CUDA
 	if (c->backend == SL_BACKEND_CUDA && training) {
 		sl_error("%s: backend: cuda, but this shardlm was built without CUDA; configure "
@@ -162,12 +168,6 @@ int sl_check_supported(const struct sl_config *c, bool training)
 	if (c->parallel.context != 1) {
 		sl_error("%s: parallel.context is not in this version yet; leave it at 1",
 			 c->source);
-		return -1;
-	}
-	if (c->backend == SL_BACKEND_CUDA &&
-	    (c->parallel.expert != 1 || c->parallel.capacity_factor > 0)) {
-		sl_error("%s: parallel.expert > 1 and parallel.capacity_factor > 0 need the cpu "
-			 "backend in this version (no device all-to-all yet)", c->source);
 		return -1;
 	}
 	return 0;
