@@ -87,14 +87,14 @@ int sl_moe_dist_setup(struct sl_moe_dist *md, struct sl_model *m, const struct s
 			 c->model.path);
 		return -EINVAL;
 	}
-	if (world % C || (world / C) % Ep) {
-		sl_error("%s: parallel.expert %d must divide the %d data-parallel ranks (world %d "
-			 "/ parallel.context %d)", c->source, Ep, world / C, world, C);
-		return -EINVAL;
-	}
 	if (mc->n_experts % Ep) {
 		sl_error("%s: parallel.expert %d must divide the model's %d experts per layer",
 			 c->source, Ep, mc->n_experts);
+		return -EINVAL;
+	}
+	if (world % C || (world / C) % Ep) {
+		sl_error("%s: parallel.expert %d must divide the %d data-parallel ranks (world %d "
+			 "/ parallel.context %d)", c->source, Ep, world / C, world, C);
 		return -EINVAL;
 	}
 	rc = sl_moe_dist_create(md, rank, world, C, Ep, cf);
