@@ -246,7 +246,9 @@ static int check_resume_config(const struct sl_config *now, const char *old_yaml
 {
 	static const char *const may_change[] = { "train.steps", "train.epochs", "train.batch",
 						  "train.accum", "checkpoint.", "run.log_every",
-						  "run.dir", "gpu_log.", NULL };
+						  "run.dir", "gpu_log.",
+						  /* checkpoints hold every expert whole */
+						  "parallel.expert", NULL };
 	struct sl_config *old = calloc(1, sizeof(*old));
 	char path[] = "/tmp/shardlm-resume-XXXXXX", key[128], a[256], b[256];
 	int fd = mkstemp(path), ret = -1;
@@ -266,8 +268,9 @@ static int check_resume_config(const struct sl_config *now, const char *old_yaml
 		sl_config_format(old, key, a, sizeof(a));
 		sl_config_format(now, key, b, sizeof(b));
 		sl_error("cannot resume %s: %s changed from %s to %s; a resumed run may change only "
-			 "the world size, train.steps, batch/accum keeping the records per step, "
-			 "checkpoint.*, run.log_every and gpu_log.* (or pass --fresh to start over)",
+			 "the world size, parallel.expert, train.steps, batch/accum keeping the "
+			 "records per step, checkpoint.*, run.log_every and gpu_log.* (or pass "
+			 "--fresh to start over)",
 			 ckpt_dir, key, a, b);
 		goto out_unlink;
 	}

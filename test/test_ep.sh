@@ -5,6 +5,7 @@
 #    expert groups) give the single-rank losses and gradient norms (1e-5 relative) over 3 steps; the
 #    single-rank run takes the same micro-batches (accum = ranks), as the load-balancing loss is
 #    per micro-batch.  The experts' loads are uneven (asserted on the per-expert counts);
+#  - a run resumes from a checkpoint of another parallel.expert (4 -> 2 ranks);
 #  - parallel.capacity_factor 1: the step-1 dropped count equals the hand calculation from
 #    transformers' expert counts (reference.json expert_counts0) and the capacity
 #    ceil(cf * 27 real tokens * 2 / 8) = 7; on 2 expert-parallel ranks the same as one rank with
@@ -88,10 +89,18 @@ run clsep2 cls 2 2 1 --set parallel.expert=2
 same cls1x2 clsep2
 for t in cls sft; do
 	run ${t}1x4 $t 1 1 4
-	run ${t}ep4 $t 4 1 1 --set parallel.expert=4
+	run ${t}ep4 $t 4 1 1 --set parallel.expert=4 --set checkpoint.every=2
 	same ${t}1x4 ${t}ep4
 	uneven ${t}ep4 4
 done
+# checkpoints hold every expert whole: resume clsep4's step 2 with 2 expert-parallel ranks (the
+# same one-record micro-batches: the load-balancing loss is per micro-batch)
+cp -r "$T/clsep4" "$T/clsep4r"
+rm -rf "$T/clsep4r/checkpoints/step-000003"
+run clsep4r cls 2 1 2 --set parallel.expert=2 --set checkpoint.every=2
+ok
+grep -q "resuming from .*step-000002" "$T/clsep4r/train.log" || fail "clsep4r did not resume"
+same clsep4 clsep4r
 run clsep2x2 cls 4 1 1 --set parallel.expert=2
 same cls1x4 clsep2x2
 ok
