@@ -2,9 +2,10 @@
 # Expert parallelism on the cpu backend (mpirun --oversubscribe), tiny Qwen3-MoE fixtures
 # (test/fixtures/moe: 8 experts, top 2, MoE layers 0 and 2):
 #  - parallel.expert 2 on 2 ranks (classify), 4 on 4 ranks (classify, sft) and 2 on 4 ranks (two
-#    expert groups) give the single-rank losses and gradient norms (1e-5 relative) over 3 steps; the
-#    single-rank run takes the same micro-batches (accum = ranks), as the load-balancing loss is
-#    per micro-batch.  The experts' loads are uneven (asserted on the per-expert counts);
+#    expert groups, with the backward's recompute) give the single-rank losses and gradient norms
+#    (1e-5 relative) over 3 steps; the single-rank run takes the same micro-batches (accum =
+#    ranks), as the load-balancing loss is per micro-batch.  The experts' loads are uneven
+#    (asserted on the per-expert counts);
 #  - a run resumes from a checkpoint of another parallel.expert (4 -> 2 ranks);
 #  - parallel.capacity_factor 1: the step-1 dropped count equals the hand calculation from
 #    transformers' expert counts (reference.json expert_counts0) and the capacity
@@ -101,7 +102,7 @@ run clsep4r cls 2 1 2 --set parallel.expert=2 --set checkpoint.every=2
 ok
 grep -q "resuming from .*step-000002" "$T/clsep4r/train.log" || fail "clsep4r did not resume"
 same clsep4 clsep4r
-run clsep2x2 cls 4 1 1 --set parallel.expert=2
+run clsep2x2 cls 4 1 1 --set parallel.expert=2 --set train.activation_checkpointing=true
 same cls1x4 clsep2x2
 ok
 grep -q "mesh: 2 rank(s) = 2 data-parallel x 1 context; 1 expert group(s) of 2 rank(s), 4 expert" \
@@ -123,7 +124,8 @@ assert want > 0 and got == want, (got, want)
 PY
 fail "cap1: dropped tokens differ from the hand calculation"
 run cap1x2 cls 1 2 2 --set parallel.capacity_factor=1
-run capep2 cls 2 2 1 --set parallel.capacity_factor=1 --set parallel.expert=2
+run capep2 cls 2 2 1 --set parallel.capacity_factor=1 --set parallel.expert=2 \
+	--set train.activation_checkpointing=true
 same cap1x2 capep2
 run cap8 cls 1 2 2 --set parallel.capacity_factor=8
 ok
