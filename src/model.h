@@ -201,10 +201,10 @@ struct sl_moe_dispatch {
 	int rank, size;			/* this rank's index in the expert group; its ranks (P) */
 	double capacity_factor;		/* 0: no choice dropped */
 	void *ctx;
-	/* every rank sends n ints to each rank: recv (P n) = rank q's send[rank n, ...] in q order */
+	/* n ints to each rank: recv (P n) = rank q's send[rank n, (rank + 1) n), in q order */
 	void (*counts)(void *ctx, const int *send, int *recv, int n);
-	/* rows of @row_bytes: scount[q] consecutive rows of send to rank q (q order), rcount[q] from
-	 * q into recv (q order); backend buffers */
+	/* rows of @row_bytes: scount[q] consecutive rows of send to rank q (q order),
+	 * rcount[q] from q into recv (q order); backend buffers */
 	void (*rows)(void *ctx, const void *send, const int *scount, void *recv,
 		     const int *rcount, size_t row_bytes);
 };

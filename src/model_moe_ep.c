@@ -37,7 +37,7 @@
 struct ep_acts {
 	int32_t *send_tok;	/* (n) device: token of each sent row, in send order */
 	int32_t *send_sorted;	/* (n) device: sorted row of each sent row */
-	int32_t *inv;		/* (n) device: sent position of each sorted row, n_sent if dropped */
+	int32_t *inv;		/* (n) device: sent position of each sorted row; n_sent: dropped */
 	int32_t *perm;		/* (P n) device: received row of each expert-major local row */
 	int32_t *iperm;		/* (P n) device: expert-major local row of each received row */
 	int32_t *offs;		/* (El + 1) device: first local row of each local expert */
@@ -108,7 +108,8 @@ static int ep_alloc(struct sl_model *m, struct sl_moe *mo, struct moe_ep *ep)
 	int32_t *h;
 	int *hi;
 
-	ep->ea = calloc((size_t)m->n_acts, sizeof(*ep->ea) + (size_t)(El + 1 + 2 * P) * sizeof(int));
+	ep->ea = calloc((size_t)m->n_acts,
+			sizeof(*ep->ea) + (size_t)(El + 1 + 2 * P) * sizeof(int));
 	ep->h_rows = malloc(n * sizeof(int32_t));
 	ep->h_a = malloc(pn * sizeof(int32_t));
 	ep->h_b = malloc(pn * sizeof(int32_t));
@@ -163,15 +164,15 @@ int sl_model_set_moe_dispatch(struct sl_model *m, const struct sl_moe_dispatch *
 		return 0;
 	}
 	if (!mo) {
-		fprintf(stderr, "model: expert parallelism or an expert capacity needs a model with "
-			"MoE layers\n");
+		fprintf(stderr, "model: expert parallelism or an expert capacity needs a model "
+			"with MoE layers\n");
 		return -EINVAL;
 	}
 	if (d->size < 1 || d->rank < 0 || d->rank >= d->size || mo->E % d->size ||
 	    (d->size > 1 && (!d->counts || !d->rows))) {
-		fprintf(stderr, "model: the %d experts per layer do not split over %d expert-parallel "
-			"ranks (parallel.expert must divide the number of experts)\n", mo->E,
-			d->size);
+		fprintf(stderr, "model: the %d experts per layer do not split over %d "
+			"expert-parallel ranks (parallel.expert must divide the number of "
+			"experts)\n", mo->E, d->size);
 		return -EINVAL;
 	}
 	sl_moe_ep_destroy(mo);

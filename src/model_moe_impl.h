@@ -44,7 +44,7 @@ struct sl_moe {
 	struct moe_ep *ep;	/* dispatch over an expert group / capacity (model_moe_ep.c) */
 };
 
-/* model_moe_ep.c: the experts' part of a layer when a dispatch is set (sl_model_set_moe_dispatch) */
+/* model_moe_ep.c: the experts' part of a layer with a dispatch (sl_model_set_moe_dispatch) */
 bool sl_moe_ep_on(const struct sl_moe *mo);
 /*
  * From ma->h_offs and ma->rows (routed and permuted): send each kept row to the rank owning its
