@@ -14,6 +14,9 @@
  * transformers 5 holds in memory), then every expert's down_proj (H, Im) (one (E, H, Im) block).
  * The tensors keep Hugging Face's per-expert names.
  *
+ * With a dispatch (expert parallelism, an expert capacity: model_moe_ep.c) the gathered rows go
+ * to the ranks owning their experts instead, and come back as ma->y; the rest is the same.
+ *
  * The load-balancing loss is transformers' load_balancing_loss_func with the attention mask:
  * over every MoE layer and real token together (its concatenation of all layers' logits),
  * f_e = share of the k-choices that went to expert e, P_e = mean probability of e,
