@@ -100,13 +100,15 @@ void sl_metrics_add_step(struct sl_metrics *m, const struct sl_step_metrics *s)
 	if (s->moe_layers > 0 && s->n_experts > 0 && s->expert_tokens) {
 		/* per layer, the least and most loaded expert and all routed tokens (k per token) */
 		json_t *et = json_object(), *mn = json_array(), *mx = json_array();
-		json_t *tot = json_array();
+		json_t *tot = json_array(), *all = json_array();
 
 		for (int l = 0; l < s->moe_layers; l++) {
 			const long long *c = s->expert_tokens + (size_t)l * s->n_experts;
 			long long lo = c[0], hi = c[0], sum = 0;
+			json_t *row = json_array();
 
 			for (int e = 0; e < s->n_experts; e++) {
+				json_array_append_new(row, json_integer(c[e]));
 				lo = c[e] < lo ? c[e] : lo;
 				hi = c[e] > hi ? c[e] : hi;
 				sum += c[e];
@@ -114,12 +116,16 @@ void sl_metrics_add_step(struct sl_metrics *m, const struct sl_step_metrics *s)
 			json_array_append_new(mn, json_integer(lo));
 			json_array_append_new(mx, json_integer(hi));
 			json_array_append_new(tot, json_integer(sum));
+			json_array_append_new(all, row);
 		}
 		json_object_set_new(et, "min", mn);
 		json_object_set_new(et, "max", mx);
 		json_object_set_new(et, "total", tot);
+		json_object_set_new(et, "per_expert", all);
 		json_object_set_new(o, "expert_tokens", et);
 	}
+	if (s->capacity)
+		json_object_set_new(o, "dropped_tokens", json_integer(s->dropped_tokens));
 	json_array_append_new(m->steps, o);
 }
 

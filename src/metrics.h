@@ -29,6 +29,8 @@ struct sl_step_metrics {
 	int moe_layers;			/* 0: no MoE layer, no expert_tokens */
 	int n_experts;
 	const long long *expert_tokens;	/* (moe_layers, n_experts) tokens each expert got */
+	bool capacity;			/* parallel.capacity_factor > 0: "dropped_tokens" */
+	long long dropped_tokens;	/* expert choices over capacity, all layers and ranks */
 };
 
 struct sl_metrics;

@@ -204,6 +204,35 @@ int sl_model_score(struct sl_model *m, const struct sl_unit_source *src,
 const int64_t *sl_model_expert_counts(const struct sl_model *m, int *n_layers, int *n_experts,
 				      double *aux);
 
+/*
+ * Expert parallelism (model_moe_ep.c).  The model knows no ranks: the trainer passes the expert
+ * group as callbacks.  Rank r of a group of P owns experts [r E/P, (r+1) E/P) of every MoE layer;
+ * after routing, each choice's row goes to its expert's owner (all-to-all), the owner runs its
+ * experts and sends the outputs back, combined in order.  Every rank of the group must run the
+ * same layers in lockstep (same micro-batch count).  capacity_factor > 0 also caps every
+ * expert at ceil(cf * N k / E) choices of the micro-batch's N real tokens on each rank (the
+ * later tokens dropped: their expert output is 0; choices of padding are never sent).
+ */
+struct sl_moe_dispatch {
+	int rank, size;			/* this rank's index in the expert group; its ranks (P) */
+	double capacity_factor;		/* 0: no choice dropped */
+	void *ctx;
+	/* n ints to each rank: recv (P n) = rank q's send[rank n, (rank + 1) n), in q order */
+	void (*counts)(void *ctx, const int *send, int *recv, int n);
+	/* rows of @row_bytes: scount[q] consecutive rows of send to rank q (q order),
+	 * rcount[q] from q into recv (q order); backend buffers */
+	void (*rows)(void *ctx, const void *send, const int *scount, void *recv,
+		     const int *rcount, size_t row_bytes);
+};
+/* NULL (the default): every expert runs locally on every token.  Returns 0, or negative with a
+ * message (experts not divisible by the group, no MoE layer). */
+int sl_model_set_moe_dispatch(struct sl_model *m, const struct sl_moe_dispatch *d);
+/* pause (true) and resume the dispatch: while paused every expert runs locally on every token
+ * (evaluation, whose ranks do not run in lockstep; every rank holds every expert's weights) */
+void sl_model_moe_dispatch_pause(struct sl_model *m, bool pause);
+/* choices dropped by the capacity (all MoE layers) in the last micro-batch */
+long long sl_model_moe_dropped(const struct sl_model *m);
+
 /* Bytes of backend memory the model's workspace holds. */
 size_t sl_model_workspace_bytes(const struct sl_model *m);
 

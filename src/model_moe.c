@@ -14,6 +14,9 @@
  * transformers 5 holds in memory), then every expert's down_proj (H, Im) (one (E, H, Im) block).
  * The tensors keep Hugging Face's per-expert names.
  *
+ * With a dispatch (expert parallelism, an expert capacity: model_moe_ep.c) the gathered rows go
+ * to the ranks owning their experts instead, and come back as ma->y; the rest is the same.
+ *
  * The load-balancing loss is transformers' load_balancing_loss_func with the attention mask:
  * over every MoE layer and real token together (its concatenation of all layers' logits),
  * f_e = share of the k-choices that went to expert e, P_e = mean probability of e,
@@ -25,41 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_impl.h"
-
-/* what a MoE layer's backward needs from its forward */
-struct moe_acts {
-	void *logits;		/* (T, E) router logits */
-	void *p;		/* (T, E) stat: router probabilities */
-	int32_t *topi;		/* (T, k) chosen experts */
-	void *topw;		/* (T, k) stat: their routing weights */
-	int32_t *rows;		/* (T k) token of each expert-sorted row */
-	int32_t *slot;		/* (T k) sorted row of each choice */
-	int32_t *offs;		/* (E + 1) first row of each expert */
-	int *h_offs;		/* (E + 1) the same on the host */
-	void *gu;		/* (T k, 2 Im) experts' gate | up */
-	void *act;		/* (T k, Im) silu(gate) * up */
-	void *y;		/* (T k, H) experts' outputs, before the routing weights */
-};
-
-struct sl_moe {
-	int E, k, Im, n_moe;
-	bool norm;
-	int *index;		/* (nL) the layer's index among MoE layers, -1 for dense ones */
-	struct moe_acts *la;	/* (m->n_acts), beside m->acts */
-	void *s_h1, *s_h2;	/* (T k, H) scratch */
-	void *s_i;		/* (T k, Im) scratch */
-	void *s_gu;		/* (T k, 2 Im) scratch */
-	void *dlogits;		/* (T, E) */
-	void *dtopw;		/* (T, k) stat */
-	double *stats;		/* (n_moe, 2E) device: choices, probability sums per expert */
-	double *h_stats;	/* (n_moe, 2E) host copy */
-	int64_t *counts;	/* (n_moe, E) host: tokens per expert, last micro-batch */
-	void *aux_g;		/* (E) stat: gradient of the weighted aux loss per p(t, e) */
-	void *ones;		/* (T, k) stat: 1 */
-	bool aux_on;		/* aux_g applies in this micro-batch's backward */
-	double aux;		/* the last micro-batch's aux loss */
-};
+#include "model_moe_impl.h"
 
 /* ---- layout ------------------------------------------------------------------------------ */
 
@@ -226,6 +195,7 @@ void sl_moe_destroy(struct sl_model *m)
 
 	if (!mo)
 		return;
+	sl_moe_ep_destroy(mo);
 	for (int i = 0; mo->la && i < m->n_acts; i++)
 		free(mo->la[i].h_offs);
 	free(mo->la);
@@ -242,6 +212,7 @@ void sl_moe_begin(struct sl_model *m)
 {
 	struct sl_moe *mo = m->moe;
 
+	sl_moe_ep_begin(mo);
 	if (mo)
 		m->be->zero(m->be, mo->stats, (size_t)mo->n_moe * 2 * mo->E * sizeof(double));
 }
@@ -264,12 +235,17 @@ void sl_moe_fwd(struct sl_model *m, int l, const void *w, const struct acts *a, 
 	be->download(be, ma->h_offs, ma->offs, (size_t)(E + 1) * sizeof(int32_t));
 	be->sync(be);
 
+	if (sl_moe_ep_on(mo)) {
+		sl_moe_ep_fwd(m, l, w, ma, a->xn2, b, full);
+		goto combine;
+	}
 	be->gather_rows(be, mo->s_h1, a->xn2, ma->rows, n, H);
 	be->moe_gemm_fwd(be, ma->gu, mo->s_h1, at(m, w, lo->wegu), ma->offs, ma->h_offs, E, H,
 			 2 * mo->Im);
 	be->swiglu_fwd(be, ma->act, ma->gu, n, mo->Im);
 	be->moe_gemm_fwd(be, ma->y, ma->act, at(m, w, lo->wed), ma->offs, ma->h_offs, E, mo->Im,
 			 H);
+combine:
 	if (!full)
 		return;
 	be->moe_combine_fwd(be, xout, ma->y, ma->topw, ma->slot, T, k, H);
@@ -326,6 +302,10 @@ void sl_moe_bwd(struct sl_model *m, int l, const void *w, void *g, const struct 
 
 	/* out = sum_j w_j y_j: to the experts' outputs and the routing weights */
 	be->moe_combine_bwd(be, mo->s_h1, mo->dtopw, m->gx, ma->y, ma->topw, ma->slot, T, k, H);
+	if (sl_moe_ep_on(mo)) {
+		sl_moe_ep_bwd(m, l, w, g, ma, mo->s_h1, mo->s_h2, n);
+		goto unpermute;
+	}
 	be->moe_gemm_bwd(be, mo->s_i, at(m, g, lo->wed), mo->s_h1, ma->act, at(m, w, lo->wed),
 			 ma->offs, ma->h_offs, E, Im, H);
 	be->swiglu_bwd(be, mo->s_gu, mo->s_i, ma->gu, n, Im);
@@ -333,6 +313,7 @@ void sl_moe_bwd(struct sl_model *m, int l, const void *w, void *g, const struct 
 	be->gather_rows(be, mo->s_h1, a->xn2, ma->rows, n, H);
 	be->moe_gemm_bwd(be, mo->s_h2, at(m, g, lo->wegu), mo->s_gu, mo->s_h1,
 			 at(m, w, lo->wegu), ma->offs, ma->h_offs, E, H, 2 * Im);
+unpermute:
 	/* un-permute: each token sums its k rows (a combine with weights 1: no atomics) */
 	be->moe_combine_fwd(be, m->gn, mo->s_h2, mo->ones, ma->slot, T, k, H);
 	/* the router: routing weights and the aux loss through the softmax to the logits */

@@ -32,6 +32,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "modelio.h"
+#include "moe_dist.h"
 #include "optim.h"
 #include "plan.h"
 #include "shard.h"
@@ -132,6 +133,12 @@ int sl_cmd_parse(const char *cmd, int argc, char **argv, struct sl_cmd_args *a)
 
 int sl_check_supported(const struct sl_config *c, bool training)
 {
+	if (c->backend == SL_BACKEND_CUDA && training &&
+	    (c->parallel.expert != 1 || c->parallel.capacity_factor > 0)) {
+		sl_error("%s: parallel.expert > 1 and parallel.capacity_factor > 0 need the cpu "
+			 "backend in this version (no device all-to-all yet)", c->source);
+		return -1;
+	}
 #ifndef SL_HAVE_CUDA
 	if (c->backend == SL_BACKEND_CUDA && training) {
 		sl_error("%s: backend: cuda, but this shardlm was built without CUDA; configure "
@@ -158,9 +165,9 @@ int sl_check_supported(const struct sl_config *c, bool training)
 			 c->source);
 		return -1;
 	}
-	if (c->parallel.context != 1 || c->parallel.expert != 1) {
-		sl_error("%s: parallel.context and parallel.expert are not in this version yet; "
-			 "leave them at 1", c->source);
+	if (c->parallel.context != 1) {
+		sl_error("%s: parallel.context is not in this version yet; leave it at 1",
+			 c->source);
 		return -1;
 	}
 	return 0;
@@ -239,7 +246,9 @@ static int check_resume_config(const struct sl_config *now, const char *old_yaml
 {
 	static const char *const may_change[] = { "train.steps", "train.epochs", "train.batch",
 						  "train.accum", "checkpoint.", "run.log_every",
-						  "run.dir", "gpu_log.", NULL };
+						  "run.dir", "gpu_log.",
+						  /* checkpoints hold every expert whole */
+						  "parallel.expert", NULL };
 	struct sl_config *old = calloc(1, sizeof(*old));
 	char path[] = "/tmp/shardlm-resume-XXXXXX", key[128], a[256], b[256];
 	int fd = mkstemp(path), ret = -1;
@@ -259,8 +268,9 @@ static int check_resume_config(const struct sl_config *now, const char *old_yaml
 		sl_config_format(old, key, a, sizeof(a));
 		sl_config_format(now, key, b, sizeof(b));
 		sl_error("cannot resume %s: %s changed from %s to %s; a resumed run may change only "
-			 "the world size, train.steps, batch/accum keeping the records per step, "
-			 "checkpoint.*, run.log_every and gpu_log.* (or pass --fresh to start over)",
+			 "the world size, parallel.expert, train.steps, batch/accum keeping the "
+			 "records per step, checkpoint.*, run.log_every and gpu_log.* (or pass "
+			 "--fresh to start over)",
 			 ckpt_dir, key, a, b);
 		goto out_unlink;
 	}
@@ -577,6 +587,8 @@ struct job {
 	int last_ckpt_step;		/* newest complete checkpoint of this run, 0 = none */
 	double last_ckpt_s;		/* its write time, 0 = none written by this job */
 	long skipped_steps;		/* non-finite steps skipped in this job */
+	struct sl_moe_dist md;		/* expert group (parallel.expert, capacity_factor) */
+	bool have_md;
 };
 
 static struct sl_ckpt_geom geom_of(struct job *j)
@@ -1024,7 +1036,7 @@ static void start_gpu_log(struct job *j)
 }
 
 /* Validation after @step (0: before training): log line, metrics, TensorBoard. */
-static void run_eval(struct job *j, int step, int32_t pad)
+static void eval_once(struct job *j, int step, int32_t pad)
 {
 	const struct sl_config *c = j->c;
 	double ev[3];
@@ -1052,6 +1064,14 @@ static void run_eval(struct job *j, int step, int32_t pad)
 		sl_tb_scalar(j->tb, "valid/brier", step, ev[1]);
 		sl_tb_scalar(j->tb, "valid/corr", step, ev[2]);
 	}
+}
+
+/* every rank holds every expert: evaluation (ranks out of step) runs them locally */
+static void run_eval(struct job *j, int step, int32_t pad)
+{
+	sl_model_moe_dispatch_pause(j->model, true);
+	eval_once(j, step, pad);
+	sl_model_moe_dispatch_pause(j->model, false);
 }
 
 static int run_steps(struct job *j)
@@ -1103,6 +1123,7 @@ static int run_steps(struct job *j)
 				sl_dist_abort("the model step failed");
 			mine[0] += part;
 			expert_tokens_add(j->model, &sm, acc == 0);
+			sm.dropped_tokens += sl_model_moe_dropped(j->model);
 			mine[1] += n;
 			mine[2] += j->hb.tokens;
 			mine[3] += j->hb.padded_tokens;
@@ -1122,6 +1143,10 @@ static int run_steps(struct job *j)
 		if (sm.moe_layers)
 			MPI_Allreduce(MPI_IN_PLACE, (long long *)sm.expert_tokens,
 				      sm.moe_layers * sm.n_experts, MPI_LONG_LONG, MPI_SUM,
+				      MPI_COMM_WORLD);
+		sm.capacity = c->parallel.capacity_factor > 0;
+		if (sm.capacity)
+			MPI_Allreduce(MPI_IN_PLACE, &sm.dropped_tokens, 1, MPI_LONG_LONG, MPI_SUM,
 				      MPI_COMM_WORLD);
 		peak = gpu_peak(j);
 		MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -1222,6 +1247,8 @@ static void job_free(struct job *j)
 		dev_batch_free(j->be, &j->db);
 		if (j->model)
 			sl_model_destroy(j->model);
+		if (j->have_md)
+			sl_moe_dist_destroy(&j->md);
 		if (j->have_shard)
 			sl_shard_destroy(&j->sh);
 		j->be->destroy(j->be);
@@ -1439,6 +1466,14 @@ int sl_cmd_train(int argc, char **argv)
 				   j->c->train.batch, j->c->train.activation_checkpointing);
 	if (!all_ok(j->model != NULL))
 		goto out;
+	{
+		int rc = sl_moe_dist_setup(&j->md, j->model, j->c, &j->mf.mc, j->d.rank,
+					   j->d.world);
+
+		j->have_md = rc == 0;
+		if (!all_ok(rc >= 0))
+			goto out;
+	}
 	sl_host_batch_alloc(&j->hb, j->c->train.batch, j->max_L);
 	dev_batch_alloc(j->be, &j->db, j->c->train.batch, j->max_L);
 

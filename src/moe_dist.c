@@ -1,0 +1,113 @@
+/*
+ * moe_dist: the expert group's all-to-all (moe_dist.h).  Row counts travel as ints
+ * (MPI_Alltoall), rows as one MPI contiguous type per row size, so counts stay in rows (an int of
+ * bytes would overflow for long micro-batches).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist.h"
+#include "config.h"
+#include "log.h"
+#include "moe_dist.h"
+
+static void counts(void *ctx, const int *send, int *recv, int n)
+{
+	struct sl_moe_dist *md = ctx;
+
+	MPI_CHECK(MPI_Alltoall(send, n, MPI_INT, recv, n, MPI_INT, md->comm));
+}
+
+static void rows(void *ctx, const void *send, const int *scount, void *recv, const int *rcount,
+		 size_t row_bytes)
+{
+	struct sl_moe_dist *md = ctx;
+	const int P = md->d.size;
+	int *sd = malloc(2 * (size_t)P * sizeof(int)), *rd = sd + P, s = 0, r = 0;
+	MPI_Datatype row;
+
+	if (!sd)
+		sl_dist_abort("out of host memory for an expert all-to-all");
+	for (int q = 0; q < P; q++) {
+		sd[q] = s;
+		rd[q] = r;
+		s += scount[q];
+		r += rcount[q];
+	}
+	MPI_CHECK(MPI_Type_contiguous((int)row_bytes, MPI_BYTE, &row));
+	MPI_CHECK(MPI_Type_commit(&row));
+	MPI_CHECK(MPI_Alltoallv(send, scount, sd, row, recv, rcount, rd, row, md->comm));
+	MPI_CHECK(MPI_Type_free(&row));
+	free(sd);
+}
+
+int sl_moe_dist_create(struct sl_moe_dist *md, int rank, int world, int C, int Ep,
+		       double capacity_factor)
+{
+	const int dp = rank / C, c = rank % C;
+
+	memset(md, 0, sizeof(*md));
+	md->comm = MPI_COMM_NULL;
+	md->group = dp / Ep;
+	md->d = (struct sl_moe_dispatch){
+		.rank = dp % Ep, .size = Ep, .capacity_factor = capacity_factor, .ctx = md,
+		.counts = counts, .rows = rows,
+	};
+	if (Ep == 1)
+		return 0;
+	/* color: (expert group, context index); key: place in the group */
+	MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, md->group * C + c, dp % Ep, &md->comm));
+	(void)world;
+	return 0;
+}
+
+void sl_moe_dist_destroy(struct sl_moe_dist *md)
+{
+	if (md->comm != MPI_COMM_NULL)
+		MPI_Comm_free(&md->comm);
+	md->comm = MPI_COMM_NULL;
+}
+
+int sl_moe_dist_setup(struct sl_moe_dist *md, struct sl_model *m, const struct sl_config *c,
+		      const struct sl_model_config *mc, int rank, int world)
+{
+	const int C = c->parallel.context, Ep = c->parallel.expert;
+	const double cf = c->parallel.capacity_factor;
+	int n_moe = 0, rc;
+
+	md->comm = MPI_COMM_NULL;
+	if (Ep == 1 && cf == 0)
+		return 1;
+	for (int l = 0; l < mc->n_layers; l++)
+		n_moe += sl_layer_is_moe(mc, l);
+	if (!n_moe) {
+		sl_error("%s: parallel.%s applies to mixture-of-experts models, and %s has no "
+			 "MoE layer", c->source, Ep > 1 ? "expert" : "capacity_factor",
+			 c->model.path);
+		return -EINVAL;
+	}
+	if (mc->n_experts % Ep) {
+		sl_error("%s: parallel.expert %d must divide the model's %d experts per layer",
+			 c->source, Ep, mc->n_experts);
+		return -EINVAL;
+	}
+	if (world % C || (world / C) % Ep) {
+		sl_error("%s: parallel.expert %d must divide the %d data-parallel ranks (world %d "
+			 "/ parallel.context %d)", c->source, Ep, world / C, world, C);
+		return -EINVAL;
+	}
+	rc = sl_moe_dist_create(md, rank, world, C, Ep, cf);
+	if (rc)
+		return rc;
+	sl_log("mesh: %d rank(s) = %d data-parallel x %d context; %d expert group(s) of %d "
+	       "rank(s), %d expert(s) per rank and layer%s", world, world / C, C, world / C / Ep,
+	       Ep, mc->n_experts / Ep, cf > 0 ? "" : "; no token dropped");
+	if (cf > 0)
+		sl_log("expert capacity: %g x real tokens x %d / %d experts per micro-batch and "
+		       "rank; the later tokens over it are dropped", cf, mc->top_k, mc->n_experts);
+	rc = sl_model_set_moe_dispatch(m, &md->d);
+	if (rc)
+		sl_moe_dist_destroy(md);
+	return rc;
+}

@@ -1,0 +1,42 @@
+/*
+ * moe_dist: the expert group of a rank (MPI) and its all-to-all callbacks for the model's expert
+ * dispatch (struct sl_moe_dispatch, model.h).
+ *
+ * Rank layout (shared with context parallelism): context innermost, world rank =
+ * dp * C + c for data-parallel index dp (world / C of them) and context index c.  Expert group:
+ * Ep consecutive data-parallel indices at the same c, i.e. group g = dp / Ep holds the world ranks
+ * (g Ep + j) C + c, j = 0 .. Ep - 1, its rank j owning experts [j E / Ep, (j + 1) E / Ep).
+ * MPI on host buffers only: the cpu backend's (a device all-to-all is not written yet).
+ */
+#ifndef SL_MOE_DIST_H
+#define SL_MOE_DIST_H
+
+#include <mpi.h>
+
+#include "model.h"
+
+struct sl_moe_dist {
+	MPI_Comm comm;			/* the expert group; MPI_COMM_NULL when Ep = 1 */
+	int group;			/* dp / Ep */
+	struct sl_moe_dispatch d;	/* rank, size = Ep, the callbacks over comm */
+};
+
+/*
+ * Collective over MPI_COMM_WORLD.  @C context ranks, @Ep expert ranks; the caller has checked
+ * that C * Ep divides the world.  Returns 0 (negative on an MPI failure, printed).
+ */
+int sl_moe_dist_create(struct sl_moe_dist *md, int rank, int world, int C, int Ep,
+		       double capacity_factor);
+void sl_moe_dist_destroy(struct sl_moe_dist *md);
+
+struct sl_config;
+/*
+ * The trainer's set-up (collective): with parallel.expert > 1 or parallel.capacity_factor > 0,
+ * check the layout against the world and the model (clear errors naming the config file and
+ * key), create the group, log the mesh and set the model's dispatch.  Returns 0, 1 when there is
+ * nothing to set up, negative on an error (printed).
+ */
+int sl_moe_dist_setup(struct sl_moe_dist *md, struct sl_model *m, const struct sl_config *c,
+		      const struct sl_model_config *mc, int rank, int world);
+
+#endif
