@@ -746,6 +746,7 @@ static void cpu_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, c
 }
 
 #include "backend_cpu_moe.c"
+#include "backend_cpu_cp.c"
 
 static void cpu_destroy(struct sl_backend *be)
 {
@@ -793,6 +794,7 @@ struct sl_backend *CPU_CREATE(void)
 	be->sumsq_f32 = cpu_sumsq_f32;
 	be->adamw_f32 = cpu_adamw_f32;
 	cpu_moe_install(be);
+	cpu_cp_install(be);
 	be->destroy = cpu_destroy;
 	sl_backend_cpu_async_init(be);
 	return be;

@@ -103,6 +103,8 @@ struct sl_model {
 	float *scores_f32;	/* (B) */
 
 	struct sl_moe *moe;	/* mixture-of-experts state; NULL without MoE layers */
+	void *cp_kv[3];		/* context parallel (model_cp.c): 3 x (max_tokens, 2 nkv hd),
+				 * allocated by the first such micro-batch */
 
 	void **bufs;		/* everything above that came from be->alloc, to free */
 	int n_bufs, cap_bufs;
@@ -134,6 +136,15 @@ double sl_moe_end_fwd(struct sl_model *m, const struct sl_batch_dev *b, double a
 /* Layer l's MLP backward: m->gx (gradient of the layer output) in, m->gn (of a->xn2) out */
 void sl_moe_bwd(struct sl_model *m, int l, const void *w, void *g, const struct acts *a,
 		const struct sl_batch_dev *b);
+
+/* model_cp.c: context parallel attention (struct sl_cp_batch) */
+int sl_cp_check(struct sl_model *m, const struct sl_batch_dev *b);
+/* q/k norm + rotary and attention of layer l: a->qkv in, a->qkvr, a->att, a->lse out */
+void sl_cp_attention_fwd(const struct sl_model *m, int l, const void *w, const struct acts *a,
+			 const struct sl_batch_dev *b);
+/* their backward: m->gb2 (gradient of a->att) in, m->gb2 (of a->qkv) out; q/k norm grads += */
+void sl_cp_attention_bwd(const struct sl_model *m, int l, const void *w, void *g,
+			 const struct acts *a, const struct sl_batch_dev *b);
 
 /* element @off of a compute-type buffer */
 static inline void *at(const struct sl_model *m, const void *base, size_t off)
