@@ -15,17 +15,17 @@ int sl_cp_check_config(const struct sl_config *c, int world)
 
 	if (C <= 1)
 		return 0;
-	if (world % C) {
-		sl_error("%s: parallel.context %d does not divide the %d rank(s) of the job; the "
-			 "world must be a multiple of it (data-parallel ranks = world / context)",
-			 c->source, C, world);
-		return -EINVAL;
-	}
 	if (c->backend != SL_BACKEND_CPU) {
 		sl_error("%s: parallel.context %d needs backend: cpu in this version (the cuda "
 			 "backend has no context-parallel attention yet); set parallel.context: 1",
 			 c->source, C);
 		return -ENOTSUP;
+	}
+	if (world % C) {
+		sl_error("%s: parallel.context %d does not divide the %d rank(s) of the job; the "
+			 "world must be a multiple of it (data-parallel ranks = world / context)",
+			 c->source, C, world);
+		return -EINVAL;
 	}
 	return 0;
 }

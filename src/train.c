@@ -1281,7 +1281,7 @@ int sl_cmd_train(int argc, char **argv)
 	ret = 2;
 	/* every rank reads the config: the same files give every rank the same verdict */
 	if (sl_config_load(j->c, j->a.config, j->a.set, j->a.nset, true) ||
-	    sl_check_supported(j->c, true) || sl_cp_check_config(j->c, j->d.world))
+	    sl_cp_check_config(j->c, j->d.world) || sl_check_supported(j->c, true))
 		goto out;
 	j->C = j->c->parallel.context;
 	if (sl_dist_set_node_size(&j->d, j->c->parallel.node_size))
