@@ -82,7 +82,8 @@ int sl_cp_create(struct sl_cp *cp, struct sl_backend *be, const struct sl_dist *
 	cp->h_ids = malloc(7 * T * sizeof(int32_t));
 	cp->h_last = malloc(max_B * sizeof(int32_t));
 	cp->h_labels = malloc(max_B * sizeof(float));
-	if (!cp->h_ids || !cp->h_last || !cp->h_labels) {
+	cp->h_last_rec = malloc(max_B * sizeof(int32_t));
+	if (!cp->h_ids || !cp->h_last || !cp->h_labels || !cp->h_last_rec) {
 		sl_error("context parallel: out of host memory for %d x %d tokens", max_B,
 			 cp->max_L);
 		sl_cp_destroy(cp);
@@ -116,6 +117,7 @@ void sl_cp_destroy(struct sl_cp *cp)
 	free(cp->h_ids);
 	free(cp->h_last);
 	free(cp->h_labels);
+	free(cp->h_last_rec);
 	sl_comm_destroy(&cp->comm);
 	cp->be = NULL;
 }
@@ -161,6 +163,7 @@ const struct sl_batch_dev *sl_cp_upload(struct sl_cp *cp, const struct sl_host_b
 			}
 			if (!lm && !hb->packed && g == hb->lens[b] - 1) {
 				cp->h_last[n_last] = (int32_t)row;
+				cp->h_last_rec[n_last] = b;
 				cp->h_labels[n_last++] = hb->labels[b];
 			}
 		}

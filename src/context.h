@@ -36,6 +36,7 @@ struct sl_cp {
 	/* host staging of the same */
 	int32_t *h_ids, *h_last, *h_gidx, *h_pos, *h_perm, *h_inv, *h_tgt_pos, *h_tgt_ids;
 	float *h_labels;
+	int32_t *h_last_rec;		/* (max_B) classify: the record (row) of each head row */
 	struct sl_cp_batch cpb;
 	struct sl_batch_dev view;
 };

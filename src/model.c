@@ -707,7 +707,7 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 	release(src->release_bwd, src->ctx, 0);
 
 	if (scores)
-		download_scores(m, b->B, scores);
+		download_scores(m, head_rows(b), scores);
 	be->download(be, loss_sum, m->loss_dev, sizeof(double));
 	be->sync(be);
 	*loss_sum += m->aux_coef * aux * aux_n;
@@ -756,10 +756,12 @@ int sl_model_score(struct sl_model *m, const struct sl_unit_source *src,
 		fprintf(stderr, "model: the causal-LM head has no scores\n");
 		rc = -EINVAL;
 	}
+	if (!rc && b->cp)
+		rc = sl_cp_check(m, b);
 	if (rc)
 		return rc;
 	forward(m, src, b, false, 0, &aux);
-	download_scores(m, b->B, scores);
+	download_scores(m, head_rows(b), scores);
 	m->be->sync(m->be);
 	return 0;
 }

@@ -32,17 +32,18 @@ int sl_cp_check(struct sl_model *m, const struct sl_batch_dev *b)
 			"supported yet\n");
 		return -ENOTSUP;
 	}
+	/* the workspace holds this rank's tokens, the k|v buffers whole rows: C times more */
 	if (C < 1 || cp->L % (2 * C) || b->L * C != cp->L ||
-	    (size_t)b->B * cp->L > (size_t)m->max_tokens) {
+	    (m->cp_kv_C && m->cp_kv_C != C)) {
 		fprintf(stderr, "model: context-parallel micro-batch of %d rows of %d tokens (%d "
-			"here) does not fit %d ranks and the workspace (%d tokens)\n", b->B, cp->L,
-			b->L, C, m->max_tokens);
+			"here) does not fit %d ranks\n", b->B, cp->L, b->L, C);
 		return -EINVAL;
 	}
+	m->cp_kv_C = C;
 	for (int i = 0; i < 3; i++)
 		if (!m->cp_kv[i] &&
-		    !(m->cp_kv[i] = sl_model_ws_alloc(m, (size_t)m->max_tokens * 2 * m->nkv * m->hd,
-						      be->elt)))
+		    !(m->cp_kv[i] = sl_model_ws_alloc(m, (size_t)C * m->max_tokens * 2 * m->nkv *
+						      m->hd, be->elt)))
 			return -ENOMEM;
 	return 0;
 }

@@ -103,8 +103,9 @@ struct sl_model {
 	float *scores_f32;	/* (B) */
 
 	struct sl_moe *moe;	/* mixture-of-experts state; NULL without MoE layers */
-	void *cp_kv[3];		/* context parallel (model_cp.c): 3 x (max_tokens, 2 nkv hd),
+	void *cp_kv[3];		/* context parallel (model_cp.c): 3 x (C max_tokens, 2 nkv hd),
 				 * allocated by the first such micro-batch */
+	int cp_kv_C;		/* the C they were sized for, 0 before */
 
 	void **bufs;		/* everything above that came from be->alloc, to free */
 	int n_bufs, cap_bufs;

@@ -422,7 +422,8 @@ static long record_targets(const struct sl_dataset *ds, int i)
  */
 static double evaluate_lm(struct sl_backend *be, struct sl_model *m,
 			  const struct sl_unit_source *src, const struct sl_dataset *ds, int batch,
-			  int max_L, int32_t pad, int rank, int world, long *targets)
+			  int max_L, int32_t pad, int rank, int world, struct sl_cp *cp,
+			  long *targets)
 {
 	struct sl_host_batch hb;
 	struct dev_batch db;
@@ -436,12 +437,18 @@ static double evaluate_lm(struct sl_backend *be, struct sl_model *m,
 	dev_batch_alloc(be, &db, batch, max_L);
 	for (int i = 0; i < n_mine; i += batch) {
 		int n = n_mine - i < batch ? n_mine - i : batch;
+		const struct sl_batch_dev *view = &db.view;
 		double part = 0;
 
 		sl_host_batch_fill(&hb, ds, order + i, n, pad);
-		dev_batch_upload(be, &db, &hb);
-		sums[1] += dev_batch_targets(be, &db, &hb);
-		if (sl_model_lm_loss(m, src, &db.view, &part))
+		if (cp) {	/* each target is on one rank of the context group */
+			view = sl_cp_upload(cp, &hb, pad, true);
+			sums[1] += view->n_tgt;
+		} else {
+			dev_batch_upload(be, &db, &hb);
+			sums[1] += dev_batch_targets(be, &db, &hb);
+		}
+		if (sl_model_lm_loss(m, src, view, &part))
 			sl_dist_abort("the model's validation pass failed");
 		sums[0] += part;
 	}
@@ -462,7 +469,7 @@ enum { EV_N, EV_BCE, EV_SE, EV_P, EV_Y, EV_PP, EV_YY, EV_PY, EV_COUNT };
  */
 static void evaluate(struct sl_backend *be, struct sl_model *m, const struct sl_unit_source *src,
 		     const struct sl_dataset *ds, int batch, int max_L, int32_t pad, int rank,
-		     int world, double out[3])
+		     int world, struct sl_cp *cp, double out[3])
 {
 	struct sl_host_batch hb;
 	struct dev_batch db;
@@ -479,9 +486,16 @@ static void evaluate(struct sl_backend *be, struct sl_model *m, const struct sl_
 		int n = n_mine - i < batch ? n_mine - i : batch;
 
 		sl_host_batch_fill(&hb, ds, order + i, n, pad);
-		sl_model_score(m, src, dev_batch_upload(be, &db, &hb), s);
+		/* context parallel: the rank holding a record's last token scores it */
+		if (cp) {
+			sl_model_score(m, src, sl_cp_upload(cp, &hb, pad, false), s);
+			n = cp->cpb.n_last;
+		} else {
+			sl_model_score(m, src, dev_batch_upload(be, &db, &hb), s);
+		}
 		for (int j = 0; j < n; j++) {
-			double z = s[j], y = ds->rec[order[i + j]].label;
+			int r = cp ? cp->h_last_rec[j] : j;
+			double z = s[j], y = ds->rec[order[i + r]].label;
 			double p = 1 / (1 + exp(-z));
 
 			sums[EV_N] += 1;
@@ -1018,7 +1032,8 @@ static void run_eval(struct job *j, int step, int32_t pad)
 
 	if (sl_model_is_lm(j->model)) {
 		ev[0] = evaluate_lm(j->be, j->model, &j->sh.src, &j->valid, c->train.batch,
-				    j->max_L, pad, j->d.rank, j->d.world, &targets);
+				    j->max_L, pad, j->d.rank / j->C, j->d.world / j->C,
+				    j->C > 1 ? &j->cp : NULL, &targets);
 		sl_metrics_add_eval_stats(j->met, step, j->valid.n, 1,
 					  (const char *const[]){ "loss" }, ev);
 		sl_log("eval step %d  valid loss %.4f  (%d records, %ld target tokens)", step,
@@ -1028,7 +1043,7 @@ static void run_eval(struct job *j, int step, int32_t pad)
 		return;
 	}
 	evaluate(j->be, j->model, &j->sh.src, &j->valid, c->train.batch, j->max_L, pad,
-		 j->d.rank, j->d.world, ev);
+		 j->d.rank / j->C, j->d.world / j->C, j->C > 1 ? &j->cp : NULL, ev);
 	sl_metrics_add_eval_stats(j->met, step, j->valid.n, 3,
 				  (const char *const[]){ "loss", "brier", "corr" }, ev);
 	sl_log("eval step %d  valid loss %.4f  brier %.4f  corr %.3f  (%d records)", step, ev[0],
@@ -1430,10 +1445,9 @@ int sl_cmd_train(int argc, char **argv)
 	j->max_L = sl_data_max_len(&j->train);
 	if (j->valid.n && sl_data_max_len(&j->valid) > j->max_L)
 		j->max_L = sl_data_max_len(&j->valid);
-	/* context parallel: rows padded to a multiple of 2C (the model also runs whole rows in
-	 * validation) */
+	/* context parallel: the workspace holds 1/C of the rows (padded to a multiple of 2C) */
 	j->model = sl_model_create(&j->mf.mc, &j->mf.lay, j->be,
-				   j->c->train.batch * sl_cp_row_len(j->max_L, j->C),
+				   j->c->train.batch * (sl_cp_row_len(j->max_L, j->C) / j->C),
 				   j->c->train.batch, j->c->train.activation_checkpointing);
 	if (!all_ok(j->model != NULL))
 		goto out;

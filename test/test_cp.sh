@@ -3,7 +3,8 @@
 # model (hidden 32, 2 layers, 2 query heads sharing 1 kv head) on records of up to 4096 tokens
 # trains with the single-rank losses and gradient norms (1e-5 relative, two AdamW steps) on
 # context groups of 2 and 4 ranks and on a 2 data-parallel x 2 context mesh, for classify and for
-# sft, unpacked and packed (data.pack); bad meshes fail with a clear message.
+# sft, unpacked and packed (data.pack), and the validation losses (and Brier score, correlation)
+# before and after; bad meshes fail with a clear message.
 . "${top_srcdir:-$(dirname "$0")/..}/test/lib.sh"
 
 if ! command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1; then
@@ -28,13 +29,22 @@ with open(sys.argv[1] + "/cls.jsonl", "w") as f, open(sys.argv[1] + "/lm.jsonl",
         f.write('{"input_ids": %s, "label": %.3f}\n' % (ids, sum(t < 30 for t in ids) / n))
         mask = [0] + [(i // 300) % 2 for i in range(1, n)]
         g.write('{"input_ids": %s, "loss_mask": %s}\n' % (ids, mask))
+# validation: 3 records (scored / evaluated before and after training)
+with open(sys.argv[1] + "/cls-valid.jsonl", "w") as f, \
+     open(sys.argv[1] + "/lm-valid.jsonl", "w") as g:
+    for n in (1100, 250, 601):
+        ids = [r.randrange(1, 61) for _ in range(n)]
+        f.write('{"input_ids": %s, "label": %.3f}\n' % (ids, sum(t < 30 for t in ids) / n))
+        mask = [0] + [(i // 200) % 2 for i in range(1, n)]
+        g.write('{"input_ids": %s, "loss_mask": %s}\n' % (ids, mask))
 PY
 for task in cls lm; do
 	cat >"$T/$task.yaml" <<YAML
 model: {path: $T/$task}
 backend: cpu
 task: $([ $task = cls ] && echo classify || echo sft)
-data: {train: $T/$task.jsonl, max_state: 4096, seed: 3, shuffle: false}
+data: {train: $T/$task.jsonl, valid: $T/$task-valid.jsonl, max_state: 4096, seed: 3,
+       shuffle: false}
 train: {steps: 2, eval_every: 0}
 optim: {lr: 1.0, eps: 1.0, warmup: 1, schedule: constant, weight_decay: 0, clip: 0}
 checkpoint: {every: 0}
@@ -53,22 +63,31 @@ run() {
 	fi
 }
 
-# same A B MODEL: B's losses and gradient norms within 1e-5 (relative) of A's, the same records
-# and tokens counted per step, and B's weight updates from MODEL's initial weights within 1e-5
+# same A B MODEL: B's losses, gradient norms and validation statistics within 1e-5 (relative) of
+# A's, the same records and tokens counted per step, and B's weight updates from MODEL's initial
+# weights within 1e-5
 same() {
 	ok
 	python3 - "$T/$1/training_metrics.json" "$T/$2/training_metrics.json" <<'PY' ||
 import json, sys
 a = json.load(open(sys.argv[1]))["steps"]
 b = json.load(open(sys.argv[2]))["steps"]
+ea = json.load(open(sys.argv[1]))["eval"]
+eb = json.load(open(sys.argv[2]))["eval"]
 assert len(a) == len(b) == 2, (len(a), len(b))
+assert len(ea) == len(eb) == 2, (ea, eb)
 worst = 0
 for x, y in zip(a, b):
     assert (x["records"], x["tokens"]) == (y["records"], y["tokens"]), (x, y)
     for k in ("loss", "grad_norm"):
         worst = max(worst, abs(x[k] - y[k]) / abs(x[k]))
-print(f"{sys.argv[2].split('/')[-2]}: worst relative loss / grad_norm difference {worst:.2e}")
-assert worst <= 1e-5, (a, b)
+for x, y in zip(ea, eb):
+    assert x.keys() == y.keys() and x["step"] == y["step"], (x, y)
+    for k in x:
+        if isinstance(x[k], float):
+            worst = max(worst, abs(x[k] - y[k]) / abs(x[k]))
+print(f"{sys.argv[2].split('/')[-2]}: worst relative loss / grad_norm / validation difference {worst:.2e}")
+assert worst <= 1e-5, (a, b, ea, eb)
 PY
 	fail "$2 differs from $1"
 	# the trained weights: B's change from the initial model within 1e-5 of A's
