@@ -29,10 +29,11 @@ with open(sys.argv[1] + "/cls.jsonl", "w") as f, open(sys.argv[1] + "/lm.jsonl",
         f.write('{"input_ids": %s, "label": %.3f}\n' % (ids, sum(t < 30 for t in ids) / n))
         mask = [0] + [(i // 300) % 2 for i in range(1, n)]
         g.write('{"input_ids": %s, "loss_mask": %s}\n' % (ids, mask))
-# validation: 3 records (scored / evaluated before and after training)
+# validation: 4 records (scored / evaluated before and after training; the same number of
+# micro-batches on each data-parallel rank of the 2 x 2 mesh, each with targets)
 with open(sys.argv[1] + "/cls-valid.jsonl", "w") as f, \
      open(sys.argv[1] + "/lm-valid.jsonl", "w") as g:
-    for n in (1100, 250, 601):
+    for n in (700, 250, 401, 330):
         ids = [r.randrange(1, 61) for _ in range(n)]
         f.write('{"input_ids": %s, "label": %.3f}\n' % (ids, sum(t < 30 for t in ids) / n))
         mask = [0] + [(i // 200) % 2 for i in range(1, n)]
