@@ -334,6 +334,33 @@ struct sl_backend {
 	/* ---- end of Qwen3.5 hybrid ---- */
 
 	/*
+	 * ---- Context parallel (parallel.context, model_cp.c); NULL: not supported ----
+	 * A rank holds Tl = B*Lc tokens of B rows (Lc per row, not contiguous in the row); the keys
+	 * and values of the whole rows come as kv(B*L, 2*nkv*hd) = [k heads | v heads] per token.
+	 * gidx(Tl) int32: each local token's index in its row (0..L-1); pos(Tl) int32: its
+	 * position in its document (gidx itself for one document per row).  Local query t of row
+	 * b = t / Lc sees keys j with gidx[t] - pos[t] <= j <= gidx[t], j < lens[b]; queries at
+	 * gidx >= lens[b] are padding (zero output).
+	 *
+	 * dst(T, dst_w) columns [dst_off, dst_off + n) = (or += with @add) src(T, src_w) columns
+	 * [src_off, src_off + n).
+	 */
+	void (*copy_cols)(struct sl_backend *be, void *dst, int dst_w, int dst_off, const void *src,
+			  int src_w, int src_off, int T, int n, bool add);
+	/* out(Tl, nh*hd), lse(Tl, nh) stat, from the q heads of qkv(Tl, (nh+2nkv)hd) and kv */
+	void (*cp_attention_fwd)(struct sl_backend *be, void *out, void *lse, const void *qkv,
+				 const void *kv, const int32_t *gidx, const int32_t *pos,
+				 const int32_t *lens, int B, int Lc, int L, int nh, int nkv, int hd);
+	/*
+	 * dqkv(Tl, (nh+2nkv)hd): the q columns get dq, the k and v columns zeros (overwritten);
+	 * dkv(B*L, 2*nkv*hd) = this rank's queries' share of the gradients of kv (overwritten).
+	 */
+	void (*cp_attention_bwd)(struct sl_backend *be, void *dqkv, void *dkv, const void *dout,
+				 const void *out, const void *lse, const void *qkv, const void *kv,
+				 const int32_t *gidx, const int32_t *pos, const int32_t *lens, int B,
+				 int Lc, int L, int nh, int nkv, int hd);
+
+	/*
 	 * Optional (NULL: malloc/free): host memory the backend copies to and from fastest (pinned
 	 * memory on cuda), for the host-resident state of parallel.offload.  Zeroed; aborts on
 	 * failure, as alloc().

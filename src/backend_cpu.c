@@ -748,6 +748,7 @@ static void cpu_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, c
 #include "backend_cpu_moe.c"
 /* the Qwen3.5 hybrid's ops, in this file's float and double builds */
 #include "backend_cpu_gdn.c"
+#include "backend_cpu_cp.c"
 
 static void cpu_destroy(struct sl_backend *be)
 {
@@ -796,6 +797,7 @@ struct sl_backend *CPU_CREATE(void)
 	be->adamw_f32 = cpu_adamw_f32;
 	cpu_moe_install(be);
 	cpu_gdn_init(be);
+	cpu_cp_install(be);
 	be->destroy = cpu_destroy;
 	sl_backend_cpu_async_init(be);
 	return be;

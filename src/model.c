@@ -469,6 +469,12 @@ static int check_batch(const struct sl_model *m, const struct sl_batch_dev *b, b
 	return 0;
 }
 
+/* classify: the head's rows, one per record whose last token is in the micro-batch */
+static int head_rows(const struct sl_batch_dev *b)
+{
+	return b->cp ? b->cp->n_last : b->B;
+}
+
 static void release(void (*hook)(void *, int), void *ctx, int unit)
 {
 	if (hook)
@@ -488,10 +494,15 @@ static void layer_fwd(const struct sl_model *m, int l, const void *w, const stru
 
 	be->rmsnorm_fwd(be, a->xn1, a->rstd1, x, at(m, w, lo->ln1), T, H, m->eps);
 	be->matmul_fwd(be, a->qkv, a->xn1, at(m, w, lo->wqkv), at_opt(m, w, lo->bqkv), T, H, m->Q);
-	be->qk_norm_rope_fwd(be, a->qkvr, a->rstd_qk, a->qkv, at(m, w, lo->qn), at(m, w, lo->kn),
-			     T, b->L, b->pos, m->nh, m->nkv, m->hd, m->eps, m->theta);
-	be->attention_fwd(be, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh, m->nkv,
-			  m->hd);
+	if (b->cp) {
+		sl_cp_attention_fwd(m, l, w, a, b);
+	} else {
+		be->qk_norm_rope_fwd(be, a->qkvr, a->rstd_qk, a->qkv, at(m, w, lo->qn),
+				     at(m, w, lo->kn), T, b->L, b->pos, m->nh, m->nkv, m->hd,
+				     m->eps, m->theta);
+		be->attention_fwd(be, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh,
+				  m->nkv, m->hd);
+	}
 	be->matmul_fwd(be, a->h, a->att, at(m, w, lo->wo), at_opt(m, w, lo->bo), T,
 		       m->nh * m->hd, H);
 	be->add(be, a->h, x, (size_t)T * H);
@@ -534,11 +545,15 @@ static void layer_bwd(const struct sl_model *m, int l, const void *w, void *g,
 	/* attention: h = x + o_proj(att) */
 	be->matmul_bwd(be, m->gb2, at(m, g, lo->wo), gbo, m->gx, a->att, at(m, w, lo->wo), T,
 		       m->nh * m->hd, H, false);
-	be->attention_bwd(be, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L,
-			  m->nh, m->nkv, m->hd);
-	be->qk_norm_rope_bwd(be, m->gb2, at(m, g, lo->qn), at(m, g, lo->kn), m->gb1, a->qkv,
-			     at(m, w, lo->qn), at(m, w, lo->kn), a->rstd_qk, T, b->L, b->pos,
-			     m->nh, m->nkv, m->hd, m->eps, m->theta);
+	if (b->cp) {
+		sl_cp_attention_bwd(m, l, w, g, a, b);
+	} else {
+		be->attention_bwd(be, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b->lens, b->pos,
+				  b->B, b->L, m->nh, m->nkv, m->hd);
+		be->qk_norm_rope_bwd(be, m->gb2, at(m, g, lo->qn), at(m, g, lo->kn), m->gb1,
+				     a->qkv, at(m, w, lo->qn), at(m, w, lo->kn), a->rstd_qk, T,
+				     b->L, b->pos, m->nh, m->nkv, m->hd, m->eps, m->theta);
+	}
 	be->matmul_bwd(be, m->gn, at(m, g, lo->wqkv), gbqkv, m->gb2, a->xn1, at(m, w, lo->wqkv),
 		       T, H, m->Q, false);
 	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln1), m->gn, x, at(m, w, lo->ln1), a->rstd1, T, H,
@@ -583,9 +598,9 @@ static void forward(struct sl_model *m, const struct sl_unit_source *src,
 
 	/* the head reads only each record's last token: normalize just those B rows */
 	w = src->weights(src->ctx, uh);
-	be->gather_rows(be, m->xl, m->x[m->nL], b->last, b->B, H);
-	be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->xl, final_norm_w(m, w), b->B, H, m->eps);
-	be->matmul_fwd(be, m->logits, m->xnf, at(m, w, m->score_off), NULL, b->B, H, 1);
+	be->gather_rows(be, m->xl, m->x[m->nL], b->last, head_rows(b), H);
+	be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->xl, final_norm_w(m, w), head_rows(b), H, m->eps);
+	be->matmul_fwd(be, m->logits, m->xnf, at(m, w, m->score_off), NULL, head_rows(b), H, 1);
 	release(src->release_fwd, src->ctx, uh);
 }
 
@@ -663,6 +678,8 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 	double aux;
 	int aux_n, rc = check_batch(m, b, true);
 
+	if (!rc && b->cp)
+		rc = sl_cp_check(m, b);
 	if (rc)
 		return rc;
 	if (m->sft && scores) {
@@ -678,15 +695,17 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 	} else {
 		w = src->weights(src->ctx, uh);
 		g = src->grads(src->ctx, uh);
-		be->bce_fwd_bwd(be, m->loss_dev, m->dlogits, m->logits, b->labels, b->B,
+		const int nr = head_rows(b);
+
+		be->bce_fwd_bwd(be, m->loss_dev, m->dlogits, m->logits, b->labels, nr,
 				loss_scale);
 		be->matmul_bwd(be, m->gxnf, at(m, g, m->score_off), NULL, m->dlogits, m->xnf,
-			       at(m, w, m->score_off), b->B, H, 1, false);
+			       at(m, w, m->score_off), nr, H, 1, false);
 		be->rmsnorm_bwd(be, m->gxl, at(m, g, m->norm_off), m->gxnf, m->xl,
-				final_norm_w(m, w), m->rstdf, b->B, H, false);
+				final_norm_w(m, w), m->rstdf, nr, H, false);
 		release(src->release_bwd, src->ctx, uh);
 		be->zero(be, m->gx, (size_t)T * H * be->elt);
-		be->scatter_add_rows(be, m->gx, m->gxl, b->last, b->B, H);
+		be->scatter_add_rows(be, m->gx, m->gxl, b->last, nr, H);
 	}
 
 	for (int l = m->nL - 1; l >= 0; l--) {
@@ -711,7 +730,7 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 	release(src->release_bwd, src->ctx, 0);
 
 	if (scores)
-		download_scores(m, b->B, scores);
+		download_scores(m, head_rows(b), scores);
 	be->download(be, loss_sum, m->loss_dev, sizeof(double));
 	be->sync(be);
 	*loss_sum += m->aux_coef * aux * aux_n;
@@ -728,6 +747,8 @@ int sl_model_lm_loss(struct sl_model *m, const struct sl_unit_source *src,
 		fprintf(stderr, "model: the classification head has no language-model loss\n");
 		rc = -EINVAL;
 	}
+	if (!rc && b->cp)
+		rc = sl_cp_check(m, b);
 	if (rc)
 		return rc;
 	forward(m, src, b, false, 0, &aux);
@@ -758,10 +779,12 @@ int sl_model_score(struct sl_model *m, const struct sl_unit_source *src,
 		fprintf(stderr, "model: the causal-LM head has no scores\n");
 		rc = -EINVAL;
 	}
+	if (!rc && b->cp)
+		rc = sl_cp_check(m, b);
 	if (rc)
 		return rc;
 	forward(m, src, b, false, 0, &aux);
-	download_scores(m, b->B, scores);
+	download_scores(m, head_rows(b), scores);
 	m->be->sync(m->be);
 	return 0;
 }

@@ -135,6 +135,38 @@ struct sl_unit_source {
 	void (*release_bwd)(void *ctx, int unit);
 };
 
+/*
+ * Context parallel (parallel.context = C > 1): the collectives the model needs over the C ranks
+ * that share a micro-batch, filled in by whoever knows the ranks (context.c); the model calls
+ * them around attention.  Buffers are the backend's, counts in compute elements.
+ * kv_all_gather: recv(C * count) = every rank's send(count), in rank order.
+ * kv_reduce_scatter: recv(count) = the sum over ranks of send[rank * count, (rank + 1) * count).
+ */
+struct sl_context_comm {
+	void *ctx;
+	void (*kv_all_gather)(void *ctx, void *recv, const void *send, size_t count);
+	void (*kv_reduce_scatter)(void *ctx, void *recv, const void *send, size_t count);
+	int rank, size;			/* in the context group */
+};
+
+/*
+ * A context-parallel micro-batch (model_cp.c): each row of L tokens is cut into 2C chunks, this
+ * rank holding chunks rank and 2C-1-rank (Lc = L / C tokens per row, in that order), so every
+ * rank has as much causal attention work.  The batch's B, L are then B, Lc; ids, tgt_* and last
+ * index local tokens; lens stays the rows' true lengths (global).
+ */
+struct sl_cp_batch {
+	const struct sl_context_comm *comm;
+	int L;				/* the rows' full padded length, a multiple of 2C */
+	const int32_t *gidx;		/* (B*Lc) each local token's index in its row */
+	const int32_t *pos;		/* (B*Lc) its position in its document (rotary, mask) */
+	const int32_t *perm;		/* (B*L) row token b*L+i -> its row in the gathered
+					 * (C, B*Lc) blocks */
+	const int32_t *inv;		/* (C*B*Lc) the inverse: gathered row -> b*L+i */
+	int n_last;			/* classify: records whose last token is here (the head
+					 * rows; last and labels hold n_last entries) */
+};
+
 /* One micro-batch in device memory.  */
 struct sl_batch_dev {
 	int B, L;			/* records, padded length */
@@ -149,6 +181,7 @@ struct sl_batch_dev {
 	int n_tgt;			/* target tokens in the micro-batch */
 	const int32_t *tgt_pos;		/* (n_tgt) b*L + p: the token whose logits predict a target */
 	const int32_t *tgt_ids;		/* (n_tgt) the target ids (of tokens b*L + p + 1) */
+	const struct sl_cp_batch *cp;	/* context parallel; NULL: whole rows here */
 };
 
 struct sl_model;

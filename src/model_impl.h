@@ -104,6 +104,9 @@ struct sl_model {
 
 	struct sl_moe *moe;	/* mixture-of-experts state; NULL without MoE layers */
 	struct sl_q35 *q35;	/* Qwen3.5 hybrid layers' state (model_qwen35.c), else NULL */
+	void *cp_kv[3];		/* context parallel (model_cp.c): 3 x (C max_tokens, 2 nkv hd),
+				 * allocated by the first such micro-batch */
+	int cp_kv_C;		/* the C they were sized for, 0 before */
 
 	void **bufs;		/* everything above that came from be->alloc, to free */
 	int n_bufs, cap_bufs;
@@ -149,6 +152,14 @@ void sl_q35_layer_bwd(struct sl_model *m, int l, const void *w, void *g, const v
 		      const struct sl_batch_dev *b);
 /* the final norm's effective weight 1 + w (H), from the head unit's weights */
 const void *sl_q35_final_norm(struct sl_model *m, const void *w);
+/* model_cp.c: context parallel attention (struct sl_cp_batch) */
+int sl_cp_check(struct sl_model *m, const struct sl_batch_dev *b);
+/* q/k norm + rotary and attention of layer l: a->qkv in, a->qkvr, a->att, a->lse out */
+void sl_cp_attention_fwd(const struct sl_model *m, int l, const void *w, const struct acts *a,
+			 const struct sl_batch_dev *b);
+/* their backward: m->gb2 (gradient of a->att) in, m->gb2 (of a->qkv) out; q/k norm grads += */
+void sl_cp_attention_bwd(const struct sl_model *m, int l, const void *w, void *g,
+			 const struct acts *a, const struct sl_batch_dev *b);
 
 /* element @off of a compute-type buffer */
 static inline void *at(const struct sl_model *m, const void *base, size_t off)

@@ -24,6 +24,7 @@
 #include "backend.h"
 #include "chat.h"
 #include "ckpt.h"
+#include "context.h"
 #include "data.h"
 #include "dist.h"
 #include "fsutil.h"
@@ -162,11 +163,6 @@ int sl_check_supported(const struct sl_config *c, bool training)
 		return 0;
 	if (c->data.pack && c->task != SL_TASK_SFT) {
 		sl_error("%s: data.pack applies to task sft only; set data.pack: false",
-			 c->source);
-		return -1;
-	}
-	if (c->parallel.context != 1) {
-		sl_error("%s: parallel.context is not in this version yet; leave it at 1",
 			 c->source);
 		return -1;
 	}
@@ -431,7 +427,8 @@ static long record_targets(const struct sl_dataset *ds, int i)
  */
 static double evaluate_lm(struct sl_backend *be, struct sl_model *m,
 			  const struct sl_unit_source *src, const struct sl_dataset *ds, int batch,
-			  int max_L, int32_t pad, int rank, int world, long *targets)
+			  int max_L, int32_t pad, int rank, int world, struct sl_cp *cp,
+			  long *targets)
 {
 	struct sl_host_batch hb;
 	struct dev_batch db;
@@ -445,12 +442,18 @@ static double evaluate_lm(struct sl_backend *be, struct sl_model *m,
 	dev_batch_alloc(be, &db, batch, max_L);
 	for (int i = 0; i < n_mine; i += batch) {
 		int n = n_mine - i < batch ? n_mine - i : batch;
+		const struct sl_batch_dev *view = &db.view;
 		double part = 0;
 
 		sl_host_batch_fill(&hb, ds, order + i, n, pad);
-		dev_batch_upload(be, &db, &hb);
-		sums[1] += dev_batch_targets(be, &db, &hb);
-		if (sl_model_lm_loss(m, src, &db.view, &part))
+		if (cp) {	/* each target is on one rank of the context group */
+			view = sl_cp_upload(cp, &hb, pad, true);
+			sums[1] += view->n_tgt;
+		} else {
+			dev_batch_upload(be, &db, &hb);
+			sums[1] += dev_batch_targets(be, &db, &hb);
+		}
+		if (sl_model_lm_loss(m, src, view, &part))
 			sl_dist_abort("the model's validation pass failed");
 		sums[0] += part;
 	}
@@ -471,7 +474,7 @@ enum { EV_N, EV_BCE, EV_SE, EV_P, EV_Y, EV_PP, EV_YY, EV_PY, EV_COUNT };
  */
 static void evaluate(struct sl_backend *be, struct sl_model *m, const struct sl_unit_source *src,
 		     const struct sl_dataset *ds, int batch, int max_L, int32_t pad, int rank,
-		     int world, double out[3])
+		     int world, struct sl_cp *cp, double out[3])
 {
 	struct sl_host_batch hb;
 	struct dev_batch db;
@@ -488,9 +491,16 @@ static void evaluate(struct sl_backend *be, struct sl_model *m, const struct sl_
 		int n = n_mine - i < batch ? n_mine - i : batch;
 
 		sl_host_batch_fill(&hb, ds, order + i, n, pad);
-		sl_model_score(m, src, dev_batch_upload(be, &db, &hb), s);
+		/* context parallel: the rank holding a record's last token scores it */
+		if (cp) {
+			sl_model_score(m, src, sl_cp_upload(cp, &hb, pad, false), s);
+			n = cp->cpb.n_last;
+		} else {
+			sl_model_score(m, src, dev_batch_upload(be, &db, &hb), s);
+		}
 		for (int j = 0; j < n; j++) {
-			double z = s[j], y = ds->rec[order[i + j]].label;
+			int r = cp ? cp->h_last_rec[j] : j;
+			double z = s[j], y = ds->rec[order[i + r]].label;
 			double p = 1 / (1 + exp(-z));
 
 			sums[EV_N] += 1;
@@ -589,6 +599,8 @@ struct job {
 	long skipped_steps;		/* non-finite steps skipped in this job */
 	struct sl_moe_dist md;		/* expert group (parallel.expert, capacity_factor) */
 	bool have_md;
+	int C;				/* parallel.context: ranks sharing each micro-batch */
+	struct sl_cp cp;		/* C > 1: this rank's part of the rows (context.h) */
 };
 
 static struct sl_ckpt_geom geom_of(struct job *j)
@@ -1044,7 +1056,8 @@ static void eval_once(struct job *j, int step, int32_t pad)
 
 	if (sl_model_is_lm(j->model)) {
 		ev[0] = evaluate_lm(j->be, j->model, &j->sh.src, &j->valid, c->train.batch,
-				    j->max_L, pad, j->d.rank, j->d.world, &targets);
+				    j->max_L, pad, j->d.rank / j->C, j->d.world / j->C,
+				    j->C > 1 ? &j->cp : NULL, &targets);
 		sl_metrics_add_eval_stats(j->met, step, j->valid.n, 1,
 					  (const char *const[]){ "loss" }, ev);
 		sl_log("eval step %d  valid loss %.4f  (%d records, %ld target tokens)", step,
@@ -1054,7 +1067,7 @@ static void eval_once(struct job *j, int step, int32_t pad)
 		return;
 	}
 	evaluate(j->be, j->model, &j->sh.src, &j->valid, c->train.batch, j->max_L, pad,
-		 j->d.rank, j->d.world, ev);
+		 j->d.rank / j->C, j->d.world / j->C, j->C > 1 ? &j->cp : NULL, ev);
 	sl_metrics_add_eval_stats(j->met, step, j->valid.n, 3,
 				  (const char *const[]){ "loss", "brier", "corr" }, ev);
 	sl_log("eval step %d  valid loss %.4f  brier %.4f  corr %.3f  (%d records)", step, ev[0],
@@ -1107,23 +1120,30 @@ static int run_steps(struct job *j)
 				sl_dist_abort("internal error: an sft step without target tokens");
 		}
 		for (int acc = 0; acc < c->train.accum; acc++) {
-			int n = sl_sampler_microbatch(&j->smp, step - 1, acc, j->d.rank, idx);
+			int n = sl_sampler_microbatch(&j->smp, step - 1, acc, j->d.rank / j->C, idx);
+			const struct sl_batch_dev *view = &j->db.view;
 			double part = 0;
 
 			if (n < 0 || (c->data.pack ?
 				      sl_host_batch_pack(&j->hb, &j->train, idx, n, pad, j->max_L) :
 				      sl_host_batch_fill(&j->hb, &j->train, idx, n, pad)))
 				sl_dist_abort("internal error: bad micro-batch");
-			dev_batch_upload(j->be, &j->db, &j->hb);
-			if (lm)
-				dev_batch_targets(j->be, &j->db, &j->hb);
+			if (j->C > 1) {
+				view = sl_cp_upload(&j->cp, &j->hb, pad, lm);
+			} else {
+				dev_batch_upload(j->be, &j->db, &j->hb);
+				if (lm)
+					dev_batch_targets(j->be, &j->db, &j->hb);
+			}
 			sl_shard_begin_micro(&j->sh, acc == c->train.accum - 1);
-			if (sl_model_train_step(j->model, &j->sh.src, &j->db.view,
-						(float)(1.0 / denom), &part, NULL))
+			if (sl_model_train_step(j->model, &j->sh.src, view, (float)(1.0 / denom),
+						&part, NULL))
 				sl_dist_abort("the model step failed");
 			mine[0] += part;
 			expert_tokens_add(j->model, &sm, acc == 0);
 			sm.dropped_tokens += sl_model_moe_dropped(j->model);
+			if (j->d.rank % j->C)
+				continue;	/* the context group's records count once */
 			mine[1] += n;
 			mine[2] += j->hb.tokens;
 			mine[3] += j->hb.padded_tokens;
@@ -1245,6 +1265,7 @@ static void job_free(struct job *j)
 	sl_tb_close(j->tb);
 	if (j->be) {
 		dev_batch_free(j->be, &j->db);
+		sl_cp_destroy(&j->cp);
 		if (j->model)
 			sl_model_destroy(j->model);
 		if (j->have_md)
@@ -1314,8 +1335,9 @@ int sl_cmd_train(int argc, char **argv)
 	ret = 2;
 	/* every rank reads the config: the same files give every rank the same verdict */
 	if (sl_config_load(j->c, j->a.config, j->a.set, j->a.nset, true) ||
-	    sl_check_supported(j->c, true))
+	    sl_cp_check_config(j->c, j->d.world) || sl_check_supported(j->c, true))
 		goto out;
+	j->C = j->c->parallel.context;
 	if (sl_dist_set_node_size(&j->d, j->c->parallel.node_size))
 		goto out;
 	sl_signals_install(j->c->checkpoint.term_grace_s);
@@ -1365,6 +1387,14 @@ int sl_cmd_train(int argc, char **argv)
 	       "%.2fM parameters", j->mf.dir, j->mf.mc.model_type, j->mf.mc.n_layers,
 	       j->mf.mc.hidden, j->mf.mc.n_heads, j->mf.mc.n_kv_heads, j->mf.mc.head_dim,
 	       j->mf.mc.vocab, j->mf.lay.total_numel / 1e6);
+	for (int l = 0; j->C > 1 && l < j->mf.mc.n_layers; l++) {
+		if (sl_layer_is_moe(&j->mf.mc, l)) {
+			sl_error("%s: parallel.context %d with a mixture-of-experts model (%s) is not "
+				 "in this version yet; set parallel.context: 1", j->c->source, j->C,
+				 j->mf.dir);
+			goto out;
+		}
+	}
 	/* room for the checkpoints (fp32 weights, + 2 moments) before anything heavy is read */
 	if (!all_ok(j->d.rank != 0 ||
 		    sl_ckpt_check_space(j->ckpt_root, 4.04 * j->mf.lay.total_numel *
@@ -1392,7 +1422,7 @@ int sl_cmd_train(int argc, char **argv)
 			      &j->d, "validation") == 0))
 		goto out;
 	if (!all_ok(sl_sampler_init(&j->smp, &j->train, j->c->train.batch, j->c->train.accum,
-				    j->d.world, j->c->data.shuffle, j->c->data.length_sort,
+				    j->d.world / j->C, j->c->data.shuffle, j->c->data.length_sort,
 				    (uint64_t)j->c->data.seed) == 0))
 		goto out;
 	j->R = sl_sampler_records_per_step(&j->smp);
@@ -1400,7 +1430,7 @@ int sl_cmd_train(int argc, char **argv)
 		(int)(j->c->train.epochs * sl_sampler_steps_per_epoch(&j->smp));
 	sl_log("%d records, %d per step (batch %d x accum %d x %d data-parallel rank(s)): "
 	       "%d steps, %.2f epoch(s)", j->train.n, j->R, j->c->train.batch, j->c->train.accum,
-	       j->d.world, j->steps, (double)j->steps * j->R / j->train.n);
+	       j->d.world / j->C, j->steps, (double)j->steps * j->R / j->train.n);
 
 	if (j->d.rank == 0) {
 		struct sl_provenance_input pin = {
@@ -1420,6 +1450,8 @@ int sl_cmd_train(int argc, char **argv)
 				     j->comm_kind, &j->copy) == 0))
 		goto out;
 	j->have_groups = true;
+	sl_log("mesh: %d rank(s) = %d data-parallel x %d context (rank = data-parallel index x %d "
+	       "+ context index)", j->d.world, j->d.world / j->C, j->C, j->C);
 	if (j->cuda) {
 		/* collectives run in order with the compute on the backend's stream */
 		j->g.world.stream = j->g.shard.stream = j->g.replica.stream = gpu_stream(j);
@@ -1462,7 +1494,9 @@ int sl_cmd_train(int argc, char **argv)
 	j->max_L = sl_data_max_len(&j->train);
 	if (j->valid.n && sl_data_max_len(&j->valid) > j->max_L)
 		j->max_L = sl_data_max_len(&j->valid);
-	j->model = sl_model_create(&j->mf.mc, &j->mf.lay, j->be, j->c->train.batch * j->max_L,
+	/* context parallel: the workspace holds 1/C of the rows (padded to a multiple of 2C) */
+	j->model = sl_model_create(&j->mf.mc, &j->mf.lay, j->be,
+				   j->c->train.batch * (sl_cp_row_len(j->max_L, j->C) / j->C),
 				   j->c->train.batch, j->c->train.activation_checkpointing);
 	if (!all_ok(j->model != NULL))
 		goto out;
@@ -1476,6 +1510,9 @@ int sl_cmd_train(int argc, char **argv)
 	}
 	sl_host_batch_alloc(&j->hb, j->c->train.batch, j->max_L);
 	dev_batch_alloc(j->be, &j->db, j->c->train.batch, j->max_L);
+	if (j->C > 1 && !all_ok(sl_cp_create(&j->cp, j->be, &j->d, j->C, j->comm_kind, &j->copy,
+					      j->c->train.batch, j->max_L) == 0))
+		goto out;
 
 	snprintf(path, sizeof(path), "%s/training_metrics.json", j->c->run.dir);
 	j->met = sl_metrics_create(path);
