@@ -422,6 +422,19 @@ static long record_targets(const struct sl_dataset *ds, int i)
 }
 
 /*
+ * Micro-batches every rank runs in a validation pass.  Sharded weights are gathered by
+ * collectives inside each forward, so every rank must run the same number of forwards, though
+ * records i % world == rank leave some ranks one record short: a rank past its own records runs
+ * a stand-in batch (one of its records, or record 0) and discards what it gives.
+ */
+static int eval_rounds(int n, int world, int batch)
+{
+	int per_rank = (n + world - 1) / world;
+
+	return (per_rank + batch - 1) / batch;
+}
+
+/*
  * Validation of the sft task over all ranks (records i % world == rank, similar lengths
  * together): the mean cross-entropy over every target token of the set.
  */
@@ -432,30 +445,36 @@ static double evaluate_lm(struct sl_backend *be, struct sl_model *m,
 {
 	struct sl_host_batch hb;
 	struct dev_batch db;
-	int n_mine = 0, *order = malloc((ds->n / world + 1) * sizeof(int));
+	int n_mine = 0, *order = malloc((ds->n / world + 1) * sizeof(int)), stand_in;
 	double sums[2] = { 0 }, all[2];
 
 	for (int i = rank; i < ds->n; i += world)
 		order[n_mine++] = i;
 	sl_data_sort_longest_first(ds, order, n_mine);
+	stand_in = n_mine ? order[0] : 0;
 	sl_host_batch_alloc(&hb, batch, max_L);
 	dev_batch_alloc(be, &db, batch, max_L);
-	for (int i = 0; i < n_mine; i += batch) {
-		int n = n_mine - i < batch ? n_mine - i : batch;
+	for (int i = 0; i < eval_rounds(ds->n, world, batch) * batch; i += batch) {
+		/* past its own records a rank runs a stand-in batch: see eval_rounds */
+		bool real = i < n_mine;
+		int n = !real ? 1 : n_mine - i < batch ? n_mine - i : batch, tg;
 		const struct sl_batch_dev *view = &db.view;
 		double part = 0;
 
-		sl_host_batch_fill(&hb, ds, order + i, n, pad);
+		sl_host_batch_fill(&hb, ds, real ? order + i : &stand_in, n, pad);
 		if (cp) {	/* each target is on one rank of the context group */
 			view = sl_cp_upload(cp, &hb, pad, true);
-			sums[1] += view->n_tgt;
+			tg = view->n_tgt;
 		} else {
 			dev_batch_upload(be, &db, &hb);
-			sums[1] += dev_batch_targets(be, &db, &hb);
+			tg = dev_batch_targets(be, &db, &hb);
 		}
 		if (sl_model_lm_loss(m, src, view, &part))
 			sl_dist_abort("the model's validation pass failed");
-		sums[0] += part;
+		if (real) {
+			sums[0] += part;
+			sums[1] += tg;
+		}
 	}
 	MPI_Allreduce(sums, all, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
 	dev_batch_free(be, &db);
@@ -478,19 +497,22 @@ static void evaluate(struct sl_backend *be, struct sl_model *m, const struct sl_
 {
 	struct sl_host_batch hb;
 	struct dev_batch db;
-	int n_mine = 0, *order = malloc((ds->n / world + 1) * sizeof(int));
+	int n_mine = 0, *order = malloc((ds->n / world + 1) * sizeof(int)), stand_in;
 	float *s = malloc(batch * sizeof(float));
 	double sums[EV_COUNT] = { 0 }, all[EV_COUNT];
 
 	for (int i = rank; i < ds->n; i += world)
 		order[n_mine++] = i;
 	sl_data_sort_longest_first(ds, order, n_mine);
+	stand_in = n_mine ? order[0] : 0;
 	sl_host_batch_alloc(&hb, batch, max_L);
 	dev_batch_alloc(be, &db, batch, max_L);
-	for (int i = 0; i < n_mine; i += batch) {
-		int n = n_mine - i < batch ? n_mine - i : batch;
+	for (int i = 0; i < eval_rounds(ds->n, world, batch) * batch; i += batch) {
+		/* past its own records a rank runs a stand-in batch: see eval_rounds */
+		bool real = i < n_mine;
+		int n = !real ? 1 : n_mine - i < batch ? n_mine - i : batch;
 
-		sl_host_batch_fill(&hb, ds, order + i, n, pad);
+		sl_host_batch_fill(&hb, ds, real ? order + i : &stand_in, n, pad);
 		/* context parallel: the rank holding a record's last token scores it */
 		if (cp) {
 			sl_model_score(m, src, sl_cp_upload(cp, &hb, pad, false), s);
@@ -498,7 +520,7 @@ static void evaluate(struct sl_backend *be, struct sl_model *m, const struct sl_
 		} else {
 			sl_model_score(m, src, dev_batch_upload(be, &db, &hb), s);
 		}
-		for (int j = 0; j < n; j++) {
+		for (int j = 0; real && j < n; j++) {
 			int r = cp ? cp->h_last_rec[j] : j;
 			double z = s[j], y = ds->rec[order[i + r]].label;
 			double p = 1 / (1 + exp(-z));
