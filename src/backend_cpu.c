@@ -448,6 +448,36 @@ static inline double dot(const real *a, const real *b, int n)
 	return s;
 }
 
+/*
+ * One query's attention over keys and values j0..i (rows of stride @stride from kb, vb):
+ * y(hd) = softmax(q . k_j * scale) . v_j; returns the log-sum-exp.  p (>= i + 1) and acc (hd)
+ * are scratch.
+ */
+static real attend(real *y, const real *q, const real *kb, const real *vb, size_t stride, int j0,
+		   int i, int hd, double scale, double *p, double *acc)
+{
+	double mx = -INFINITY, sum = 0;
+
+	for (int j = j0; j <= i; j++) {
+		p[j] = dot(q, kb + (size_t)j * stride, hd) * scale;
+		if (p[j] > mx)
+			mx = p[j];
+	}
+	for (int d = 0; d < hd; d++)
+		acc[d] = 0;
+	for (int j = j0; j <= i; j++) {
+		const real *v = vb + (size_t)j * stride;
+		double e = exp(p[j] - mx);
+
+		sum += e;
+		for (int d = 0; d < hd; d++)
+			acc[d] += e * v[d];
+	}
+	for (int d = 0; d < hd; d++)
+		y[d] = (real)(acc[d] / sum);
+	return (real)(mx + log(sum));
+}
+
 static void cpu_attention_fwd(struct sl_backend *be, void *out, void *lse, const void *qkv,
 			      const int32_t *lens, const int32_t *pos, int B, int L, int nh,
 			      int nkv, int hd)
@@ -472,7 +502,6 @@ static void cpu_attention_fwd(struct sl_backend *be, void *out, void *lse, const
 					const real *kb = in + (size_t)b * L * W +
 							 (size_t)(nh + h / grp) * hd;
 					const real *vb = kb + (size_t)nkv * hd;
-					double mx = -INFINITY, sum = 0;
 					/* the first key of the query's document */
 					const int j0 = pos && i < lens[b] ? i - pos[t] : 0;
 
@@ -481,24 +510,8 @@ static void cpu_attention_fwd(struct sl_backend *be, void *out, void *lse, const
 						ls[t * nh + h] = 0;
 						continue;
 					}
-					for (int j = j0; j <= i; j++) {
-						p[j] = dot(q, kb + (size_t)j * W, hd) * scale;
-						if (p[j] > mx)
-							mx = p[j];
-					}
-					for (int d = 0; d < hd; d++)
-						acc[d] = 0;
-					for (int j = j0; j <= i; j++) {
-						const real *v = vb + (size_t)j * W;
-						double e = exp(p[j] - mx);
-
-						sum += e;
-						for (int d = 0; d < hd; d++)
-							acc[d] += e * v[d];
-					}
-					for (int d = 0; d < hd; d++)
-						y[d] = (real)(acc[d] / sum);
-					ls[t * nh + h] = (real)(mx + log(sum));
+					ls[t * nh + h] = attend(y, q, kb, vb, W, j0, i, hd, scale, p,
+								acc);
 				}
 			}
 		}

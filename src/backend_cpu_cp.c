@@ -49,7 +49,6 @@ static void cpu_cp_attention_fwd(struct sl_backend *be, void *out, void *lse, co
 					const real *kb = kvb + (size_t)b * L * KW +
 							 (size_t)(h / grp) * hd;
 					const real *vb = kb + (size_t)nkv * hd;
-					double mx = -INFINITY, sum = 0;
 					int j0;
 
 					if (i >= lens[b]) {
@@ -58,24 +57,8 @@ static void cpu_cp_attention_fwd(struct sl_backend *be, void *out, void *lse, co
 						continue;
 					}
 					j0 = i - pos[t];
-					for (int j = j0; j <= i; j++) {
-						p[j] = dot(q, kb + (size_t)j * KW, hd) * scale;
-						if (p[j] > mx)
-							mx = p[j];
-					}
-					for (int d = 0; d < hd; d++)
-						acc[d] = 0;
-					for (int j = j0; j <= i; j++) {
-						const real *v = vb + (size_t)j * KW;
-						double e = exp(p[j] - mx);
-
-						sum += e;
-						for (int d = 0; d < hd; d++)
-							acc[d] += e * v[d];
-					}
-					for (int d = 0; d < hd; d++)
-						y[d] = (real)(acc[d] / sum);
-					ls[t * nh + h] = (real)(mx + log(sum));
+					ls[t * nh + h] = attend(y, q, kb, vb, KW, j0, i, hd, scale, p,
+								acc);
 				}
 			}
 		}
