@@ -81,6 +81,11 @@ void sl_signals_install(double term_grace_s)
 	installed = true;
 }
 
+void sl_signals_set_grace(double term_grace_s)
+{
+	grace_s = term_grace_s;
+}
+
 void sl_signals_restore(void)
 {
 	if (!installed)

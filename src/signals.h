@@ -27,6 +27,8 @@
 
 /* Installs the handlers for SIGUSR1, SIGTERM and SIGINT; @term_grace_s as above. */
 void sl_signals_install(double term_grace_s);
+/* Sets checkpoint.term_grace_s once the config is read (the handlers stay installed). */
+void sl_signals_set_grace(double term_grace_s);
 /* Puts the default handlers back. */
 void sl_signals_restore(void);
 

@@ -1345,6 +1345,11 @@ int sl_cmd_train(int argc, char **argv)
 
 	ckpt_dir[0] = 0;
 	sl_log_init();
+	/*
+	 * The handlers first: a preemption notice (SIGUSR1) that comes while MPI starts or the
+	 * config loads must not kill the rank; until the config is read the grace is its default.
+	 */
+	sl_signals_install(25);
 	j->c = calloc(1, sizeof(*j->c));
 	if (sl_dist_init(&j->d, &argc, &argv))
 		sl_dist_abort("MPI start-up failed");
@@ -1362,7 +1367,7 @@ int sl_cmd_train(int argc, char **argv)
 	j->C = j->c->parallel.context;
 	if (sl_dist_set_node_size(&j->d, j->c->parallel.node_size))
 		goto out;
-	sl_signals_install(j->c->checkpoint.term_grace_s);
+	sl_signals_set_grace(j->c->checkpoint.term_grace_s);
 	if (sl_watchdog_start())
 		goto out;
 	/* the backend first: a GPU that cannot be used stops the job before the run directory */

@@ -23,12 +23,14 @@ SHARDLM="$T/shardlm"
 sed '/^#SBATCH --gpus/d' "$top_srcdir/slurm/train.slurm" >"$J/train-cpu.slurm"
 sed '/^#SBATCH --gpus/d' "$top_srcdir/slurm/marlowe/8gpu.slurm" >"$J/8gpu-cpu.slurm"
 grep -q '^#SBATCH --gpus' "$J/train-cpu.slurm" && fail "the CPU variant still asks for GPUs"
+# --signal: the scripts ask for USR1 900 s before the limit, which a 5-minute job is already past
+# when it starts; the notice would stop it after a checkpoint (test_slurm_kill.sh tests that)
 submit() {	# NAME SCRIPT: prints the job id
 	(cd "$J" && CONF="$top_srcdir/conf/test-tiny.yaml" RUN="$J/runs/$1" SHARDLM="$SHARDLM" \
 		BATCH=4 ACCUM=1 \
 		SET="model.path=$MODEL data.train=$top_srcdir/conf/demo/train.jsonl data.valid=$top_srcdir/conf/demo/valid.jsonl gpu_log.file=$J/logs/gpu-%j-%h.csv" \
 		sbatch --parsable --job-name="$1" --ntasks-per-node="$NRANKS" --cpus-per-task=1 \
-		--mem=1000M --time=5 --mail-type=NONE "$2")
+		--mem=1000M --time=5 --signal=USR1@10 --mail-type=NONE "$2")
 }
 id1=$(submit generic train-cpu.slurm) || fail "sbatch slurm/train.slurm"
 id2=$(submit marlowe8 8gpu-cpu.slurm) || fail "sbatch slurm/marlowe/8gpu.slurm"
