@@ -114,15 +114,18 @@ static int op_times(struct sl_backend *be, int T, int E, int k, int H, int Im)
 	TIME("moe_aux_stats", 10, be->moe_aux_stats(be, st, p, ti, lens, 1, T, E, k));
 	TIME("offsets to host (sync)", 10, be->download(be, h, offs, (E + 1) * 4));
 	TIME("gather_rows", 10, be->gather_rows(be, xp, x, rows, (int)n, H));
-	TIME("moe_gemm_fwd gate_up", 10, be->moe_gemm_fwd(be, gu, xp, wgu, offs, h, E, H, 2 * Im));
+	TIME("moe_gemm_fwd gate_up", 10, be->moe_gemm_fwd(be, gu, xp, wgu, offs, h, E, H, 2 * Im,
+								 (size_t)2 * Im * H));
 	TIME("swiglu_fwd", 10, be->swiglu_fwd(be, act, gu, (int)n, Im));
-	TIME("moe_gemm_fwd down", 10, be->moe_gemm_fwd(be, y, act, wd, offs, h, E, Im, H));
+	TIME("moe_gemm_fwd down", 10, be->moe_gemm_fwd(be, y, act, wd, offs, h, E, Im, H,
+							     (size_t)H * Im));
 	TIME("moe_combine_fwd", 10, be->moe_combine_fwd(be, out, y, tw, slot, T, k, H));
 	TIME("moe_combine_bwd", 10, be->moe_combine_bwd(be, xp, dtw, out, y, tw, slot, T, k, H));
-	TIME("moe_gemm_bwd down", 5, be->moe_gemm_bwd(be, act, dwd, xp, act, wd, offs, h, E, Im, H));
+	TIME("moe_gemm_bwd down", 5, be->moe_gemm_bwd(be, act, dwd, xp, act, wd, offs, h, E, Im,
+							   H, (size_t)H * Im));
 	TIME("swiglu_bwd", 10, be->swiglu_bwd(be, gu, act, gu, (int)n, Im));
 	TIME("moe_gemm_bwd gate_up", 5, be->moe_gemm_bwd(be, xp, dwgu, gu, y, wgu, offs, h, E, H,
-							2 * Im));
+							2 * Im, (size_t)2 * Im * H));
 	TIME("un-permute (combine)", 10, be->moe_combine_fwd(be, out, xp, tw, slot, T, k, H));
 	TIME("moe_route_bwd", 10, be->moe_route_bwd(be, z, dtw, p, ti, tw, NULL, lens, 1, T, E, k,
 						     true));

@@ -613,24 +613,25 @@ static bool aligned(int K, int N, const void *a, const void *b, const void *cc)
 
 // out(rows, N) = x(rows, K) w_e(N, K)^T  ->  out^T (N, rows) = w_e^T-op x^T (see gemm.cu)
 extern "C" void sl_cuda_moe_gemm_fwd(struct sl_cuda *c, void *out, const void *x, const void *w,
-				     const int *d_offs, const int *h_offs, int E, int K, int N)
+				     const int *d_offs, const int *h_offs, int E, int K, int N,
+				     size_t ws)
 {
 	if (!aligned(K, N, out, x, w)) {
 		for (int e = 0; e < E; e++)
 			if (h_offs[e + 1] > h_offs[e])
 				sl_cuda_matmul_fwd(c, (bf16 *)out + (size_t)h_offs[e] * N,
 						   (const bf16 *)x + (size_t)h_offs[e] * K,
-						   (const bf16 *)w + (size_t)e * N * K, NULL,
+						   (const bf16 *)w + e * ws, NULL,
 						   h_offs[e + 1] - h_offs[e], K, N);
 		return;
 	}
-	grouped(c, d_offs, h_offs, E, 1, 0, 1, N, 0, K, w, (size_t)N * K, 0, K, x, 0, K, K, out,
-		0, N, N, 0.f);
+	grouped(c, d_offs, h_offs, E, 1, 0, 1, N, 0, K, w, ws, 0, K, x, 0, K, K, out, 0, N, N,
+		0.f);
 }
 
 extern "C" void sl_cuda_moe_gemm_bwd(struct sl_cuda *c, void *dx, void *dw, const void *dout,
 				     const void *x, const void *w, const int *d_offs,
-				     const int *h_offs, int E, int K, int N)
+				     const int *h_offs, int E, int K, int N, size_t ws)
 {
 	if (!aligned(K, N, dout, x, w) || (dx && (uintptr_t)dx % 16) || (uintptr_t)dw % 16) {
 		for (int e = 0; e < E; e++) {
@@ -638,19 +639,19 @@ extern "C" void sl_cuda_moe_gemm_bwd(struct sl_cuda *c, void *dx, void *dw, cons
 
 			if (h_offs[e + 1] > h_offs[e])
 				sl_cuda_matmul_bwd(c, dx ? (bf16 *)dx + o * K : NULL,
-						   (bf16 *)dw + (size_t)e * N * K, NULL,
+						   (bf16 *)dw + e * ws, NULL,
 						   (const bf16 *)dout + o * N,
 						   (const bf16 *)x + o * K,
-						   (const bf16 *)w + (size_t)e * N * K,
+						   (const bf16 *)w + e * ws,
 						   h_offs[e + 1] - h_offs[e], K, N, 0);
 		}
 		return;
 	}
 	// dx^T (K, rows) = w_e (K, N col-major) dout^T (N, rows)
 	if (dx)
-		grouped(c, d_offs, h_offs, E, 0, 0, 1, K, 0, N, w, (size_t)N * K, 0, K, dout, 0, N,
-			N, dx, 0, K, K, 0.f);
+		grouped(c, d_offs, h_offs, E, 0, 0, 1, K, 0, N, w, ws, 0, K, dout, 0, N, N, dx, 0,
+			K, K, 0.f);
 	// dw_e^T (K, N) += x^T (K, rows) dout (rows, N)
-	grouped(c, d_offs, h_offs, E, 0, 1, 2, K, N, 0, x, 0, K, K, dout, 0, N, N, dw,
-		(size_t)N * K, 0, K, 1.f);
+	grouped(c, d_offs, h_offs, E, 0, 1, 2, K, N, 0, x, 0, K, K, dout, 0, N, N, dw, ws, 0, K,
+		1.f);
 }

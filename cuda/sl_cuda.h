@@ -109,9 +109,10 @@ void sl_cuda_moe_aux_stats(struct sl_cuda *c, double *stats, const float *p, con
 void sl_cuda_moe_permute(struct sl_cuda *c, int *rows, int *slot, int *offs, const int *topi,
 			 int T, int E, int k);
 void sl_cuda_moe_gemm_fwd(struct sl_cuda *c, void *out, const void *x, const void *w,
-			  const int *d_offs, const int *h_offs, int E, int K, int N);
+			  const int *d_offs, const int *h_offs, int E, int K, int N, size_t ws);
 void sl_cuda_moe_gemm_bwd(struct sl_cuda *c, void *dx, void *dw, const void *dout, const void *x,
-			  const void *w, const int *d_offs, const int *h_offs, int E, int K, int N);
+			  const void *w, const int *d_offs, const int *h_offs, int E, int K, int N,
+			  size_t ws);
 void sl_cuda_moe_combine_fwd(struct sl_cuda *c, void *out, const void *y, const float *topw,
 			     const int *slot, int T, int k, int H);
 void sl_cuda_moe_combine_bwd(struct sl_cuda *c, void *dy, float *dtopw, const void *dout,

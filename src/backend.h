@@ -220,15 +220,18 @@ struct sl_backend {
 			    const int32_t *topi, int T, int E, int k);
 	/*
 	 * Grouped matmul over experts: for each e, the rows offs[e] .. offs[e+1] of
-	 * out(M,N) = x(M,K) . w_e(N,K)^T, w = (E,N,K) contiguous.  The row offsets (E+1) are given
+	 * out(M,N) = x(M,K) . w_e(N,K)^T, w_e = w + e * ws elements (ws >= N K, a multiple of 8:
+	 * an expert's weights sit between its other tensors).  The row offsets (E+1) are given
 	 * twice, on the device (@offs, moe_permute's) and on the host (@h_offs).
 	 */
 	void (*moe_gemm_fwd)(struct sl_backend *be, void *out, const void *x, const void *w,
-			     const int32_t *offs, const int *h_offs, int E, int K, int N);
-	/* its backward: dx(M,K) = dout . w_e (overwritten; skipped when NULL), dw(E,N,K) += */
+			     const int32_t *offs, const int *h_offs, int E, int K, int N,
+			     size_t ws);
+	/* its backward: dx(M,K) = dout . w_e (overwritten; skipped when NULL), dw_e += (same
+	 * stride ws) */
 	void (*moe_gemm_bwd)(struct sl_backend *be, void *dx, void *dw, const void *dout,
 			     const void *x, const void *w, const int32_t *offs, const int *h_offs,
-			     int E, int K, int N);
+			     int E, int K, int N, size_t ws);
 	/* out(T,H) = sum_j topw(t,j) * y(slot(t*k+j), :) */
 	void (*moe_combine_fwd)(struct sl_backend *be, void *out, const void *y, const void *topw,
 				const int32_t *slot, int T, int k, int H);

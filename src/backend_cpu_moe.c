@@ -135,7 +135,8 @@ static void cpu_moe_permute(struct sl_backend *be, int32_t *rows, int32_t *slot,
 /* ---- grouped matmul ---------------------------------------------------------------------- */
 
 static void cpu_moe_gemm_fwd(struct sl_backend *be, void *out, const void *x, const void *w,
-			     const int32_t *offs, const int *h_offs, int E, int K, int N)
+			     const int32_t *offs, const int *h_offs, int E, int K, int N,
+			     size_t ws)
 {
 	for (int e = 0; e < E; e++) {
 		int r0 = h_offs[e], n = h_offs[e + 1] - r0;
@@ -143,23 +144,23 @@ static void cpu_moe_gemm_fwd(struct sl_backend *be, void *out, const void *x, co
 		if (n > 0)
 			cpu_matmul_fwd(be, (real *)out + (size_t)r0 * N,
 				       (const real *)x + (size_t)r0 * K,
-				       (const real *)w + (size_t)e * N * K, NULL, n, K, N);
+				       (const real *)w + e * ws, NULL, n, K, N);
 	}
 }
 
 static void cpu_moe_gemm_bwd(struct sl_backend *be, void *dx, void *dw, const void *dout,
 			     const void *x, const void *w, const int32_t *offs, const int *h_offs,
-			     int E, int K, int N)
+			     int E, int K, int N, size_t ws)
 {
 	for (int e = 0; e < E; e++) {
 		int r0 = h_offs[e], n = h_offs[e + 1] - r0;
 
 		if (n > 0)
 			cpu_matmul_bwd(be, dx ? (real *)dx + (size_t)r0 * K : NULL,
-				       (real *)dw + (size_t)e * N * K, NULL,
+				       (real *)dw + e * ws, NULL,
 				       (const real *)dout + (size_t)r0 * N,
 				       (const real *)x + (size_t)r0 * K,
-				       (const real *)w + (size_t)e * N * K, n, K, N, false);
+				       (const real *)w + e * ws, n, K, N, false);
 	}
 }
 

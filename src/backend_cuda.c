@@ -410,16 +410,17 @@ static void cuda_moe_permute(struct sl_backend *be, int32_t *rows, int32_t *slot
 }
 
 static void cuda_moe_gemm_fwd(struct sl_backend *be, void *out, const void *x, const void *w,
-			      const int32_t *offs, const int *h_offs, int E, int K, int N)
+			      const int32_t *offs, const int *h_offs, int E, int K, int N,
+			      size_t ws)
 {
-	sl_cuda_moe_gemm_fwd(C(be), out, x, w, offs, h_offs, E, K, N);
+	sl_cuda_moe_gemm_fwd(C(be), out, x, w, offs, h_offs, E, K, N, ws);
 }
 
 static void cuda_moe_gemm_bwd(struct sl_backend *be, void *dx, void *dw, const void *dout,
 			      const void *x, const void *w, const int32_t *offs, const int *h_offs,
-			      int E, int K, int N)
+			      int E, int K, int N, size_t ws)
 {
-	sl_cuda_moe_gemm_bwd(C(be), dx, dw, dout, x, w, offs, h_offs, E, K, N);
+	sl_cuda_moe_gemm_bwd(C(be), dx, dw, dout, x, w, offs, h_offs, E, K, N, ws);
 }
 
 static void cuda_moe_combine_fwd(struct sl_backend *be, void *out, const void *y,

@@ -381,6 +381,22 @@ static bool overlap(const struct sl_tensor_info *t, size_t lo, size_t hi, size_t
 	return true;
 }
 
+/* This rank's elements of unit u: [*a, *a + *n) of the layout's unit (ckpt.h) */
+static void range_of(const struct sl_ckpt_geom *g, int u, size_t *a, size_t *n)
+{
+	size_t numel = g->lay->unit_numel[u];
+
+	if (g->start && g->count) {
+		*a = g->start[u];
+		*n = g->count[u];
+		return;
+	}
+	*a = (size_t)g->shard_rank * g->shard[u];
+	*n = *a < numel ? numel - *a : 0;
+	if (*n > g->shard[u])
+		*n = g->shard[u];
+}
+
 static int check_geom(const struct sl_ckpt_geom *g, MPI_Comm comm)
 {
 	const struct sl_layout *lay = g->lay;
@@ -395,9 +411,14 @@ static int check_geom(const struct sl_ckpt_geom *g, MPI_Comm comm)
 		return -1;
 	}
 	for (int u = 0; u < lay->n_units; u++) {
-		if (g->shard[u] * (size_t)g->shard_size < lay->unit_numel[u]) {
-			sl_error("ckpt: unit %d: %zu elements per rank x %d ranks < %zu elements", u,
-				 g->shard[u], g->shard_size, lay->unit_numel[u]);
+		size_t a, n;
+
+		range_of(g, u, &a, &n);
+		if (g->shard[u] * (size_t)g->shard_size < lay->unit_numel[u] || n > g->shard[u] ||
+		    a + n > lay->unit_numel[u]) {
+			sl_error("ckpt: unit %d: %zu elements per rank x %d ranks < %zu elements, or "
+				 "this rank's range [%zu, %zu) lies outside", u, g->shard[u],
+				 g->shard_size, lay->unit_numel[u], a, a + n);
 			return -1;
 		}
 	}
@@ -455,6 +476,54 @@ static int writer_map(const struct sl_ckpt_geom *g, MPI_Comm comm, int *writer_o
 		}
 	}
 	free(all);
+	return rc;
+}
+
+/*
+ * At rank 0, *fr = (shard_size, n_units, 2): each shard's [start, count) of every unit, from the
+ * rank writing it; checked to cover every unit exactly (the index must map every element).
+ * Collective; other ranks get NULL.
+ */
+static int gather_ranges(const struct sl_ckpt_geom *g, MPI_Comm comm, const int *writer_of,
+			 uint64_t **fr)
+{
+	const int nu = g->lay->n_units;
+	uint64_t *mine = malloc(sizeof(uint64_t) * 2 * nu), *all = NULL;
+	int rc = 0;
+
+	*fr = NULL;
+	if (g->rank == 0) {
+		all = malloc(sizeof(uint64_t) * 2 * nu * g->world);
+		*fr = malloc(sizeof(uint64_t) * 2 * nu * g->shard_size);
+	}
+	if (!mine || (g->rank == 0 && (!all || !*fr))) {
+		sl_error("ckpt: out of memory");
+		MPI_Abort(comm, 1);
+	}
+	for (int u = 0; u < nu; u++) {
+		size_t a, n;
+
+		range_of(g, u, &a, &n);
+		mine[2 * u] = a;
+		mine[2 * u + 1] = n;
+	}
+	MPI_Gather(mine, 2 * nu, MPI_UINT64_T, all, 2 * nu, MPI_UINT64_T, 0, comm);
+	for (int s = 0; all && s < g->shard_size; s++)
+		memcpy(*fr + (size_t)2 * nu * s, all + (size_t)2 * nu * writer_of[s],
+		       sizeof(uint64_t) * 2 * nu);
+	for (int u = 0; all && u < nu && rc == 0; u++) {
+		uint64_t sum = 0;
+
+		for (int s = 0; s < g->shard_size; s++)
+			sum += (*fr)[((size_t)s * nu + u) * 2 + 1];
+		if (sum != g->lay->unit_numel[u]) {
+			sl_error("ckpt: the shards of unit %d hold %llu elements, the unit %zu", u,
+				 (unsigned long long)sum, g->lay->unit_numel[u]);
+			rc = -1;
+		}
+	}
+	free(all);
+	free(mine);
 	return rc;
 }
 
@@ -579,6 +648,7 @@ static int write_rank_file(const char *dir, const struct sl_ckpt_geom *g,
 	char name[NAME_LEN], tmp[4096], path[4096];
 	int32_t n_units = lay->n_units, opt = nsets == 3;
 	size_t need = 65536;		/* superblock, root group and attributes, with room */
+	size_t *start, n;		/* where each unit's shard starts in the unit */
 	hid_t f, grp;
 	int rc = -1;
 
@@ -586,9 +656,18 @@ static int write_rank_file(const char *dir, const struct sl_ckpt_geom *g,
 	if (join(path, sizeof(path), dir, name) < 0 ||
 	    snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
 		return -1;
-	f = create_file(tmp);
-	if (f < 0)
+	start = malloc(sizeof(*start) * lay->n_units);
+	if (!start) {
+		sl_error("ckpt: out of memory");
 		return -1;
+	}
+	for (int u = 0; u < lay->n_units; u++)
+		range_of(g, u, &start[u], &n);
+	f = create_file(tmp);
+	if (f < 0) {
+		free(start);
+		return -1;
+	}
 	for (int u = 0; u < lay->n_units; u++)
 		need += nsets * (g->shard[u] * sizeof(float) + 4096);
 	if (reserve_space(tmp, need) < 0)
@@ -603,7 +682,8 @@ static int write_rank_file(const char *dir, const struct sl_ckpt_geom *g,
 	    attr_put(f, "data_cursor", H5T_NATIVE_INT64, 0, &s->data_cursor) < 0 ||
 	    attr_put(f, "n_units", H5T_NATIVE_INT32, 0, &n_units) < 0 ||
 	    attr_put(f, "optimizer", H5T_NATIVE_INT32, 0, &opt) < 0 ||
-	    attr_put(f, "shard", H5T_NATIVE_UINT64, n_units, g->shard) < 0) {
+	    attr_put(f, "shard", H5T_NATIVE_UINT64, n_units, g->shard) < 0 ||
+	    attr_put(f, "unit_start", H5T_NATIVE_UINT64, n_units, start) < 0) {
 		h5_err(tmp, "H5Awrite", "/");
 		goto out_close_file;
 	}
@@ -623,6 +703,7 @@ static int write_rank_file(const char *dir, const struct sl_ckpt_geom *g,
 	}
 	rc = 0;
 out_close_file:
+	free(start);
 	return commit_h5(f, tmp, path, rc, bytes);
 }
 
@@ -631,11 +712,13 @@ out_close_file:
  * overlap with the tensor mapped as up to three rectangles onto a 1-D source range.
  */
 static int index_tensor(hid_t grp, const char *path, const char *set, const struct sl_tensor_info *t,
-			const struct sl_ckpt_geom *g, const char (*files)[NAME_LEN])
+			const struct sl_ckpt_geom *g, const char (*files)[NAME_LEN],
+			const uint64_t *fr)
 {
 	hsize_t dims[2] = { t->shape[0], t->ndim == 2 ? t->shape[1] : 0 };
 	size_t S = g->shard[t->unit];
 	hsize_t sdim = S;
+	const int nu = g->lay->n_units;
 	hid_t vsp = H5_CHECK(H5Screate_simple(t->ndim, dims, NULL));
 	hid_t dcpl = H5_CHECK(H5Pcreate(H5P_DATASET_CREATE));
 	float nan = NAN;
@@ -647,15 +730,16 @@ static int index_tensor(hid_t grp, const char *path, const char *set, const stru
 	H5_CHECK(H5Pset_fill_value(dcpl, H5T_NATIVE_FLOAT, &nan));
 	snprintf(src, sizeof(src), "/%s/unit-%04d", set, t->unit);
 	for (int s = 0; s < g->shard_size; s++) {
+		const uint64_t *r = fr + ((size_t)s * nu + t->unit) * 2;
 		struct piece p[3];
 		size_t a, b;
 		int np;
 
-		if (!overlap(t, s * S, (s + 1) * S, &a, &b))
+		if (!overlap(t, r[0], r[0] + r[1], &a, &b))
 			continue;
 		np = split_range(t, a, b, p);
 		for (int k = 0; k < np; k++) {
-			hsize_t sstart = t->offset + p[k].flat - s * S, scount = p[k].n;
+			hsize_t sstart = t->offset + p[k].flat - r[0], scount = p[k].n;
 			hid_t ssp = H5_CHECK(H5Screate_simple(1, &sdim, NULL));
 
 			H5_CHECK(H5Sselect_hyperslab(vsp, H5S_SELECT_SET, p[k].start, NULL,
@@ -683,7 +767,7 @@ out_close:
 
 /* index.h5 (rank 0): .tmp, fsync'ed, renamed.  *bytes: its size. */
 static int write_index(const char *dir, const struct sl_ckpt_geom *g, const struct sl_ckpt_state *s,
-		       const int *writer_of, int nsets, double *bytes)
+		       const int *writer_of, const uint64_t *fr, int nsets, double *bytes)
 {
 	const struct sl_layout *lay = g->lay;
 	char tmp[4096], path[4096];
@@ -727,6 +811,7 @@ static int write_index(const char *dir, const struct sl_ckpt_geom *g, const stru
 	    attr_put(f, "unit_numel", H5T_NATIVE_UINT64, n_units, numel) < 0 ||
 	    attr_put(f, "shard", H5T_NATIVE_UINT64, n_units, g->shard) < 0 ||
 	    attr_put(f, "writer_ranks", H5T_NATIVE_INT32, g->shard_size, writer_of) < 0 ||
+	    attr_put(f, "unit_ranges", H5T_NATIVE_UINT64, 2 * g->shard_size * n_units, fr) < 0 ||
 	    attr_put_names(f, "files", files, g->shard_size) < 0 ||
 	    attr_put_str(f, "config", s->config_yaml ? s->config_yaml : "") < 0) {
 		h5_err(tmp, "H5Awrite", "/");
@@ -740,7 +825,7 @@ static int write_index(const char *dir, const struct sl_ckpt_geom *g, const stru
 		}
 		for (int i = 0; i < lay->n_tensors; i++) {
 			if (index_tensor(grp, tmp, set_name[k], &lay->t[i], g,
-					 (const char(*)[NAME_LEN])files) < 0) {
+					 (const char(*)[NAME_LEN])files, fr) < 0) {
 				H5Gclose(grp);
 				goto out_close_file;
 			}
@@ -970,6 +1055,7 @@ int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct s
 	double t0 = MPI_Wtime(), mine = 0, idx_bytes = 0, total = 0;
 	char dir[4096];
 	int *writer_of = NULL;
+	uint64_t *fr = NULL;		/* rank 0: every shard's ranges (gather_ranges) */
 	int rc = 0;
 
 	H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
@@ -988,6 +1074,9 @@ int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct s
 		MPI_Abort(world, 1);
 	}
 	rc = writer_map(g, world, writer_of);
+	if (agree(rc, world) < 0)
+		goto out_free_map;
+	rc = gather_ranges(g, world, writer_of, &fr);
 	if (rc == 0 && g->writer && (!master || (optimizer && (!m || !v)))) {
 		sl_error("ckpt: missing %s buffers for the checkpoint", master ? "moment" : "master");
 		rc = -1;
@@ -1014,7 +1103,7 @@ int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct s
 
 	/* 4. the index over them, and the directory entries made durable */
 	if (g->rank == 0) {
-		rc = write_index(dir, g, s, writer_of, nsets, &idx_bytes);
+		rc = write_index(dir, g, s, writer_of, fr, nsets, &idx_bytes);
 		if (rc == 0)
 			rc = fsync_path(dir, true);
 	}
@@ -1035,6 +1124,7 @@ int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct s
 		prune(root, s->step, keep);
 	}
 	free(writer_of);
+	free(fr);
 	return 0;
 
 out_remove_dir:
@@ -1043,6 +1133,7 @@ out_remove_dir:
 			"is never loaded)", dir);
 out_free_map:
 	free(writer_of);
+	free(fr);
 	return -1;
 }
 
@@ -1244,7 +1335,7 @@ static int read_set(hid_t f, const char *path, const char *dir, const char *set,
 		memset(bufs[u], 0, sizeof(float) * g->shard[u]);	/* padding reads as 0 */
 	for (int i = 0; i < lay->n_tensors; i++) {
 		const struct sl_tensor_info *t = &lay->t[i];
-		size_t S = g->shard[t->unit], lo = g->shard_rank * S, a, b;
+		size_t lo, n, a, b;
 		hsize_t dims[2] = { 0, 0 };
 		struct piece p[3];
 		hid_t d, sp;
@@ -1273,7 +1364,8 @@ static int read_set(hid_t f, const char *path, const char *dir, const char *set,
 			       t->ndim == 2 ? (long long)t->shape[1] : 0ll);
 			goto out_close_dset;
 		}
-		if (!overlap(t, lo, lo + S, &a, &b)) {
+		range_of(g, t->unit, &lo, &n);
+		if (!overlap(t, lo, lo + n, &a, &b)) {
 			H5Sclose(sp);
 			H5Dclose(d);
 			continue;

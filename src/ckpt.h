@@ -21,9 +21,12 @@
 #include "model.h"
 
 /*
- * Shard geometry: every unit u of the layout is a flat buffer of lay->unit_numel[u] elements,
- * padded to padded[u] = shard[u] * shard_size; the rank with index shard_rank in its shard group
- * holds elements [shard_rank * shard[u], (shard_rank + 1) * shard[u]).
+ * Shard geometry: every unit u of the layout is a flat buffer of lay->unit_numel[u] elements; the
+ * rank with index shard_rank in its shard group holds shard[u] of them (the same number on every
+ * rank of the group), elements [start[u], start[u] + count[u]) of the unit and count[u] <=
+ * shard[u] (the rest padding).  Without start/count: start = shard_rank * shard[u], count up to
+ * the unit's end (the even split; an experts' unit split over expert groups is not).  The shard
+ * group's ranges are disjoint and cover every unit.
  */
 struct sl_ckpt_geom {
 	const struct sl_layout *lay;
@@ -33,6 +36,8 @@ struct sl_ckpt_geom {
 	int world;
 	int rank;			/* world rank */
 	const size_t *shard;		/* (n_units) elements per rank of each unit */
+	const size_t *start;		/* (n_units) or NULL, as above */
+	const size_t *count;		/* (n_units) or NULL */
 };
 
 struct sl_ckpt_state {

@@ -51,6 +51,15 @@ static void cp_reduce_scatter(void *ctx, void *recv, const void *send, size_t co
 		sl_dist_abort("context parallel: the key/value gradient reduce-scatter failed");
 }
 
+static void cp_sum_f64(void *ctx, double *buf, size_t n)
+{
+	struct sl_cp *cp = ctx;
+
+	if (MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, cp->comm.mpi) !=
+	    MPI_SUCCESS)
+		sl_dist_abort("context parallel: the routing statistics' sum failed");
+}
+
 int sl_cp_create(struct sl_cp *cp, struct sl_backend *be, const struct sl_dist *d, int C,
 		 enum sl_comm_kind kind, const struct sl_comm_copy *copy, int max_B, int max_L)
 {
@@ -67,6 +76,7 @@ int sl_cp_create(struct sl_cp *cp, struct sl_backend *be, const struct sl_dist *
 		return -1;
 	cp->cc = (struct sl_context_comm){ .ctx = cp, .kv_all_gather = cp_all_gather,
 					   .kv_reduce_scatter = cp_reduce_scatter,
+					   .sum_f64 = cp_sum_f64,
 					   .rank = cp->comm.rank, .size = cp->comm.size };
 	T = (size_t)max_B * cp->max_L;
 	cp->ids = be->alloc(be, T * sizeof(int32_t));

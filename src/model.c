@@ -119,10 +119,16 @@ int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout
 			mc->n_layers, mc->num_labels, mc->head_dim);
 		return -EINVAL;
 	}
+	/* embedding, layers, head, then the experts of each MoE layer (model_moe.c) */
 	lay->n_units = mc->n_layers + 2;
+	for (int l = 0; l < mc->n_layers; l++)
+		lay->n_units += sl_layer_is_moe(mc, l);
 	lay->unit_numel = calloc((size_t)lay->n_units, sizeof(*lay->unit_numel));
-	if (!lay->unit_numel)
+	lay->unit_experts = calloc((size_t)lay->n_units, sizeof(*lay->unit_experts));
+	if (!lay->unit_numel || !lay->unit_experts) {
+		sl_layout_free(lay);
 		return -ENOMEM;
+	}
 
 	rc = sl_layout_add(&lb, false, "model.embed_tokens.weight", 2, mc->vocab, mc->hidden,
 		    SL_INIT_NORMAL);
@@ -158,6 +164,15 @@ int sl_model_layout(const struct sl_model_config *mc, int task, struct sl_layout
 		lay->t[lay->n_tensors - 1].head = true;
 	}
 	lb_end_unit(&lb);
+	for (int l = 0; l < mc->n_layers; l++) {
+		if (!sl_layer_is_moe(mc, l))
+			continue;
+		lay->unit_experts[lb.unit] = mc->n_experts;
+		rc = sl_moe_layout_experts(&lb, mc, l);
+		if (rc)
+			goto out_free_layout;
+		lb_end_unit(&lb);
+	}
 	return 0;
 
 out_free_layout:
@@ -169,6 +184,7 @@ void sl_layout_free(struct sl_layout *lay)
 {
 	free(lay->t);
 	free(lay->unit_numel);
+	free(lay->unit_experts);
 	memset(lay, 0, sizeof(*lay));
 }
 
@@ -331,10 +347,16 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 			max_tokens, max_records, mc->n_heads, mc->n_kv_heads, mc->head_dim);
 		return NULL;
 	}
-	if (lay->n_units != mc->n_layers + 2) {
-		fprintf(stderr, "model: layout has %d units, the config %d layers\n", lay->n_units,
-			mc->n_layers);
-		return NULL;
+	{
+		int nu = mc->n_layers + 2;
+
+		for (int l = 0; l < mc->n_layers; l++)
+			nu += sl_layer_is_moe(mc, l);
+		if (lay->n_units != nu) {
+			fprintf(stderr, "model: layout has %d units, the config's %d layers need %d\n",
+				lay->n_units, mc->n_layers, nu);
+			return NULL;
+		}
 	}
 	m = calloc(1, sizeof(*m));
 	if (!m)
@@ -579,7 +601,9 @@ static void forward(struct sl_model *m, const struct sl_unit_source *src,
 	const int T = b->B * b->L, H = m->H, uh = m->nL + 1;
 	const void *w;
 
+	m->src = src;		/* the MoE layers fetch their experts' units themselves */
 	sl_moe_begin(m);
+	sl_moe_set_batch(m, b);
 	w = src->weights(src->ctx, 0);
 	be->embedding_fwd(be, m->x[0], b->ids, w, T, H);
 	release(src->release_fwd, src->ctx, 0);
@@ -688,6 +712,13 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 	}
 	/* the aux loss's weight: coef per record (classify) or target (sft); see model.h */
 	aux_n = m->sft ? b->n_tgt : b->B;
+	if (m->moe && b->cp && m->sft) {
+		/* context parallel: the targets of the whole rows, which the ranks share */
+		double n = b->n_tgt;
+
+		b->cp->comm->sum_f64(b->cp->comm->ctx, &n, 1);
+		aux_n = (int)n;
+	}
 	forward(m, src, b, true, m->aux_coef * loss_scale * aux_n, &aux);
 
 	if (m->sft) {
@@ -733,7 +764,9 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 		download_scores(m, head_rows(b), scores);
 	be->download(be, loss_sum, m->loss_dev, sizeof(double));
 	be->sync(be);
-	*loss_sum += m->aux_coef * aux * aux_n;
+	/* the aux loss once per micro-batch: by the first rank of a context group */
+	if (!b->cp || b->cp->comm->rank == 0)
+		*loss_sum += m->aux_coef * aux * aux_n;
 	return 0;
 }
 

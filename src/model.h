@@ -8,7 +8,8 @@
  * struct sl_unit_source (the shard module provides it), batches as device buffers.
  *
  * Units (the FSDP granularity): unit 0 = embedding, unit 1 + l = decoder layer l,
- * unit n_layers + 1 = final norm + head.  Inside a layer unit the tensors are laid out so that
+ * unit n_layers + 1 = final norm + head, then one unit per MoE layer holding its experts, expert
+ * after expert (expert parallelism splits such a unit by experts, shard.c).  Inside a layer unit the tensors are laid out so that
  * fused GEMMs need no copies: q_proj, k_proj, v_proj weights are contiguous (one (nh+2nkv)hd x H
  * matrix), as are their biases, and gate_proj, up_proj (one 2I x H matrix).
  */
@@ -103,6 +104,8 @@ struct sl_layout {
 	struct sl_tensor_info *t;	/* (n_tensors), ordered by unit then offset */
 	int n_units;
 	size_t *unit_numel;		/* (n_units) */
+	int *unit_experts;		/* (n_units) experts of an experts' unit (the layer's
+					 * experts, one after another), 0 for other units */
 	size_t total_numel;
 };
 
@@ -141,11 +144,13 @@ struct sl_unit_source {
  * them around attention.  Buffers are the backend's, counts in compute elements.
  * kv_all_gather: recv(C * count) = every rank's send(count), in rank order.
  * kv_reduce_scatter: recv(count) = the sum over ranks of send[rank * count, (rank + 1) * count).
+ * sum_f64: buf(n), host doubles, summed over the ranks in place (MoE routing statistics).
  */
 struct sl_context_comm {
 	void *ctx;
 	void (*kv_all_gather)(void *ctx, void *recv, const void *send, size_t count);
 	void (*kv_reduce_scatter)(void *ctx, void *recv, const void *send, size_t count);
+	void (*sum_f64)(void *ctx, double *buf, size_t n);
 	int rank, size;			/* in the context group */
 };
 
@@ -260,8 +265,9 @@ struct sl_moe_dispatch {
 /* NULL (the default): every expert runs locally on every token.  Returns 0, or negative with a
  * message (experts not divisible by the group, no MoE layer). */
 int sl_model_set_moe_dispatch(struct sl_model *m, const struct sl_moe_dispatch *d);
-/* pause (true) and resume the dispatch: while paused every expert runs locally on every token
- * (evaluation, whose ranks do not run in lockstep; every rank holds every expert's weights) */
+/* pause (true) and resume the capacity (evaluation): while paused no token is dropped, and with
+ * one rank per expert group every expert runs locally; experts split over ranks are still
+ * reached through the dispatch, so every rank of the group must run the same forwards */
 void sl_model_moe_dispatch_pause(struct sl_model *m, bool pause);
 /* choices dropped by the capacity (all MoE layers) in the last micro-batch */
 long long sl_model_moe_dropped(const struct sl_model *m);

@@ -27,10 +27,10 @@ int sl_cp_check(struct sl_model *m, const struct sl_batch_dev *b)
 			be->name);
 		return -ENOTSUP;
 	}
-	if (m->moe) {
-		fprintf(stderr, "model: context parallel with mixture-of-experts layers is not "
-			"supported yet\n");
-		return -ENOTSUP;
+	if (m->moe && !cp->comm->sum_f64) {
+		fprintf(stderr, "model: context parallel with mixture-of-experts layers needs the "
+			"context group's sum of the routing statistics\n");
+		return -EINVAL;
 	}
 	/* the workspace holds this rank's tokens, the k|v buffers whole rows: C times more */
 	if (C < 1 || cp->L % (2 * C) || b->L * C != cp->L ||

@@ -38,8 +38,11 @@ struct layer_off {
 	size_t wd;	/* (H, I) */
 	/* MoE layers instead of wgu, wd (model_moe.c) */
 	size_t wr;	/* (E, H) router */
-	size_t wegu;	/* (E, 2Im, H): expert e's gate (Im, H) then up (Im, H) */
-	size_t wed;	/* (E, H, Im) */
+	/* the experts, in their own unit (model_moe.c), from expert 0 in steps of wes */
+	int xunit;	/* the unit of the layer's experts */
+	size_t wegu;	/* expert e's gate (Im, H) then up (Im, H), at wegu + e wes */
+	size_t wed;	/* expert e's down (H, Im), at wed + e wes */
+	size_t wes;	/* elements from one expert's weights to the next's */
 };
 
 /* what a layer's backward needs from its forward */
@@ -69,6 +72,7 @@ struct sl_model {
 	double aux_coef;		/* router_aux_loss_coef */
 
 	struct layer_off *lo;		/* (nL) */
+	const struct sl_unit_source *src; /* the forward's or backward's (MoE experts' units) */
 	size_t norm_off, score_off;	/* in the head unit */
 
 	void **x;		/* (nL + 1) of (T, H): layer inputs; the last, the final hidden */
@@ -119,11 +123,15 @@ void *sl_model_ws_alloc(struct sl_model *m, size_t n, size_t elt);
 /* model_moe.c: the Qwen3-MoE sparse MLP */
 struct sl_batch_dev;
 int sl_moe_layout(struct layout_builder *lb, const struct sl_model_config *mc, int l);
+/* the experts of MoE layer l in the unit being built (one unit per MoE layer's experts) */
+int sl_moe_layout_experts(struct layout_builder *lb, const struct sl_model_config *mc, int l);
 int sl_moe_offsets(const struct sl_layout *lay, int l, struct layer_off *lo);
 int sl_moe_create(struct sl_model *m, const struct sl_model_config *mc);
 void sl_moe_destroy(struct sl_model *m);
 /* before the first layer of a forward */
 void sl_moe_begin(struct sl_model *m);
+/* and which of the micro-batch's tokens are real (with context parallel, of this rank's) */
+void sl_moe_set_batch(struct sl_model *m, const struct sl_batch_dev *b);
 /*
  * Layer l's MLP on a->xn2: xout = a->h + moe(a->xn2).  @full false (the backward's recompute):
  * everything the backward needs, no xout.

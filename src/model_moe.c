@@ -9,10 +9,12 @@
  * the outputs are summed back per token with the routing weights.  The row ranges reach the host
  * once per layer (one sync): the grouped matmul needs them there.
  *
- * Layout: in the layer's unit after post_attention_layernorm, mlp.gate.weight (E, H), then every
- * expert's gate_proj and up_proj (Im, H) back to back (one (E, 2Im, H) block, the fused layout
- * transformers 5 holds in memory), then every expert's down_proj (H, Im) (one (E, H, Im) block).
- * The tensors keep Hugging Face's per-expert names.
+ * Layout: in the layer's unit after post_attention_layernorm, mlp.gate.weight (E, H).  The
+ * experts have a unit of their own (after the head unit, one per MoE layer), expert by expert:
+ * gate_proj and up_proj (Im, H) back to back, then down_proj (H, Im), so the experts of one
+ * expert-parallel rank are one contiguous range of the unit: with parallel.expert P > 1 a rank
+ * holds and shards only its E / P experts (shard.c), the grouped matmuls step from one expert to
+ * the next by the stride wes.  The tensors keep Hugging Face's per-expert names.
  *
  * With a dispatch (expert parallelism, an expert capacity: model_moe_ep.c) the gathered rows go
  * to the ranks owning their experts instead, and come back as ma->y; the rest is the same.
@@ -34,27 +36,33 @@
 
 int sl_moe_layout(struct layout_builder *lb, const struct sl_model_config *mc, int l)
 {
+	char n[160];
+
+	/* the router; the experts follow in their own unit (sl_moe_layout_experts) */
+	snprintf(n, sizeof(n), "model.layers.%d.mlp.gate.weight", l);
+	return sl_layout_add(lb, false, n, 2, mc->n_experts, mc->hidden, SL_INIT_NORMAL);
+}
+
+int sl_moe_layout_experts(struct layout_builder *lb, const struct sl_model_config *mc, int l)
+{
 	const int64_t H = mc->hidden, Im = mc->moe_intermediate;
 	char n[160];
-	int rc;
+	int rc = 0;
 
-	snprintf(n, sizeof(n), "model.layers.%d.mlp.gate.weight", l);
-	rc = sl_layout_add(lb, false, n, 2, mc->n_experts, H, SL_INIT_NORMAL);
 	for (int e = 0; e < mc->n_experts && !rc; e++) {
 		snprintf(n, sizeof(n), "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
-		rc = sl_layout_add(lb, e > 0, n, 2, Im, H, SL_INIT_NORMAL);
+		rc = sl_layout_add(lb, false, n, 2, Im, H, SL_INIT_NORMAL);
 		snprintf(n, sizeof(n), "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
 		rc = rc ? rc : sl_layout_add(lb, true, n, 2, Im, H, SL_INIT_NORMAL);
-	}
-	for (int e = 0; e < mc->n_experts && !rc; e++) {
 		snprintf(n, sizeof(n), "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
-		rc = sl_layout_add(lb, e > 0, n, 2, H, Im, SL_INIT_NORMAL);
+		rc = rc ? rc : sl_layout_add(lb, false, n, 2, H, Im, SL_INIT_NORMAL);
 	}
 	return rc;
 }
 
-static const struct sl_tensor_info *find(const struct sl_layout *lay, int l, const char *fmt,
-					 int e)
+/* tensor @fmt (with @e) of layer l, in unit @unit (-1: any unit) */
+static const struct sl_tensor_info *find(const struct sl_layout *lay, int l, int unit,
+					 const char *fmt, int e)
 {
 	char s[96], n[160];
 	const struct sl_tensor_info *ti;
@@ -62,8 +70,8 @@ static const struct sl_tensor_info *find(const struct sl_layout *lay, int l, con
 	snprintf(s, sizeof(s), fmt, e);
 	snprintf(n, sizeof(n), "model.layers.%d.%s", l, s);
 	ti = sl_layout_find(lay, n);
-	if (!ti || ti->unit != 1 + l) {
-		fprintf(stderr, "model: layout has no tensor %s in unit %d\n", n, 1 + l);
+	if (!ti || (unit >= 0 && ti->unit != unit)) {
+		fprintf(stderr, "model: layout has no tensor %s in unit %d\n", n, unit);
 		return NULL;
 	}
 	return ti;
@@ -71,30 +79,38 @@ static const struct sl_tensor_info *find(const struct sl_layout *lay, int l, con
 
 int sl_moe_offsets(const struct sl_layout *lay, int l, struct layer_off *lo)
 {
-	const struct sl_tensor_info *r = find(lay, l, "mlp.gate.weight%.0d", 0), *g0, *d0;
+	const struct sl_tensor_info *r = find(lay, l, 1 + l, "mlp.gate.weight%.0d", 0), *g0, *d0;
 	size_t gsz, dsz;
-	int E;
+	int E, xu;
 
-	g0 = find(lay, l, "mlp.experts.%d.gate_proj.weight", 0);
-	d0 = find(lay, l, "mlp.experts.%d.down_proj.weight", 0);
+	g0 = find(lay, l, -1, "mlp.experts.%d.gate_proj.weight", 0);
+	d0 = find(lay, l, -1, "mlp.experts.%d.down_proj.weight", 0);
 	if (!r || !g0 || !d0)
 		return -EINVAL;
 	E = (int)r->shape[0];
+	xu = g0->unit;
+	if (!lay->unit_experts || lay->unit_experts[xu] != E) {
+		fprintf(stderr, "model: layer %d's experts are not in an expert unit\n", l);
+		return -EINVAL;
+	}
 	gsz = g0->numel;
 	dsz = d0->numel;
 	lo->wr = r->offset;
+	lo->xunit = xu;
 	lo->wegu = g0->offset;
 	lo->wed = d0->offset;
+	lo->wes = lay->unit_numel[xu] / E;
 	/* the grouped matmuls index experts by stride: every expert must sit where they look */
 	for (int e = 0; e < E; e++) {
-		const struct sl_tensor_info *g = find(lay, l, "mlp.experts.%d.gate_proj.weight", e);
-		const struct sl_tensor_info *u = find(lay, l, "mlp.experts.%d.up_proj.weight", e);
-		const struct sl_tensor_info *d = find(lay, l, "mlp.experts.%d.down_proj.weight", e);
+		const struct sl_tensor_info *g = find(lay, l, xu, "mlp.experts.%d.gate_proj.weight", e);
+		const struct sl_tensor_info *u = find(lay, l, xu, "mlp.experts.%d.up_proj.weight", e);
+		const struct sl_tensor_info *d = find(lay, l, xu, "mlp.experts.%d.down_proj.weight", e);
 
 		if (!g || !u || !d)
 			return -EINVAL;
-		if (g->offset != lo->wegu + 2 * gsz * e || u->offset != g->offset + gsz ||
-		    u->numel != gsz || d->offset != lo->wed + dsz * e || d->numel != dsz) {
+		if (g->offset != lo->wegu + lo->wes * e || u->offset != g->offset + gsz ||
+		    u->numel != gsz || d->offset != lo->wed + lo->wes * e || d->numel != dsz ||
+		    lo->wes * E != lay->unit_numel[xu] || lo->wes % 8) {
 			fprintf(stderr, "model: layer %d: expert %d's weights are not laid out "
 				"contiguously\n", l, e);
 			return -EINVAL;
@@ -152,7 +168,10 @@ int sl_moe_create(struct sl_model *m, const struct sl_model_config *mc)
 	mo->la = calloc((size_t)m->n_acts, sizeof(*mo->la));
 	mo->h_stats = calloc((size_t)n_moe * 2 * mo->E, sizeof(*mo->h_stats));
 	mo->counts = calloc((size_t)n_moe * mo->E, sizeof(*mo->counts));
-	if (!mo->index || !mo->la || !mo->h_stats || !mo->counts)
+	mo->h_cp_lens = calloc((size_t)m->max_records, sizeof(*mo->h_cp_lens));
+	mo->cp_lens = be->alloc(be, (size_t)m->max_records * sizeof(int32_t));
+	if (!mo->index || !mo->la || !mo->h_stats || !mo->counts || !mo->h_cp_lens ||
+	    !mo->cp_lens)
 		return -ENOMEM;
 	n_moe = 0;
 	for (int l = 0; l < m->nL; l++)
@@ -202,8 +221,37 @@ void sl_moe_destroy(struct sl_model *m)
 	free(mo->index);
 	free(mo->h_stats);
 	free(mo->counts);
+	if (mo->cp_lens)
+		m->be->free(m->be, mo->cp_lens);
+	free(mo->h_cp_lens);
 	free(mo);
 	m->moe = NULL;
+}
+
+void sl_moe_set_batch(struct sl_model *m, const struct sl_batch_dev *b)
+{
+	struct sl_moe *mo = m->moe;
+	const struct sl_cp_batch *cp = b->cp;
+	int Lh, i, j;
+
+	if (!mo)
+		return;
+	mo->lens = b->lens;
+	mo->h_lens = b->h_lens;
+	if (!cp)
+		return;
+	/* this rank's chunks i and j = 2C-1-i of Lh tokens each, padding only at a row's end */
+	Lh = cp->L / (2 * cp->comm->size);
+	i = cp->comm->rank;
+	j = 2 * cp->comm->size - 1 - i;
+	for (int r = 0; r < b->B; r++) {
+		int a = b->h_lens[r] - i * Lh, c = b->h_lens[r] - j * Lh;
+
+		mo->h_cp_lens[r] = (a < 0 ? 0 : a > Lh ? Lh : a) + (c < 0 ? 0 : c > Lh ? Lh : c);
+	}
+	m->be->upload(m->be, mo->cp_lens, mo->h_cp_lens, (size_t)b->B * sizeof(int32_t));
+	mo->lens = mo->cp_lens;
+	mo->h_lens = mo->h_cp_lens;
 }
 
 /* ---- forward ----------------------------------------------------------------------------- */
@@ -225,27 +273,31 @@ void sl_moe_fwd(struct sl_model *m, int l, const void *w, const struct acts *a, 
 	const struct layer_off *lo = &m->lo[l];
 	struct moe_acts *ma = &mo->la[a - m->acts];
 	const int T = b->B * b->L, H = m->H, E = mo->E, k = mo->k, n = T * k;
+	const void *xw;
 
 	be->matmul_fwd(be, ma->logits, a->xn2, at(m, w, lo->wr), NULL, T, H, E);
 	be->moe_route_fwd(be, ma->p, ma->topi, ma->topw, ma->logits, T, E, k, mo->norm);
 	be->moe_permute(be, ma->rows, ma->slot, ma->offs, ma->topi, T, E, k);
 	if (full)	/* not again in the backward's recompute */
 		be->moe_aux_stats(be, mo->stats + (size_t)mo->index[l] * 2 * E, ma->p, ma->topi,
-				  b->lens, b->B, b->L, E, k);
+				  mo->lens, b->B, b->L, E, k);
 	be->download(be, ma->h_offs, ma->offs, (size_t)(E + 1) * sizeof(int32_t));
 	be->sync(be);
 
+	xw = m->src->weights(m->src->ctx, lo->xunit);
 	if (sl_moe_ep_on(mo)) {
-		sl_moe_ep_fwd(m, l, w, ma, a->xn2, b, full);
+		sl_moe_ep_fwd(m, l, xw, ma, a->xn2, b, full);
 		goto combine;
 	}
 	be->gather_rows(be, mo->s_h1, a->xn2, ma->rows, n, H);
-	be->moe_gemm_fwd(be, ma->gu, mo->s_h1, at(m, w, lo->wegu), ma->offs, ma->h_offs, E, H,
-			 2 * mo->Im);
+	be->moe_gemm_fwd(be, ma->gu, mo->s_h1, at(m, xw, lo->wegu), ma->offs, ma->h_offs, E, H,
+			 2 * mo->Im, lo->wes);
 	be->swiglu_fwd(be, ma->act, ma->gu, n, mo->Im);
-	be->moe_gemm_fwd(be, ma->y, ma->act, at(m, w, lo->wed), ma->offs, ma->h_offs, E, mo->Im,
-			 H);
+	be->moe_gemm_fwd(be, ma->y, ma->act, at(m, xw, lo->wed), ma->offs, ma->h_offs, E, mo->Im,
+			 H, lo->wes);
 combine:
+	if (m->src->release_fwd)
+		m->src->release_fwd(m->src->ctx, lo->xunit);
 	if (!full)
 		return;
 	be->moe_combine_fwd(be, xout, ma->y, ma->topw, ma->slot, T, k, H);
@@ -265,6 +317,14 @@ double sl_moe_end_fwd(struct sl_model *m, const struct sl_batch_dev *b, double a
 		return 0;
 	be->download(be, mo->h_stats, mo->stats, (size_t)mo->n_moe * 2 * E * sizeof(double));
 	be->sync(be);
+	/* the counts are this rank's tokens' (the trainer sums them over ranks) */
+	for (int i = 0; i < mo->n_moe; i++)
+		for (int e = 0; e < E; e++)
+			mo->counts[(size_t)i * E + e] = (int64_t)mo->h_stats[(size_t)i * 2 * E + e];
+	/* context parallel: the loss is the whole rows', whose tokens the group shares */
+	if (b->cp)
+		b->cp->comm->sum_f64(b->cp->comm->ctx, mo->h_stats, (size_t)mo->n_moe * 2 * E);
+	/* b->h_lens: the rows' real tokens (with context parallel, all of the rows') */
 	for (int r = 0; r < b->B; r++)
 		n_real += b->h_lens[r];
 	N = n_real * mo->n_moe;
@@ -274,7 +334,6 @@ double sl_moe_end_fwd(struct sl_model *m, const struct sl_batch_dev *b, double a
 		for (int i = 0; i < mo->n_moe; i++) {
 			c += mo->h_stats[(size_t)i * 2 * E + e];
 			p += mo->h_stats[(size_t)i * 2 * E + E + e];
-			mo->counts[(size_t)i * E + e] = (int64_t)mo->h_stats[(size_t)i * 2 * E + e];
 		}
 		aux += (c / N) * (p / N);
 		gd[e] = aux_weight * E * (c / N) / N;
@@ -299,26 +358,31 @@ void sl_moe_bwd(struct sl_model *m, int l, const void *w, void *g, const struct 
 	const struct layer_off *lo = &m->lo[l];
 	struct moe_acts *ma = &mo->la[a - m->acts];
 	const int T = b->B * b->L, H = m->H, E = mo->E, k = mo->k, n = T * k, Im = mo->Im;
+	const void *xw = m->src->weights(m->src->ctx, lo->xunit);
+	void *xg = m->src->grads(m->src->ctx, lo->xunit);
 
 	/* out = sum_j w_j y_j: to the experts' outputs and the routing weights */
 	be->moe_combine_bwd(be, mo->s_h1, mo->dtopw, m->gx, ma->y, ma->topw, ma->slot, T, k, H);
 	if (sl_moe_ep_on(mo)) {
-		sl_moe_ep_bwd(m, l, w, g, ma, mo->s_h1, mo->s_h2, n);
+		sl_moe_ep_bwd(m, l, xw, xg, ma, mo->s_h1, mo->s_h2, n);
 		goto unpermute;
 	}
-	be->moe_gemm_bwd(be, mo->s_i, at(m, g, lo->wed), mo->s_h1, ma->act, at(m, w, lo->wed),
-			 ma->offs, ma->h_offs, E, Im, H);
+	be->moe_gemm_bwd(be, mo->s_i, at(m, xg, lo->wed), mo->s_h1, ma->act, at(m, xw, lo->wed),
+			 ma->offs, ma->h_offs, E, Im, H, lo->wes);
 	be->swiglu_bwd(be, mo->s_gu, mo->s_i, ma->gu, n, Im);
 	/* the gathered input again (s_h1's gradient is spent) rather than a copy per layer */
 	be->gather_rows(be, mo->s_h1, a->xn2, ma->rows, n, H);
-	be->moe_gemm_bwd(be, mo->s_h2, at(m, g, lo->wegu), mo->s_gu, mo->s_h1,
-			 at(m, w, lo->wegu), ma->offs, ma->h_offs, E, H, 2 * Im);
+	be->moe_gemm_bwd(be, mo->s_h2, at(m, xg, lo->wegu), mo->s_gu, mo->s_h1,
+			 at(m, xw, lo->wegu), ma->offs, ma->h_offs, E, H, 2 * Im, lo->wes);
 unpermute:
+	/* the experts' gradients are complete for this micro-batch */
+	if (m->src->release_bwd)
+		m->src->release_bwd(m->src->ctx, lo->xunit);
 	/* un-permute: each token sums its k rows (a combine with weights 1: no atomics) */
 	be->moe_combine_fwd(be, m->gn, mo->s_h2, mo->ones, ma->slot, T, k, H);
 	/* the router: routing weights and the aux loss through the softmax to the logits */
 	be->moe_route_bwd(be, mo->dlogits, mo->dtopw, ma->p, ma->topi, ma->topw,
-			  mo->aux_on ? mo->aux_g : NULL, b->lens, b->B, b->L, E, k, mo->norm);
+			  mo->aux_on ? mo->aux_g : NULL, mo->lens, b->B, b->L, E, k, mo->norm);
 	be->matmul_bwd(be, m->gn, at(m, g, lo->wr), NULL, mo->dlogits, a->xn2, at(m, w, lo->wr),
 		       T, H, E, true);
 }

@@ -16,12 +16,10 @@
  *     combines them with the routing weights as without a dispatch.
  *
  * The backward sends the outputs' gradients the same way, the owner differentiates its experts
- * (weight gradients into its own experts' slice of the unit's gradient buffer; the other experts'
- * stay 0 on this rank) and sends the inputs' gradients back.  Summing a unit's gradient over the
- * data-parallel ranks (shard.c's reduce-scatter and replica all-reduce) then gives every expert
- * the gradient of all the step's tokens: the ranks not owning it add zeros.  So the parameters,
- * the optimizer and the checkpoints are the same as without expert parallelism (every rank still
- * gathers every expert's weights; saving that memory is a later step).
+ * (weight gradients into its experts' unit) and sends the inputs' gradients back.  A rank's
+ * experts' unit holds only its El experts (shard.c shards it over the ranks holding the same
+ * experts and reduces its gradients over them only), so weights, gradients and optimizer state
+ * of the experts take 1 / P of the memory, and the experts' unit is indexed from 0 here.
  *
  * Buffers are sized for the worst case: all P ranks' T k choices at one owner.
  */
@@ -62,12 +60,14 @@ struct moe_ep {
 	int32_t *h_a, *h_b, *h_c; /* (P n) host scratch */
 	int *h_cnt, *h_rc;	/* (P El) host: rows per (rank, local expert) sent / received */
 	long long dropped;	/* choices dropped in this micro-batch's forward */
-	bool paused;		/* sl_model_moe_dispatch_pause: every expert local, none dropped */
+	bool paused;		/* sl_model_moe_dispatch_pause: none dropped (and with P = 1
+				 * every expert local) */
 };
 
 bool sl_moe_ep_on(const struct sl_moe *mo)
 {
-	return mo && mo->ep && !mo->ep->paused;
+	/* the experts are split over P > 1 ranks: only the dispatch reaches them */
+	return mo && mo->ep && (!mo->ep->paused || mo->ep->P > 1);
 }
 
 void sl_model_moe_dispatch_pause(struct sl_model *m, bool pause)
@@ -210,12 +210,6 @@ static void exchange(struct sl_model *m, struct moe_ep *ep, const void *send, co
 	ep->d.rows(ep->d.ctx, send, scount, recv, rcount, (size_t)m->H * m->be->elt);
 }
 
-static const void *expert_w(const struct sl_model *m, const void *w, size_t off, int e0,
-			    size_t per_expert)
-{
-	return (const char *)at(m, w, off) + (size_t)e0 * per_expert * m->be->elt;
-}
-
 /* 1 and 2: which rows go where, counts exchanged, index arrays on the device */
 static void plan(struct sl_model *m, struct sl_moe *mo, struct moe_ep *ep, struct ep_acts *ea,
 		 const struct moe_acts *ma, const struct sl_batch_dev *b, bool full)
@@ -224,23 +218,24 @@ static void plan(struct sl_model *m, struct sl_moe *mo, struct moe_ep *ep, struc
 	const int E = mo->E, k = mo->k, P = ep->P, El = ep->El, T = b->B * b->L, n = T * k;
 	int32_t *tok = ep->h_a, *srt = ep->h_b, *inv = ep->h_c;
 	long long cap = 0, dropped = 0, n_real = 0;
+	const double cf = ep->paused ? 0 : ep->d.capacity_factor;
 	int ns = 0;
 
 	be->download(be, ep->h_rows, ma->rows, (size_t)n * sizeof(int32_t));
 	be->sync(be);
-	if (ep->d.capacity_factor > 0) {
+	if (cf > 0) {
 		for (int r = 0; r < b->B; r++)
-			n_real += b->h_lens[r];
-		cap = (long long)ceil(ep->d.capacity_factor * (double)n_real * k / E);
+			n_real += mo->h_lens[r];
+		cap = (long long)ceil(cf * (double)n_real * k / E);
 	}
 	for (int e = 0; e < E; e++) {
 		long long kept = 0;
 
 		for (int r = ma->h_offs[e]; r < ma->h_offs[e + 1]; r++) {
 			int t = ep->h_rows[r];
-			bool real = t % b->L < b->h_lens[t / b->L];
+			bool real = t % b->L < mo->h_lens[t / b->L];
 
-			if (ep->d.capacity_factor > 0 && (!real || kept >= cap)) {
+			if (cf > 0 && (!real || kept >= cap)) {
 				dropped += real;
 				inv[r] = -1;
 				continue;
@@ -312,18 +307,18 @@ void sl_moe_ep_fwd(struct sl_model *m, int l, const void *w, struct moe_acts *ma
 	struct moe_ep *ep = mo->ep;
 	struct ep_acts *ea = &ep->ea[ma - mo->la];
 	const struct layer_off *lo = &m->lo[l];
-	const int H = m->H, Im = mo->Im, e0 = ep->d.rank * ep->El, n = b->B * b->L * mo->k;
+	const int H = m->H, Im = mo->Im, n = b->B * b->L * mo->k;
 
 	plan(m, mo, ep, ea, ma, b, full);
 	be->gather_rows(be, ep->s_a, xn2, ea->send_tok, ea->n_sent, H);
 	exchange(m, ep, ep->s_a, ea->scount, ep->s_b, ea->rcount);
 	be->gather_rows(be, ea->xl, ep->s_b, ea->perm, ea->n_local, H);
 
-	be->moe_gemm_fwd(be, ea->gul, ea->xl, expert_w(m, w, lo->wegu, e0, (size_t)2 * Im * H),
-			 ea->offs, ea->h_offs, ep->El, H, 2 * Im);
+	be->moe_gemm_fwd(be, ea->gul, ea->xl, at(m, w, lo->wegu), ea->offs, ea->h_offs, ep->El, H,
+			 2 * Im, lo->wes);
 	be->swiglu_fwd(be, ea->actl, ea->gul, ea->n_local, Im);
-	be->moe_gemm_fwd(be, ep->s_a, ea->actl, expert_w(m, w, lo->wed, e0, (size_t)H * Im),
-			 ea->offs, ea->h_offs, ep->El, Im, H);
+	be->moe_gemm_fwd(be, ep->s_a, ea->actl, at(m, w, lo->wed), ea->offs, ea->h_offs, ep->El,
+			 Im, H, lo->wes);
 
 	be->gather_rows(be, ep->s_b, ep->s_a, ea->iperm, ea->n_local, H);
 	exchange(m, ep, ep->s_b, ea->rcount, ep->s_a, ea->scount);
@@ -339,19 +334,17 @@ void sl_moe_ep_bwd(struct sl_model *m, int l, const void *w, void *g, struct moe
 	struct moe_ep *ep = mo->ep;
 	struct ep_acts *ea = &ep->ea[ma - mo->la];
 	const struct layer_off *lo = &m->lo[l];
-	const int H = m->H, Im = mo->Im, e0 = ep->d.rank * ep->El;
+	const int H = m->H, Im = mo->Im;
 
 	be->gather_rows(be, ep->s_a, dy, ea->send_sorted, ea->n_sent, H);
 	exchange(m, ep, ep->s_a, ea->scount, ep->s_b, ea->rcount);
 	be->gather_rows(be, ep->s_a, ep->s_b, ea->perm, ea->n_local, H);
 
-	be->moe_gemm_bwd(be, ep->s_i, (void *)expert_w(m, g, lo->wed, e0, (size_t)H * Im),
-			 ep->s_a, ea->actl, expert_w(m, w, lo->wed, e0, (size_t)H * Im), ea->offs,
-			 ea->h_offs, ep->El, Im, H);
+	be->moe_gemm_bwd(be, ep->s_i, at(m, g, lo->wed), ep->s_a, ea->actl, at(m, w, lo->wed),
+			 ea->offs, ea->h_offs, ep->El, Im, H, lo->wes);
 	be->swiglu_bwd(be, ep->s_gu, ep->s_i, ea->gul, ea->n_local, Im);
-	be->moe_gemm_bwd(be, ep->s_b, (void *)expert_w(m, g, lo->wegu, e0, (size_t)2 * Im * H),
-			 ep->s_gu, ea->xl, expert_w(m, w, lo->wegu, e0, (size_t)2 * Im * H),
-			 ea->offs, ea->h_offs, ep->El, H, 2 * Im);
+	be->moe_gemm_bwd(be, ep->s_b, at(m, g, lo->wegu), ep->s_gu, ea->xl, at(m, w, lo->wegu),
+			 ea->offs, ea->h_offs, ep->El, H, 2 * Im, lo->wes);
 
 	be->gather_rows(be, ep->s_a, ep->s_b, ea->iperm, ea->n_local, H);
 	exchange(m, ep, ep->s_a, ea->rcount, ep->s_b, ea->scount);

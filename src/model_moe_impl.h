@@ -42,6 +42,15 @@ struct sl_moe {
 	bool aux_on;		/* aux_g applies in this micro-batch's backward */
 	double aux;		/* the last micro-batch's aux loss */
 	struct moe_ep *ep;	/* dispatch over an expert group / capacity (model_moe_ep.c) */
+	/*
+	 * Each row's real tokens here (padding is never routed into the statistics): the batch's
+	 * lens, or with context parallelism the real tokens of the row's two chunks on this rank
+	 * (a prefix of the local row: padding ends a row)
+	 */
+	const int32_t *lens;	/* (B) device */
+	const int32_t *h_lens;	/* (B) host */
+	int32_t *cp_lens;	/* (max_records) device, context parallel */
+	int32_t *h_cp_lens;	/* (max_records) host */
 };
 
 /* model_moe_ep.c: the experts' part of a layer with a dispatch (sl_model_set_moe_dispatch) */

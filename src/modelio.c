@@ -325,7 +325,7 @@ int sl_model_gather_for_export(struct sl_shard *sh, int n_files, float ***units_
 		int owner = u % n_files;
 
 		if (owner == sh->shard_rank)
-			units[u] = malloc(sh->u[u].numel * sizeof(float));
+			units[u] = malloc(sh->lay->unit_numel[u] * sizeof(float));
 		if (sl_shard_gather_unit(sh, u, units[u], owner)) {
 			sl_model_free_units(units, sh->n_units);
 			return -1;

@@ -69,16 +69,12 @@ void sl_moe_dist_destroy(struct sl_moe_dist *md)
 	md->comm = MPI_COMM_NULL;
 }
 
-int sl_moe_dist_setup(struct sl_moe_dist *md, struct sl_model *m, const struct sl_config *c,
-		      const struct sl_model_config *mc, int rank, int world)
+/* parallel.expert and capacity_factor against the model and the world (every rank: same verdict) */
+static int check(const struct sl_config *c, const struct sl_model_config *mc, int world)
 {
 	const int C = c->parallel.context, Ep = c->parallel.expert;
-	const double cf = c->parallel.capacity_factor;
-	int n_moe = 0, rc;
+	int n_moe = 0;
 
-	md->comm = MPI_COMM_NULL;
-	if (Ep == 1 && cf == 0)
-		return 1;
 	for (int l = 0; l < mc->n_layers; l++)
 		n_moe += sl_layer_is_moe(mc, l);
 	if (!n_moe) {
@@ -97,6 +93,49 @@ int sl_moe_dist_setup(struct sl_moe_dist *md, struct sl_model *m, const struct s
 			 "/ parallel.context %d)", c->source, Ep, world / C, world, C);
 		return -EINVAL;
 	}
+	return 0;
+}
+
+int sl_moe_dist_expert_comm(const struct sl_config *c, const struct sl_model_config *mc,
+			    int rank, int world, int shard_color, int shard_size,
+			    enum sl_comm_kind kind, const struct sl_comm_copy *copy,
+			    struct sl_comm *xcomm, int *q)
+{
+	const int C = c->parallel.context, Ep = c->parallel.expert;
+	int rc;
+
+	*q = 0;
+	if (Ep == 1)
+		return 1;
+	rc = check(c, mc, world);
+	if (rc)
+		return rc;
+	/* the shard group's ranks are consecutive: it must hold whole expert groups */
+	if (shard_size % (C * Ep)) {
+		sl_error("%s: parallel.shard_group node: each node's %d rank(s) must hold whole "
+			 "expert groups (parallel.context %d x parallel.expert %d ranks); set "
+			 "parallel.shard_group: world or a parallel.expert dividing %d", c->source,
+			 shard_size, C, Ep, shard_size / C);
+		return -EINVAL;
+	}
+	*q = (rank / C) % Ep;
+	/* color: (shard group, expert index); key: the world rank */
+	return sl_comm_create(xcomm, MPI_COMM_WORLD, shard_color * Ep + *q, rank, kind, copy);
+}
+
+int sl_moe_dist_setup(struct sl_moe_dist *md, struct sl_model *m, const struct sl_config *c,
+		      const struct sl_model_config *mc, int rank, int world)
+{
+	const int C = c->parallel.context, Ep = c->parallel.expert;
+	const double cf = c->parallel.capacity_factor;
+	int rc;
+
+	md->comm = MPI_COMM_NULL;
+	if (Ep == 1 && cf == 0)
+		return 1;
+	rc = check(c, mc, world);
+	if (rc)
+		return rc;
 	rc = sl_moe_dist_create(md, rank, world, C, Ep, cf);
 	if (rc)
 		return rc;

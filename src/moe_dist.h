@@ -13,6 +13,7 @@
 
 #include <mpi.h>
 
+#include "dist.h"
 #include "model.h"
 
 struct sl_moe_dist {
@@ -30,6 +31,18 @@ int sl_moe_dist_create(struct sl_moe_dist *md, int rank, int world, int C, int E
 void sl_moe_dist_destroy(struct sl_moe_dist *md);
 
 struct sl_config;
+/*
+ * Before the shard module (collective): with parallel.expert P > 1, check the layout against the
+ * world and the model (errors name the config file and key), and make @xcomm: the ranks of this
+ * rank's shard group (@shard_color: its node with parallel.shard_group node, else 0;
+ * @shard_size ranks) that hold the same experts, over which the experts' units are sharded.
+ * *q = this rank's index in its expert group.  Returns 0, 1 when P = 1 (nothing made),
+ * negative on an error (printed).
+ */
+int sl_moe_dist_expert_comm(const struct sl_config *c, const struct sl_model_config *mc,
+			    int rank, int world, int shard_color, int shard_size,
+			    enum sl_comm_kind kind, const struct sl_comm_copy *copy,
+			    struct sl_comm *xcomm, int *q);
 /*
  * The trainer's set-up (collective): with parallel.expert > 1 or parallel.capacity_factor > 0,
  * check the layout against the world and the model (clear errors naming the config file and

@@ -91,6 +91,7 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 {
 	struct counter dk, hk = { .align = 64 };
 	size_t e, sum_w = 0, sum_f = 0, sum_hf = 0, sum_hw = 0, T, B, L, load;
+	int n_x = 0;			/* experts' units */
 	bool host_state, host_params;
 
 	memset(p, 0, sizeof(*p));
@@ -121,12 +122,19 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	p->lean = lean && p->offload == SL_OFFLOAD_OPTIMIZER;
 	p->accum_dev = (accum_dev && host_state && c->train.accum > 1) || p->lean;
 
-	/* shard.c: per unit, padded to a multiple of S, this rank's shard of it */
+	/*
+	 * shard.c: per unit, padded to a multiple of S, this rank's shard of it; an experts' unit
+	 * split over parallel.expert = P ranks: its 1 / P, over the S / P ranks holding the same
+	 * experts
+	 */
 	for (int u = 0; u < lay->n_units; u++) {
-		size_t numel = lay->unit_numel[u];
-		size_t padded = (numel + p->S - 1) / p->S * p->S, shard = padded / p->S;
+		const int P = lay->unit_experts && lay->unit_experts[u] &&
+			c->parallel.expert > 1 ? c->parallel.expert : 1;
+		size_t numel = lay->unit_numel[u] / P, S = p->S / P > 0 ? p->S / P : 1;
+		size_t padded = (numel + S - 1) / S * S, shard = padded / S;
 
-		p->params += numel;
+		p->params += lay->unit_numel[u];
+		n_x += lay->unit_experts && lay->unit_experts[u];
 		p->shard_elems += shard;
 		p->max_padded = zmax(p->max_padded, padded);
 		p->max_shard = zmax(p->max_shard, shard);
@@ -146,7 +154,7 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 
 	p->dev[SL_PLAN_WEIGHTS] = (host_params ? 0 : sum_w) +
 		(size_t)p->n_wslots * A(&dk, p->max_padded * e);
-	p->dev[SL_PLAN_GRADS] = 2 * A(&dk, p->max_padded * e) +	/* gslots */
+	p->dev[SL_PLAN_GRADS] = (n_x ? 3 : 2) * A(&dk, p->max_padded * e) +	/* gslots */
 		(!host_state || p->accum_dev ? sum_f : 0) +	/* grad32, or offload's d_acc */
 		(p->lean ? A(&dk, lay->n_units * sizeof(double)) : 0);	/* per-unit sumsq */
 	p->dev[SL_PLAN_OPTIM] = host_state ? 0 : 3 * sum_f;		/* master, m, v */

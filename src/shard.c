@@ -26,10 +26,11 @@ static bool single(const struct sl_shard *s)
 	return s->S == 1;
 }
 
-/* The model reads the rank's own compute shard in place: one rank, weights on the device. */
-static bool in_place(const struct sl_shard *s)
+/* The model reads the rank's own compute shard of @u in place: one rank holds it whole, on the
+ * device. */
+static bool in_place(const struct sl_shard *s, const struct sl_shard_unit *u)
 {
-	return single(s) && !s->host_params;
+	return u->S == 1 && !s->host_params;
 }
 
 static void *host_alloc(struct sl_shard *s, size_t bytes)
@@ -121,7 +122,7 @@ static const void *unit_weights(void *ctx, int unit)
 		s->bwd = false;		/* only a forward asks for the embedding's weights */
 	if (s->off && !s->host_params)
 		sl_offload_await(s, unit);
-	if (in_place(s))
+	if (in_place(s, u))
 		return u->w_shard;
 	slot = take_slot(s, s->wslots, s->n_wslots, unit, &fresh);
 	u->wslot = slot - s->wslots;
@@ -134,8 +135,7 @@ static const void *unit_weights(void *ctx, int unit)
 		return slot->buf;
 	}
 	if (fresh)
-		sl_comm_all_gather(s->shard_comm, slot->buf, u->w_shard, u->shard,
-				   s->compute_dtype);
+		sl_comm_all_gather(u->comm, slot->buf, u->w_shard, u->shard, s->compute_dtype);
 	return slot->buf;
 }
 
@@ -144,7 +144,7 @@ static void release_weights(void *ctx, int unit)
 	struct sl_shard *s = ctx;
 	struct sl_shard_unit *u = &s->u[unit];
 
-	if (in_place(s) || u->wslot < 0)
+	if (in_place(s, u) || u->wslot < 0)
 		return;
 	s->wslots[u->wslot].in_use = false;
 }
@@ -169,11 +169,11 @@ void sl_shard_reduce_to(struct sl_shard *s, int unit, const void *gbuf, float *d
 	struct sl_backend *b = s->be;
 	struct sl_shard_unit *u = &s->u[unit];
 
-	if (single(s)) {
+	if (u->S == 1) {
 		b->to_f32(b, dst, gbuf, u->numel);
 	} else {
 		b->to_f32(b, s->g32_full, gbuf, u->padded);
-		sl_comm_reduce_scatter(s->shard_comm, dst, s->g32_full, u->shard, SL_COMM_F32);
+		sl_comm_reduce_scatter(u->comm, dst, s->g32_full, u->shard, SL_COMM_F32);
 	}
 }
 
@@ -212,6 +212,8 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 {
 	struct sl_backend *b = be;
 	size_t max_padded = 0, max_shard = 0;
+	const int P = o->expert_groups > 1 ? o->expert_groups : 1;
+	bool any_gather = false, experts = false;
 
 	memset(s, 0, sizeof(*s));
 	s->be = be;
@@ -233,15 +235,42 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	s->compute_dtype = be->elt == 2 ? SL_COMM_BF16 : be->elt == 8 ? SL_COMM_F64 : SL_COMM_F32;
 	s->u = calloc(lay->n_units, sizeof(*s->u));
 	s->shard_sizes = calloc(lay->n_units, sizeof(size_t));
-	if (!s->u || !s->shard_sizes)
+	s->shard_starts = calloc(lay->n_units, sizeof(size_t));
+	s->shard_counts = calloc(lay->n_units, sizeof(size_t));
+	if (!s->u || !s->shard_sizes || !s->shard_starts || !s->shard_counts)
 		return -1;
 	for (int i = 0; i < lay->n_units; i++) {
 		struct sl_shard_unit *u = &s->u[i];
 
+		int E = lay->unit_experts ? lay->unit_experts[i] : 0;
+
+		experts |= E > 0;
 		u->numel = lay->unit_numel[i];
-		u->padded = (u->numel + s->S - 1) / s->S * s->S;
-		u->shard = u->padded / s->S;
-		u->off = (size_t)s->shard_rank * u->shard;
+		u->comm = s->shard_comm;
+		u->S = s->S;
+		u->rank = s->shard_rank;
+		if (E && P > 1) {
+			/* an experts' unit: this rank's E / P experts, over its expert peers */
+			if (E % P || lay->unit_numel[i] % E || o->expert_index < 0 ||
+			    o->expert_index >= P) {
+				sl_error("shard: unit %d's %d experts do not split over %d expert "
+					 "groups", i, E, P);
+				return -1;
+			}
+			u->numel = lay->unit_numel[i] / P;
+			u->base = (size_t)o->expert_index * u->numel;
+			u->comm = o->expert_comm;
+			u->S = o->expert_comm ? o->expert_comm->size : 1;
+			u->rank = o->expert_comm ? o->expert_comm->rank : 0;
+		}
+		u->padded = (u->numel + u->S - 1) / u->S * u->S;
+		u->shard = u->padded / u->S;
+		u->off = u->base + (size_t)u->rank * u->shard;
+		u->count = (size_t)u->rank * u->shard < u->numel ?
+			u->numel - (size_t)u->rank * u->shard : 0;
+		if (u->count > u->shard)
+			u->count = u->shard;
+		any_gather |= u->S > 1;
 		u->wslot = -1;
 		u->master = state_alloc(s, u->shard * sizeof(float));
 		u->m = state_alloc(s, u->shard * sizeof(float));
@@ -250,6 +279,8 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 		u->w_shard = s->host_params ? host_alloc(s, u->shard * b->elt) :
 			b->alloc(b, u->shard * b->elt);
 		s->shard_sizes[i] = u->shard;
+		s->shard_starts[i] = u->off;
+		s->shard_counts[i] = u->count;
 		if (u->padded > max_padded)
 			max_padded = u->padded;
 		if (u->shard > max_shard)
@@ -259,9 +290,11 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	 * The model holds one unit at a time; prefetch adds units in flight.  Offloaded params
 	 * always use the small pool: keeping every unit on the device would defeat the offload.
 	 */
-	s->n_wslots = in_place(s) ? 0 : o->reshard_after_forward || s->host_params ?
+	s->n_wslots = !any_gather && !s->host_params ? 0 :
+		o->reshard_after_forward || s->host_params ?
 		(o->prefetch + 2 < s->n_units ? o->prefetch + 2 : s->n_units) : s->n_units;
-	s->n_gslots = 2;
+	/* a layer's gradients, its experts', and tied embeddings' held through the backward */
+	s->n_gslots = experts ? 3 : 2;
 	s->wslots = calloc(s->n_wslots ? s->n_wslots : 1, sizeof(*s->wslots));
 	s->gslots = calloc(s->n_gslots, sizeof(*s->gslots));
 	for (int i = 0; i < s->n_wslots; i++) {
@@ -272,7 +305,7 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 		s->gslots[i].buf = b->alloc(b, max_padded * b->elt);
 		s->gslots[i].unit = -1;
 	}
-	if (!single(s))
+	if (any_gather)
 		s->g32_full = b->alloc(b, max_padded * sizeof(float));
 	s->rs_out = b->alloc(b, max_shard * sizeof(float));
 	s->d_sumsq = b->alloc(b, sizeof(double));
@@ -319,6 +352,8 @@ void sl_shard_destroy(struct sl_shard *s)
 	free(s->gslots);
 	free(s->u);
 	free(s->shard_sizes);
+	free(s->shard_starts);
+	free(s->shard_counts);
 	s->u = NULL;
 }
 
@@ -335,11 +370,8 @@ void sl_shard_load_unit(struct sl_shard *s, int ui, const float *full)
 {
 	struct sl_shard_unit *u = &s->u[ui];
 	float *slice = calloc(u->shard, sizeof(float));
-	size_t n = u->off < u->numel ? u->numel - u->off : 0;
 
-	if (n > u->shard)
-		n = u->shard;
-	memcpy(slice, full + u->off, n * sizeof(float));
+	memcpy(slice, full + u->off, u->count * sizeof(float));
 	sl_shard_set_state(s, ui, slice, NULL, NULL);
 	free(slice);
 }
@@ -405,22 +437,42 @@ int sl_shard_gather_unit(struct sl_shard *s, int ui, float *full, int root)
 {
 	struct sl_shard_unit *u = &s->u[ui];
 	float *mine = malloc(u->shard * sizeof(float));
+	unsigned long long me[2] = { u->off, u->count }, *at = NULL;
+	int *cnt = NULL, *disp = NULL, ret = -1;
 	float *all = NULL;
-	int ret = 0;
 
 	sl_shard_get_state(s, ui, mine, NULL, NULL);
 	if (single(s)) {
 		memcpy(full, mine, u->numel * sizeof(float));
+		ret = 0;
 		goto out;
 	}
-	if (s->shard_rank == root)
-		all = malloc(u->padded * sizeof(float));
-	ret = MPI_Gather(mine, (int)u->shard, MPI_FLOAT, all, (int)u->shard, MPI_FLOAT, root,
-			 s->shard_comm->mpi) == MPI_SUCCESS ? 0 : -1;
-	if (all)
-		memcpy(full, all, u->numel * sizeof(float));
-	free(all);
+	/* every rank's range of the layout's unit (the experts' part of an experts' unit) */
+	if (s->shard_rank == root) {
+		at = malloc(2 * sizeof(*at) * s->S);
+		cnt = malloc(2 * sizeof(int) * s->S);
+		all = malloc(u->shard * sizeof(float) * s->S);
+		if (!at || !cnt || !all)
+			sl_dist_abort("out of host memory gathering a unit");
+		disp = cnt + s->S;
+	}
+	if (MPI_Gather(me, 2, MPI_UNSIGNED_LONG_LONG, at, 2, MPI_UNSIGNED_LONG_LONG, root,
+		       s->shard_comm->mpi) != MPI_SUCCESS)
+		goto out;
+	for (int r = 0; cnt && r < s->S; r++) {
+		cnt[r] = (int)at[2 * r + 1];
+		disp[r] = (int)(r * u->shard);
+	}
+	if (MPI_Gatherv(mine, (int)u->count, MPI_FLOAT, all, cnt, disp, MPI_FLOAT, root,
+			s->shard_comm->mpi) != MPI_SUCCESS)
+		goto out;
+	for (int r = 0; all && r < s->S; r++)
+		memcpy(full + at[2 * r], all + (size_t)r * u->shard, sizeof(float) * cnt[r]);
+	ret = 0;
 out:
+	free(at);
+	free(cnt);
+	free(all);
 	free(mine);
 	return ret;
 }
@@ -445,13 +497,14 @@ void sl_shard_drain(struct sl_shard *s)
 	sl_offload_drain(s);
 }
 
-/* The part of tensor @ti in unit @u's shard: [*lo, *hi) in unit elements; false when empty. */
+/* The part of tensor @ti in unit @u's shard: [*lo, *hi) in the layout's unit; false when
+ * empty. */
 bool sl_shard_part(const struct sl_tensor_info *ti, const struct sl_shard_unit *u, size_t *lo,
 		   size_t *hi)
 {
 	*lo = ti->offset > u->off ? ti->offset : u->off;
-	*hi = ti->offset + ti->numel < u->off + u->shard ? ti->offset + ti->numel :
-		u->off + u->shard;
+	*hi = ti->offset + ti->numel < u->off + u->count ? ti->offset + ti->numel :
+		u->off + u->count;
 	return *lo < *hi;
 }
 

@@ -42,10 +42,19 @@ struct sl_optim_hparams {
 };
 
 struct sl_shard_unit {
-	size_t numel;			/* elements of the unit (layout) */
+	size_t numel;			/* elements of the unit as this rank uses it: the layout's,
+					 * or its experts' part of an experts' unit */
+	size_t base;			/* where that part starts in the layout's unit (0, or
+					 * expert group index * numel) */
+	struct sl_comm *comm;		/* the ranks sharing the unit: the shard group, or for
+					 * an experts' unit split over an expert group the ranks
+					 * of the shard group holding the same experts; NULL: one */
+	int S, rank;			/* comm's size (1 without one) and this rank's index */
 	size_t padded;			/* numel rounded up to a multiple of S */
 	size_t shard;			/* padded / S: elements this rank owns */
-	size_t off;			/* first owned element: shard index * shard */
+	size_t off;			/* the first owned element in the layout's unit:
+					 * base + rank * shard */
+	size_t count;			/* owned elements that are not padding (<= shard) */
 	float *master;			/* (shard) f32; host memory with offload */
 	float *m, *v;			/* (shard) f32 AdamW moments; host with offload */
 	float *grad32;			/* (shard) f32 gradient accumulated over the step; host
@@ -107,12 +116,23 @@ struct sl_shard {
 	struct sl_offload_engine *off;	/* the offload engine, NULL without offload */
 	unsigned long tick;
 	size_t *shard_sizes;		/* (n_units) for checkpoints */
+	size_t *shard_starts;		/* (n_units) each unit's off, for checkpoints */
+	size_t *shard_counts;		/* (n_units) each unit's count */
 	struct sl_unit_source src;	/* what the model reads units through */
 };
 
 struct sl_shard_opts {
 	struct sl_comm *shard_comm;	/* may be NULL (one rank) */
 	struct sl_comm *replica_comm;	/* may be NULL */
+	/*
+	 * Expert parallelism (parallel.expert = P > 1): this rank runs experts [q E/P, (q+1) E/P)
+	 * of every MoE layer (q = expert_index) and holds only those of each experts' unit
+	 * (layout.unit_experts), sharded over expert_comm: the ranks of its shard group with the
+	 * same q.  The shard group must hold whole expert groups (every q equally often).
+	 */
+	int expert_groups;		/* P; 0 or 1: none */
+	int expert_index;		/* q */
+	struct sl_comm *expert_comm;	/* may be NULL when it would have one rank */
 	bool reshard_after_forward;
 	int prefetch;			/* units ahead (sizes the slot pool) */
 	enum sl_offload offload;	/* parallel.offload */
@@ -131,15 +151,17 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 		    const struct sl_shard_opts *o);
 void sl_shard_destroy(struct sl_shard *s);
 
-/* Take this rank's slice of unit u from the whole unit in host memory (numel floats). */
+/* Take this rank's slice of unit u from the whole unit in host memory (the layout's
+ * unit_numel[u] floats). */
 void sl_shard_load_unit(struct sl_shard *s, int u, const float *full);
 /* This rank's state of unit u to / from host memory (shard floats each; m, v may be NULL). */
 void sl_shard_get_state(struct sl_shard *s, int u, float *master, float *m, float *v);
 void sl_shard_set_state(struct sl_shard *s, int u, const float *master, const float *m,
 			const float *v);
 /*
- * The whole unit u's master weights (numel floats) at shard-group rank @root (host); other ranks
- * pass NULL.  Collective over the shard group.
+ * The whole unit u's master weights (the layout's unit_numel[u] floats, every expert of an
+ * experts' unit) at shard-group rank @root (host); other ranks pass NULL.  Collective over the
+ * shard group.
  */
 int sl_shard_gather_unit(struct sl_shard *s, int u, float *full, int root);
 

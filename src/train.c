@@ -140,6 +140,11 @@ int sl_check_supported(const struct sl_config *c, bool training)
 			 "backend in this version (no device all-to-all yet)", c->source);
 		return -1;
 	}
+	if (c->parallel.expert > 1 && c->parallel.offload != SL_OFFLOAD_NONE && training) {
+		sl_error("%s: parallel.offload with parallel.expert > 1 is not in this version; set "
+			 "parallel.offload: none or parallel.expert: 1", c->source);
+		return -1;
+	}
 #ifndef SL_HAVE_CUDA
 	if (c->backend == SL_BACKEND_CUDA && training) {
 		sl_error("%s: backend: cuda, but this shardlm was built without CUDA; configure "
@@ -593,6 +598,9 @@ struct job {
 	struct sl_dist d;
 	struct sl_groups g;
 	bool have_groups;
+	struct sl_comm xcomm;		/* parallel.expert > 1: the ranks holding the same experts */
+	bool have_xcomm;
+	int xq;				/* this rank's index in its expert group */
 	struct sl_model_files mf;
 	bool have_mf;
 	struct sl_dataset train, valid;
@@ -630,7 +638,7 @@ static struct sl_ckpt_geom geom_of(struct job *j)
 	return (struct sl_ckpt_geom){
 		.lay = &j->mf.lay, .shard_size = j->sh.S, .shard_rank = j->sh.shard_rank,
 		.writer = j->g.replica.rank == 0, .world = j->d.world, .rank = j->d.rank,
-		.shard = j->sh.shard_sizes,
+		.shard = j->sh.shard_sizes, .start = j->sh.shard_starts, .count = j->sh.shard_counts,
 	};
 }
 
@@ -1101,7 +1109,7 @@ static void eval_once(struct job *j, int step, int32_t pad)
 	}
 }
 
-/* every rank holds every expert: evaluation (ranks out of step) runs them locally */
+/* evaluation drops no token (every rank runs the same forwards: eval_rounds) */
 static void run_eval(struct job *j, int step, int32_t pad)
 {
 	sl_model_moe_dispatch_pause(j->model, true);
@@ -1303,6 +1311,8 @@ static void job_free(struct job *j)
 	sl_data_free(&j->valid);
 	if (j->have_mf)
 		sl_model_files_close(&j->mf);
+	if (j->have_xcomm)
+		sl_comm_destroy(&j->xcomm);
 	if (j->have_groups)
 		sl_groups_destroy(&j->g);
 	if (j->tok)
@@ -1414,14 +1424,6 @@ int sl_cmd_train(int argc, char **argv)
 	       "%.2fM parameters", j->mf.dir, j->mf.mc.model_type, j->mf.mc.n_layers,
 	       j->mf.mc.hidden, j->mf.mc.n_heads, j->mf.mc.n_kv_heads, j->mf.mc.head_dim,
 	       j->mf.mc.vocab, j->mf.lay.total_numel / 1e6);
-	for (int l = 0; j->C > 1 && l < j->mf.mc.n_layers; l++) {
-		if (sl_layer_is_moe(&j->mf.mc, l)) {
-			sl_error("%s: parallel.context %d with a mixture-of-experts model (%s) is not "
-				 "in this version yet; set parallel.context: 1", j->c->source, j->C,
-				 j->mf.dir);
-			goto out;
-		}
-	}
 	/* room for the checkpoints (fp32 weights, + 2 moments) before anything heavy is read */
 	if (!all_ok(j->d.rank != 0 ||
 		    sl_ckpt_check_space(j->ckpt_root, 4.04 * j->mf.lay.total_numel *
@@ -1484,6 +1486,18 @@ int sl_cmd_train(int argc, char **argv)
 		j->g.world.stream = j->g.shard.stream = j->g.replica.stream = gpu_stream(j);
 	}
 	{
+		int rc = sl_moe_dist_expert_comm(j->c, &j->mf.mc, j->d.rank, j->d.world,
+						 j->c->parallel.shard_group == SL_SHARD_NODE ?
+						 j->d.node : 0, j->g.shard.size, j->comm_kind,
+						 &j->copy, &j->xcomm, &j->xq);
+
+		j->have_xcomm = rc == 0;
+		if (!all_ok(rc >= 0))
+			goto out;
+		if (j->have_xcomm && j->cuda)
+			j->xcomm.stream = gpu_stream(j);
+	}
+	{
 		struct sl_shard_opts so = {
 			.shard_comm = &j->g.shard, .replica_comm = &j->g.replica,
 			.reshard_after_forward = j->c->parallel.reshard_after_forward,
@@ -1491,6 +1505,9 @@ int sl_cmd_train(int argc, char **argv)
 			.accum_on_device = accum_dev && !test_env("SHARDLM_TEST_HOST_ACCUM"),
 			.accum = j->c->train.accum,
 			.host_lean = lean || test_env("SHARDLM_TEST_HOST_LEAN"),
+			.expert_groups = j->have_xcomm ? j->c->parallel.expert : 1,
+			.expert_index = j->xq,
+			.expert_comm = j->have_xcomm ? &j->xcomm : NULL,
 		};
 
 		if (!all_ok(sl_shard_create(&j->sh, j->be, &j->mf.lay, &so) == 0))
@@ -1500,6 +1517,14 @@ int sl_cmd_train(int argc, char **argv)
 	sl_log("sharding: %d rank(s) per shard group (%s), %d replica(s)", j->sh.S,
 	       j->c->parallel.shard_group == SL_SHARD_NODE ? "node: HSDP" : "world: FSDP",
 	       j->g.replica.size);
+	if (j->have_xcomm) {
+		const struct sl_shard_unit *xu = &j->sh.u[j->mf.lay.n_units - 1];
+
+		sl_log("experts: each rank holds %d of the %d experts of every MoE layer (%.2fM "
+		       "parameters per layer, sharded over the %d rank(s) holding the same "
+		       "experts)", j->mf.mc.n_experts / j->c->parallel.expert, j->mf.mc.n_experts,
+		       xu->numel / 1e6, xu->S);
+	}
 	if (j->sh.host_state)
 		sl_log("offload %s: fp32 master weights and moments in host memory, AdamW on the "
 		       "host%s%s", sl_offload_name(j->c->parallel.offload),

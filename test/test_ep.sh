@@ -6,6 +6,10 @@
 #    (1e-5 relative) over 3 steps; the single-rank run takes the same micro-batches (accum =
 #    ranks), as the load-balancing loss is per micro-batch.  The experts' loads are uneven
 #    (asserted on the per-expert counts);
+#  - context parallel with MoE layers (context 2 on 2 ranks) and context 2 x expert 2 on 4 ranks
+#    (classify, and sft with the backward's recompute) give the single-rank losses;
+#  - each rank holds only its experts (the log), and the exported model gathers every expert from
+#    the ranks holding it: the one-rank run's export (1e-4 of each tensor's largest element);
 #  - a run resumes from a checkpoint of another parallel.expert (4 -> 2 ranks);
 #  - parallel.capacity_factor 1: the step-1 dropped count equals the hand calculation from
 #    transformers' expert counts (reference.json expert_counts0) and the capacity
@@ -96,8 +100,9 @@ for t in cls sft; do
 	same ${t}1x4 ${t}ep4
 	uneven ${t}ep4 4
 done
-# checkpoints hold every expert whole: resume clsep4's step 2 with 2 expert-parallel ranks (the
-# same one-record micro-batches: the load-balancing loss is per micro-batch)
+# a checkpoint maps every expert from the rank holding it: resume clsep4's step 2 with 2
+# expert-parallel ranks (the same one-record micro-batches: the load-balancing loss is per
+# micro-batch)
 cp -r "$T/clsep4" "$T/clsep4r"
 rm -rf "$T/clsep4r/checkpoints/step-000003"
 run clsep4r cls 2 1 2 --set parallel.expert=2 --set checkpoint.every=2
@@ -106,6 +111,69 @@ grep -q "resuming from .*step-000002" "$T/clsep4r/train.log" || fail "clsep4r di
 same clsep4 clsep4r
 run clsep2x2 cls 4 1 1 --set parallel.expert=2 --set train.activation_checkpointing=true
 same cls1x4 clsep2x2
+# context parallel with MoE layers: each row's tokens over 2 ranks (one data-parallel rank), and
+# context 2 x expert 2 on 4 ranks (2 data-parallel ranks), the routing statistics of the
+# load-balancing loss summed over the context group
+run clscp2 cls 2 2 2 --set parallel.context=2
+same cls1x2 clscp2
+run clscp2ep2 cls 4 2 1 --set parallel.context=2 --set parallel.expert=2
+same cls1x2 clscp2ep2
+run sftcp2ep2 sft 4 1 2 --set parallel.context=2 --set parallel.expert=2 \
+	--set train.activation_checkpointing=true
+same sft1x4 sftcp2ep2
+# the second user's recipe layout (conf/layouts/moe-sft-32.yaml), scaled to 4 ranks
+{ echo "include: [$top_srcdir/conf/layouts/moe-sft-32.yaml]"; cat "$T/sft.yaml"; } \
+	>"$T/recipe.yaml"
+run sftrecipe recipe 4 1 2 --set parallel.context=2 --set parallel.expert=2
+same sft1x4 sftrecipe
+ok
+grep -q "4 rank(s) = 2 data-parallel x 2 context" "$T/sftrecipe/train.log" ||
+	fail "sftrecipe: the log does not show the mesh"
+expect_fail "expert groups across HSDP nodes" "each node's 2 rank\\(s\\) must hold whole expert groups" \
+	$MPIRUN -np 4 --oversubscribe "$SHARDLM" train "$T/sft.yaml" --set run.dir="$T/bad5" \
+	--set parallel.expert=2 --set parallel.context=2 --set parallel.shard_group=node \
+	--set parallel.node_size=2
+ok
+grep -q "experts: each rank holds 2 of the 8 experts of every MoE layer (.*over the 1 rank(s)" \
+	"$T/clsep4/train.log" || fail "clsep4: the log does not show 2 experts per rank"
+ok
+grep -q "experts: each rank holds 4 of the 8 experts of every MoE layer (.*over the 2 rank(s)" \
+	"$T/clsep2x2/train.log" || fail "clsep2x2: the log does not show 4 experts over 2 ranks"
+# the exported models (every expert gathered from the ranks holding it) are the one-rank run's
+ok
+python3 - "$T/cls1x4/model" "$T/clsep4/model" "$T/clsep2x2/model" <<'PY' ||
+import glob, json, struct, sys
+
+def load(d):
+    out = {}
+    for f in sorted(glob.glob(d + "/*.safetensors")):
+        raw = open(f, "rb").read()
+        n = struct.unpack("<Q", raw[:8])[0]
+        for k, v in json.loads(raw[8:8 + n]).items():
+            if k == "__metadata__":
+                continue
+            assert v["dtype"] == "F32", (f, k, v["dtype"])
+            a, b = v["data_offsets"]
+            out[k] = struct.unpack("<%df" % ((b - a) // 4), raw[8 + n + a:8 + n + b])
+    return out
+
+ref = load(sys.argv[1])
+assert any(".mlp.experts.7.down_proj" in k for k in ref), sorted(ref)[:5]
+for d in sys.argv[2:]:
+    got = load(d)
+    assert sorted(got) == sorted(ref), (d, set(got) ^ set(ref))
+    worst, at = 0, None
+    for k, r in ref.items():
+        scale = max(abs(x) for x in r) or 1
+        diff = max(abs(x - y) for x, y in zip(r, got[k])) / scale
+        if diff > worst:
+            worst, at = diff, k
+    # AdamW's steps (lr 1e-3) turn rounding-level gradient differences in near-zero elements
+    # into ~1e-5 weight differences; a misplaced expert would differ by the weights themselves
+    print(f"{d}: {len(got)} tensors, worst difference {worst:.2e} of the tensor's largest ({at})")
+    assert worst <= 1e-4, (d, worst, at)
+PY
+fail "an expert-parallel run's export differs from the one-rank run's"
 ok
 grep -q "mesh: 2 rank(s) = 2 data-parallel x 1 context; 1 expert group(s) of 2 rank(s), 4 expert" \
 	"$T/clsep2/train.log" || fail "clsep2: the log does not show the mesh"

@@ -519,7 +519,7 @@ static void check_gemm_fd(struct sl_backend *be)
 		w[i] = rng_normal();
 	for (int i = 0; i < M * N; i++)
 		r[i] = rng_normal();
-	be->moe_gemm_bwd(be, dx, dw, r, x, w, NULL, offs, E, K, N);
+	be->moe_gemm_bwd(be, dx, dw, r, x, w, NULL, offs, E, K, N, (size_t)N * K);
 	for (int which = 0; which < 2; which++) {
 		double *v = which ? w : x, *g = which ? dw : dx;
 		int n = which ? E * N * K : M * K;
@@ -529,7 +529,7 @@ static void check_gemm_fd(struct sl_backend *be)
 
 			for (int s = 0; s < 2; s++) {
 				v[i] = v0 + (s ? -h : h);
-				be->moe_gemm_fwd(be, out, x, w, NULL, offs, E, K, N);
+				be->moe_gemm_fwd(be, out, x, w, NULL, offs, E, K, N, (size_t)N * K);
 				for (int j = 0; j < M * N; j++)
 					l[s] += r[j] * out[j];
 			}
