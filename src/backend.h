@@ -350,10 +350,17 @@ struct sl_backend {
 	 */
 	void (*copy_cols)(struct sl_backend *be, void *dst, int dst_w, int dst_off, const void *src,
 			  int src_w, int src_off, int T, int n, bool add);
-	/* out(Tl, nh*hd), lse(Tl, nh) stat, from the q heads of qkv(Tl, (nh+2nkv)hd) and kv */
+	/*
+	 * out(Tl, nh*hd), lse(Tl, nh) stat, from the q heads of qkv(Tl, (nh+2nkv)hd) and kv.
+	 * @part splits the keys by the rank of C holding their chunk (chunk c of L/(2C) tokens
+	 * is rank c's for c < C, else rank 2C-1-c's), so attention can start on a rank's own keys
+	 * while the others' arrive: 0 every key; 1 only rank @me's keys (only they need be in
+	 * kv); 2 only the other ranks' keys, merged into out and lse (which hold part 1's).
+	 */
 	void (*cp_attention_fwd)(struct sl_backend *be, void *out, void *lse, const void *qkv,
 				 const void *kv, const int32_t *gidx, const int32_t *pos,
-				 const int32_t *lens, int B, int Lc, int L, int nh, int nkv, int hd);
+				 const int32_t *lens, int B, int Lc, int L, int nh, int nkv, int hd,
+				 int me, int C, int part);
 	/*
 	 * dqkv(Tl, (nh+2nkv)hd): the q columns get dq, the k and v columns zeros (overwritten);
 	 * dkv(B*L, 2*nkv*hd) = this rank's queries' share of the gradients of kv (overwritten).

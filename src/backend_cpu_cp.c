@@ -24,11 +24,70 @@ static void cpu_copy_cols(struct sl_backend *be, void *dst, int dst_w, int dst_o
 	}
 }
 
+/*
+ * As attend() for the keys j0..i whose chunk (of @ch tokens) rank @me holds (@mine) or does not;
+ * y = 0 and -inf when there is none.
+ */
+static double attend_part(real *y, const real *q, const real *kb, const real *vb, size_t stride,
+			  int j0, int i, int hd, double scale, double *p, double *acc, int ch,
+			  int me, int C, bool mine)
+{
+	double mx = -INFINITY, sum = 0;
+
+	for (int j = j0; j <= i; j++) {
+		int c = j / ch, owner = c < C ? c : 2 * C - 1 - c;
+
+		p[j] = -INFINITY;
+		if ((owner == me) != mine)
+			continue;
+		p[j] = dot(q, kb + (size_t)j * stride, hd) * scale;
+		if (p[j] > mx)
+			mx = p[j];
+	}
+	for (int d = 0; d < hd; d++)
+		acc[d] = 0;
+	if (mx == -INFINITY) {
+		for (int d = 0; d < hd; d++)
+			y[d] = 0;
+		return -INFINITY;
+	}
+	for (int j = j0; j <= i; j++) {
+		const real *v = vb + (size_t)j * stride;
+		double e;
+
+		if (p[j] == -INFINITY)
+			continue;
+		e = exp(p[j] - mx);
+		sum += e;
+		for (int d = 0; d < hd; d++)
+			acc[d] += e * v[d];
+	}
+	for (int d = 0; d < hd; d++)
+		y[d] = (real)(acc[d] / sum);
+	return mx + log(sum);
+}
+
+/* (y, l) = the softmax-weighted union of (y, l) and (y2, l2), two disjoint key sets' */
+static real merge_part(real *y, double l, const real *y2, double l2, int hd)
+{
+	double m, w1, w2;
+
+	if (l2 == -INFINITY)
+		return (real)l;
+	m = l > l2 ? l : l2;
+	w1 = exp(l - m);
+	w2 = exp(l2 - m);
+	for (int d = 0; d < hd; d++)
+		y[d] = (real)((w1 * y[d] + w2 * y2[d]) / (w1 + w2));
+	return (real)(m + log(w1 + w2));
+}
+
 static void cpu_cp_attention_fwd(struct sl_backend *be, void *out, void *lse, const void *qkv,
 				 const void *kv, const int32_t *gidx, const int32_t *pos,
-				 const int32_t *lens, int B, int Lc, int L, int nh, int nkv, int hd)
+				 const int32_t *lens, int B, int Lc, int L, int nh, int nkv, int hd,
+				 int me, int C, int part)
 {
-	const int W = (nh + 2 * nkv) * hd, KW = 2 * nkv * hd, grp = nh / nkv;
+	const int W = (nh + 2 * nkv) * hd, KW = 2 * nkv * hd, grp = nh / nkv, ch = L / (2 * C);
 	const double scale = 1.0 / sqrt((double)hd);
 	const real *in = qkv, *kvb = kv;
 	real *o = out, *ls = lse;
@@ -37,6 +96,7 @@ static void cpu_cp_attention_fwd(struct sl_backend *be, void *out, void *lse, co
 	{
 		double *p = xmalloc((size_t)L * sizeof(double));
 		double *acc = xmalloc((size_t)hd * sizeof(double));
+		real *y2 = xmalloc((size_t)hd * sizeof(real));
 
 #pragma omp for collapse(3) schedule(dynamic, 4)
 		for (int b = 0; b < B; b++) {
@@ -52,16 +112,31 @@ static void cpu_cp_attention_fwd(struct sl_backend *be, void *out, void *lse, co
 					int j0;
 
 					if (i >= lens[b]) {
-						memset(y, 0, (size_t)hd * sizeof(real));
-						ls[t * nh + h] = 0;
+						if (part != 2) {
+							memset(y, 0, (size_t)hd * sizeof(real));
+							ls[t * nh + h] = 0;
+						}
 						continue;
 					}
 					j0 = i - pos[t];
-					ls[t * nh + h] = attend(y, q, kb, vb, KW, j0, i, hd, scale, p,
-								acc);
+					if (part == 0) {
+						ls[t * nh + h] = attend(y, q, kb, vb, KW, j0, i, hd,
+									scale, p, acc);
+					} else if (part == 1) {
+						/* key i is the query's own: never empty */
+						ls[t * nh + h] = (real)attend_part(y, q, kb, vb, KW,
+							j0, i, hd, scale, p, acc, ch, me, C, true);
+					} else {
+						double l2 = attend_part(y2, q, kb, vb, KW, j0, i, hd,
+							scale, p, acc, ch, me, C, false);
+
+						ls[t * nh + h] = merge_part(y, ls[t * nh + h], y2, l2,
+									    hd);
+					}
 				}
 			}
 		}
+		free(y2);
 		free(acc);
 		free(p);
 	}

@@ -4,6 +4,7 @@
 #include "context.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +44,30 @@ static void cp_all_gather(void *ctx, void *recv, const void *send, size_t count)
 		sl_dist_abort("context parallel: the key/value all-gather failed");
 }
 
+/* host buffers (the MPI kind): a non-blocking all-gather; otherwise the blocking one at once */
+static void cp_all_gather_start(void *ctx, void *recv, const void *send, size_t count)
+{
+	struct sl_cp *cp = ctx;
+	size_t bytes = count * sl_comm_dtype_size(cp->dt);
+
+	if (cp->comm.kind != SL_COMM_MPI || cp->comm.size == 1 || bytes > (size_t)INT_MAX) {
+		cp_all_gather(ctx, recv, send, count);
+		return;
+	}
+	if (MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, cp->comm.mpi,
+			   &cp->kv_req) != MPI_SUCCESS)
+		sl_dist_abort("context parallel: the key/value all-gather failed");
+}
+
+static void cp_all_gather_wait(void *ctx)
+{
+	struct sl_cp *cp = ctx;
+
+	if (cp->kv_req != MPI_REQUEST_NULL &&
+	    MPI_Wait(&cp->kv_req, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+		sl_dist_abort("context parallel: the key/value all-gather failed");
+}
+
 static void cp_reduce_scatter(void *ctx, void *recv, const void *send, size_t count)
 {
 	struct sl_cp *cp = ctx;
@@ -74,7 +99,10 @@ int sl_cp_create(struct sl_cp *cp, struct sl_backend *be, const struct sl_dist *
 	cp->dt = be->elt == 8 ? SL_COMM_F64 : be->elt == 2 ? SL_COMM_BF16 : SL_COMM_F32;
 	if (sl_comm_create(&cp->comm, MPI_COMM_WORLD, d->rank / C, cp->rank, kind, copy))
 		return -1;
+	cp->kv_req = MPI_REQUEST_NULL;
 	cp->cc = (struct sl_context_comm){ .ctx = cp, .kv_all_gather = cp_all_gather,
+					   .kv_all_gather_start = cp_all_gather_start,
+					   .kv_all_gather_wait = cp_all_gather_wait,
 					   .kv_reduce_scatter = cp_reduce_scatter,
 					   .sum_f64 = cp_sum_f64,
 					   .rank = cp->comm.rank, .size = cp->comm.size };

@@ -144,11 +144,15 @@ struct sl_unit_source {
  * them around attention.  Buffers are the backend's, counts in compute elements.
  * kv_all_gather: recv(C * count) = every rank's send(count), in rank order.
  * kv_reduce_scatter: recv(count) = the sum over ranks of send[rank * count, (rank + 1) * count).
+ * kv_all_gather_start / _wait: the same all-gather in two halves, so that work can run while it
+ * travels (recv is complete, and send may change, only after the wait).
  * sum_f64: buf(n), host doubles, summed over the ranks in place (MoE routing statistics).
  */
 struct sl_context_comm {
 	void *ctx;
 	void (*kv_all_gather)(void *ctx, void *recv, const void *send, size_t count);
+	void (*kv_all_gather_start)(void *ctx, void *recv, const void *send, size_t count);
+	void (*kv_all_gather_wait)(void *ctx);
 	void (*kv_reduce_scatter)(void *ctx, void *recv, const void *send, size_t count);
 	void (*sum_f64)(void *ctx, double *buf, size_t n);
 	int rank, size;			/* in the context group */

@@ -27,6 +27,10 @@ int sl_cp_check(struct sl_model *m, const struct sl_batch_dev *b)
 			be->name);
 		return -ENOTSUP;
 	}
+	if (!cp->comm->kv_all_gather_start || !cp->comm->kv_all_gather_wait) {
+		fprintf(stderr, "model: the context group has no split key/value all-gather\n");
+		return -EINVAL;
+	}
 	if (m->moe && !cp->comm->sum_f64) {
 		fprintf(stderr, "model: context parallel with mixture-of-experts layers needs the "
 			"context group's sum of the routing statistics\n");
@@ -66,13 +70,22 @@ void sl_cp_attention_fwd(const struct sl_model *m, int l, const void *w, const s
 	struct sl_backend *be = m->be;
 	const struct layer_off *lo = &m->lo[l];
 	const struct sl_cp_batch *cp = b->cp;
-	const int Tl = b->B * b->L;
+	const int Tl = b->B * b->L, KW = 2 * m->nkv * m->hd, C = cp->comm->size;
+	const int me = cp->comm->rank;
 
 	be->qk_norm_rope_fwd(be, a->qkvr, a->rstd_qk, a->qkv, at(m, w, lo->qn), at(m, w, lo->kn),
 			     Tl, cp->L, cp->pos, m->nh, m->nkv, m->hd, m->eps, m->theta);
-	gather_kv(m, a, b);
+	/* the other ranks' keys travel while the queries attend to this rank's own */
+	be->copy_cols(be, m->cp_kv[2], KW, 0, a->qkvr, m->Q, m->nh * m->hd, Tl, KW, false);
+	cp->comm->kv_all_gather_start(cp->comm->ctx, m->cp_kv[0], m->cp_kv[2], (size_t)Tl * KW);
+	be->zero(be, m->cp_kv[1], (size_t)C * Tl * KW * be->elt);
+	be->scatter_add_rows(be, m->cp_kv[1], m->cp_kv[2], cp->inv + (size_t)me * Tl, Tl, KW);
 	be->cp_attention_fwd(be, a->att, a->lse, a->qkvr, m->cp_kv[1], cp->gidx, cp->pos, b->lens,
-			     b->B, b->L, cp->L, m->nh, m->nkv, m->hd);
+			     b->B, b->L, cp->L, m->nh, m->nkv, m->hd, me, C, 1);
+	cp->comm->kv_all_gather_wait(cp->comm->ctx);
+	be->gather_rows(be, m->cp_kv[1], m->cp_kv[0], cp->perm, C * Tl, KW);
+	be->cp_attention_fwd(be, a->att, a->lse, a->qkvr, m->cp_kv[1], cp->gidx, cp->pos, b->lens,
+			     b->B, b->L, cp->L, m->nh, m->nkv, m->hd, me, C, 2);
 }
 
 void sl_cp_attention_bwd(const struct sl_model *m, int l, const void *w, void *g,

@@ -2,7 +2,8 @@
  * test_cp_ops: the context-parallel attention ops (backend.h: copy_cols, cp_attention_fwd/_bwd)
  * against the whole-row attention ops, which have their own tests against finite differences
  * and transformers.  Rows are cut into 2C chunks, rank r of C simulated ranks holding chunks r
- * and 2C-1-r; every rank's outputs must equal the whole-row op's rows of its tokens, and the
+ * and 2C-1-r; every rank's outputs must equal the whole-row op's rows of its tokens (also when
+ * split into the rank's own keys, the others' poisoned, then the others' merged in), and the
  * k/v gradient shares of the ranks must add up to the whole-row op's k/v gradients.  One
  * document per row and packed rows (pos), rows with padding, grouped-query heads; double
  * compute elements so that only the order of sums can differ.
@@ -47,6 +48,9 @@ static void run(struct sl_backend *be, bool packed)
 	double *ll = be->alloc(be, sizeof(double) * B * LC * NH);
 	double *ldo = be->alloc(be, sizeof(double) * B * LC * NH * HD);
 	double *ldq = be->alloc(be, sizeof(double) * B * LC * W);
+	double *kvp = be->alloc(be, sizeof(double) * B * L * KW);
+	double *po = be->alloc(be, sizeof(double) * B * LC * NH * HD);
+	double *pl = be->alloc(be, sizeof(double) * B * LC * NH);
 	unsigned s = packed ? 7 : 3;
 	double worst = 0;
 
@@ -83,7 +87,29 @@ static void run(struct sl_backend *be, bool packed)
 				memcpy(ldo + (size_t)t * NH * HD, dout + (size_t)(b * L + g) * NH * HD,
 				       sizeof(double) * NH * HD);
 			}
-		be->cp_attention_fwd(be, lo, ll, lq, kv, lgidx, lpos, lens, B, LC, L, NH, NKV, HD);
+		be->cp_attention_fwd(be, lo, ll, lq, kv, lgidx, lpos, lens, B, LC, L, NH, NKV, HD, r,
+				     C, 0);
+		/*
+		 * split by key owner: part 1 on rank r's keys alone (every other key NaN: read,
+		 * it would poison the output), part 2 merges the others': part 0's result
+		 */
+		for (int b = 0; b < B; b++)
+			for (int j = 0; j < L; j++) {
+				int c = j / CH, owner = c < C ? c : 2 * C - 1 - c;
+
+				for (int i = 0; i < KW; i++)
+					kvp[(b * L + j) * KW + i] = owner == r ? kv[(b * L + j) * KW + i]
+								      : NAN;
+			}
+		be->cp_attention_fwd(be, po, pl, lq, kvp, lgidx, lpos, lens, B, LC, L, NH, NKV, HD, r,
+				     C, 1);
+		be->cp_attention_fwd(be, po, pl, lq, kv, lgidx, lpos, lens, B, LC, L, NH, NKV, HD, r,
+				     C, 2);
+		for (size_t i = 0; i < (size_t)B * LC * NH * HD; i++)
+			CHECK(fabs(po[i] - lo[i]) < 1e-12, "split forward r %d: out %zu %g vs %g", r,
+			      i, po[i], lo[i]);
+		for (size_t i = 0; i < (size_t)B * LC * NH; i++)
+			CHECK(fabs(pl[i] - ll[i]) < 1e-12, "split forward r %d: lse %zu", r, i);
 		be->cp_attention_bwd(be, ldq, dkv, ldo, lo, ll, lq, kv, lgidx, lpos, lens, B, LC, L,
 				     NH, NKV, HD);
 		for (int b = 0; b < B; b++)
@@ -119,6 +145,7 @@ static void run(struct sl_backend *be, bool packed)
 	be->free(be, qkv); be->free(be, out); be->free(be, lse); be->free(be, dout);
 	be->free(be, dqkv); be->free(be, kv); be->free(be, dkv_sum); be->free(be, dkv);
 	be->free(be, lq); be->free(be, lo); be->free(be, ll); be->free(be, ldo); be->free(be, ldq);
+	be->free(be, kvp); be->free(be, po); be->free(be, pl);
 }
 
 int main(void)
