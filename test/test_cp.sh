@@ -93,22 +93,9 @@ PY
 	fail "$2 differs from $1"
 	# the trained weights: B's change from the initial model within 1e-5 of A's
 	ok
-	python3 - "$T/$1/model" "$T/$2/model" "$T/$3" <<'PY' ||
-import glob, json, math, struct, sys
-from array import array
-
-def load(d):
-    w = {}
-    for f in glob.glob(d + "/*.safetensors"):
-        raw = open(f, "rb").read()
-        n = struct.unpack("<Q", raw[:8])[0]
-        for k, v in json.loads(raw[8:8 + n]).items():
-            if k == "__metadata__":
-                continue
-            assert v["dtype"] == "F32", (f, k, v["dtype"])
-            a, b = v["data_offsets"]
-            w[k] = array("f", raw[8 + n + a:8 + n + b])
-    return w
+	PYTHONPATH="$top_srcdir/test" python3 - "$T/$1/model" "$T/$2/model" "$T/$3" <<'PY' ||
+import math, sys
+from safetensors_f32 import load
 
 a, b, w0 = load(sys.argv[1]), load(sys.argv[2]), load(sys.argv[3])
 assert a.keys() == b.keys() and a, (sorted(a), sorted(b))

@@ -141,21 +141,10 @@ grep -q "experts: each rank holds 4 of the 8 experts of every MoE layer (.*over 
 	"$T/clsep2x2/train.log" || fail "clsep2x2: the log does not show 4 experts over 2 ranks"
 # the exported models (every expert gathered from the ranks holding it) are the one-rank run's
 ok
-python3 - "$T/cls1x4/model" "$T/clsep4/model" "$T/clsep2x2/model" <<'PY' ||
-import glob, json, struct, sys
-
-def load(d):
-    out = {}
-    for f in sorted(glob.glob(d + "/*.safetensors")):
-        raw = open(f, "rb").read()
-        n = struct.unpack("<Q", raw[:8])[0]
-        for k, v in json.loads(raw[8:8 + n]).items():
-            if k == "__metadata__":
-                continue
-            assert v["dtype"] == "F32", (f, k, v["dtype"])
-            a, b = v["data_offsets"]
-            out[k] = struct.unpack("<%df" % ((b - a) // 4), raw[8 + n + a:8 + n + b])
-    return out
+PYTHONPATH="$top_srcdir/test" python3 - "$T/cls1x4/model" "$T/clsep4/model" "$T/clsep2x2/model" \
+	<<'PY' ||
+import sys
+from safetensors_f32 import load
 
 ref = load(sys.argv[1])
 assert any(".mlp.experts.7.down_proj" in k for k in ref), sorted(ref)[:5]
