@@ -16,6 +16,7 @@
 #include <omp.h>
 #include <mpi.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -796,7 +797,7 @@ static void log_offload(struct job *j)
 /*
  * tests: SHARDLM_TEST_HOST_ACCUM: offload adds micro-batches up on the host even where the GPU
  * has room; SHARDLM_TEST_HOST_LEAN: offload optimizer keeps gradients on the device (host_lean)
- * even where the host has room.
+ * even where the host has room; SHARDLM_TEST_USR1_AT_START: SIGUSR1 before MPI starts.
  */
 static bool test_env(const char *name)
 {
@@ -1360,6 +1361,9 @@ int sl_cmd_train(int argc, char **argv)
 	 * config loads must not kill the rank; until the config is read the grace is its default.
 	 */
 	sl_signals_install(25);
+	/* tests: a preemption notice while MPI starts */
+	if (test_env("SHARDLM_TEST_USR1_AT_START"))
+		raise(SIGUSR1);
 	j->c = calloc(1, sizeof(*j->c));
 	if (sl_dist_init(&j->d, &argc, &argv))
 		sl_dist_abort("MPI start-up failed");

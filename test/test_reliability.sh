@@ -1,6 +1,7 @@
 #!/bin/sh
 # Reliability of `shardlm train` on 2 ranks (CPU backend, mpirun):
-#  - SIGUSR1 mid-run: the ranks stop after one agreed step with a complete checkpoint and exit 3;
+#  - SIGUSR1 while the ranks start, and mid-run: the ranks stop after one agreed step with a
+#    complete checkpoint and exit 3;
 #    the restarted run resumes from it and repeats the uninterrupted run's losses bit for bit;
 #  - SIGKILL of rank 1: the job ends, mpirun naming the rank and host, well within
 #    parallel.timeout_s; a stopped (hung) rank: the watchdog aborts the job naming its host/rank;
@@ -57,6 +58,16 @@ losses() {
 	python3 -c 'import json,sys; [print(repr(s["loss"])) for s in json.load(open(sys.argv[1]))["steps"]]' \
 		"$T/$1/training_metrics.json"
 }
+
+# --- SIGUSR1 while the ranks start (before MPI_Init): caught, the run stops after step 1 with a
+# checkpoint and exit 3 (SHARDLM_TEST_USR1_AT_START raises it right after the handlers go in)
+ok
+SHARDLM_TEST_USR1_AT_START=1 train early --set train.steps=10
+wait "$pid"
+rc=$?
+[ "$rc" = 3 ] || fail "SIGUSR1 at start: exit status $rc, not 3: $(tail -n 5 "$T/early.out")"
+grep -q "SIGUSR1: stopped after step 1 with checkpoint step-000001" "$T/early/train.log" ||
+	fail "SIGUSR1 at start: no stop after step 1: $(tail -n 3 "$T/early/train.log")"
 
 # --- SIGUSR1: checkpoint, exit 3, resume bit for bit
 ok
