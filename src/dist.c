@@ -552,6 +552,69 @@ int sl_comm_barrier(struct sl_comm *c)
 	return 0;
 }
 
+int sl_comm_all_to_all_rows(struct sl_comm *c, const void *send, const int *scount, void *recv,
+			    const int *rcount, size_t row_bytes)
+{
+	int *sd = malloc(2 * sizeof(int) * c->size), *rd = sd + c->size;
+	size_t ns = 0, nr = 0;
+	MPI_Datatype row;
+
+	if (!sd)
+		sl_dist_abort("out of host memory for an all-to-all");
+	for (int q = 0; q < c->size; q++) {
+		if (scount[q] < 0 || rcount[q] < 0 || ns + scount[q] > INT_MAX ||
+		    nr + rcount[q] > INT_MAX) {
+			free(sd);
+			sl_error("all-to-all: bad row counts (%d to, %d from rank %d)", scount[q],
+				 rcount[q], q);
+			return -EINVAL;
+		}
+		sd[q] = (int)ns;
+		rd[q] = (int)nr;
+		ns += scount[q];
+		nr += rcount[q];
+	}
+	switch (c->kind) {
+	case SL_COMM_MPI:
+	case SL_COMM_MPI_STAGED:
+		/* rows as one contiguous type: counts stay in rows, far from an int of bytes */
+		MPI_CHECK(MPI_Type_contiguous((int)row_bytes, MPI_BYTE, &row));
+		MPI_CHECK(MPI_Type_commit(&row));
+		if (c->kind == SL_COMM_MPI) {
+			MPI_CHECK(MPI_Alltoallv(send, scount, sd, row, recv, rcount, rd, row,
+						c->mpi));
+		} else if (stage_reserve(c, (ns + nr) * row_bytes) == 0) {
+			char *hs = c->stage, *hr = hs + ns * row_bytes;
+
+			stage_sync(c);
+			c->copy.to_host(c->copy.ctx, hs, send, ns * row_bytes);
+			MPI_CHECK(MPI_Alltoallv(hs, scount, sd, row, hr, rcount, rd, row, c->mpi));
+			c->copy.to_device(c->copy.ctx, recv, hr, nr * row_bytes);
+		}
+		MPI_CHECK(MPI_Type_free(&row));
+		break;
+	case SL_COMM_NCCL:
+#ifdef SL_DIST_NCCL
+		/* point to point in one group: NCCL's all-to-all */
+		NCCL_CHECK(ncclGroupStart());
+		for (int q = 0; q < c->size; q++) {
+			if (scount[q])
+				NCCL_CHECK(ncclSend((const char *)send + (size_t)sd[q] * row_bytes,
+						    (size_t)scount[q] * row_bytes, ncclUint8, q,
+						    (ncclComm_t)c->nccl, (cudaStream_t)c->stream));
+			if (rcount[q])
+				NCCL_CHECK(ncclRecv((char *)recv + (size_t)rd[q] * row_bytes,
+						    (size_t)rcount[q] * row_bytes, ncclUint8, q,
+						    (ncclComm_t)c->nccl, (cudaStream_t)c->stream));
+		}
+		NCCL_CHECK(ncclGroupEnd());
+#endif
+		break;
+	}
+	free(sd);
+	return 0;
+}
+
 /* ---- process groups ------------------------------------------------------------------------ */
 
 int sl_groups_create(struct sl_groups *g, const struct sl_dist *d, bool shard_by_node,

@@ -141,6 +141,14 @@ int sl_comm_all_reduce(struct sl_comm *c, void *buf, size_t count, enum sl_comm_
 int sl_comm_broadcast(struct sl_comm *c, void *buf, size_t count, enum sl_comm_dtype t,
 		      int root);
 int sl_comm_barrier(struct sl_comm *c);
+/*
+ * All-to-all of rows of @row_bytes: scount[q] consecutive rows of send (in rank order) go to rank
+ * q, rcount[q] rows from rank q land in recv (in rank order); every rank's counts must pair up
+ * (exchange them first).  MPI: host buffers; staged and NCCL (grouped ncclSend / ncclRecv on
+ * c->stream): device buffers.  Returns 0, or negative for bad counts (printed).
+ */
+int sl_comm_all_to_all_rows(struct sl_comm *c, const void *send, const int *scount, void *recv,
+			    const int *rcount, size_t row_bytes);
 
 /*
  * The groups of a layout.  shard: the ranks a parameter unit is split over (all ranks for

@@ -19,33 +19,22 @@ static void counts(void *ctx, const int *send, int *recv, int n)
 	MPI_CHECK(MPI_Alltoall(send, n, MPI_INT, recv, n, MPI_INT, md->comm));
 }
 
+/* the rows live in the backend's memory: the group's communicator moves them (dist.h) */
 static void rows(void *ctx, const void *send, const int *scount, void *recv, const int *rcount,
 		 size_t row_bytes)
 {
 	struct sl_moe_dist *md = ctx;
-	const int P = md->d.size;
-	int *sd = malloc(2 * (size_t)P * sizeof(int)), *rd = sd + P, s = 0, r = 0;
-	MPI_Datatype row;
 
-	if (!sd)
-		sl_dist_abort("out of host memory for an expert all-to-all");
-	for (int q = 0; q < P; q++) {
-		sd[q] = s;
-		rd[q] = r;
-		s += scount[q];
-		r += rcount[q];
-	}
-	MPI_CHECK(MPI_Type_contiguous((int)row_bytes, MPI_BYTE, &row));
-	MPI_CHECK(MPI_Type_commit(&row));
-	MPI_CHECK(MPI_Alltoallv(send, scount, sd, row, recv, rcount, rd, row, md->comm));
-	MPI_CHECK(MPI_Type_free(&row));
-	free(sd);
+	if (sl_comm_all_to_all_rows(&md->rows_comm, send, scount, recv, rcount, row_bytes))
+		sl_dist_abort("the expert all-to-all failed");
 }
 
 int sl_moe_dist_create(struct sl_moe_dist *md, int rank, int world, int C, int Ep,
-		       double capacity_factor)
+		       double capacity_factor, enum sl_comm_kind kind,
+		       const struct sl_comm_copy *copy)
 {
 	const int dp = rank / C, c = rank % C;
+	int rc;
 
 	memset(md, 0, sizeof(*md));
 	md->comm = MPI_COMM_NULL;
@@ -57,15 +46,21 @@ int sl_moe_dist_create(struct sl_moe_dist *md, int rank, int world, int C, int E
 	if (Ep == 1)
 		return 0;
 	/* color: (expert group, context index); key: place in the group */
-	MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, md->group * C + c, dp % Ep, &md->comm));
+	rc = sl_comm_create(&md->rows_comm, MPI_COMM_WORLD, md->group * C + c, dp % Ep, kind,
+			    copy);
+	if (rc)
+		return rc;
+	md->have_rows_comm = true;
+	md->comm = md->rows_comm.mpi;
 	(void)world;
 	return 0;
 }
 
 void sl_moe_dist_destroy(struct sl_moe_dist *md)
 {
-	if (md->comm != MPI_COMM_NULL)
-		MPI_Comm_free(&md->comm);
+	if (md->have_rows_comm)
+		sl_comm_destroy(&md->rows_comm);
+	md->have_rows_comm = false;
 	md->comm = MPI_COMM_NULL;
 }
 
@@ -124,7 +119,8 @@ int sl_moe_dist_expert_comm(const struct sl_config *c, const struct sl_model_con
 }
 
 int sl_moe_dist_setup(struct sl_moe_dist *md, struct sl_model *m, const struct sl_config *c,
-		      const struct sl_model_config *mc, int rank, int world)
+		      const struct sl_model_config *mc, int rank, int world,
+		      enum sl_comm_kind kind, const struct sl_comm_copy *copy)
 {
 	const int C = c->parallel.context, Ep = c->parallel.expert;
 	const double cf = c->parallel.capacity_factor;
@@ -136,7 +132,7 @@ int sl_moe_dist_setup(struct sl_moe_dist *md, struct sl_model *m, const struct s
 	rc = check(c, mc, world);
 	if (rc)
 		return rc;
-	rc = sl_moe_dist_create(md, rank, world, C, Ep, cf);
+	rc = sl_moe_dist_create(md, rank, world, C, Ep, cf, kind, copy);
 	if (rc)
 		return rc;
 	sl_log("mesh: %d rank(s) = %d data-parallel x %d context; %d expert group(s) of %d "

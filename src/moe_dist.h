@@ -18,16 +18,21 @@
 
 struct sl_moe_dist {
 	MPI_Comm comm;			/* the expert group; MPI_COMM_NULL when Ep = 1 */
+	struct sl_comm rows_comm;	/* the same group for the rows (the backend's buffers) */
+	bool have_rows_comm;
 	int group;			/* dp / Ep */
 	struct sl_moe_dispatch d;	/* rank, size = Ep, the callbacks over comm */
 };
 
 /*
  * Collective over MPI_COMM_WORLD.  @C context ranks, @Ep expert ranks; the caller has checked
- * that C * Ep divides the world.  Returns 0 (negative on an MPI failure, printed).
+ * that C * Ep divides the world.  The rows travel over a communicator of @kind (MPI for host
+ * buffers; staged through host memory with @copy, or NCCL, for device buffers).  Returns 0
+ * (negative on a failure, printed).
  */
 int sl_moe_dist_create(struct sl_moe_dist *md, int rank, int world, int C, int Ep,
-		       double capacity_factor);
+		       double capacity_factor, enum sl_comm_kind kind,
+		       const struct sl_comm_copy *copy);
 void sl_moe_dist_destroy(struct sl_moe_dist *md);
 
 struct sl_config;
@@ -50,6 +55,7 @@ int sl_moe_dist_expert_comm(const struct sl_config *c, const struct sl_model_con
  * nothing to set up, negative on an error (printed).
  */
 int sl_moe_dist_setup(struct sl_moe_dist *md, struct sl_model *m, const struct sl_config *c,
-		      const struct sl_model_config *mc, int rank, int world);
+		      const struct sl_model_config *mc, int rank, int world,
+		      enum sl_comm_kind kind, const struct sl_comm_copy *copy);
 
 #endif

@@ -1558,11 +1558,13 @@ int sl_cmd_train(int argc, char **argv)
 		goto out;
 	{
 		int rc = sl_moe_dist_setup(&j->md, j->model, j->c, &j->mf.mc, j->d.rank,
-					   j->d.world);
+					   j->d.world, j->comm_kind, &j->copy);
 
 		j->have_md = rc == 0;
 		if (!all_ok(rc >= 0))
 			goto out;
+		if (j->have_md && j->md.have_rows_comm && j->cuda)
+			j->md.rows_comm.stream = gpu_stream(j);
 	}
 	sl_host_batch_alloc(&j->hb, j->c->train.batch, j->max_L);
 	dev_batch_alloc(j->be, &j->db, j->c->train.batch, j->max_L);
