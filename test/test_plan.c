@@ -294,7 +294,8 @@ static void check_27b(const struct shape *sh)
 			CHECK(!p.accum_dev, "%s %s: accumulation should not fit the GPU", sh->name,
 			      w->what);
 			CHECK(p.host[SL_PLAN_OPTIM] == 12 * P, "%s %s", sh->name, w->what);
-			CHECK(p.host[SL_PLAN_GRADS] == 4 * P + 2 * E * 4, "%s %s", sh->name, w->what);
+			CHECK(p.host[SL_PLAN_GRADS] == 4 * P + 2 * E * 4, "%s %s", sh->name,
+			      w->what);
 		}
 		CHECK(p.host[SL_PLAN_WEIGHTS] == (w->offload != SL_OFFLOAD_NONE ? 2 * P : 0),
 		      "%s %s", sh->name, w->what);
@@ -412,12 +413,12 @@ static void check_counts(const struct sl_model_config *mc, int B, int L)
 				batch[i] = k.be.alloc(&k.be, (size_t)B * 4);
 			for (int i = 4; i < 7; i++)
 				batch[i] = k.be.alloc(&k.be, (size_t)B * L * 4);
-			CHECK(k.dev == p.dev_total, "%s offload %d ckpt %d: allocated %zu, planned %zu",
-			      mc->model_type, off, ck, k.dev, p.dev_total);
+			CHECK(k.dev == p.dev_total, "%s offload %d ckpt %d: allocated %zu, "
+			      "planned %zu", mc->model_type, off, ck, k.dev, p.dev_total);
 			CHECK(k.host == p.host[SL_PLAN_OPTIM] + p.host[SL_PLAN_GRADS] +
-			      p.host[SL_PLAN_WEIGHTS], "%s offload %d ckpt %d: host %zu, planned %zu",
-			      mc->model_type, off, ck, k.host, p.host[SL_PLAN_OPTIM] +
-			      p.host[SL_PLAN_GRADS] + p.host[SL_PLAN_WEIGHTS]);
+			      p.host[SL_PLAN_WEIGHTS], "%s offload %d ckpt %d: host %zu, "
+			      "planned %zu", mc->model_type, off, ck, k.host,
+			      p.host[SL_PLAN_OPTIM] + p.host[SL_PLAN_GRADS] + p.host[SL_PLAN_WEIGHTS]);
 			for (int i = 0; i < 7; i++)
 				k.be.free(&k.be, batch[i]);
 			sl_model_destroy(m);
