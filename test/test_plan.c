@@ -389,6 +389,7 @@ static void check_counts(const struct sl_model_config *mc, int B, int L)
 			int acc = ck == 1 ? 1 : 3;	/* 3: on the device (the cpu "GPU" has room) */
 			struct sl_model *m;
 			void *batch[7];
+			size_t hplan;
 
 			sl_config_defaults(&c);
 			c.backend = SL_BACKEND_CPU;
@@ -415,10 +416,9 @@ static void check_counts(const struct sl_model_config *mc, int B, int L)
 				batch[i] = k.be.alloc(&k.be, (size_t)B * L * 4);
 			CHECK(k.dev == p.dev_total, "%s offload %d ckpt %d: allocated %zu, "
 			      "planned %zu", mc->model_type, off, ck, k.dev, p.dev_total);
-			CHECK(k.host == p.host[SL_PLAN_OPTIM] + p.host[SL_PLAN_GRADS] +
-			      p.host[SL_PLAN_WEIGHTS], "%s offload %d ckpt %d: host %zu, "
-			      "planned %zu", mc->model_type, off, ck, k.host,
-			      p.host[SL_PLAN_OPTIM] + p.host[SL_PLAN_GRADS] + p.host[SL_PLAN_WEIGHTS]);
+			hplan = p.host[SL_PLAN_OPTIM] + p.host[SL_PLAN_GRADS] + p.host[SL_PLAN_WEIGHTS];
+			CHECK(k.host == hplan, "%s offload %d ckpt %d: host %zu, planned %zu",
+			      mc->model_type, off, ck, k.host, hplan);
 			for (int i = 0; i < 7; i++)
 				k.be.free(&k.be, batch[i]);
 			sl_model_destroy(m);
