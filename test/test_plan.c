@@ -416,7 +416,8 @@ static void check_counts(const struct sl_model_config *mc, int B, int L)
 				batch[i] = k.be.alloc(&k.be, (size_t)B * L * 4);
 			CHECK(k.dev == p.dev_total, "%s offload %d ckpt %d: allocated %zu, "
 			      "planned %zu", mc->model_type, off, ck, k.dev, p.dev_total);
-			hplan = p.host[SL_PLAN_OPTIM] + p.host[SL_PLAN_GRADS] + p.host[SL_PLAN_WEIGHTS];
+			hplan = p.host[SL_PLAN_OPTIM] + p.host[SL_PLAN_GRADS] +
+				p.host[SL_PLAN_WEIGHTS];
 			CHECK(k.host == hplan, "%s offload %d ckpt %d: host %zu, planned %zu",
 			      mc->model_type, off, ck, k.host, hplan);
 			for (int i = 0; i < 7; i++)
