@@ -1,9 +1,9 @@
 /*
  * plan: memory planner (see plan.h).
  *
- * Every count below names the buffer it stands for; when shard.c, model.c, train.c or a backend
- * changes what it allocates, this file changes with it (test_plan checks the cpu counts against
- * what the code allocates on a small model).  Each buffer is rounded up to the backend
+ * Every count below names the buffer it stands for; when shard.c, model.c, model_qwen35.c,
+ * train.c or a backend changes what it allocates, this file changes with it (test_plan checks the
+ * cpu counts against what the code allocates on a small Qwen3 and a small Qwen3.5 model).  Each buffer is rounded up to the backend
  * allocator's granularity: 64 bytes on cpu (aligned_alloc), 256 on cuda (its arena).
  */
 #include "plan.h"
@@ -129,7 +129,9 @@ static size_t q35_layer_acts(const struct counter *k, const struct sl_model_conf
  * model_qwen35.c (sl_q35_init): every layer's activations by its kind, or with checkpointing one
  * set of each kind (both, whatever the layers are); the norms' effective weights and the
  * backward's scratch.  The ones it uploads through a transient f32 buffer are not counted: that
- * buffer is freed before sl_model_create returns.
+ * buffer is freed before sl_model_create returns.  The cuda kernels (cuda/gdn.cu, gattn.cu)
+ * allocate nothing: the delta rule's backward recomputes chunks and the partial rotary table
+ * lives in the context's fixed reduction scratch (SL_PLAN_WORKSPACE).
  */
 static void count_q35(const struct counter *k, const struct sl_model_config *mc, size_t T,
 		      size_t B, bool ckpt, size_t e, size_t s, size_t out[SL_PLAN_N])
