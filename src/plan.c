@@ -54,13 +54,24 @@ static size_t zmax(size_t a, size_t b)
 
 /*
  * model.c: what every family's sl_model_create allocates besides its layers: the layer inputs,
- * the backward's shared gradient buffers, the head's (SL_PLAN_ACTS, SL_PLAN_HEAD)
+ * the backward's shared gradient buffers, the head's (SL_PLAN_ACTS, SL_PLAN_HEAD).  @sft: the
+ * causal-LM head (the layout has no score.weight), whose rows are every token, its logits
+ * computed in chunks of at most 256 MiB (at least 64 rows, at most T).
  */
 static void count_common(const struct counter *k, const struct sl_model_config *mc, size_t T,
-			 size_t B, size_t e, size_t s, size_t out[SL_PLAN_N])
+			 size_t B, bool sft, size_t e, size_t s, size_t out[SL_PLAN_N])
 {
 	const size_t H = mc->hidden, I = mc->intermediate, nh = mc->n_heads, nkv = mc->n_kv_heads;
 	const size_t hd = mc->head_dim, Q = (nh + 2 * nkv) * hd, nL = mc->n_layers;
+
+	if (sft) {
+		size_t rows = ((size_t)256 << 20) / ((size_t)mc->vocab * e);
+		size_t chunk = rows < 64 ? 64 : rows > T ? T : rows;
+
+		out[SL_PLAN_HEAD] += A(k, chunk * mc->vocab * e)	/* lg */
+			+ A(k, chunk * sizeof(float));			/* row_loss */
+		B = T;
+	}
 
 	out[SL_PLAN_ACTS] += (nL + 1) * A(k, T * H * e)	/* x: every layer's input + final */
 		+ 2 * A(k, T * H * e)			/* gx, gn */
@@ -166,9 +177,9 @@ static void count_q35(const struct counter *k, const struct sl_model_config *mc,
  * norm_offset, as model.c decides); SL_PLAN_ACTS and SL_PLAN_HEAD
  */
 static void count_model(const struct counter *k, const struct sl_model_config *mc, size_t T,
-			size_t B, bool ckpt, size_t e, size_t s, size_t out[SL_PLAN_N])
+			size_t B, bool sft, bool ckpt, size_t e, size_t s, size_t out[SL_PLAN_N])
 {
-	count_common(k, mc, T, B, e, s, out);
+	count_common(k, mc, T, B, sft, e, s, out);
 	if (mc->norm_offset)
 		count_q35(k, mc, T, B, ckpt, e, s, out);
 	else
@@ -261,7 +272,8 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	B = (size_t)p->batch;
 	L = (size_t)p->seq;
 	T = B * L;
-	count_model(&dk, mc, T, B, p->ckpt, e, p->stat_elt, p->dev);
+	count_model(&dk, mc, T, B, !sl_layout_find(lay, "score.weight"), p->ckpt, e,
+		    p->stat_elt, p->dev);
 	p->dev[SL_PLAN_HEAD] += A(&dk, T * sizeof(int32_t)) +	/* ids */
 		3 * A(&dk, B * sizeof(int32_t)) +		/* lens, last, labels */
 		3 * A(&dk, T * sizeof(int32_t));		/* tgt_pos, tgt_ids, pos */

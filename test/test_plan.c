@@ -11,7 +11,8 @@
  *    hybrid (3 Gated DeltaNet + 1 gated attention layer) with the cpu backend, the bytes
  *    sl_shard_create + sl_model_create + the trainer's device batch take from a counting backend
  *    equal the plan's device total, and the host bytes shard.c takes for offload equal the
- *    plan's offloaded host state, for every offload mode, with and without checkpointing.
+ *    plan's offloaded host state, for every offload mode, with and without checkpointing, with
+ *    the score head and with the causal-LM head (task sft; Qwen3 untied and tied).
  */
 #include <stdint.h>
 
@@ -375,7 +376,7 @@ static void c_host_free(struct sl_backend *be, void *q)
  * of @L tokens: every offload mode, checkpointing off and on, offload optimizer's lean host
  * layout.
  */
-static void check_counts(const struct sl_model_config *mc, int B, int L)
+static void check_counts(const struct sl_model_config *mc, int task, int B, int L)
 {
 	struct sl_layout lay;
 	struct counting k = { 0 };
@@ -386,7 +387,7 @@ static void check_counts(const struct sl_model_config *mc, int B, int L)
 	k.be.free = c_free;
 	k.be.host_alloc = c_host_alloc;
 	k.be.host_free = c_host_free;
-	CHECK(sl_model_layout(mc, 0, &lay) == 0);
+	CHECK(sl_model_layout(mc, task, &lay) == 0);
 	for (int off = SL_OFFLOAD_NONE; off <= SL_OFFLOAD_PARAMS; off++) {
 		/* ck 2: offload optimizer's lean host layout, accum 3 */
 		for (int ck = 0; ck < (off == SL_OFFLOAD_OPTIMIZER ? 3 : 2); ck++) {
@@ -404,6 +405,7 @@ static void check_counts(const struct sl_model_config *mc, int B, int L)
 
 			sl_config_defaults(&c);
 			c.backend = SL_BACKEND_CPU;
+			c.task = task;
 			c.train.batch = B;
 			c.data.max_state = L;
 			c.parallel.offload = off;
@@ -425,12 +427,12 @@ static void check_counts(const struct sl_model_config *mc, int B, int L)
 				batch[i] = k.be.alloc(&k.be, (size_t)B * 4);
 			for (int i = 4; i < 7; i++)
 				batch[i] = k.be.alloc(&k.be, (size_t)B * L * 4);
-			CHECK(k.dev == p.dev_total, "%s offload %d ckpt %d: allocated %zu, "
-			      "planned %zu", mc->model_type, off, ck, k.dev, p.dev_total);
+			CHECK(k.dev == p.dev_total, "%s task %d offload %d ckpt %d: allocated %zu, "
+			      "planned %zu", mc->model_type, task, off, ck, k.dev, p.dev_total);
 			hplan = p.host[SL_PLAN_OPTIM] + p.host[SL_PLAN_GRADS] +
 				p.host[SL_PLAN_WEIGHTS];
-			CHECK(k.host == hplan, "%s offload %d ckpt %d: host %zu, planned %zu",
-			      mc->model_type, off, ck, k.host, hplan);
+			CHECK(k.host == hplan, "%s task %d offload %d ckpt %d: host %zu, planned %zu",
+			      mc->model_type, task, off, ck, k.host, hplan);
 			for (int i = 0; i < 7; i++)
 				k.be.free(&k.be, batch[i]);
 			sl_model_destroy(m);
@@ -450,7 +452,11 @@ static void check_counts_qwen3(void)
 		.rms_eps = 1e-6, .rope_theta = 1e4, .num_labels = 1,
 	};
 
-	check_counts(&mc, 3, 11);
+	check_counts(&mc, SL_TASK_CLASSIFY, 3, 11);
+	/* the causal-LM head: (tokens x V) logits in chunks, head rows = tokens; untied, tied */
+	check_counts(&mc, SL_TASK_SFT, 3, 11);
+	mc.tie_word_embeddings = true;
+	check_counts(&mc, SL_TASK_SFT, 3, 11);
 }
 
 /*
@@ -473,7 +479,8 @@ static void check_counts_qwen35(void)
 		.lin_dv = 5, .lin_conv = 4, .layer_kind = lk, .mlp_kind = mk,
 	};
 
-	check_counts(&mc, 3, 30);
+	check_counts(&mc, SL_TASK_CLASSIFY, 3, 30);
+	check_counts(&mc, SL_TASK_SFT, 3, 30);
 }
 
 static void check_parse(void)
