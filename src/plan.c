@@ -3,8 +3,9 @@
  *
  * Every count below names the buffer it stands for; when shard.c, model.c, model_qwen35.c,
  * train.c or a backend changes what it allocates, this file changes with it (test_plan checks the
- * cpu counts against what the code allocates on a small Qwen3 and a small Qwen3.5 model).  Each buffer is rounded up to the backend
- * allocator's granularity: 64 bytes on cpu (aligned_alloc), 256 on cuda (its arena).
+ * cpu counts against what the code allocates on a small Qwen3 and a small Qwen3.5 model).  Each
+ * buffer is rounded up to the backend allocator's granularity: 64 bytes on cpu (aligned_alloc),
+ * 256 on cuda (its arena).
  */
 #include "plan.h"
 
@@ -440,7 +441,15 @@ void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
 	fprintf(out, "  %-26s %12.2f %14zu\n", "total", gib(p->dev_total), p->dev_total);
 	fprintf(out, "  (weights: %d gathered unit(s) in flight of up to %zu elements; "
 		"activations for %d x %d tokens%s)\n", p->n_wslots, p->max_padded, p->batch,
-		p->seq, p->ckpt ? ", one layer's set with checkpointing" : "");
+		p->seq, !p->ckpt ? "" : mc->norm_offset ? ", one set per layer kind with "
+		"checkpointing" : ", one layer's set with checkpointing");
+	for (int l = 0; l < mc->n_layers; l++) {
+		if (sl_layer_is_moe(mc, l)) {
+			fprintf(out, "  (not counted yet: the mixture-of-experts layers' routing "
+				"buffers and expert activations, model_moe.c)\n");
+			break;
+		}
+	}
 	if (p->lean)
 		fprintf(out, "  (offload, lean host: the host has no room for gradients and a bf16 "
 			"copy, so fp32 gradients stay on the GPU (in gradients) and stream through the "
