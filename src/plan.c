@@ -85,21 +85,13 @@ static void count_common(const struct counter *k, const struct sl_model_config *
 		+ A(k, B * sizeof(float));		/* scores_f32 */
 }
 
-/*
- * model.c: Qwen3 layers' struct acts, one set per layer or one when checkpointing; the dense MLP's
- * gu and act only when some layer has it
- */
+/* model.c: Qwen3 layers' struct acts, one set per layer or one when checkpointing */
 static void count_qwen3(const struct counter *k, const struct sl_model_config *mc, size_t T,
 			bool ckpt, size_t e, size_t s, size_t out[SL_PLAN_N])
 {
 	const size_t H = mc->hidden, I = mc->intermediate, nh = mc->n_heads, nkv = mc->n_kv_heads;
 	const size_t hd = mc->head_dim, Q = (nh + 2 * nkv) * hd, nL = mc->n_layers;
-	bool dense = false;
-	size_t acts;
-
-	for (int l = 0; l < mc->n_layers; l++)
-		dense |= !sl_layer_is_moe(mc, l);
-	acts = A(k, T * H * e)				/* xn1 */
+	const size_t acts = A(k, T * H * e)		/* xn1 */
 		+ A(k, T * s)				/* rstd1 */
 		+ 2 * A(k, T * Q * e)			/* qkv, qkvr */
 		+ A(k, T * (nh + nkv) * s)		/* rstd_qk */
@@ -107,8 +99,9 @@ static void count_qwen3(const struct counter *k, const struct sl_model_config *m
 		+ A(k, T * nh * s)			/* lse */
 		+ 2 * A(k, T * H * e)			/* h, xn2 */
 		+ A(k, T * s)				/* rstd2 */
-		+ (dense ? A(k, T * 2 * I * e)		/* gu */
-		   + A(k, T * I * e) : 0);		/* act */
+		+ A(k, T * 2 * I * e)			/* gu */
+		+ A(k, T * I * e);			/* act */
+
 	out[SL_PLAN_ACTS] += (ckpt ? 1 : nL) * acts;
 }
 
