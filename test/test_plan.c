@@ -106,7 +106,8 @@ static const struct shape dense27 = {
  * linear_attention + 1 full_attention), 24 heads, 4 KV heads, head_dim 256, rotary 64 dims
  * (partial_rotary_factor 0.25), Gated DeltaNet 16 key heads and 48 value heads of 128 x 128,
  * conv kernel 4, intermediate 17408, vocab 248320, lm_head untied (no matter here: the score
- * head replaces it)).
+ * head replaces it)).  Assumed, not quoted by those pages: linear_conv_kernel_dim 4 (transformers'
+ * Qwen3.5 default), rms_norm_eps 1e-6 (no byte depends on it).
  *
  * Parameters (elements), from the layout of src/model_qwen35.c (all sizes multiples of 16):
  *   embedding unit  V*H = 248320*5120                                    =  1,271,398,400
