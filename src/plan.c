@@ -1,10 +1,11 @@
 /*
  * plan: memory planner (see plan.h).
  *
- * Every count below names the buffer it stands for; when shard.c, model.c, train.c or a backend
- * changes what it allocates, this file changes with it (test_plan checks the cpu counts against
- * what the code allocates on a small model).  Each buffer is rounded up to the backend
- * allocator's granularity: 64 bytes on cpu (aligned_alloc), 256 on cuda (its arena).
+ * Every count below names the buffer it stands for; when shard.c, model.c, model_qwen35.c,
+ * train.c or a backend changes what it allocates, this file changes with it (test_plan checks the
+ * cpu counts against what the code allocates on a small Qwen3 and a small Qwen3.5 model).  Each
+ * buffer is rounded up to the backend allocator's granularity: 64 bytes on cpu (aligned_alloc),
+ * 256 on cuda (its arena).
  */
 #include "plan.h"
 
@@ -52,28 +53,28 @@ static size_t zmax(size_t a, size_t b)
 	return a > b ? a : b;
 }
 
-/* model.c: sl_model_create's workspace for T tokens, B records; SL_PLAN_ACTS and SL_PLAN_HEAD */
-static void count_model(const struct counter *k, const struct sl_model_config *mc, size_t T,
-			size_t B, bool ckpt, size_t e, size_t s, size_t out[SL_PLAN_N])
+/*
+ * model.c: what every family's sl_model_create allocates besides its layers: the layer inputs,
+ * the backward's shared gradient buffers, the head's (SL_PLAN_ACTS, SL_PLAN_HEAD).  @sft: the
+ * causal-LM head (the layout has no score.weight), whose rows are every token, its logits
+ * computed in chunks of at most 256 MiB (at least 64 rows, at most T).
+ */
+static void count_common(const struct counter *k, const struct sl_model_config *mc, size_t T,
+			 size_t B, bool sft, size_t e, size_t s, size_t out[SL_PLAN_N])
 {
 	const size_t H = mc->hidden, I = mc->intermediate, nh = mc->n_heads, nkv = mc->n_kv_heads;
 	const size_t hd = mc->head_dim, Q = (nh + 2 * nkv) * hd, nL = mc->n_layers;
-	const size_t n_acts = ckpt ? 1 : nL;
-	size_t acts;
 
-	/* struct acts: what one layer's backward needs from its forward */
-	acts = A(k, T * H * e)			/* xn1 */
-	     + A(k, T * s)			/* rstd1 */
-	     + 2 * A(k, T * Q * e)		/* qkv, qkvr */
-	     + A(k, T * (nh + nkv) * s)		/* rstd_qk */
-	     + A(k, T * nh * hd * e)		/* att */
-	     + A(k, T * nh * s)			/* lse */
-	     + 2 * A(k, T * H * e)		/* h, xn2 */
-	     + A(k, T * s)			/* rstd2 */
-	     + A(k, T * 2 * I * e)		/* gu */
-	     + A(k, T * I * e);			/* act */
+	if (sft) {
+		size_t rows = ((size_t)256 << 20) / ((size_t)mc->vocab * e);
+		size_t chunk = rows < 64 ? 64 : rows > T ? T : rows;
+
+		out[SL_PLAN_HEAD] += A(k, chunk * mc->vocab * e)	/* lg */
+			+ A(k, chunk * sizeof(float));			/* row_loss */
+		B = T;
+	}
+
 	out[SL_PLAN_ACTS] += (nL + 1) * A(k, T * H * e)	/* x: every layer's input + final */
-		+ n_acts * acts				/* nL sets, or 1 when checkpointing */
 		+ 2 * A(k, T * H * e)			/* gx, gn */
 		+ A(k, T * zmax(2 * I, Q) * e)		/* gb1 */
 		+ A(k, T * zmax(zmax(I, Q), nh * hd) * e);	/* gb2 */
@@ -82,6 +83,108 @@ static void count_model(const struct counter *k, const struct sl_model_config *m
 		+ 2 * A(k, B * e)			/* logits, dlogits */
 		+ A(k, sizeof(double))			/* loss_dev */
 		+ A(k, B * sizeof(float));		/* scores_f32 */
+}
+
+/* model.c: Qwen3 layers' struct acts, one set per layer or one when checkpointing */
+static void count_qwen3(const struct counter *k, const struct sl_model_config *mc, size_t T,
+			bool ckpt, size_t e, size_t s, size_t out[SL_PLAN_N])
+{
+	const size_t H = mc->hidden, I = mc->intermediate, nh = mc->n_heads, nkv = mc->n_kv_heads;
+	const size_t hd = mc->head_dim, Q = (nh + 2 * nkv) * hd, nL = mc->n_layers;
+	const size_t acts = A(k, T * H * e)		/* xn1 */
+		+ A(k, T * s)				/* rstd1 */
+		+ 2 * A(k, T * Q * e)			/* qkv, qkvr */
+		+ A(k, T * (nh + nkv) * s)		/* rstd_qk */
+		+ A(k, T * nh * hd * e)			/* att */
+		+ A(k, T * nh * s)			/* lse */
+		+ 2 * A(k, T * H * e)			/* h, xn2 */
+		+ A(k, T * s)				/* rstd2 */
+		+ A(k, T * 2 * I * e)			/* gu */
+		+ A(k, T * I * e);			/* act */
+
+	out[SL_PLAN_ACTS] += (ckpt ? 1 : nL) * acts;
+}
+
+/* model_qwen35.c: struct q35_acts of one layer of @kind (alloc_q35_acts) */
+static size_t q35_layer_acts(const struct counter *k, const struct sl_model_config *mc,
+			     enum sl_layer_kind kind, size_t T, size_t B, size_t e, size_t s)
+{
+	const size_t H = mc->hidden, I = mc->intermediate, nh = mc->n_heads, nkv = mc->n_kv_heads;
+	const size_t hd = mc->head_dim, Q = (nh + 2 * nkv) * hd, Pa = (2 * nh + 2 * nkv) * hd;
+	const size_t nk = mc->lin_nk, nv = mc->lin_nv, dk = mc->lin_dk, dv = mc->lin_dv;
+	const size_t Cc = 2 * nk * dk + nv * dv, P = Cc + nv * dv + 2 * nv;
+	size_t b = A(k, T * H * e)			/* xn1 */
+		+ A(k, T * s)				/* rstd1 */
+		+ 2 * A(k, T * H * e)			/* h, xn2 */
+		+ A(k, T * s)				/* rstd2 */
+		+ A(k, T * 2 * I * e)			/* gu */
+		+ A(k, T * I * e);			/* act */
+
+	if (kind == SL_LAYER_GATED_ATTENTION)
+		return b + A(k, T * Pa * e)		/* proj: q | gate, k, v */
+			+ A(k, T * Q * e)		/* qkvr */
+			+ 3 * A(k, T * nh * hd * e)	/* gate, o, y */
+			+ A(k, T * nh * s)		/* lse */
+			+ A(k, T * (nh + nkv) * s);	/* rstd_o */
+	return b + A(k, T * P * e)			/* proj: qkv | z | b | a */
+		+ 2 * A(k, T * Cc * e)			/* cpre, c */
+		+ 2 * A(k, T * nk * dk * e)		/* qn, kn */
+		+ A(k, T * 2 * nk * s)			/* rqk */
+		+ 2 * A(k, T * nv * s)			/* beta, g */
+		/* chunk-start states: at most T / 64 + B chunks of 64 tokens */
+		+ A(k, (T / 64 + B) * nv * dk * dv * s)
+		+ 2 * A(k, T * nv * dv * e)		/* o, y */
+		+ A(k, T * nv * s);			/* rstd_o */
+}
+
+/*
+ * model_qwen35.c (sl_q35_init): every layer's activations by its kind, or with checkpointing one
+ * set of each kind (both, whatever the layers are); the norms' effective weights and the
+ * backward's scratch.  The ones it uploads through a transient f32 buffer are not counted: that
+ * buffer is freed before sl_model_create returns.  The cuda kernels (cuda/gdn.cu, gattn.cu)
+ * allocate nothing: the delta rule's backward recomputes chunks and the partial rotary table
+ * lives in the context's fixed reduction scratch (SL_PLAN_WORKSPACE).
+ */
+static void count_q35(const struct counter *k, const struct sl_model_config *mc, size_t T,
+		      size_t B, bool ckpt, size_t e, size_t s, size_t out[SL_PLAN_N])
+{
+	const size_t H = mc->hidden, nh = mc->n_heads, nkv = mc->n_kv_heads, hd = mc->head_dim;
+	const size_t Q = (nh + 2 * nkv) * hd, Pa = (2 * nh + 2 * nkv) * hd;
+	const size_t nk = mc->lin_nk, nv = mc->lin_nv, dk = mc->lin_dk, dv = mc->lin_dv;
+	const size_t Cc = 2 * nk * dk + nv * dv, P = Cc + nv * dv + 2 * nv;
+	size_t acts = 0;
+
+	if (ckpt)
+		acts = q35_layer_acts(k, mc, SL_LAYER_GATED_ATTENTION, T, B, e, s) +
+			q35_layer_acts(k, mc, SL_LAYER_LINEAR_ATTENTION, T, B, e, s);
+	else
+		for (int l = 0; l < mc->n_layers; l++)
+			acts += q35_layer_acts(k, mc, mc->layer_kind[l], T, B, e, s);
+	out[SL_PLAN_ACTS] += acts
+		+ A(k, zmax(H, hd) * e)			/* ones */
+		+ 3 * A(k, H * e)			/* wn1, wn2, wfin */
+		+ 2 * A(k, hd * e)			/* wqn, wkn */
+		+ A(k, T * zmax(P, Pa) * e)		/* gproj */
+		+ A(k, T * Cc * e)			/* gc */
+		+ 2 * A(k, T * nk * dk * e)		/* gqn, gkn */
+		+ 2 * A(k, T * nv * e)			/* gbeta, gg */
+		+ 2 * A(k, T * zmax(nv * dv, nh * hd) * e)	/* go, gy */
+		+ A(k, T * Q * e)			/* gqkvr */
+		+ A(k, T * nh * hd * e);		/* ggate */
+}
+
+/*
+ * model.c: sl_model_create's workspace for T tokens, B records, by family (Qwen3.5: the config's
+ * norm_offset, as model.c decides); SL_PLAN_ACTS and SL_PLAN_HEAD
+ */
+static void count_model(const struct counter *k, const struct sl_model_config *mc, size_t T,
+			size_t B, bool sft, bool ckpt, size_t e, size_t s, size_t out[SL_PLAN_N])
+{
+	count_common(k, mc, T, B, sft, e, s, out);
+	if (mc->norm_offset)
+		count_q35(k, mc, T, B, ckpt, e, s, out);
+	else
+		count_qwen3(k, mc, T, ckpt, e, s, out);
 }
 
 /* the plan with offload's micro-batch accumulation on the device (@accum_dev) or not */
@@ -170,9 +273,11 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	B = (size_t)p->batch;
 	L = (size_t)p->seq;
 	T = B * L;
-	count_model(&dk, mc, T, B, p->ckpt, e, p->stat_elt, p->dev);
+	count_model(&dk, mc, T, B, !sl_layout_find(lay, "score.weight"), p->ckpt, e,
+		    p->stat_elt, p->dev);
 	p->dev[SL_PLAN_HEAD] += A(&dk, T * sizeof(int32_t)) +	/* ids */
-		3 * A(&dk, B * sizeof(int32_t));		/* lens, last, labels */
+		3 * A(&dk, B * sizeof(int32_t)) +		/* lens, last, labels */
+		3 * A(&dk, T * sizeof(int32_t));		/* tgt_pos, tgt_ids, pos */
 	for (int i = 0; i < SL_PLAN_N; i++)
 		p->dev_total += p->dev[i];
 
@@ -336,7 +441,15 @@ void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
 	fprintf(out, "  %-26s %12.2f %14zu\n", "total", gib(p->dev_total), p->dev_total);
 	fprintf(out, "  (weights: %d gathered unit(s) in flight of up to %zu elements; "
 		"activations for %d x %d tokens%s)\n", p->n_wslots, p->max_padded, p->batch,
-		p->seq, p->ckpt ? ", one layer's set with checkpointing" : "");
+		p->seq, !p->ckpt ? "" : mc->norm_offset ? ", one set per layer kind with "
+		"checkpointing" : ", one layer's set with checkpointing");
+	for (int l = 0; l < mc->n_layers; l++) {
+		if (sl_layer_is_moe(mc, l)) {
+			fprintf(out, "  (not counted yet: the mixture-of-experts layers' routing "
+				"buffers and expert activations, model_moe.c)\n");
+			break;
+		}
+	}
 	if (p->lean)
 		fprintf(out, "  (offload, lean host: the host has no room for gradients and a bf16 "
 			"copy, so fp32 gradients stay on the GPU (in gradients) and stream through the "

@@ -1,16 +1,18 @@
 /*
  * test_plan: the memory planner (src/plan.c).
  *
- * 1. The 27B dense shape (test/fixtures/plan/qwen3-27b/config.json: hidden 5120, 64 layers, 40
- *    heads, 8 KV heads, head_dim 128, intermediate 21504, vocab 151936), batch 1 x 2048 tokens,
- *    backend cuda (bf16 compute, float stats, 256-byte arena blocks): every category's bytes and
- *    every verdict against the hand calculation written out below, for 1 x 80 GB with no offload,
- *    optimizer offload with and without activation checkpointing, params offload; 1 x 141 GB
- *    with optimizer offload; 8 x 80 GB FSDP.  The table in README.md ("Will it fit?") is these.
- * 2. The planner counts what the code allocates: on a small model with the cpu backend, the
- *    bytes sl_shard_create + sl_model_create + the trainer's device batch take from a counting
- *    backend equal the plan's device total, and the host bytes shard.c takes for offload equal
- *    the plan's offloaded host state, for every offload mode, with and without checkpointing.
+ * 1. The two 27B shapes, dense Qwen3 (test/fixtures/plan/qwen3-27b) and the Qwen3.5 hybrid
+ *    (test/fixtures/plan/qwen3.5-27b), batch 1 x 2048 tokens, backend cuda (bf16 compute, float
+ *    stats, 256-byte arena blocks): every category's bytes and every verdict against the hand
+ *    calculation written out below, for 1 x 80 GB with no offload, optimizer offload with and
+ *    without activation checkpointing, params offload; 1 x 141 GB with optimizer offload; 8 x 80
+ *    GB FSDP.  The tables in README.md ("Will it fit?") are these.
+ * 2. The planner counts what the code allocates: on a small Qwen3 model and a small Qwen3.5
+ *    hybrid (3 Gated DeltaNet + 1 gated attention layer) with the cpu backend, the bytes
+ *    sl_shard_create + sl_model_create + the trainer's device batch take from a counting backend
+ *    equal the plan's device total, and the host bytes shard.c takes for offload equal the
+ *    plan's offloaded host state, for every offload mode, with and without checkpointing, with
+ *    the score head and with the causal-LM head (task sft; Qwen3 untied and tied).
  */
 #include <stdint.h>
 
@@ -23,9 +25,37 @@
 
 #define GB 1000000000.0
 
-/* ---- 1. the 27B shape by hand ------------------------------------------------------------ */
+/* ---- 1. the 27B shapes by hand ----------------------------------------------------------- */
+
+typedef unsigned long long ull;
+
+/* the cuda arena hands out multiples of 256 bytes */
+static ull r256(ull b)
+{
+	return (b + 255) / 256 * 256;
+}
 
 /*
+ * A 27B shape as the hand calculation sees it: the units' sizes (embedding, the layers of each
+ * kind, head) and the activations, each a number written out in the comment beside its shape.
+ */
+struct shape {
+	const char *name;
+	const char *fixture;		/* test/fixtures/plan/NAME/config.json */
+	ull emb;			/* embedding unit, the largest unit */
+	ull layer[2], n_layer[2];	/* unit sizes of the two layer kinds, how many of each */
+	ull head;			/* head unit: final norm + score */
+	ull p_all;			/* P, written out */
+	/* what rounding each S = 1 shard up to 256 bytes adds: to 2P (bf16), to 4P (fp32) */
+	ull round2, round4;
+	ull act_all, act_ckpt;		/* activations bytes without / with checkpointing */
+	bool fits[7];			/* the verdicts, in the order of wants[] below */
+};
+
+/*
+ * The 27B dense shape (test/fixtures/plan/qwen3-27b/config.json: hidden 5120, 64 layers, 40
+ * heads, 8 KV heads, head_dim 128, intermediate 21504, vocab 151936).
+ *
  * Parameters (elements), from the layout of src/model.c (every tensor offset a multiple of 16
  * elements; all these sizes already are):
  *   embedding unit   V*H = 151936*5120                                   =    777,912,320
@@ -39,27 +69,7 @@
  *                    layer total                                         =    393,226,496
  *   head unit        norm H + score 1 x H                                =         10,240
  *   P = 777,912,320 + 64 * 393,226,496 + 10,240                          = 25,944,418,304
- */
-#define EMB 777912320ull
-#define LAYER 393226496ull
-#define HEAD 10240ull
-#define NL 64ull
-#define P_ALL (EMB + NL * LAYER + HEAD)
-
-/* the cuda arena hands out multiples of 256 bytes */
-static unsigned long long r256(unsigned long long b)
-{
-	return (b + 255) / 256 * 256;
-}
-
-/* sum over units of r256(shard * bytes): shard = ceil(unit / S) */
-static unsigned long long units(unsigned long long S, unsigned long long bytes)
-{
-	return r256((EMB + S - 1) / S * bytes) + NL * r256((LAYER + S - 1) / S * bytes) +
-		r256((HEAD + S - 1) / S * bytes);
-}
-
-/*
+ *
  * Activations at T = 2048 tokens, bf16 (2 bytes), stats float (4 bytes); every size below is a
  * multiple of 256 bytes.  Per layer kept for the backward (struct acts of model.c):
  *   xn1, h, xn2    3 x T*H*2        = 3 x 20,971,520  =  62,914,560
@@ -71,24 +81,122 @@ static unsigned long long units(unsigned long long S, unsigned long long bytes)
  *   rstd_qk        T*(40+8)*4                         =     393,216
  *   lse            T*40*4                             =     327,680
  *   one layer's set                                   = 407,584,768
- * always: x (65 layer inputs + final) 65 x 20,971,520 = 1,363,148,800; gx, gn 2 x 20,971,520;
+ * always: x (64 layer inputs + final) 65 x 20,971,520 = 1,363,148,800; gx, gn 2 x 20,971,520;
  * gb1 T*max(2I, Q)*2 = 176,160,768; gb2 T*max(I, Q, 5120)*2 = 88,080,384:
  *   fixed = 1,363,148,800 + 41,943,040 + 176,160,768 + 88,080,384 = 1,669,332,992
  *   without checkpointing: fixed + 64 x 407,584,768 = 27,754,758,144
  *   with checkpointing:    fixed +  1 x 407,584,768 =  2,076,917,760
  */
-#define ACT_LAYER 407584768ull
-#define ACT_FIXED 1669332992ull
+static const struct shape dense27 = {
+	.name = "dense", .fixture = "qwen3-27b",
+	.emb = 777912320ull, .layer = { 393226496ull, 0 }, .n_layer = { 64, 0 },
+	.head = 10240ull, .p_all = 25944418304ull, .round2 = 0, .round4 = 0,
+	.act_all = 1669332992ull + 64 * 407584768ull, .act_ckpt = 1669332992ull + 407584768ull,
+	/*
+	 * totals (GiB, the sums of the terms in check_27b): 467.25, 86.45, 62.53, 42.47, 86.45,
+	 * 91.40, 67.49, against 80 GB = 74.51 GiB (141 GB = 131.32 GiB)
+	 */
+	.fits = { false, false, true, true, true, false, true },
+};
+
+/*
+ * The 27B hybrid shape, Qwen3.5-27B / Qwen3.6-27B (test/fixtures/plan/qwen3.5-27b/config.json,
+ * model_type qwen3_5, the numbers of the published config.json's text_config as quoted by the
+ * Qwen3.6-27B model card and http://eadst.com/blog/325: hidden 5120, 64 layers = 16 x (3
+ * linear_attention + 1 full_attention), 24 heads, 4 KV heads, head_dim 256, rotary 64 dims
+ * (partial_rotary_factor 0.25), Gated DeltaNet 16 key heads and 48 value heads of 128 x 128,
+ * conv kernel 4, intermediate 17408, vocab 248320, lm_head untied (no matter here: the score
+ * head replaces it)).  Assumed, not quoted by those pages: linear_conv_kernel_dim 4 (transformers'
+ * Qwen3.5 default), rms_norm_eps 1e-6 (no byte depends on it).
+ *
+ * Parameters (elements), from the layout of src/model_qwen35.c (all sizes multiples of 16):
+ *   embedding unit  V*H = 248320*5120                                    =  1,271,398,400
+ *   Gated DeltaNet layer (48 of them); Cc = 2*16*128 + 48*128 = 10240 conv channels
+ *     input_layernorm, post_attention_layernorm 2 x 5120                 =         10,240
+ *     in_proj qkv|z|b|a (10240 + 48*128 + 48 + 48) x 5120 = 16480*5120   =     84,377,600
+ *     conv1d 10240 x 4                                                   =         40,960
+ *     dt_bias 48, A_log 48, norm 128                                     =            224
+ *     out_proj 5120 x 48*128                                             =     31,457,280
+ *     gate+up 2*17408 x 5120 + down 5120 x 17408                         =    267,386,880
+ *     layer total                                                        =    383,273,184
+ *   gated attention layer (16 of them)
+ *     input_layernorm, post_attention_layernorm 2 x 5120                 =         10,240
+ *     q_proj (query + gate) 2*24*256 x 5120                              =     62,914,560
+ *     k_proj, v_proj 2 x 4*256 x 5120                                    =     10,485,760
+ *     o_proj 5120 x 24*256                                               =     31,457,280
+ *     q_norm, k_norm 256 + 256                                           =            512
+ *     gate+up, down                                                      =    267,386,880
+ *     layer total                                                        =    372,255,232
+ *   head unit       norm H + score 1 x H                                 =         10,240
+ *   P = 1,271,398,400 + 48 x 383,273,184 + 16 x 372,255,232 + 10,240     = 25,624,605,184
+ * Unlike the dense shape's, a DeltaNet layer's bytes are no multiple of 256: its bf16 shard
+ * 766,546,368 rounds up to 766,546,432 (+64), its fp32 one 1,533,092,736 to 1,533,092,864
+ * (+128).  With S = 1 the device's bf16 weights are 2P + 48 x 64 = 51,249,213,440 bytes, each
+ * fp32 copy 4P + 48 x 128 = 102,498,426,880 (the host's 64-byte rounding adds nothing).
+ *
+ * Activations at T = 2048 tokens, B = 1, bf16 (2 bytes), stats float (4 bytes) (struct
+ * q35_acts of model_qwen35.c; every size a multiple of 256 bytes):
+ *   both kinds     xn1, h, xn2 3 x T*5120*2 = 3 x 20,971,520              =     62,914,560
+ *                  rstd1, rstd2 2 x T*4                                   =         16,384
+ *                  gu T*2*17408*2 = 142,606,336, act T*17408*2 = 71,303,168 =  213,909,504
+ *                  common                                                 =    276,840,448
+ *   attention      proj T*14336*2 ((2*24 + 2*4)*256 wide)                 =     58,720,256
+ *                  qkvr T*8192*2 ((24 + 2*4)*256 wide)                    =     33,554,432
+ *                  gate, o, y 3 x T*6144*2 = 3 x 25,165,824               =     75,497,472
+ *                  lse T*24*4                                             =        196,608
+ *                  rstd_o T*(24+4)*4                                      =        229,376
+ *                  attention layer's set (+ common)                       =    445,038,592
+ *   Gated DeltaNet proj T*16480*2                                         =     67,502,080
+ *                  cpre, c 2 x T*10240*2 = 2 x 41,943,040                 =     83,886,080
+ *                  qn, kn 2 x T*16*128*2 = 2 x 8,388,608                  =     16,777,216
+ *                  rqk T*2*16*4                                           =        262,144
+ *                  beta, g 2 x T*48*4                                     =        786,432
+ *                  states (T/64 + B) chunks x 48*128*128*4 = 33 x 3,145,728 =  103,809,024
+ *                  o, y 2 x T*48*128*2 = 2 x 25,165,824                   =     50,331,648
+ *                  rstd_o T*48*4                                          =        393,216
+ *                  DeltaNet layer's set (+ common)                        =    600,588,288
+ *   scratch        ones max(5120, 256)*2 10,240; wn1, wn2, wfin 3 x 10,240; wqn, wkn 2 x 512
+ *                  (41,984); gproj T*max(16480, 14336)*2 67,502,080; gc T*10240*2
+ *                  41,943,040; gqn, gkn 2 x 8,388,608; gbeta, gg 2 x T*48*2 = 2 x 196,608;
+ *                  go, gy 2 x T*6144*2 = 2 x 25,165,824; gqkvr T*8192*2 33,554,432; ggate
+ *                  T*6144*2 25,165,824                                    =    235,709,440
+ *   model.c        x 65 x 20,971,520; gx, gn 2 x 20,971,520; gb1 T*max(2*17408, 8192)*2
+ *                  142,606,336; gb2 T*max(17408, 8192, 6144)*2 71,303,168 =  1,619,001,344
+ *   fixed = 1,619,001,344 + 235,709,440                                   =  1,854,710,784
+ *   without checkpointing: fixed + 48 x 600,588,288 + 16 x 445,038,592    = 37,803,566,080
+ *   with checkpointing: fixed + one set of each kind 600,588,288 + 445,038,592 = 2,900,337,664
+ */
+static const struct shape hybrid27 = {
+	.name = "hybrid", .fixture = "qwen3.5-27b",
+	.emb = 1271398400ull, .layer = { 383273184ull, 372255232ull }, .n_layer = { 48, 16 },
+	.head = 10240ull, .p_all = 25624605184ull, .round2 = 48 * 64, .round4 = 48 * 128,
+	.act_all = 37803566080ull, .act_ckpt = 2900337664ull,
+	/*
+	 * totals (GiB): 474.93, 102.56, 70.06, 61.94, 102.56, 106.75, 74.25 against 80 GB = 74.51
+	 * GiB (141 GB = 131.32 GiB): 8 x 80 GB with checkpointing fits by 0.26 GiB only
+	 */
+	.fits = { false, false, true, true, true, false, true },
+};
+
 /*
  * Head/loss + batch (B = 1): xl, xnf, gxnf, gxl 4 x 10,240; rstdf, logits, dlogits, loss,
- * scores, lens, last, labels 8 x 256 (each rounded up); ids T*4 = 8,192:  51,200
+ * scores, lens, last, labels 8 x 256 (each rounded up); ids, tgt_pos, tgt_ids, pos 4 x T*4 =
+ * 4 x 8,192:  75,776
  */
-#define HEADBUF 51200ull
+#define HEADBUF 75776ull
 /* cuBLASLt workspace 32 MiB + reduction scratch 64 MiB; CUDA context estimate 600 MiB */
 #define WS (96ull << 20)
 #define CTX (600ull << 20)
-/* the largest unit is the embedding: bf16 777,912,320 x 2 = 1,555,824,640 bytes */
-#define MAXU2 (EMB * 2)
+
+/* sum over units of r256(shard * bytes): shard = ceil(unit / S) */
+static ull units(const struct shape *sh, ull S, ull bytes)
+{
+	ull b = r256((sh->emb + S - 1) / S * bytes) + r256((sh->head + S - 1) / S * bytes);
+
+	for (int i = 0; i < 2; i++)
+		b += sh->n_layer[i] * r256((sh->layer[i] + S - 1) / S * bytes);
+	return b;
+}
 
 struct want {
 	const char *what;
@@ -96,64 +204,69 @@ struct want {
 	double gpu_gb;
 	int offload;
 	bool ckpt;
-	unsigned long long w, g, o, a, c;	/* weights, grads, master+moments, acts, comm */
+	ull w, g, o, a, c;	/* weights, grads, master+moments, acts, comm */
 	bool fits;
 };
 
-static void check_27b(void)
+/*
+ * The six layouts of issue 6 and the advice's answer to the last, for either shape (P, the embedding E = the largest unit):
+ * S = 1, no offload: weights = bf16 shard of every unit = 2P (the model reads its own shard in
+ * place: no gather slots); gradients = 2 unit slots of the largest unit 2 x 2E + fp32
+ * accumulators 4P; master + m + v = 12P (each plus the rounding the shape gives); comm = rs_out
+ * (largest shard, fp32) 4E + sumsq 256.
+ * S = 1, offload optimizer: the same minus the fp32 state (grads = the 2 slots only: with the
+ * default accum 2 the fp32 accumulators of earlier micro-batches, 4P, about 96 GiB, do not fit
+ * beside the rest, so they add up on the host); comm adds offload's gradient staging ring, 2
+ * fp32 shards of the largest unit = 2 x 4E.
+ * S = 1, offload params: weights = 3 gathered units in flight (prefetch 1 + 2) x 2E; comm as
+ * with offload optimizer (uploads go straight into the slots).
+ * Host, offload: master + m + v 12P, grad32 4P plus the ring's host half (accumulating on the
+ * host) 2 x 4E, the bf16 copy AdamW writes 2P.
+ * S = 8: shards of ceil(unit/8) (each buffer rounded to 256 bytes); weights = bf16 shards + 3
+ * gather slots; grads = 2 slots + fp32 shards; master+moments = 3 fp32 shards; comm = fp32
+ * reduce-scatter input of the largest unit 4E + its fp32 shard 4 x E/8 + 256 (E is a multiple
+ * of 8 in both shapes); with checkpointing only the activations change.
+ */
+static void check_27b(const struct shape *sh)
 {
 	struct sl_model_config mc;
 	struct sl_layout lay;
-	/*
-	 * S = 1, no offload: weights = bf16 shard of every unit = 2P = 51,888,836,608 (the model
-	 * reads its own shard in place: no gather slots); gradients = 2 unit slots of the largest
-	 * unit 2 x 1,555,824,640 + fp32 accumulators 4P = 3,111,649,280 + 103,777,673,216;
-	 * master + m + v = 12P = 311,333,019,648; comm = rs_out (largest shard, fp32) 3,111,649,280
-	 * + sumsq 256.
-	 * S = 1, offload optimizer: the same minus the fp32 state (grads = the 2 slots only: with
-	 * the default accum 2 the fp32 accumulators of earlier micro-batches, 4P = 96.6 GiB, do not
-	 * fit beside the rest, so they add up on the host); comm adds offload's gradient staging
-	 * ring, 2 fp32 shards of the largest unit = 2 x 3,111,649,280.
-	 * S = 1, offload params: weights = 3 gathered units in flight (prefetch 1 + 2) x
-	 * 1,555,824,640 = 4,667,473,920; comm as with offload optimizer (uploads go straight into
-	 * the slots).
-	 * Host, offload: master + m + v 12P, grad32 4P plus the ring's host half (accumulating on
-	 * the host) 2 x 3,111,649,280, the bf16 copy AdamW writes 2P.
-	 * S = 8: shards of ceil(unit/8) (each buffer rounded to 256 bytes); weights = bf16 shards +
-	 * 3 gather slots; grads = 2 slots + fp32 shards; master+moments = 3 fp32 shards; comm =
-	 * fp32 reduce-scatter input of the largest unit 4 x 777,912,320 + its fp32 shard
-	 * 4 x 97,239,040 + 256.
-	 */
-	const unsigned long long comm1 = EMB * 4 + 256, comm8 = EMB * 4 + EMB / 8 * 4 + 256;
-	const unsigned long long ring = 2 * EMB * 4;
+	const ull P = sh->p_all, E = sh->emb, maxu2 = 2 * E;
+	const ull w1 = 2 * P + sh->round2, f1 = 4 * P + sh->round4;	/* S = 1 bf16, fp32 */
+	const ull comm1 = E * 4 + 256, comm8 = E * 4 + E / 8 * 4 + 256, ring = 2 * E * 4;
 	const struct want wants[] = {
 		{ "1 x 80 GB, no offload", 1, 80, SL_OFFLOAD_NONE, false,
-		  2 * P_ALL, 2 * MAXU2 + 4 * P_ALL, 12 * P_ALL, ACT_FIXED + NL * ACT_LAYER, comm1,
-		  false },
+		  w1, 2 * maxu2 + f1, 3 * f1, sh->act_all, comm1, sh->fits[0] },
 		{ "1 x 80 GB, offload optimizer", 1, 80, SL_OFFLOAD_OPTIMIZER, false,
-		  2 * P_ALL, 2 * MAXU2, 0, ACT_FIXED + NL * ACT_LAYER, comm1 + ring, false },
+		  w1, 2 * maxu2, 0, sh->act_all, comm1 + ring, sh->fits[1] },
 		{ "1 x 80 GB, offload optimizer + checkpointing", 1, 80, SL_OFFLOAD_OPTIMIZER, true,
-		  2 * P_ALL, 2 * MAXU2, 0, ACT_FIXED + ACT_LAYER, comm1 + ring, true },
+		  w1, 2 * maxu2, 0, sh->act_ckpt, comm1 + ring, sh->fits[2] },
 		{ "1 x 80 GB, offload params", 1, 80, SL_OFFLOAD_PARAMS, false,
-		  3 * MAXU2, 2 * MAXU2, 0, ACT_FIXED + NL * ACT_LAYER, comm1 + ring, true },
+		  3 * maxu2, 2 * maxu2, 0, sh->act_all, comm1 + ring, sh->fits[3] },
 		{ "1 x 141 GB, offload optimizer", 1, 141, SL_OFFLOAD_OPTIMIZER, false,
-		  2 * P_ALL, 2 * MAXU2, 0, ACT_FIXED + NL * ACT_LAYER, comm1 + ring, true },
+		  w1, 2 * maxu2, 0, sh->act_all, comm1 + ring, sh->fits[4] },
 		{ "8 x 80 GB FSDP", 8, 80, SL_OFFLOAD_NONE, false,
-		  units(8, 2) + 3 * MAXU2, 2 * MAXU2 + units(8, 4), 3 * units(8, 4),
-		  ACT_FIXED + NL * ACT_LAYER, comm8, false },
+		  units(sh, 8, 2) + 3 * maxu2, 2 * maxu2 + units(sh, 8, 4), 3 * units(sh, 8, 4),
+		  sh->act_all, comm8, sh->fits[5] },
+		{ "8 x 80 GB FSDP + checkpointing", 8, 80, SL_OFFLOAD_NONE, true,
+		  units(sh, 8, 2) + 3 * maxu2, 2 * maxu2 + units(sh, 8, 4), 3 * units(sh, 8, 4),
+		  sh->act_ckpt, comm8, sh->fits[6] },
 	};
 	char path[4096];
 	const char *src = getenv("top_srcdir");
 
-	snprintf(path, sizeof(path), "%s/test/fixtures/plan/qwen3-27b/config.json",
-		 src ? src : "..");
+	snprintf(path, sizeof(path), "%s/test/fixtures/plan/%s/config.json", src ? src : "..",
+		 sh->fixture);
 	CHECK(sl_model_config_load(&mc, path) == 0, "%s", path);
 	CHECK(sl_model_layout(&mc, 0, &lay) == 0);
-	CHECK(lay.total_numel == P_ALL, "P %zu", lay.total_numel);
-	/* P = 25,944,418,304 written out, against the expression above */
-	CHECK(P_ALL == 25944418304ull);
-	CHECK(ACT_FIXED + NL * ACT_LAYER == 27754758144ull);
-	CHECK(ACT_FIXED + ACT_LAYER == 2076917760ull);
+	/* P written out, against the sum of the units above and the layout */
+	CHECK(E + sh->n_layer[0] * sh->layer[0] + sh->n_layer[1] * sh->layer[1] + sh->head == P,
+	      "%s: P", sh->name);
+	CHECK(lay.total_numel == P, "%s: P %zu", sh->name, lay.total_numel);
+	CHECK(lay.unit_numel[0] == E, "%s: embedding %zu", sh->name, lay.unit_numel[0]);
+	for (int u = 1; u <= mc.n_layers; u++)
+		CHECK(lay.unit_numel[u] == sh->layer[sh->n_layer[1] && (u % 4) == 0] &&
+		      lay.unit_numel[u] < E, "%s: unit %d: %zu", sh->name, u, lay.unit_numel[u]);
 
 	for (size_t i = 0; i < sizeof(wants) / sizeof(wants[0]); i++) {
 		const struct want *w = &wants[i];
@@ -161,7 +274,7 @@ static void check_27b(void)
 		struct sl_plan_opts o = { .gpus = w->gpus, .gpu_mem = w->gpu_gb * GB,
 					  .offload = -1, .ckpt = -1 };
 		struct sl_plan p;
-		unsigned long long total = w->w + w->g + w->o + w->a + w->c + HEADBUF + WS + CTX;
+		ull total = w->w + w->g + w->o + w->a + w->c + HEADBUF + WS + CTX;
 
 		sl_config_defaults(&c);
 		snprintf(c.source, sizeof(c.source), "27b");
@@ -171,31 +284,35 @@ static void check_27b(void)
 		c.parallel.offload = w->offload;
 		c.train.activation_checkpointing = w->ckpt;
 		CHECK(sl_plan_compute(&c, &mc, &lay, &o, &p) == 0);
-		CHECK(p.dev[SL_PLAN_WEIGHTS] == w->w, "%s: weights %zu, want %llu", w->what,
-		      p.dev[SL_PLAN_WEIGHTS], w->w);
-		CHECK(p.dev[SL_PLAN_GRADS] == w->g, "%s: grads %zu, want %llu", w->what,
-		      p.dev[SL_PLAN_GRADS], w->g);
-		CHECK(p.dev[SL_PLAN_OPTIM] == w->o, "%s: optim %zu, want %llu", w->what,
-		      p.dev[SL_PLAN_OPTIM], w->o);
-		CHECK(p.dev[SL_PLAN_ACTS] == w->a, "%s: acts %zu, want %llu", w->what,
+		CHECK(p.params == P, "%s %s: P %zu", sh->name, w->what, p.params);
+		CHECK(p.dev[SL_PLAN_WEIGHTS] == w->w, "%s %s: weights %zu, want %llu", sh->name,
+		      w->what, p.dev[SL_PLAN_WEIGHTS], w->w);
+		CHECK(p.dev[SL_PLAN_GRADS] == w->g, "%s %s: grads %zu, want %llu", sh->name,
+		      w->what, p.dev[SL_PLAN_GRADS], w->g);
+		CHECK(p.dev[SL_PLAN_OPTIM] == w->o, "%s %s: optim %zu, want %llu", sh->name,
+		      w->what, p.dev[SL_PLAN_OPTIM], w->o);
+		CHECK(p.dev[SL_PLAN_ACTS] == w->a, "%s %s: acts %zu, want %llu", sh->name, w->what,
 		      p.dev[SL_PLAN_ACTS], w->a);
-		CHECK(p.dev[SL_PLAN_COMM] == w->c, "%s: comm %zu, want %llu", w->what,
+		CHECK(p.dev[SL_PLAN_COMM] == w->c, "%s %s: comm %zu, want %llu", sh->name, w->what,
 		      p.dev[SL_PLAN_COMM], w->c);
-		CHECK(p.dev[SL_PLAN_HEAD] == HEADBUF, "%s: head %zu", w->what, p.dev[SL_PLAN_HEAD]);
-		CHECK(p.dev_total == total, "%s: total %zu, want %llu", w->what, p.dev_total,
-		      total);
-		CHECK(p.gpu_fits == w->fits, "%s: verdict %d, want %d (%.2f GiB of %.2f GiB)",
-		      w->what, p.gpu_fits, w->fits, p.dev_total / 1073741824.0,
+		CHECK(p.dev[SL_PLAN_HEAD] == HEADBUF, "%s %s: head %zu", sh->name, w->what,
+		      p.dev[SL_PLAN_HEAD]);
+		CHECK(p.dev_total == total, "%s %s: total %zu, want %llu", sh->name, w->what,
+		      p.dev_total, total);
+		CHECK(p.gpu_fits == w->fits, "%s %s: verdict %d, want %d (%.2f GiB of %.2f GiB)",
+		      sh->name, w->what, p.gpu_fits, w->fits, p.dev_total / 1073741824.0,
 		      w->gpu_gb * GB / 1073741824.0);
 		/* host: fp32 master + m + v (12P), accumulators 4P + the ring's host half, bf16 2P */
 		if (w->offload != SL_OFFLOAD_NONE) {
-			CHECK(!p.accum_dev, "%s: accumulation should not fit the GPU", w->what);
-			CHECK(p.host[SL_PLAN_OPTIM] == 12 * P_ALL, "%s", w->what);
-			CHECK(p.host[SL_PLAN_GRADS] == 4 * P_ALL + 2 * EMB * 4, "%s", w->what);
+			CHECK(!p.accum_dev, "%s %s: accumulation should not fit the GPU", sh->name,
+			      w->what);
+			CHECK(p.host[SL_PLAN_OPTIM] == 12 * P, "%s %s", sh->name, w->what);
+			CHECK(p.host[SL_PLAN_GRADS] == 4 * P + 2 * E * 4, "%s %s", sh->name,
+			      w->what);
 		}
-		CHECK(p.host[SL_PLAN_WEIGHTS] == (w->offload != SL_OFFLOAD_NONE ? 2 * P_ALL : 0),
-		      "%s", w->what);
-		printf("%-46s %8.2f GiB  %s\n", w->what, p.dev_total / 1073741824.0,
+		CHECK(p.host[SL_PLAN_WEIGHTS] == (w->offload != SL_OFFLOAD_NONE ? 2 * P : 0),
+		      "%s %s", sh->name, w->what);
+		printf("%-7s %-46s %8.2f GiB  %s\n", sh->name, w->what, p.dev_total / 1073741824.0,
 		       p.gpu_fits ? "fits" : "does not fit");
 	}
 	sl_layout_free(&lay);
@@ -254,16 +371,16 @@ static void c_host_free(struct sl_backend *be, void *q)
 	free(p);
 }
 
-static void check_counts(void)
+/*
+ * What sl_shard_create + sl_model_create + the trainer's device batch (train.c's
+ * dev_batch_alloc) take from the counting backend against the plan, for model @mc at @B records
+ * of @L tokens: every offload mode, checkpointing off and on, offload optimizer's lean host
+ * layout.
+ */
+static void check_counts(const struct sl_model_config *mc, int task, int B, int L)
 {
-	struct sl_model_config mc = {
-		.model_type = "qwen3", .vocab = 97, .hidden = 24, .n_layers = 3, .n_heads = 4,
-		.n_kv_heads = 2, .head_dim = 6, .intermediate = 40, .max_position = 64,
-		.rms_eps = 1e-6, .rope_theta = 1e4, .num_labels = 1,
-	};
 	struct sl_layout lay;
 	struct counting k = { 0 };
-	const int B = 3, L = 11;
 
 	k.cpu = sl_backend_cpu_create();
 	k.be = *k.cpu;
@@ -271,7 +388,7 @@ static void check_counts(void)
 	k.be.free = c_free;
 	k.be.host_alloc = c_host_alloc;
 	k.be.host_free = c_host_free;
-	CHECK(sl_model_layout(&mc, 0, &lay) == 0);
+	CHECK(sl_model_layout(mc, task, &lay) == 0);
 	for (int off = SL_OFFLOAD_NONE; off <= SL_OFFLOAD_PARAMS; off++) {
 		/* ck 2: offload optimizer's lean host layout, accum 3 */
 		for (int ck = 0; ck < (off == SL_OFFLOAD_OPTIMIZER ? 3 : 2); ck++) {
@@ -284,16 +401,18 @@ static void check_counts(void)
 						    .offload = off };
 			int acc = ck == 1 ? 1 : 3;	/* 3: on the device (the cpu "GPU" has room) */
 			struct sl_model *m;
-			void *batch[4];
+			void *batch[7];
+			size_t hplan;
 
 			sl_config_defaults(&c);
 			c.backend = SL_BACKEND_CPU;
+			c.task = task;
 			c.train.batch = B;
 			c.data.max_state = L;
 			c.parallel.offload = off;
 			c.train.activation_checkpointing = ck == 1;
 			c.train.accum = acc;
-			CHECK(sl_plan_compute(&c, &mc, &lay, &o, &p) == 0);
+			CHECK(sl_plan_compute(&c, mc, &lay, &o, &p) == 0);
 			CHECK(p.accum_dev == (off != SL_OFFLOAD_NONE && acc > 1));
 			CHECK(p.lean == (ck == 2), "off %d ck %d lean %d", off, ck, p.lean);
 			so.accum_on_device = p.accum_dev;
@@ -301,19 +420,21 @@ static void check_counts(void)
 			so.host_lean = p.lean;
 
 			CHECK(sl_shard_create(&sh, &k.be, &lay, &so) == 0);
-			m = sl_model_create(&mc, &lay, &k.be, B * L, B, ck == 1);
+			m = sl_model_create(mc, &lay, &k.be, B * L, B, ck == 1);
 			CHECK(m != NULL);
-			/* train.c's device batch: ids, lens, last, labels */
+			/* train.c's device batch: ids, lens, last, labels, tgt_pos, tgt_ids, pos */
 			batch[0] = k.be.alloc(&k.be, (size_t)B * L * 4);
 			for (int i = 1; i < 4; i++)
 				batch[i] = k.be.alloc(&k.be, (size_t)B * 4);
-			CHECK(k.dev == p.dev_total, "offload %d ckpt %d: allocated %zu, planned %zu",
-			      off, ck, k.dev, p.dev_total);
-			CHECK(k.host == p.host[SL_PLAN_OPTIM] + p.host[SL_PLAN_GRADS] +
-			      p.host[SL_PLAN_WEIGHTS], "offload %d ckpt %d: host %zu, planned %zu",
-			      off, ck, k.host, p.host[SL_PLAN_OPTIM] + p.host[SL_PLAN_GRADS] +
-			      p.host[SL_PLAN_WEIGHTS]);
-			for (int i = 0; i < 4; i++)
+			for (int i = 4; i < 7; i++)
+				batch[i] = k.be.alloc(&k.be, (size_t)B * L * 4);
+			CHECK(k.dev == p.dev_total, "%s task %d offload %d ckpt %d: allocated %zu, "
+			      "planned %zu", mc->model_type, task, off, ck, k.dev, p.dev_total);
+			hplan = p.host[SL_PLAN_OPTIM] + p.host[SL_PLAN_GRADS] +
+				p.host[SL_PLAN_WEIGHTS];
+			CHECK(k.host == hplan, "%s task %d offload %d ckpt %d: host %zu, planned %zu",
+			      mc->model_type, task, off, ck, k.host, hplan);
+			for (int i = 0; i < 7; i++)
 				k.be.free(&k.be, batch[i]);
 			sl_model_destroy(m);
 			sl_shard_destroy(&sh);
@@ -322,6 +443,45 @@ static void check_counts(void)
 	}
 	sl_layout_free(&lay);
 	k.cpu->destroy(k.cpu);
+}
+
+static void check_counts_qwen3(void)
+{
+	struct sl_model_config mc = {
+		.model_type = "qwen3", .vocab = 97, .hidden = 24, .n_layers = 3, .n_heads = 4,
+		.n_kv_heads = 2, .head_dim = 6, .intermediate = 40, .max_position = 64,
+		.rms_eps = 1e-6, .rope_theta = 1e4, .num_labels = 1,
+	};
+
+	check_counts(&mc, SL_TASK_CLASSIFY, 3, 11);
+	/* the causal-LM head: (tokens x V) logits in chunks, head rows = tokens; untied, tied */
+	check_counts(&mc, SL_TASK_SFT, 3, 11);
+	mc.tie_word_embeddings = true;
+	check_counts(&mc, SL_TASK_SFT, 3, 11);
+}
+
+/*
+ * A small Qwen3.5 text model, 3 Gated DeltaNet layers and 1 gated attention layer; widths that
+ * are no multiples of anything (conv channels 2*2*6 + 4*5 = 44, projection 44 + 20 + 8 = 72),
+ * and 3 records of 30 tokens, so that the chunk-start states hold T/64 + B = 1 + 3 chunks.
+ */
+static void check_counts_qwen35(void)
+{
+	enum sl_layer_kind lk[4] = {
+		SL_LAYER_LINEAR_ATTENTION, SL_LAYER_LINEAR_ATTENTION, SL_LAYER_LINEAR_ATTENTION,
+		SL_LAYER_GATED_ATTENTION,
+	};
+	enum sl_mlp_kind mk[4] = { SL_MLP_DENSE, SL_MLP_DENSE, SL_MLP_DENSE, SL_MLP_DENSE };
+	struct sl_model_config mc = {
+		.model_type = "qwen3_5_text", .vocab = 97, .hidden = 24, .n_layers = 4,
+		.n_heads = 4, .n_kv_heads = 2, .head_dim = 8, .intermediate = 40,
+		.max_position = 64, .rms_eps = 1e-6, .rope_theta = 1e4, .num_labels = 1,
+		.norm_offset = true, .rot_dim = 2, .lin_nk = 2, .lin_nv = 4, .lin_dk = 6,
+		.lin_dv = 5, .lin_conv = 4, .layer_kind = lk, .mlp_kind = mk,
+	};
+
+	check_counts(&mc, SL_TASK_CLASSIFY, 3, 30);
+	check_counts(&mc, SL_TASK_SFT, 3, 30);
 }
 
 static void check_parse(void)
@@ -337,7 +497,9 @@ static void check_parse(void)
 int main(void)
 {
 	check_parse();
-	check_27b();
-	check_counts();
+	check_27b(&dense27);
+	check_27b(&hybrid27);
+	check_counts_qwen3();
+	check_counts_qwen35();
 	return test_exit("test_plan");
 }
