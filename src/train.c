@@ -1402,11 +1402,16 @@ int sl_cmd_train(int argc, char **argv)
 						 j->c->task) == 0))
 		goto out;
 	j->have_mf = true;
-	/* the Qwen3.5 layers are checked against transformers for classify, unpacked, so far */
-	if (j->mf.mc.norm_offset && (j->c->task != SL_TASK_CLASSIFY || j->c->data.pack)) {
+	/*
+	 * A packed row holds several documents: attention masks across them (pos), but the Gated
+	 * DeltaNet layers' causal convolution and recurrent state know no document starts and
+	 * would carry one document into the next.
+	 */
+	if (j->mf.mc.norm_offset && j->c->data.pack) {
 		if (j->d.rank == 0)
-			sl_error("%s: model %s (%s): task sft and data.pack are not supported for the "
-				 "Qwen3.5 hybrid family yet (task classify, data.pack: false are)",
+			sl_error("%s: data.pack is not supported for the Qwen3.5 hybrid family (model "
+				 "%s, %s): its Gated DeltaNet layers' convolution and recurrent state "
+				 "would run across the documents of a packed row; set data.pack: false",
 				 j->c->source, j->mf.dir, j->mf.mc.model_type);
 		goto out;
 	}
