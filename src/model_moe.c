@@ -119,8 +119,8 @@ int sl_moe_offsets(const struct sl_layout *lay, int l, struct layer_off *lo)
 		if (!sg || !su || !sd || !sgt)
 			return -EINVAL;
 		if (su->offset != sg->offset + sg->numel) {
-			fprintf(stderr, "model: layer %d: the shared expert's up_proj does not follow "
-				"its gate_proj contiguously\n", l);
+			fprintf(stderr, "model: layer %d: the shared expert's up_proj does not "
+				"follow its gate_proj contiguously\n", l);
 			return -EINVAL;
 		}
 		lo->wsgu = sg->offset;

@@ -139,8 +139,8 @@ static void file_name(char *buf, size_t len, int k, int n)
 }
 
 /*
- * The classes transformers has for a model_type's exports: the classifier (*ForSequenceClassification)
- * and the causal LM.  The Qwen3.5 families are exported as their text models (qwen3_5_text,
+ * The classes transformers has for a model_type's exports: the classifier
+ * (*ForSequenceClassification) and the causal LM.  The Qwen3.5 families are exported as their text models (qwen3_5_text,
  * qwen3_5_moe_text), whose causal LM is Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM.
  */
 static const char *hf_class(const char *model_type, bool lm)

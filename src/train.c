@@ -1409,10 +1409,11 @@ int sl_cmd_train(int argc, char **argv)
 	 */
 	if (j->mf.mc.norm_offset && j->c->data.pack) {
 		if (j->d.rank == 0)
-			sl_error("%s: data.pack is not supported for the Qwen3.5 hybrid family (model "
-				 "%s, %s): its Gated DeltaNet layers' convolution and recurrent state "
-				 "would run across the documents of a packed row; set data.pack: false",
-				 j->c->source, j->mf.dir, j->mf.mc.model_type);
+			sl_error("%s: data.pack is not supported for the Qwen3.5 hybrid family "
+				 "(model %s, %s): its Gated DeltaNet layers' convolution and "
+				 "recurrent state would run across the documents of a packed row; "
+				 "set data.pack: false", j->c->source, j->mf.dir,
+				 j->mf.mc.model_type);
 		goto out;
 	}
 	sl_log("model %s: %s, %d layers, hidden %d, heads %d/%d (head_dim %d), vocab %d, "

@@ -402,8 +402,8 @@ static void test_model(void)
 		n_shared += strstr(nm, "shared_expert") != NULL;
 		d = fabs(fd - gA[i]);
 		if (d > 1e-6 * fabs(fd) + 1e-8 && bad++ < 10)
-			fprintf(stderr, "%s[%zu]: analytic %.10g, finite difference %.10g\n", nm, off,
-				gA[i], fd);
+			fprintf(stderr, "%s[%zu]: analytic %.10g, finite difference %.10g\n", nm,
+				off, gA[i], fd);
 	}
 	CHECK(bad == 0, "%d of %d parameters' gradients differ from finite differences", bad,
 	      n_fd);
@@ -493,8 +493,8 @@ static void test_layout(void)
 		CHECK(r->shape[0] == E && r->shape[1] == 8 && r->unit == 3, "router (E, H)");
 		CHECK(g0->shape[0] == 6 && u0->offset == g0->offset + g0->numel, "expert 0");
 		CHECK(d3->shape[0] == 8 && d3->shape[1] == 6, "expert 3 down (H, Im)");
-		CHECK(sg->shape[0] == 5 && sg->shape[1] == 8 && su->offset == sg->offset + sg->numel,
-		      "shared gate_proj | up_proj fused");
+		CHECK(sg->shape[0] == 5 && sg->shape[1] == 8 &&
+		      su->offset == sg->offset + sg->numel, "shared gate_proj | up_proj fused");
 		CHECK(sd->shape[0] == 8 && sd->shape[1] == 5, "shared down_proj (H, Is)");
 		CHECK(sgt->shape[0] == 1 && sgt->shape[1] == 8 && sgt->decay && sgt->unit == 3,
 		      "shared_expert_gate (1, H)");
@@ -559,7 +559,8 @@ static void test_config(void)
 	for (int l = 0; l < 8; l++) {
 		CHECK(mc.mlp_kind[l] == SL_MLP_MOE, "layer %d sparse", l);
 		CHECK(mc.layer_kind[l] == (l % 4 == 3 ? SL_LAYER_GATED_ATTENTION :
-						       SL_LAYER_LINEAR_ATTENTION), "layer %d kind", l);
+						       SL_LAYER_LINEAR_ATTENTION),
+		      "layer %d kind", l);
 	}
 
 	/* the published layout: text_config; mlp_only_layers / decoder_sparse_step not read */
@@ -624,14 +625,16 @@ static int write_model(const char *dir)
 		"  \"tie_word_embeddings\": false,\n"
 		"  \"vision_config\": {\"model_type\": \"qwen3_5_moe_vision\", \"depth\": 1},\n"
 		"  \"text_config\": {\n"
-		"    \"model_type\": \"qwen3_5_moe_text\", \"vocab_size\": 13, \"hidden_size\": 8,\n"
+		"    \"model_type\": \"qwen3_5_moe_text\", \"vocab_size\": 13,\n"
+		"    \"hidden_size\": 8,\n"
 		"    \"num_hidden_layers\": 3, \"num_attention_heads\": 2,\n"
 		"    \"num_key_value_heads\": 1, \"head_dim\": 8, \"linear_num_key_heads\": 1,\n"
 		"    \"linear_num_value_heads\": 2, \"linear_key_head_dim\": 4,\n"
 		"    \"linear_value_head_dim\": 3, \"linear_conv_kernel_dim\": 3,\n"
 		"    \"layer_types\": [\"linear_attention\", \"full_attention\",\n"
 		"                    \"linear_attention\"],\n"
-		"    \"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 6,\n"
+		"    \"num_experts\": 4, \"num_experts_per_tok\": 2,\n"
+		"    \"moe_intermediate_size\": 6,\n"
 		"    \"shared_expert_intermediate_size\": 5, \"router_aux_loss_coef\": 0.1,\n"
 		"    \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0,\n"
 		"                        \"partial_rotary_factor\": 0.5},\n"

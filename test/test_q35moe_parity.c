@@ -76,8 +76,8 @@ static void run_case(const struct pcase *k, json_t *ref, const char *fix, const 
 		 "max_state: 256}\n"
 		 "train: {batch: %d, accum: %d, steps: %d, eval_every: 0, "
 		 "activation_checkpointing: %s}\n"
-		 "optim: {lr: %.17g, schedule: cosine, warmup: %d, min_lr: %.17g, betas: [%.17g, %.17g],"
-		 " eps: %.17g, weight_decay: %.17g, clip: %.17g, head_lr_mult: %.17g}\n"
+		 "optim: {lr: %.17g, schedule: cosine, warmup: %d, min_lr: %.17g, "
+		 "betas: [%.17g, %.17g], eps: %.17g, weight_decay: %.17g, clip: %.17g, head_lr_mult: %.17g}\n"
 		 "checkpoint: {every: 0}\nexport: {dtype: fp32}\nrun: {dir: %s, log_every: 1}\n",
 		 fix, k->model, fix, k->batch, k->accum,
 		 (int)json_integer_value(json_object_get(tr, "steps")), k->ckpt ? "true" : "false",
@@ -93,8 +93,8 @@ static void run_case(const struct pcase *k, json_t *ref, const char *fix, const 
 	fputs(yaml, f);
 	fclose(f);
 	if (k->np > 1)
-		snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s -np %d --oversubscribe %s train %s "
-			 "> %s/%s.out 2>&1", getenv("MPIRUN") ? getenv("MPIRUN") : "mpirun", k->np,
+		snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s -np %d --oversubscribe %s train "
+			 "%s > %s/%s.out 2>&1", getenv("MPIRUN") ? getenv("MPIRUN") : "mpirun", k->np,
 			 shardlm, cfg, tmp, k->name);
 	else
 		snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s train %s > %s/%s.out 2>&1",
