@@ -5,7 +5,8 @@
 # 64-token chunk:
 #  - 1 rank (batch 1 x accum 4) and 2 ranks (batch 1 x accum 2 each): the same micro-batches
 #    (the load-balancing loss is a micro-batch's), the same losses and gradient norms (to fp32
-#    summation order);
+#    summation order); also with the experts split over the 2 ranks (parallel.expert 2) and
+#    activation checkpointing;
 #  - the log says the vision tower is not loaded; the export is a Qwen3_5MoeForCausalLM
 #    (qwen3_5_moe_text config) that trains again;
 #  - data.pack is refused with its reason (the Gated DeltaNet state would cross documents).
@@ -41,8 +42,11 @@ run() {
 
 run r1 1 4 "$T/model"
 run r2 2 2 "$T/model" --set export.final=false
-ok
-python3 - "$T/r1/training_metrics.json" "$T/r2/training_metrics.json" <<'PY' ||
+run ep2 2 2 "$T/model" --set export.final=false --set parallel.expert=2 \
+	--set train.activation_checkpointing=true
+for r in r2 ep2; do
+	ok
+	python3 - "$T/r1/training_metrics.json" "$T/$r/training_metrics.json" <<'PY' ||
 import json, math, sys
 a, b = (json.load(open(p))["steps"] for p in sys.argv[1:3])
 assert len(a) == len(b) == 2, (len(a), len(b))
@@ -50,9 +54,10 @@ for x, y in zip(a, b):
     for k in ("loss", "grad_norm"):
         assert math.isfinite(x[k]) and abs(x[k] - y[k]) <= 1e-5 * abs(x[k]), (k, x[k], y[k])
     assert x["tokens"] == y["tokens"], (x["tokens"], y["tokens"])
-print("1 rank", [s["loss"] for s in a], "2 ranks", [s["loss"] for s in b])
+print("1 rank", [s["loss"] for s in a], sys.argv[2], [s["loss"] for s in b])
 PY
-	fail "1 and 2 ranks train differently"
+	fail "1 rank and $r train differently"
+done
 ok
 grep -q "vision tower" "$T/r1.out" || fail "the log does not mention the vision tower"
 ok
