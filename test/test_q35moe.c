@@ -4,9 +4,9 @@
  * backends, task sft (causal-LM head, loss on the targets only, load-balancing loss on):
  *  - the row_gate ops against hand computation;
  *  - every tensor's gradient (router, experts, shared expert, shared expert gate, the mixers,
- *    norms, embedding, lm_head; tensors of <= 8 elements entirely, larger ones at 3) against
- *    fourth-order central differences of the model's own loss (cpu64), on a padded micro-batch
- *    whose longest record crosses a 64-token chunk;
+ *    norms, embedding, lm_head; tensors of <= 8 elements entirely, larger ones at 2) against
+ *    central differences of the model's own loss (cpu64), on a padded micro-batch whose longer
+ *    record crosses a 64-token chunk;
  *  - activation checkpointing gives identical losses and gradients; fp32 against double;
  *  - a shared expert whose down_proj is zero changes nothing: the model equals the same weights
  *    without a shared expert;
@@ -29,7 +29,7 @@
 #include "testutil.h"
 
 #define VOCAB 13
-#define MAXB 3
+#define MAXB 2
 #define MAXL 70
 #define NL 3
 #define E 4
@@ -211,10 +211,10 @@ struct hbatch {
 	int32_t tgt_pos[MAXB * MAXL], tgt_ids[MAXB * MAXL];
 };
 
-/* records of lengths 70, 9, 33 right-padded; token p + 1 is a target unless p % 4 == 1 */
+/* records of lengths 70 and 20 right-padded; token p + 1 is a target unless p % 4 == 1 */
 static void make_batch(struct hbatch *hb)
 {
-	static const int lens[MAXB] = { 70, 9, 33 };
+	static const int lens[MAXB] = { 70, 20 };
 
 	rng_state = 99;
 	hb->B = MAXB;
@@ -283,13 +283,12 @@ static double loss_at(struct env *e, const struct hbatch *hb, size_t i, double v
 	return l;
 }
 
-/* fourth-order central difference */
+/* central difference: truncation ~h^2 (1e-12 relative), rounding ~1e-10 absolute in double */
 static double fd_grad(struct env *e, const struct hbatch *hb, size_t i)
 {
 	const double h = 1e-6, x = e->params[i];
 
-	return (-loss_at(e, hb, i, x + 2 * h) + 8 * loss_at(e, hb, i, x + h) -
-		8 * loss_at(e, hb, i, x - h) + loss_at(e, hb, i, x - 2 * h)) / (12 * h);
+	return (loss_at(e, hb, i, x + h) - loss_at(e, hb, i, x - h)) / (2 * h);
 }
 
 static const char *name_of(const struct env *e, size_t i, size_t *off)
@@ -377,12 +376,12 @@ static void test_model(void)
 		for (int i = 0; c && i < nl * ne; i++)
 			tot += c[i];
 		/* every real token chose k experts in every layer */
-		CHECK(tot == (int64_t)NL * TOPK * (70 + 9 + 33), "expert choices %lld",
+		CHECK(tot == (int64_t)NL * TOPK * (70 + 20), "expert choices %lld",
 		      (long long)tot);
 	}
 
 	/*
-	 * Every tensor: small ones entirely, larger ones at about 3 elements spread over them; the
+	 * Every tensor: small ones entirely, larger ones at 2 elements spread over them; the
 	 * padding between tensors must have no gradient.
 	 */
 	for (size_t i = 0; i < N; i++) {
@@ -395,7 +394,7 @@ static void test_model(void)
 			continue;
 		}
 		numel = sl_layout_find(&e.lay, nm)->numel;
-		if (numel > 8 && off % (numel / 3) != (size_t)(numel / 3) / 2)
+		if (numel > 8 && off % (numel / 2) != (size_t)(numel / 2) / 2)
 			continue;
 		fd = fd_grad(&e, &hb, i);
 		n_fd++;
@@ -407,7 +406,7 @@ static void test_model(void)
 	}
 	CHECK(bad == 0, "%d of %d parameters' gradients differ from finite differences", bad,
 	      n_fd);
-	CHECK(n_shared >= NL * 4 * 3, "shared expert elements checked: %d", n_shared);
+	CHECK(n_shared >= NL * 4 * 2, "shared expert elements checked: %d", n_shared);
 
 	/* activation checkpointing: identical */
 	env_init(&ec, &mc, sl_backend_cpu64_create(), true, NULL);
@@ -665,18 +664,19 @@ static int write_model(const char *dir)
 	for (int i = 0; i < lay.n_tensors; i++) {
 		const struct sl_tensor_info *ti = &lay.t[i];
 		const char *x = strstr(ti->name, ".mlp.experts.");
-		char *nm = malloc(200);
+		char *nm;
 		int e = -1;
 
 		if (x && sscanf(x, ".mlp.experts.%d.", &e) == 1 && e > 0)
 			continue;	/* written fused with expert 0 */
+		if (x && strstr(x, "up_proj"))
+			continue;	/* fused with gate_proj */
+		nm = malloc(200);
 		if (x) {
 			/* the experts of a layer are contiguous: (E, 2Im, H) or (E, H, Im) */
 			bool down = strstr(x, "down_proj") != NULL;
 			size_t numel = (size_t)mc.n_experts * 2 * ti->numel / (down ? 2 : 1);
 
-			if (strstr(x, "up_proj"))
-				continue;
 			data[n] = malloc(numel * sizeof(float));
 			for (size_t k = 0; k < numel; k++)
 				data[n][k] = (float)(0.4 * rng_normal());
