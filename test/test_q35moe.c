@@ -10,6 +10,8 @@
  *  - activation checkpointing gives identical losses and gradients; fp32 against double;
  *  - a shared expert whose down_proj is zero changes nothing: the model equals the same weights
  *    without a shared expert;
+ *  - with all experts and the shared expert equal to one MLP and a zero shared gate, the model
+ *    equals the dense Qwen3.5 model (checked against transformers) with that MLP's output x 1.5;
  *  - the layout (HF names, fused groups) and config.json (qwen3_5_moe with text_config,
  *    qwen3_5_moe_text, Qwen3_5MoeTextConfig's defaults, clear refusals of bad keys).
  * With --write-model DIR it writes a tiny random qwen3_5_moe model in the published layout
@@ -345,6 +347,82 @@ static void test_ops(void)
 }
 
 /* ---- the model ------------------------------------------------------------------------------- */
+
+/* layer l's tensor @suffix in env @e: its first parameter */
+static double *tensor(struct env *e, int l, const char *suffix, size_t *numel)
+{
+	char n[160];
+	const struct sl_tensor_info *t;
+
+	snprintf(n, sizeof(n), "model.layers.%d.%s", l, suffix);
+	t = sl_layout_find(&e->lay, n);
+	CHECK(t != NULL, "no %s", n);
+	if (!t)
+		abort();
+	*numel = t->numel;
+	return e->params + e->ubase[t->unit] + t->offset;
+}
+
+/*
+ * An independent reference for the sparse block's forward: with every routed expert and the
+ * shared expert equal to one SwiGLU MLP f and a zero shared_expert_gate, a token's output is
+ * (renormalized top-k weights, summing to 1) f(x) + sigmoid(0) f(x) = 1.5 f(x) whatever the
+ * router chooses: the dense Qwen3.5 model (checked against transformers by
+ * test_qwen35_parity) with down_proj scaled by 1.5 gives the same loss.
+ */
+static void test_dense_equivalence(void)
+{
+	struct sl_model_config mc, md;
+	struct env em, ed;
+	struct hbatch hb;
+	size_t n, nd;
+	double lm, ld;
+
+	fill_config(&mc, 6);
+	mc.router_aux_loss_coef = 0;	/* the cross-entropy alone */
+	fill_config(&md, 0);
+	strcpy(md.model_type, "qwen3_5_text");
+	md.n_experts = md.top_k = md.moe_intermediate = 0;
+	md.intermediate = 6;
+	for (int l = 0; l < NL; l++)
+		md.mlp_kind[l] = SL_MLP_DENSE;
+	make_batch(&hb);
+	env_init(&ed, &md, sl_backend_cpu64_create(), false, NULL);
+	env_init(&em, &mc, sl_backend_cpu64_create(), false, &ed);
+	for (int l = 0; l < NL; l++) {
+		static const char *const proj[3] = { "gate_proj", "up_proj", "down_proj" };
+		double *g;
+		char s[96];
+
+		for (int k = 0; k < 3; k++) {
+			double *src;
+
+			snprintf(s, sizeof(s), "mlp.%s.weight", proj[k]);
+			src = tensor(&ed, l, s, &nd);
+			for (int x = 0; x <= E; x++) {
+				if (x < E)
+					snprintf(s, sizeof(s), "mlp.experts.%d.%s.weight", x, proj[k]);
+				else
+					snprintf(s, sizeof(s), "mlp.shared_expert.%s.weight", proj[k]);
+				memcpy(tensor(&em, l, s, &n), src, nd * sizeof(double));
+				CHECK(n == nd, "%s: %zu elements, the dense one %zu", s, n, nd);
+			}
+			if (k == 2)
+				for (size_t i = 0; i < nd; i++)
+					src[i] *= 1.5;
+		}
+		g = tensor(&em, l, "mlp.shared_expert_gate.weight", &n);
+		memset(g, 0, n * sizeof(double));
+	}
+	upload_all(&ed);
+	upload_all(&em);
+	lm = run(&em, &hb);
+	ld = run(&ed, &hb);
+	CHECK_CLOSE(lm, ld, 1e-12, 1e-14);
+	printf("qwen3_5_moe with equal experts = dense x 1.5: loss %.15g vs %.15g\n", lm, ld);
+	env_free(&em), env_free(&ed);
+	free(mc.layer_kind), free(mc.mlp_kind), free(md.layer_kind), free(md.mlp_kind);
+}
 
 static void test_model(void)
 {
@@ -729,6 +807,7 @@ int main(int argc, char **argv)
 	test_ops();
 	test_layout();
 	test_config();
+	test_dense_equivalence();
 	test_model();
 	return test_exit("test_q35moe");
 }
