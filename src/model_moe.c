@@ -174,7 +174,6 @@ static int alloc_acts(struct sl_model *m, struct sl_moe *mo, struct moe_acts *a)
 	return a->sgl ? 0 : -ENOMEM;
 }
 
-
 int sl_moe_create(struct sl_model *m, const struct sl_model_config *mc)
 {
 	struct sl_moe *mo;
