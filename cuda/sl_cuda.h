@@ -156,6 +156,11 @@ void sl_cuda_sigmoid_mul_fwd(struct sl_cuda *c, void *y, const void *x, const vo
 			     size_t n);
 void sl_cuda_sigmoid_mul_bwd(struct sl_cuda *c, void *dx, void *dgate, const void *dy,
 			     const void *x, const void *gate, size_t n);
+/* the Qwen3.5-MoE shared expert's gate (q35moe.cu) */
+void sl_cuda_row_gate_fwd(struct sl_cuda *c, void *out, const void *y, const void *gate, int T,
+			  int H);
+void sl_cuda_row_gate_bwd(struct sl_cuda *c, void *dy, void *dgate, const void *dout,
+			  const void *y, const void *gate, int T, int H);
 
 #ifdef __cplusplus
 }

@@ -371,6 +371,18 @@ struct sl_backend {
 				 int Lc, int L, int nh, int nkv, int hd);
 
 	/*
+	 * ---- Qwen3.5-MoE shared expert (model_moe.c); NULL: not supported ----
+	 * out(T,H) += sigmoid(gate(t)) * y(T,H): each token's shared-expert output scaled by its
+	 * scalar gate, the (T, 1) output of shared_expert_gate (compute type).
+	 */
+	void (*row_gate_fwd)(struct sl_backend *be, void *out, const void *y, const void *gate,
+			     int T, int H);
+	/* dy(T,H) = sigmoid(gate) dout; dgate(T) = s (1 - s) sum_h dout y (both overwritten) */
+	void (*row_gate_bwd)(struct sl_backend *be, void *dy, void *dgate, const void *dout,
+			     const void *y, const void *gate, int T, int H);
+	/* ---- end of Qwen3.5-MoE ---- */
+
+	/*
 	 * Optional (NULL: malloc/free): host memory the backend copies to and from fastest (pinned
 	 * memory on cuda), for the host-resident state of parallel.offload.  Zeroed; aborts on
 	 * failure, as alloc().

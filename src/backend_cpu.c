@@ -762,6 +762,8 @@ static void cpu_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, c
 /* the Qwen3.5 hybrid's ops, in this file's float and double builds */
 #include "backend_cpu_gdn.c"
 #include "backend_cpu_cp.c"
+/* the Qwen3.5-MoE shared expert's gate */
+#include "backend_cpu_q35moe.c"
 
 static void cpu_destroy(struct sl_backend *be)
 {
@@ -811,6 +813,7 @@ struct sl_backend *CPU_CREATE(void)
 	cpu_moe_install(be);
 	cpu_gdn_init(be);
 	cpu_cp_install(be);
+	cpu_q35moe_install(be);
 	be->destroy = cpu_destroy;
 	sl_backend_cpu_async_init(be);
 	return be;

@@ -437,6 +437,7 @@ static void cuda_moe_combine_bwd(struct sl_backend *be, void *dy, void *dtopw, c
 }
 /* the Qwen3.5 hybrid's ops */
 #include "backend_cuda_gdn.c"
+#include "backend_cuda_q35moe.c"
 
 static void cuda_destroy(struct sl_backend *be)
 {
@@ -519,6 +520,7 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	be->moe_combine_fwd = cuda_moe_combine_fwd;
 	be->moe_combine_bwd = cuda_moe_combine_bwd;
 	cuda_gdn_init(be);
+	cuda_q35moe_init(be);
 	be->destroy = cuda_destroy;
 	return be;
 

@@ -30,7 +30,8 @@ enum sl_layer_kind {
 
 enum sl_mlp_kind {
 	SL_MLP_DENSE,			/* SwiGLU */
-	SL_MLP_MOE,			/* Qwen3-MoE: softmax router, top-k SwiGLU experts */
+	SL_MLP_MOE,			/* Qwen3-MoE: softmax router, top-k SwiGLU experts (+ the
+					 * gated shared expert of Qwen3.5-MoE) */
 };
 
 struct sl_model_config {
@@ -67,6 +68,10 @@ struct sl_model_config {
 	int moe_intermediate;		/* Im: each expert's intermediate size */
 	bool norm_topk_prob;		/* renormalize the k routing weights to sum 1 */
 	double router_aux_loss_coef;	/* weight of the load-balancing loss; 0: none */
+	/* Qwen3.5-MoE (qwen3_5_moe, qwen3_5_moe_text): every MoE layer also has a shared
+	 * expert, a SwiGLU MLP of this intermediate size times sigmoid(shared_expert_gate(x));
+	 * 0 elsewhere */
+	int shared_intermediate;	/* Is: shared_expert_intermediate_size */
 };
 
 /* Layer l's MLP is a mixture of experts (a config without per-layer kinds is all dense). */

@@ -25,6 +25,8 @@ struct family {
 	json_t *(*text_config)(json_t *root);
 	/* family keys and the per-layer kinds; mc->n_layers is set, kinds allocated */
 	int (*layers)(const char *path, json_t *tc, struct sl_model_config *mc);
+	/* every layer's MLP is sparse: no intermediate_size (Qwen3_5MoeTextConfig has none) */
+	bool all_moe;
 };
 
 static json_t *text_config_top(json_t *root)
@@ -75,16 +77,21 @@ static int qwen3_moe_layers(const char *path, json_t *tc, struct sl_model_config
 /* Qwen3.5 hybrid, defined at the end of the file */
 static json_t *text_config_nested(json_t *root);
 static int qwen35_layers(const char *path, json_t *tc, struct sl_model_config *mc);
+static int qwen35_moe_layers(const char *path, json_t *tc, struct sl_model_config *mc);
 
 static const struct family families[] = {
 	/* Qwen3Config: head_dim 128, max_position_embeddings 32768 */
-	{ "qwen3", 128, 32768, text_config_top, qwen3_layers },
+	{ "qwen3", 128, 32768, text_config_top, qwen3_layers, false },
 	/* Qwen3MoeConfig: no head_dim key (hidden_size / num_attention_heads), 32768 positions */
-	{ "qwen3_moe", 0, 32768, text_config_top, qwen3_moe_layers },
+	{ "qwen3_moe", 0, 32768, text_config_top, qwen3_moe_layers, false },
 	/* Qwen3_5TextConfig: head_dim 256, max_position_embeddings 32768 */
-	{ "qwen3_5_text", 256, 32768, text_config_top, qwen35_layers },
+	{ "qwen3_5_text", 256, 32768, text_config_top, qwen35_layers, false },
 	/* Qwen3_5Config (vision-language): the language model's keys under text_config */
-	{ "qwen3_5", 256, 32768, text_config_nested, qwen35_layers },
+	{ "qwen3_5", 256, 32768, text_config_nested, qwen35_layers, false },
+	/* Qwen3_5MoeTextConfig: head_dim 256, 32768 positions, every layer sparse */
+	{ "qwen3_5_moe_text", 256, 32768, text_config_top, qwen35_moe_layers, true },
+	/* Qwen3_5MoeConfig (vision-language): the language model's keys under text_config */
+	{ "qwen3_5_moe", 256, 32768, text_config_nested, qwen35_moe_layers, true },
 };
 
 /* ---- typed key readers: each names the file and the key on error ---------------------------- */
@@ -277,30 +284,20 @@ static const struct family *find_family(const char *path, const char *type)
 	for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
 		if (!strcmp(families[i].model_type, type))
 			return &families[i];
-	if (!strcmp(type, "qwen3_5_moe"))
-		sl_error("%s: model_type qwen3_5_moe is not supported yet (qwen3_moe and the dense "
-			 "Qwen3.5 qwen3_5 and qwen3_5_text are)", path);
-	else
-		sl_error("%s: model_type '%s' is not supported (qwen3, qwen3_moe, qwen3_5, "
-			 "qwen3_5_text)", path, type);
+	sl_error("%s: model_type '%s' is not supported (qwen3, qwen3_moe, qwen3_5, qwen3_5_text, "
+		 "qwen3_5_moe, qwen3_5_moe_text)", path, type);
 	return NULL;
 }
 
 /*
- * Qwen3-MoE: attention as qwen3; layer l has the sparse MLP unless it is in mlp_only_layers, as
- * Qwen3MoeDecoderLayer decides: num_experts > 0 and (l + 1) % decoder_sparse_step == 0.
- * transformers 5 writes num_local_experts (num_experts is its attribute alias); older files
- * num_experts.  Defaults are Qwen3MoeConfig's.
+ * The expert keys both MoE families share, with the family's defaults.  transformers 5 writes
+ * num_local_experts for qwen3_moe (num_experts is its attribute alias); older files num_experts.
  */
-static int qwen3_moe_layers(const char *path, json_t *tc, struct sl_model_config *mc)
+static int moe_keys(const char *path, json_t *tc, struct sl_model_config *mc, int def_e,
+		    int def_k, int def_im)
 {
-	json_t *only = get(tc, "mlp_only_layers");
-	int ne = -1, nle = -1, step;
-	size_t i;
-	json_t *v;
+	int ne = -1, nle = -1;
 
-	if (qwen3_layers(path, tc, mc))
-		return -1;
 	if ((get(tc, "num_experts") && get_int(path, tc, "num_experts", false, 0, &ne)) ||
 	    (get(tc, "num_local_experts") &&
 	     get_int(path, tc, "num_local_experts", false, 0, &nle)))
@@ -310,11 +307,9 @@ static int qwen3_moe_layers(const char *path, json_t *tc, struct sl_model_config
 			 ne, nle);
 		return -1;
 	}
-	mc->n_experts = ne >= 0 ? ne : nle >= 0 ? nle : 128;
-	if (get_positive(path, tc, "num_experts_per_tok", false, 8, &mc->top_k) ||
-	    get_positive(path, tc, "moe_intermediate_size", false, 768, &mc->moe_intermediate) ||
-	    get_positive(path, tc, "decoder_sparse_step", false, 1, &step) ||
-	    get_bool(path, tc, "norm_topk_prob", false, &mc->norm_topk_prob) ||
+	mc->n_experts = ne >= 0 ? ne : nle >= 0 ? nle : def_e;
+	if (get_positive(path, tc, "num_experts_per_tok", false, def_k, &mc->top_k) ||
+	    get_positive(path, tc, "moe_intermediate_size", false, def_im, &mc->moe_intermediate) ||
 	    get_double(path, tc, "router_aux_loss_coef", 0.001, &mc->router_aux_loss_coef))
 		return -1;
 	if (mc->n_experts < 0 || mc->n_experts > 4096) {
@@ -337,6 +332,24 @@ static int qwen3_moe_layers(const char *path, json_t *tc, struct sl_model_config
 			 mc->hidden, mc->n_layers);
 		return -1;
 	}
+	return 0;
+}
+
+/*
+ * Qwen3-MoE: attention as qwen3; layer l has the sparse MLP unless it is in mlp_only_layers, as
+ * Qwen3MoeDecoderLayer decides: num_experts > 0 and (l + 1) % decoder_sparse_step == 0.
+ */
+static int qwen3_moe_layers(const char *path, json_t *tc, struct sl_model_config *mc)
+{
+	json_t *only = get(tc, "mlp_only_layers");
+	int step;
+	size_t i;
+	json_t *v;
+
+	if (qwen3_layers(path, tc, mc) || moe_keys(path, tc, mc, 128, 8, 768) ||
+	    get_positive(path, tc, "decoder_sparse_step", false, 1, &step) ||
+	    get_bool(path, tc, "norm_topk_prob", false, &mc->norm_topk_prob))
+		return -1;
 	for (int l = 0; l < mc->n_layers; l++)
 		mc->mlp_kind[l] = mc->n_experts > 0 && (l + 1) % step == 0 ? SL_MLP_MOE :
 			SL_MLP_DENSE;
@@ -413,7 +426,7 @@ int sl_model_config_load(struct sl_model_config *mc, const char *path)
 	    get_positive(path, tc, "num_key_value_heads", false, mc->n_heads, &mc->n_kv_heads) ||
 	    get_positive(path, tc, "head_dim", false, fam->default_head_dim ?
 			 fam->default_head_dim : mc->hidden / mc->n_heads, &mc->head_dim) ||
-	    get_positive(path, tc, "intermediate_size", true, 0, &mc->intermediate) ||
+	    get_int(path, tc, "intermediate_size", !fam->all_moe, 0, &mc->intermediate) ||
 	    get_positive(path, tc, "max_position_embeddings", false, fam->default_max_position,
 			 &mc->max_position) ||
 	    get_double(path, tc, "rms_norm_eps", 1e-6, &mc->rms_eps) ||
@@ -430,6 +443,13 @@ int sl_model_config_load(struct sl_model_config *mc, const char *path)
 	    get_num_labels(path, root, &mc->num_labels))
 		goto out_free_root;
 
+	if (mc->intermediate < 0 || (!fam->all_moe && mc->intermediate == 0)) {
+		sl_error("%s: key intermediate_size must be positive (is %d)", path,
+			 mc->intermediate);
+		goto out_free_root;
+	}
+	if (fam->all_moe)
+		mc->intermediate = 0;	/* no dense MLP: the key, if any, sizes nothing */
 	if (mc->n_heads % mc->n_kv_heads) {
 		sl_error("%s: num_attention_heads (%d) must be a multiple of num_key_value_heads "
 			 "(%d)", path, mc->n_heads, mc->n_kv_heads);
@@ -601,5 +621,34 @@ static int qwen35_layers(const char *path, json_t *tc, struct sl_model_config *m
 	}
 	for (int l = 0; l < mc->n_layers; l++)
 		mc->mlp_kind[l] = SL_MLP_DENSE;
+	return 0;
+}
+
+/*
+ * Qwen3.5-MoE: the hybrid's layers (layer_types, Gated DeltaNet, gated attention) with a sparse
+ * MLP in every layer (Qwen3_5MoeDecoderLayer has no dense one; mlp_only_layers and
+ * decoder_sparse_step are not read there either), whose router always renormalizes the top-k
+ * weights (Qwen3_5MoeTopKRouter: no norm_topk_prob), plus the shared expert.  Defaults are
+ * Qwen3_5MoeTextConfig's.
+ */
+static int qwen35_moe_layers(const char *path, json_t *tc, struct sl_model_config *mc)
+{
+	if (qwen35_layers(path, tc, mc) || moe_keys(path, tc, mc, 256, 8, 512) ||
+	    get_positive(path, tc, "shared_expert_intermediate_size", false, 512,
+			 &mc->shared_intermediate))
+		return -1;
+	if (mc->n_experts < 1) {
+		sl_error("%s: num_experts must be positive for %s (is %d)", path, mc->model_type,
+			 mc->n_experts);
+		return -1;
+	}
+	if ((double)mc->shared_intermediate * mc->hidden * mc->n_layers > 1e13) {
+		sl_error("%s: shared_expert_intermediate_size %d: more than any model shardlm can "
+			 "train; the file is damaged", path, mc->shared_intermediate);
+		return -1;
+	}
+	mc->norm_topk_prob = true;
+	for (int l = 0; l < mc->n_layers; l++)
+		mc->mlp_kind[l] = SL_MLP_MOE;
 	return 0;
 }

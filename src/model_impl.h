@@ -43,6 +43,10 @@ struct layer_off {
 	size_t wegu;	/* expert e's gate (Im, H) then up (Im, H), at wegu + e wes */
 	size_t wed;	/* expert e's down (H, Im), at wed + e wes */
 	size_t wes;	/* elements from one expert's weights to the next's */
+	/* Qwen3.5-MoE's shared expert, in the layer's unit (model_moe.c); NO_OFF without one */
+	size_t wsgu;	/* (2Is, H) shared_expert gate_proj | up_proj */
+	size_t wsd;	/* (H, Is) shared_expert.down_proj */
+	size_t wsg;	/* (1, H) shared_expert_gate */
 };
 
 /* what a layer's backward needs from its forward */
@@ -146,6 +150,15 @@ double sl_moe_end_fwd(struct sl_model *m, const struct sl_batch_dev *b, double a
 /* Layer l's MLP backward: m->gx (gradient of the layer output) in, m->gn (of a->xn2) out */
 void sl_moe_bwd(struct sl_model *m, int l, const void *w, void *g, const struct acts *a,
 		const struct sl_batch_dev *b);
+/*
+ * The same on explicit buffers, for layers whose activations are not a struct acts (the Qwen3.5
+ * hybrid): @slot picks the MoE activations (the layer, or 0 when checkpointing),
+ * xn2 (T, H) the MLP input, h (T, H) the residual.
+ */
+void sl_moe_mlp_fwd(struct sl_model *m, int l, const void *w, int slot, const void *xn2,
+		    const void *h, void *xout, const struct sl_batch_dev *b, bool full);
+void sl_moe_mlp_bwd(struct sl_model *m, int l, const void *w, void *g, int slot,
+		    const void *xn2, const struct sl_batch_dev *b);
 
 /* ---- model_qwen35.c: the Qwen3.5 hybrid's layers (gated attention, Gated DeltaNet) ---- */
 int sl_q35_layout_layer(struct layout_builder *lb, const struct sl_model_config *mc, int l);

@@ -19,6 +19,10 @@
  * With a dispatch (expert parallelism, an expert capacity: model_moe_ep.c) the gathered rows go
  * to the ranks owning their experts instead, and come back as ma->y; the rest is the same.
  *
+ * Qwen3.5-MoE adds a shared expert to every sparse block: a SwiGLU MLP on every token (its gate
+ * and up projections fused, mlp.shared_expert.*) whose output is scaled per token by
+ * sigmoid(mlp.shared_expert_gate(x)) (a (1, H) linear) and added to the routed experts' sum.
+ *
  * The load-balancing loss is transformers' load_balancing_loss_func with the attention mask:
  * over every MoE layer and real token together (its concatenation of all layers' logits),
  * f_e = share of the k-choices that went to expert e, P_e = mean probability of e,
@@ -38,9 +42,27 @@ int sl_moe_layout(struct layout_builder *lb, const struct sl_model_config *mc, i
 {
 	char n[160];
 
+	const int64_t H = mc->hidden;
+	int rc;
+
 	/* the router; the experts follow in their own unit (sl_moe_layout_experts) */
 	snprintf(n, sizeof(n), "model.layers.%d.mlp.gate.weight", l);
-	return sl_layout_add(lb, false, n, 2, mc->n_experts, mc->hidden, SL_INIT_NORMAL);
+	rc = sl_layout_add(lb, false, n, 2, mc->n_experts, H, SL_INIT_NORMAL);
+	if (rc || mc->shared_intermediate <= 0)
+		return rc;
+	/*
+	 * Qwen3.5-MoE: the shared expert (every token, every rank: in the layer's unit), its gate
+	 * and up projections fused as the dense MLP's
+	 */
+	snprintf(n, sizeof(n), "model.layers.%d.mlp.shared_expert.gate_proj.weight", l);
+	rc = sl_layout_add(lb, false, n, 2, mc->shared_intermediate, H, SL_INIT_NORMAL);
+	snprintf(n, sizeof(n), "model.layers.%d.mlp.shared_expert.up_proj.weight", l);
+	rc = rc ? rc : sl_layout_add(lb, true, n, 2, mc->shared_intermediate, H, SL_INIT_NORMAL);
+	snprintf(n, sizeof(n), "model.layers.%d.mlp.shared_expert.down_proj.weight", l);
+	rc = rc ? rc : sl_layout_add(lb, false, n, 2, H, mc->shared_intermediate, SL_INIT_NORMAL);
+	snprintf(n, sizeof(n), "model.layers.%d.mlp.shared_expert_gate.weight", l);
+	rc = rc ? rc : sl_layout_add(lb, false, n, 2, 1, H, SL_INIT_NORMAL);
+	return rc;
 }
 
 int sl_moe_layout_experts(struct layout_builder *lb, const struct sl_model_config *mc, int l)
@@ -77,10 +99,17 @@ static const struct sl_tensor_info *find(const struct sl_layout *lay, int l, int
 	return ti;
 }
 
+static const char *shared_name(char *n, size_t len, int l, const char *what)
+{
+	snprintf(n, len, "model.layers.%d.mlp.%s.weight", l, what);
+	return n;
+}
+
 int sl_moe_offsets(const struct sl_layout *lay, int l, struct layer_off *lo)
 {
 	const struct sl_tensor_info *r = find(lay, l, 1 + l, "mlp.gate.weight%.0d", 0), *g0, *d0;
 	size_t gsz, dsz;
+	char n[160];
 	int E, xu;
 
 	g0 = find(lay, l, -1, "mlp.experts.%d.gate_proj.weight", 0);
@@ -100,6 +129,26 @@ int sl_moe_offsets(const struct sl_layout *lay, int l, struct layer_off *lo)
 	lo->wegu = g0->offset;
 	lo->wed = d0->offset;
 	lo->wes = lay->unit_numel[xu] / E;
+	lo->wsgu = lo->wsd = lo->wsg = NO_OFF;
+	if (sl_layout_find(lay, shared_name(n, sizeof(n), l, "shared_expert.gate_proj"))) {
+		const struct sl_tensor_info *sg, *su, *sd, *sgt;
+
+		sg = find(lay, l, 1 + l, "mlp.shared_expert.gate_proj.weight%.0d", 0);
+		su = find(lay, l, 1 + l, "mlp.shared_expert.up_proj.weight%.0d", 0);
+		sd = find(lay, l, 1 + l, "mlp.shared_expert.down_proj.weight%.0d", 0);
+		sgt = find(lay, l, 1 + l, "mlp.shared_expert_gate.weight%.0d", 0);
+
+		if (!sg || !su || !sd || !sgt)
+			return -EINVAL;
+		if (su->offset != sg->offset + sg->numel) {
+			fprintf(stderr, "model: layer %d: the shared expert's up_proj does not "
+				"follow its gate_proj contiguously\n", l);
+			return -EINVAL;
+		}
+		lo->wsgu = sg->offset;
+		lo->wsd = sd->offset;
+		lo->wsg = sgt->offset;
+	}
 	/* the grouped matmuls index experts by stride: every expert must sit where they look */
 	for (int e = 0; e < E; e++) {
 		const struct sl_tensor_info *g = find(lay, l, xu, "mlp.experts.%d.gate_proj.weight", e);
@@ -137,7 +186,15 @@ static int alloc_acts(struct sl_model *m, struct sl_moe *mo, struct moe_acts *a)
 	a->act = sl_model_ws_alloc(m, n * mo->Im, e);
 	a->y = sl_model_ws_alloc(m, n * m->H, e);
 	a->h_offs = calloc(E + 1, sizeof(*a->h_offs));
-	return a->y && a->h_offs ? 0 : -ENOMEM;
+	if (!a->y || !a->h_offs)
+		return -ENOMEM;
+	if (!mo->Is)
+		return 0;
+	a->sgu = sl_model_ws_alloc(m, T * 2 * mo->Is, e);
+	a->sact = sl_model_ws_alloc(m, T * mo->Is, e);
+	a->sy = sl_model_ws_alloc(m, T * m->H, e);
+	a->sgl = sl_model_ws_alloc(m, T, e);
+	return a->sgl ? 0 : -ENOMEM;
 }
 
 int sl_moe_create(struct sl_model *m, const struct sl_model_config *mc)
@@ -155,6 +212,10 @@ int sl_moe_create(struct sl_model *m, const struct sl_model_config *mc)
 		fprintf(stderr, "model: the %s backend has no mixture-of-experts ops\n", be->name);
 		return -EINVAL;
 	}
+	if (mc->shared_intermediate > 0 && !be->row_gate_fwd) {
+		fprintf(stderr, "model: the %s backend has no shared-expert gate op\n", be->name);
+		return -EINVAL;
+	}
 	mo = calloc(1, sizeof(*mo));
 	if (!mo)
 		return -ENOMEM;
@@ -163,9 +224,12 @@ int sl_moe_create(struct sl_model *m, const struct sl_model_config *mc)
 	mo->k = mc->top_k;
 	mo->Im = mc->moe_intermediate;
 	mo->norm = mc->norm_topk_prob;
+	mo->Is = mc->shared_intermediate > 0 ? mc->shared_intermediate : 0;
 	mo->n_moe = n_moe;
+	/* the Qwen3.5 layers keep their own activations: one slot per layer, or one reused */
+	mo->n_la = m->q35 ? (m->ckpt ? 1 : m->nL) : m->n_acts;
 	mo->index = calloc((size_t)m->nL, sizeof(*mo->index));
-	mo->la = calloc((size_t)m->n_acts, sizeof(*mo->la));
+	mo->la = calloc((size_t)mo->n_la, sizeof(*mo->la));
 	mo->h_stats = calloc((size_t)n_moe * 2 * mo->E, sizeof(*mo->h_stats));
 	mo->counts = calloc((size_t)n_moe * mo->E, sizeof(*mo->counts));
 	mo->h_cp_lens = calloc((size_t)m->max_records, sizeof(*mo->h_cp_lens));
@@ -176,7 +240,7 @@ int sl_moe_create(struct sl_model *m, const struct sl_model_config *mc)
 	n_moe = 0;
 	for (int l = 0; l < m->nL; l++)
 		mo->index[l] = sl_layer_is_moe(mc, l) ? n_moe++ : -1;
-	for (int i = 0; i < m->n_acts; i++)
+	for (int i = 0; i < mo->n_la; i++)
 		if (alloc_acts(m, mo, &mo->la[i]))
 			return -ENOMEM;
 	n = T * mo->k;
@@ -191,6 +255,13 @@ int sl_moe_create(struct sl_model *m, const struct sl_model_config *mc)
 	mo->ones = sl_model_ws_alloc(m, n, be->stat_elt);
 	if (!mo->ones)
 		return -ENOMEM;
+	if (mo->Is) {
+		mo->s_sgu = sl_model_ws_alloc(m, T * 2 * mo->Is, be->elt);
+		mo->s_sact = sl_model_ws_alloc(m, T * mo->Is, be->elt);
+		mo->s_sgl = sl_model_ws_alloc(m, T, be->elt);
+		if (!mo->s_sgl)
+			return -ENOMEM;
+	}
 	{
 		void *h = malloc(n * be->stat_elt);
 
@@ -215,7 +286,7 @@ void sl_moe_destroy(struct sl_model *m)
 	if (!mo)
 		return;
 	sl_moe_ep_destroy(mo);
-	for (int i = 0; mo->la && i < m->n_acts; i++)
+	for (int i = 0; mo->la && i < mo->n_la; i++)
 		free(mo->la[i].h_offs);
 	free(mo->la);
 	free(mo->index);
@@ -265,17 +336,41 @@ void sl_moe_begin(struct sl_model *m)
 		m->be->zero(m->be, mo->stats, (size_t)mo->n_moe * 2 * mo->E * sizeof(double));
 }
 
+/*
+ * Qwen3.5-MoE's shared expert: sy = down(silu(gate(x)) * up(x)) on every token, sgl = its gate's
+ * logit; everything its backward needs (the recompute of a checkpointed layer included).
+ */
+static void shared_fwd(struct sl_model *m, const struct layer_off *lo, const void *w,
+		       struct moe_acts *ma, const void *xn2, int T)
+{
+	struct sl_backend *be = m->be;
+	const int H = m->H, Is = m->moe->Is;
+
+	be->matmul_fwd(be, ma->sgu, xn2, at(m, w, lo->wsgu), NULL, T, H, 2 * Is);
+	be->swiglu_fwd(be, ma->sact, ma->sgu, T, Is);
+	be->matmul_fwd(be, ma->sy, ma->sact, at(m, w, lo->wsd), NULL, T, Is, H);
+	be->matmul_fwd(be, ma->sgl, xn2, at(m, w, lo->wsg), NULL, T, H, 1);
+}
+
 void sl_moe_fwd(struct sl_model *m, int l, const void *w, const struct acts *a, void *xout,
 		const struct sl_batch_dev *b, bool full)
+{
+	sl_moe_mlp_fwd(m, l, w, (int)(a - m->acts), a->xn2, a->h, xout, b, full);
+}
+
+void sl_moe_mlp_fwd(struct sl_model *m, int l, const void *w, int slot, const void *xn2,
+		    const void *h, void *xout, const struct sl_batch_dev *b, bool full)
 {
 	struct sl_backend *be = m->be;
 	struct sl_moe *mo = m->moe;
 	const struct layer_off *lo = &m->lo[l];
-	struct moe_acts *ma = &mo->la[a - m->acts];
+	struct moe_acts *ma = &mo->la[slot];
 	const int T = b->B * b->L, H = m->H, E = mo->E, k = mo->k, n = T * k;
 	const void *xw;
 
-	be->matmul_fwd(be, ma->logits, a->xn2, at(m, w, lo->wr), NULL, T, H, E);
+	if (lo->wsgu != NO_OFF)
+		shared_fwd(m, lo, w, ma, xn2, T);
+	be->matmul_fwd(be, ma->logits, xn2, at(m, w, lo->wr), NULL, T, H, E);
 	be->moe_route_fwd(be, ma->p, ma->topi, ma->topw, ma->logits, T, E, k, mo->norm);
 	be->moe_permute(be, ma->rows, ma->slot, ma->offs, ma->topi, T, E, k);
 	if (full)	/* not again in the backward's recompute */
@@ -286,10 +381,10 @@ void sl_moe_fwd(struct sl_model *m, int l, const void *w, const struct acts *a, 
 
 	xw = m->src->weights(m->src->ctx, lo->xunit);
 	if (sl_moe_ep_on(mo)) {
-		sl_moe_ep_fwd(m, l, xw, ma, a->xn2, b, full);
+		sl_moe_ep_fwd(m, l, xw, ma, xn2, b, full);
 		goto combine;
 	}
-	be->gather_rows(be, mo->s_h1, a->xn2, ma->rows, n, H);
+	be->gather_rows(be, mo->s_h1, xn2, ma->rows, n, H);
 	be->moe_gemm_fwd(be, ma->gu, mo->s_h1, at(m, xw, lo->wegu), ma->offs, ma->h_offs, E, H,
 			 2 * mo->Im, lo->wes);
 	be->swiglu_fwd(be, ma->act, ma->gu, n, mo->Im);
@@ -301,7 +396,9 @@ combine:
 	if (!full)
 		return;
 	be->moe_combine_fwd(be, xout, ma->y, ma->topw, ma->slot, T, k, H);
-	be->add(be, xout, a->h, (size_t)T * H);
+	be->add(be, xout, h, (size_t)T * H);
+	if (lo->wsgu != NO_OFF)
+		be->row_gate_fwd(be, xout, ma->sy, ma->sgl, T, H);
 }
 
 double sl_moe_end_fwd(struct sl_model *m, const struct sl_batch_dev *b, double aux_weight)
@@ -353,10 +450,35 @@ double sl_moe_end_fwd(struct sl_model *m, const struct sl_batch_dev *b, double a
 void sl_moe_bwd(struct sl_model *m, int l, const void *w, void *g, const struct acts *a,
 		const struct sl_batch_dev *b)
 {
+	sl_moe_mlp_bwd(m, l, w, g, (int)(a - m->acts), a->xn2, b);
+}
+
+/* the shared expert's backward: m->gx in, its input gradient added to m->gn */
+static void shared_bwd(struct sl_model *m, const struct layer_off *lo, const void *w, void *g,
+		       struct moe_acts *ma, const void *xn2, int T)
+{
+	struct sl_backend *be = m->be;
+	struct sl_moe *mo = m->moe;
+	const int H = m->H, Is = mo->Is;
+
+	/* s_h1 (T k >= T rows) is free again once the routed experts are done */
+	be->row_gate_bwd(be, mo->s_h1, mo->s_sgl, m->gx, ma->sy, ma->sgl, T, H);
+	be->matmul_bwd(be, mo->s_sact, at(m, g, lo->wsd), NULL, mo->s_h1, ma->sact,
+		       at(m, w, lo->wsd), T, Is, H, false);
+	be->swiglu_bwd(be, mo->s_sgu, mo->s_sact, ma->sgu, T, Is);
+	be->matmul_bwd(be, m->gn, at(m, g, lo->wsgu), NULL, mo->s_sgu, xn2, at(m, w, lo->wsgu),
+		       T, H, 2 * Is, true);
+	be->matmul_bwd(be, m->gn, at(m, g, lo->wsg), NULL, mo->s_sgl, xn2, at(m, w, lo->wsg), T,
+		       H, 1, true);
+}
+
+void sl_moe_mlp_bwd(struct sl_model *m, int l, const void *w, void *g, int slot,
+		    const void *xn2, const struct sl_batch_dev *b)
+{
 	struct sl_backend *be = m->be;
 	struct sl_moe *mo = m->moe;
 	const struct layer_off *lo = &m->lo[l];
-	struct moe_acts *ma = &mo->la[a - m->acts];
+	struct moe_acts *ma = &mo->la[slot];
 	const int T = b->B * b->L, H = m->H, E = mo->E, k = mo->k, n = T * k, Im = mo->Im;
 	const void *xw = m->src->weights(m->src->ctx, lo->xunit);
 	void *xg = m->src->grads(m->src->ctx, lo->xunit);
@@ -371,7 +493,7 @@ void sl_moe_bwd(struct sl_model *m, int l, const void *w, void *g, const struct 
 			 ma->offs, ma->h_offs, E, Im, H, lo->wes);
 	be->swiglu_bwd(be, mo->s_gu, mo->s_i, ma->gu, n, Im);
 	/* the gathered input again (s_h1's gradient is spent) rather than a copy per layer */
-	be->gather_rows(be, mo->s_h1, a->xn2, ma->rows, n, H);
+	be->gather_rows(be, mo->s_h1, xn2, ma->rows, n, H);
 	be->moe_gemm_bwd(be, mo->s_h2, at(m, xg, lo->wegu), mo->s_gu, mo->s_h1,
 			 at(m, xw, lo->wegu), ma->offs, ma->h_offs, E, H, 2 * Im, lo->wes);
 unpermute:
@@ -383,8 +505,10 @@ unpermute:
 	/* the router: routing weights and the aux loss through the softmax to the logits */
 	be->moe_route_bwd(be, mo->dlogits, mo->dtopw, ma->p, ma->topi, ma->topw,
 			  mo->aux_on ? mo->aux_g : NULL, mo->lens, b->B, b->L, E, k, mo->norm);
-	be->matmul_bwd(be, m->gn, at(m, g, lo->wr), NULL, mo->dlogits, a->xn2, at(m, w, lo->wr),
+	be->matmul_bwd(be, m->gn, at(m, g, lo->wr), NULL, mo->dlogits, xn2, at(m, w, lo->wr),
 		       T, H, E, true);
+	if (lo->wsgu != NO_OFF)
+		shared_bwd(m, lo, w, g, ma, xn2, T);
 }
 
 const int64_t *sl_model_expert_counts(const struct sl_model *m, int *n_layers, int *n_experts,

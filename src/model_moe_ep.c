@@ -51,7 +51,7 @@ struct moe_ep {
 	struct sl_moe_dispatch d;
 	int P, El;
 	size_t n, pn;		/* rows: T k (one rank's choices), P T k (one owner's worst case) */
-	struct ep_acts *ea;	/* (m->n_acts) */
+	struct ep_acts *ea;	/* (mo->n_la): one per MoE activation slot */
 	void *s_a, *s_b;	/* (P n + 1, H) scratch */
 	void *s_i;		/* (P n, Im) scratch */
 	void *s_gu;		/* (P n, 2 Im) scratch */
@@ -108,7 +108,7 @@ static int ep_alloc(struct sl_model *m, struct sl_moe *mo, struct moe_ep *ep)
 	int32_t *h;
 	int *hi;
 
-	ep->ea = calloc((size_t)m->n_acts,
+	ep->ea = calloc((size_t)mo->n_la,
 			sizeof(*ep->ea) + (size_t)(El + 1 + 2 * P) * sizeof(int));
 	ep->h_rows = malloc(n * sizeof(int32_t));
 	ep->h_a = malloc(pn * sizeof(int32_t));
@@ -119,8 +119,8 @@ static int ep_alloc(struct sl_model *m, struct sl_moe *mo, struct moe_ep *ep)
 	if (!ep->ea || !ep->h_rows || !ep->h_a || !ep->h_b || !ep->h_c || !ep->h_cnt || !ep->h_rc)
 		return -ENOMEM;
 	/* the host count arrays of every slot after the slots themselves */
-	hi = (int *)(ep->ea + m->n_acts);
-	for (int i = 0; i < m->n_acts; i++) {
+	hi = (int *)(ep->ea + mo->n_la);
+	for (int i = 0; i < mo->n_la; i++) {
 		struct ep_acts *a = &ep->ea[i];
 
 		a->h_offs = hi;

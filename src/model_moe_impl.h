@@ -22,18 +22,27 @@ struct moe_acts {
 	void *gu;		/* (T k, 2 Im) experts' gate | up */
 	void *act;		/* (T k, Im) silu(gate) * up */
 	void *y;		/* (T k, H) experts' outputs, before the routing weights */
+	/* the shared expert (Qwen3.5-MoE), NULL without one */
+	void *sgu;		/* (T, 2 Is) its gate | up */
+	void *sact;		/* (T, Is) silu(gate) * up */
+	void *sy;		/* (T, H) its output, before the sigmoid gate */
+	void *sgl;		/* (T) shared_expert_gate logits */
 };
 
 struct sl_moe {
 	int E, k, Im, n_moe;
+	int Is;			/* shared expert's intermediate size; 0: none */
+	int n_la;		/* activation slots in la */
 	bool norm;
 	int *index;		/* (nL) the layer's index among MoE layers, -1 for dense ones */
-	struct moe_acts *la;	/* (m->n_acts), beside m->acts */
+	struct moe_acts *la;	/* (n_la): beside m->acts, or per Qwen3.5 layer slot */
 	void *s_h1, *s_h2;	/* (T k, H) scratch */
 	void *s_i;		/* (T k, Im) scratch */
 	void *s_gu;		/* (T k, 2 Im) scratch */
 	void *dlogits;		/* (T, E) */
 	void *dtopw;		/* (T, k) stat */
+	void *s_sgu, *s_sact;	/* (T, 2 Is), (T, Is) shared expert scratch */
+	void *s_sgl;		/* (T) */
 	double *stats;		/* (n_moe, 2E) device: choices and probability sums per expert */
 	double *h_stats;	/* (n_moe, 2E) host copy */
 	int64_t *counts;	/* (n_moe, E) host: tokens per expert, last micro-batch */

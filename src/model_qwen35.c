@@ -13,6 +13,8 @@
  *    in_proj_b, in_proj_a as one fused GEMM; causal depthwise conv + SiLU on the qkv part;
  *    l2-normed q (scaled by dk^-1/2) and k, beta = sigmoid(b), g = -exp(A_log) softplus(a +
  *    dt_bias); the gated delta rule; gated RMSNorm with z; out_proj.
+ * Qwen3.5-MoE (qwen3_5_moe): the MLP of every layer is model_moe.c's sparse block with its
+ * shared expert instead of the dense SwiGLU.
  * With activation checkpointing only each layer's input is kept; the backward recomputes the
  * layer first.
  */
@@ -26,9 +28,10 @@
 /* a layer's tensors as element offsets in its unit; NO_OFF where the kind has none */
 struct q35_off {
 	enum sl_layer_kind kind;
+	bool moe;		/* the sparse MLP (model_moe.c, offsets in m->lo[l]) */
 	size_t ln1, ln2;	/* (H) */
-	size_t wgu;		/* (2I, H) */
-	size_t wd;		/* (H, I) */
+	size_t wgu;		/* (2I, H) dense MLP */
+	size_t wd;		/* (H, I) dense MLP */
 	size_t wqgkv;		/* attention: ((2 nh + 2 nkv) hd, H) q_proj | k_proj | v_proj */
 	size_t wo;		/* attention: (H, nh hd) */
 	size_t qn, kn;		/* attention: (hd) */
@@ -52,7 +55,7 @@ struct q35_acts {
 	void *rstd_o;		/* (T, nh + nkv) q/k norms | (T, nv) gated norm */
 	void *y;		/* (T, nh hd) gated | (T, nv dv) gated-normed */
 	void *h, *xn2, *rstd2;	/* (T, H), (T, H), (T) */
-	void *gu, *act;		/* (T, 2I), (T, I) */
+	void *gu, *act;		/* (T, 2I), (T, I) dense MLP; NULL with the sparse one */
 };
 
 struct sl_q35 {
@@ -123,6 +126,8 @@ int sl_q35_layout_layer(struct layout_builder *lb, const struct sl_model_config 
 		return -EINVAL;
 	}
 	ADD(false, "post_attention_layernorm.weight", 1, H, 0, SL_INIT_ZEROS);
+	if (sl_layer_is_moe(mc, l))	/* Qwen3.5-MoE: router, experts, shared expert */
+		return sl_moe_layout(lb, mc, l);
 	ADD(false, "mlp.gate_proj.weight", 2, I, H, SL_INIT_NORMAL);
 	ADD(true, "mlp.up_proj.weight", 2, I, H, SL_INIT_NORMAL);
 	ADD(false, "mlp.down_proj.weight", 2, H, I, SL_INIT_NORMAL);
@@ -155,7 +160,7 @@ static int off_of(const struct sl_layout *lay, int l, const char *suffix, size_t
 	return 0;
 }
 
-static int q35_offsets(const struct sl_layout *lay, int l, enum sl_layer_kind kind,
+static int q35_offsets(const struct sl_layout *lay, int l, enum sl_layer_kind kind, bool moe,
 		       struct q35_off *o)
 {
 	size_t e, dummy;
@@ -163,11 +168,14 @@ static int q35_offsets(const struct sl_layout *lay, int l, enum sl_layer_kind ki
 
 	memset(o, 0xff, sizeof(*o));	/* NO_OFF everywhere */
 	o->kind = kind;
+	o->moe = moe;
 	rc = off_of(lay, l, "input_layernorm.weight", NO_OFF, &o->ln1, NULL);
 	rc = rc ? rc : off_of(lay, l, "post_attention_layernorm.weight", NO_OFF, &o->ln2, NULL);
-	rc = rc ? rc : off_of(lay, l, "mlp.gate_proj.weight", NO_OFF, &o->wgu, &e);
-	rc = rc ? rc : off_of(lay, l, "mlp.up_proj.weight", e, &dummy, NULL);
-	rc = rc ? rc : off_of(lay, l, "mlp.down_proj.weight", NO_OFF, &o->wd, NULL);
+	if (!moe) {
+		rc = rc ? rc : off_of(lay, l, "mlp.gate_proj.weight", NO_OFF, &o->wgu, &e);
+		rc = rc ? rc : off_of(lay, l, "mlp.up_proj.weight", e, &dummy, NULL);
+		rc = rc ? rc : off_of(lay, l, "mlp.down_proj.weight", NO_OFF, &o->wd, NULL);
+	}
 	if (rc)
 		return rc;
 	if (kind == SL_LAYER_GATED_ATTENTION) {
@@ -196,7 +204,8 @@ static size_t zmax(size_t a, size_t b)
 	return a > b ? a : b;
 }
 
-static int alloc_q35_acts(struct sl_model *m, struct q35_acts *a, enum sl_layer_kind kind)
+static int alloc_q35_acts(struct sl_model *m, struct q35_acts *a, enum sl_layer_kind kind,
+			  bool dense)
 {
 	struct sl_q35 *q = m->q35;
 	const size_t T = m->max_tokens, B = m->max_records, e = m->be->elt, s = m->be->stat_elt;
@@ -229,6 +238,8 @@ static int alloc_q35_acts(struct sl_model *m, struct q35_acts *a, enum sl_layer_
 	a->h = sl_model_ws_alloc(m, T * m->H, e);
 	a->xn2 = sl_model_ws_alloc(m, T * m->H, e);
 	a->rstd2 = sl_model_ws_alloc(m, T, s);
+	if (!dense)	/* the sparse MLP keeps its own (model_moe.c) */
+		return a->rstd2 ? 0 : -ENOMEM;
 	a->gu = sl_model_ws_alloc(m, T * 2 * m->I, e);
 	a->act = sl_model_ws_alloc(m, T * m->I, e);
 	return a->act ? 0 : -ENOMEM;
@@ -241,6 +252,7 @@ int sl_q35_init(struct sl_model *m, const struct sl_model_config *mc,
 	struct sl_q35 *q;
 	const size_t T = m->max_tokens, e = be->elt;
 	size_t n1 = zmax(m->H, m->hd), vw;
+	bool any_dense = false;
 	float *ones;
 	void *ones32;
 
@@ -265,16 +277,22 @@ int sl_q35_init(struct sl_model *m, const struct sl_model_config *mc,
 	q->acts = calloc(zmax(m->nL, 2), sizeof(*q->acts));
 	if (!q->lo || !q->acts)
 		return -ENOMEM;
-	for (int l = 0; l < m->nL; l++)
-		if (q35_offsets(lay, l, mc->layer_kind[l], &q->lo[l]))
+	for (int l = 0; l < m->nL; l++) {
+		bool moe = sl_layer_is_moe(mc, l);
+
+		if (q35_offsets(lay, l, mc->layer_kind[l], moe, &q->lo[l]) ||
+		    (moe && sl_moe_offsets(lay, l, &m->lo[l])))
 			return -EINVAL;
+		any_dense |= !moe;
+	}
 	if (m->ckpt) {
-		if (alloc_q35_acts(m, &q->acts[0], SL_LAYER_GATED_ATTENTION) ||
-		    alloc_q35_acts(m, &q->acts[1], SL_LAYER_LINEAR_ATTENTION))
+		if (alloc_q35_acts(m, &q->acts[0], SL_LAYER_GATED_ATTENTION, any_dense) ||
+		    alloc_q35_acts(m, &q->acts[1], SL_LAYER_LINEAR_ATTENTION, any_dense))
 			return -ENOMEM;
 	} else {
 		for (int l = 0; l < m->nL; l++)
-			if (alloc_q35_acts(m, &q->acts[l], mc->layer_kind[l]))
+			if (alloc_q35_acts(m, &q->acts[l], mc->layer_kind[l],
+					   !sl_layer_is_moe(mc, l)))
 				return -ENOMEM;
 	}
 	q->ones = sl_model_ws_alloc(m, n1, e);
@@ -347,6 +365,12 @@ static struct q35_acts *acts_for(const struct sl_model *m, int l, bool keep)
 	return &q->acts[l];
 }
 
+/* the sparse MLP's activations of layer l (one slot reused when checkpointing) */
+static int moe_slot(const struct sl_model *m, int l)
+{
+	return m->ckpt ? 0 : l;
+}
+
 /* ---- forward ------------------------------------------------------------------------------- */
 
 static void gated_attn_fwd(const struct sl_model *m, const struct q35_off *lo, const void *w,
@@ -408,6 +432,10 @@ static void layer_fwd(struct sl_model *m, int l, const void *w, struct q35_acts 
 	be->add(be, a->h, x, (size_t)T * H);
 	be->rmsnorm_fwd(be, a->xn2, a->rstd2, a->h, eff_weight(m, q->wn2, at(m, w, lo->ln2), H),
 			T, H, m->eps);
+	if (lo->moe) {
+		sl_moe_mlp_fwd(m, l, w, moe_slot(m, l), a->xn2, a->h, xout, b, full);
+		return;
+	}
 	be->matmul_fwd(be, a->gu, a->xn2, at(m, w, lo->wgu), NULL, T, H, 2 * m->I);
 	be->swiglu_fwd(be, a->act, a->gu, T, m->I);
 	if (!full)
@@ -486,11 +514,15 @@ void sl_q35_layer_bwd(struct sl_model *m, int l, const void *w, void *g, const v
 		layer_fwd(m, l, w, a, x, NULL, b, false);
 
 	/* MLP: x' = h + down(act); the residual passes gx through to h unchanged */
-	be->matmul_bwd(be, m->gb2, at(m, g, lo->wd), NULL, m->gx, a->act, at(m, w, lo->wd), T,
-		       m->I, H, false);
-	be->swiglu_bwd(be, m->gb1, m->gb2, a->gu, T, m->I);
-	be->matmul_bwd(be, m->gn, at(m, g, lo->wgu), NULL, m->gb1, a->xn2, at(m, w, lo->wgu), T,
-		       H, 2 * m->I, false);
+	if (lo->moe) {
+		sl_moe_mlp_bwd(m, l, w, g, moe_slot(m, l), a->xn2, b);
+	} else {
+		be->matmul_bwd(be, m->gb2, at(m, g, lo->wd), NULL, m->gx, a->act,
+			       at(m, w, lo->wd), T, m->I, H, false);
+		be->swiglu_bwd(be, m->gb1, m->gb2, a->gu, T, m->I);
+		be->matmul_bwd(be, m->gn, at(m, g, lo->wgu), NULL, m->gb1, a->xn2,
+			       at(m, w, lo->wgu), T, H, 2 * m->I, false);
+	}
 	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln2), m->gn, a->h,
 			eff_weight(m, q->wn2, at(m, w, lo->ln2), H), a->rstd2, T, H, true);
 

@@ -138,21 +138,29 @@ static void file_name(char *buf, size_t len, int k, int n)
 		snprintf(buf, len, "model-%05d-of-%05d.safetensors", k + 1, n);
 }
 
-/* The class name prefix transformers uses for a model_type (Qwen3ForCausalLM, ...). */
-static const char *hf_class_prefix(const char *model_type)
+/*
+ * The classes transformers has for a model_type's exports: the classifier
+ * (*ForSequenceClassification) and the causal LM.  The Qwen3.5 families are exported as their text models (qwen3_5_text,
+ * qwen3_5_moe_text), whose causal LM is Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM.
+ */
+static const char *hf_class(const char *model_type, bool lm)
 {
-	static const struct { const char *type, *prefix; } t[] = {
-		{ "qwen3", "Qwen3" },
-		{ "qwen3_moe", "Qwen3Moe" },
-		/* exported as the text model (qwen3_5_text) */
-		{ "qwen3_5_text", "Qwen3_5Text" },
-		{ "qwen3_5", "Qwen3_5Text" },
+	static const struct { const char *type, *cls, *lm; } t[] = {
+		{ "qwen3", "Qwen3ForSequenceClassification", "Qwen3ForCausalLM" },
+		{ "qwen3_moe", "Qwen3MoeForSequenceClassification", "Qwen3MoeForCausalLM" },
+		{ "qwen3_5_text", "Qwen3_5TextForSequenceClassification", "Qwen3_5ForCausalLM" },
+		{ "qwen3_5", "Qwen3_5TextForSequenceClassification", "Qwen3_5ForCausalLM" },
+		/* transformers 5.17 has no Qwen3.5-MoE classifier: the name follows the others' */
+		{ "qwen3_5_moe_text", "Qwen3_5MoeTextForSequenceClassification",
+		  "Qwen3_5MoeForCausalLM" },
+		{ "qwen3_5_moe", "Qwen3_5MoeTextForSequenceClassification",
+		  "Qwen3_5MoeForCausalLM" },
 	};
 
 	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
 		if (!strcmp(t[i].type, model_type))
-			return t[i].prefix;
-	return "Qwen3";
+			return lm ? t[i].lm : t[i].cls;
+	return lm ? "Qwen3ForCausalLM" : "Qwen3ForSequenceClassification";
 }
 
 /* rank 0: config.json with the task's architecture, the index, the tokenizer files */
@@ -175,8 +183,8 @@ static int write_meta(const char *dir, const struct sl_model_files *f, int n_fil
 		sl_error("%s:%d: %s", p, jerr.line, jerr.text);
 		return -1;
 	}
-	if (!strcmp(f->mc.model_type, "qwen3_5")) {
-		/* the language model alone: its text_config as a qwen3_5_text config */
+	if (!strcmp(f->mc.model_type, "qwen3_5") || !strcmp(f->mc.model_type, "qwen3_5_moe")) {
+		/* the language model alone: its text_config as a qwen3_5(_moe)_text config */
 		json_t *tc = json_deep_copy(json_object_get(cj, "text_config"));
 
 		if (!json_is_object(tc)) {
@@ -185,15 +193,16 @@ static int write_meta(const char *dir, const struct sl_model_files *f, int n_fil
 			sl_error("%s: text_config is missing", p);
 			return -1;
 		}
-		json_object_set_new(tc, "model_type", json_string("qwen3_5_text"));
+		json_object_set_new(tc, "model_type",
+				    json_string(strcmp(f->mc.model_type, "qwen3_5") ?
+						"qwen3_5_moe_text" : "qwen3_5_text"));
 		json_object_set(tc, "tie_word_embeddings",
 				json_boolean(f->mc.tie_word_embeddings));
 		json_decref(cj);
 		cj = tc;
 	}
-	snprintf(name, sizeof(name), "%s%s", hf_class_prefix(f->mc.model_type),
-		 f->task ? "ForCausalLM" : "ForSequenceClassification");
-	json_object_set_new(cj, "architectures", json_pack("[s]", name));
+	json_object_set_new(cj, "architectures", json_pack("[s]", hf_class(f->mc.model_type,
+									     f->task)));
 	if (!f->task) {
 		json_object_set_new(cj, "num_labels", json_integer(1));
 		json_object_set_new(cj, "id2label", json_pack("{s:s}", "0", "LABEL_0"));

@@ -840,7 +840,8 @@ static int fused_expert(const struct sl_weights *w, const struct sl_tensor_info 
 		return 0;
 	snprintf(fname, sizeof(fname), "%.*s.mlp.experts.%s", (int)(p - ti->name), ti->name,
 		 down ? "down_proj" : "gate_up_proj");
-	t = sl_weights_find(w, fname);
+	/* model.language_model.* too (the published Qwen3.5-MoE layout) */
+	t = sl_weights_find_layout(w, fname);
 	if (!t)
 		return 0;
 	ws[0] = t->ndim == 3 ? t->shape[0] : 0;

@@ -7,6 +7,7 @@
 #   check-gpu-offload.sh: offloaded optimizer state and weights train to the on-GPU losses.
 #   check-gpu-sft.sh: task sft (untied, tied, packed, Qwen3-MoE) trains to the cpu backend's losses.
 #   test_cuda_qwen35: the same for the Qwen3.5 hybrid's ops and a tiny hybrid model.
+#   check-gpu-q35moe.sh: a tiny Qwen3.5-MoE model's sft trains to the cpu backend's losses.
 set -u
 : "${top_srcdir:=$(cd "$(dirname "$0")/.." && pwd)}"
 : "${top_builddir:=$top_srcdir}"
@@ -59,6 +60,8 @@ gpu_test "offload vs on-GPU losses" sh "$top_srcdir/test/check-gpu-offload.sh"
 gpu_test "sft cuda vs cpu losses" sh "$top_srcdir/test/check-gpu-sft.sh"
 # the Qwen3.5 hybrid's cuda ops (cuda/gdn.cu) and its tiny model against the cpu backend
 gpu_test "cuda qwen3.5 ops and model vs cpu" "$top_builddir/test/test_cuda_qwen35"
+# Qwen3.5-MoE (the shared expert's gate, cuda/q35moe.cu) sft on cuda against the cpu backend
+gpu_test "qwen3.5-moe sft cuda vs cpu losses" sh "$top_srcdir/test/check-gpu-q35moe.sh"
 
 grep -h "checks," "$LOG"
 echo "check-gpu: $passed passed, $failed failed"

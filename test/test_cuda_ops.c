@@ -667,6 +667,8 @@ static void t_adamw(size_t n, bool wout)
 
 /* a 4B-like matmul and attention shape, timed (no cpu reference: too slow there) */
 #include "cuda_moe_ops.inc"
+/* the Qwen3.5-MoE shared expert's gate */
+#include "cuda_q35moe_ops.inc"
 
 static void bench(void)
 {
@@ -815,6 +817,7 @@ int main(int argc, char **argv)
 	t_adamw(1000, false);
 	t_adamw(100001, true);
 	t_moe_all();
+	t_q35moe_all();
 	if (do_bench)
 		bench();
 	printf("peak %zu bytes, reserved %zu\n", sl_backend_cuda_peak_bytes(gpu),

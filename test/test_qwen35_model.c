@@ -480,7 +480,8 @@ static void test_config(void)
 	sl_model_config_free(&mp);
 
 	fprintf(stderr, "(the errors below are expected)\n");
-	CHECK(load_text("{\"model_type\": \"qwen3_5_moe\"}", &mc) < 0, "moe not yet");
+	CHECK(load_text("{\"model_type\": \"qwen3_5_moe\"}", &mc) < 0,
+	      "qwen3_5_moe without text_config");
 	CHECK(load_text("{\"model_type\": \"qwen3_5\", " TEXT_KEYS "\"x\": 1}", &mc) < 0,
 	      "qwen3_5 without text_config");
 	CHECK(load_text("{\"model_type\": \"qwen3_5_text\"," TEXT_KEYS

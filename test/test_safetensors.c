@@ -745,7 +745,8 @@ static void test_config(void)
 	CHECK_FAILS(load_cfg(&mc, "{" CFG_BASE ", \"num_key_value_heads\": 3}"), cp,
 		    "num_attention_heads (4) must be a multiple of num_key_value_heads (3)");
 	CHECK_FAILS(load_cfg(&mc, "{\"model_type\": \"llama\"}"), cp,
-		    "model_type 'llama' is not supported (qwen3, qwen3_moe, qwen3_5, qwen3_5_text)");
+		    "model_type 'llama' is not supported (qwen3, qwen3_moe, qwen3_5, qwen3_5_text, "
+		    "qwen3_5_moe, qwen3_5_moe_text)");
 	CHECK_FAILS(load_cfg(&mc, "{\"vocab_size\": 5}"), cp, "model_type");
 	CHECK_FAILS(load_cfg(&mc, "{" CFG_BASE ",\n \"head_dim\": 15}"), cp, "head_dim (15) must be even");
 	CHECK_FAILS(load_cfg(&mc, "{\"model_type\": \"qwen3\", \"vocab_size\": 512, "
