@@ -81,6 +81,33 @@ static __device__ __forceinline__ bf16 tobf(float v)
 	return __float2bfloat16_rn(v);
 }
 
+static __device__ __forceinline__ float sigm(float x)
+{
+	return 1.f / (1.f + expf(-x));
+}
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+	for (int o = 16; o; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+// sum over the block (blockDim a multiple of 32, <= 1024); every thread gets the result
+static __device__ __forceinline__ float block_sum(float v)
+{
+	__shared__ float sh[32];
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+
+	v = warp_sum(v);
+	__syncthreads();	// sh may still be read by a previous call
+	if (!lane)
+		sh[warp] = v;
+	__syncthreads();
+	v = lane < nw ? sh[lane] : 0.f;
+	return warp_sum(v);
+}
+
 // blocks for a grid-stride loop over n items: enough to fill the GPU, never more than needed
 static inline unsigned grid_for(size_t n, int threads)
 {

@@ -16,33 +16,6 @@
 #define NT 256
 #define GDN_CHUNK 64
 
-static __device__ __forceinline__ float sigm(float x)
-{
-	return 1.f / (1.f + expf(-x));
-}
-
-static __device__ __forceinline__ float warp_sum(float v)
-{
-	for (int o = 16; o; o >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, o);
-	return v;
-}
-
-// sum over the block (blockDim a multiple of 32); every thread gets the result
-static __device__ float block_sum(float v)
-{
-	__shared__ float sh[32];
-	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-
-	v = warp_sum(v);
-	__syncthreads();
-	if (!lane)
-		sh[warp] = v;
-	__syncthreads();
-	v = lane < nw ? sh[lane] : 0.f;
-	return warp_sum(v);
-}
-
 static int round32(int n)
 {
 	return (n + 31) / 32 * 32;

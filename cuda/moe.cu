@@ -12,13 +12,6 @@
 
 #define MAXK 32		// most experts a token may choose (Qwen3-MoE: 8)
 
-static __device__ __forceinline__ float warp_sum(float v)
-{
-	for (int o = 16; o; o >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, o);
-	return v;
-}
-
 static __device__ __forceinline__ float warp_max(float v)
 {
 	for (int o = 16; o; o >>= 1)

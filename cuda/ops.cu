@@ -7,30 +7,6 @@
 
 #define NT 256		// threads of the row and element-wise kernels
 
-// ---- reductions --------------------------------------------------------------------------
-
-static __device__ __forceinline__ float warp_sum(float v)
-{
-	for (int o = 16; o; o >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, o);
-	return v;
-}
-
-// sum over the block (blockDim a multiple of 32, <= 1024); every thread gets the result
-static __device__ float block_sum(float v)
-{
-	__shared__ float sh[32];
-	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-
-	v = warp_sum(v);
-	__syncthreads();	// sh may still be read by a previous call
-	if (!lane)
-		sh[warp] = v;
-	__syncthreads();
-	v = lane < nw ? sh[lane] : 0.f;
-	return warp_sum(v);
-}
-
 // ---- casts and adds ----------------------------------------------------------------------
 
 __global__ void k_f32_to_bf16(bf16 *d, const float *s, size_t n)
