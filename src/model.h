@@ -259,6 +259,8 @@ const int64_t *sl_model_expert_counts(const struct sl_model *m, int *n_layers, i
  * same layers in lockstep (same micro-batch count).  capacity_factor > 0 also caps every
  * expert at ceil(cf * N k / E) choices of the micro-batch's N real tokens on each rank (the
  * later tokens dropped: their expert output is 0; choices of padding are never sent).
+ * With P > 1 the unit source's experts' units hold only the rank's E/P experts (shard.c), which
+ * the model indexes from 0.
  */
 struct sl_moe_dispatch {
 	int rank, size;			/* this rank's index in the expert group; its ranks (P) */
