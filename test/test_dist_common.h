@@ -257,6 +257,48 @@ static void tcheck_bf16_rounding(struct sl_comm *c, const struct tmem *m)
 	m->free(d);
 }
 
+/*
+ * sl_comm_all_to_all_rows over @c, buffers of @m: rank r sends (r + 2q) % 3 rows of 5 bytes to
+ * rank q, row i's bytes naming (sender, receiver, i, byte); each rank must find every rank's
+ * rows in rank order.
+ */
+static void tcheck_all_to_all(struct sl_comm *c, const struct tmem *m)
+{
+	const int n = c->size, r = c->rank, R = 5;
+	int *sc = malloc(2 * sizeof(int) * n), *rc_ = sc + n, ns = 0, nr = 0, off = 0, rc;
+	unsigned char *h, *want, *p, *send, *recv;
+
+	for (int q = 0; q < n; q++) {
+		sc[q] = (r + 2 * q) % 3;
+		rc_[q] = (q + 2 * r) % 3;	/* what q sends r */
+		ns += sc[q];
+		nr += rc_[q];
+	}
+	h = malloc((ns > nr ? ns : nr) * R + 1);
+	p = want = malloc(nr * R + 1);
+	send = m->alloc(ns * R + 1);
+	recv = m->alloc(nr * R + 1);
+	for (int q = 0; q < n; q++)
+		for (int i = 0; i < sc[q]; i++, off++)
+			for (int b = 0; b < R; b++)
+				h[off * R + b] = (unsigned char)(r * 37 + q * 11 + i * 3 + b);
+	for (int q = 0; q < n; q++)
+		for (int i = 0; i < rc_[q]; i++)
+			for (int b = 0; b < R; b++)
+				*p++ = (unsigned char)(q * 37 + r * 11 + i * 3 + b);
+	m->put(send, h, ns * R);
+	rc = sl_comm_all_to_all_rows(c, send, sc, recv, rc_, R);
+	m->sync();
+	m->get(h, recv, nr * R);
+	CHECK(rc == 0 && memcmp(h, want, nr * R) == 0,
+	      "all-to-all (%s, %d ranks): rank %d received other rows (rc %d)", m->name, n, r, rc);
+	m->free(send);
+	m->free(recv);
+	free(h);
+	free(want);
+	free(sc);
+}
+
 /* Every collective, dtype and count over @c. */
 static void tcheck_collectives(struct sl_comm *c, const struct tmem *m)
 {

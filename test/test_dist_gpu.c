@@ -131,6 +131,8 @@ int main(int argc, char **argv)
 		g.world.stream = stream;
 		tcheck_collectives(by_node ? &g.shard : &g.world, &gpu_mem);
 		tcheck_collectives(&g.replica, &gpu_mem);
+		/* the expert dispatch's all-to-all (ncclSend / ncclRecv, or staged) */
+		tcheck_all_to_all(by_node ? &g.shard : &g.world, &gpu_mem);
 		if (kind == SL_COMM_MPI_STAGED)
 			CHECK(n_copies > copies, "the staged communicator made no copies");
 		else
