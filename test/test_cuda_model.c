@@ -6,7 +6,8 @@
  * where storing activations in bf16 alone costs more, three times that cost: a third run, the cpu
  * backend with every op's output rounded to bf16 ("cpu-bf16"), measures it (twice was too tight
  * for an expert's weights, which see only their own tokens: 1.02 and 1.07 of that bound in 2 of
- * 5 runs on the H200, 2026-11-30).  (Small tensors whose gradient
+ * 5 runs on the H200, 2026-11-30); and a tensor whose gradient is far smaller than the whole
+ * gradient's mean square gives a tensor of its size is held to 3% of that size.  (Small tensors whose gradient
  * is a sum of cancelling terms, such as q/k projections under a nearly flat softmax, lose several
  * percent to bf16 activations whatever the kernels do; the cpu-bf16 run shows how much.)  Several
  * shapes: the gradient check's model (head_dim 8), with attention biases, a wider one (head_dim
@@ -381,10 +382,17 @@ static void run(const char *name, int V, int H, int nh, int nkv, int hd, int I, 
 		for (int u = 0; u < e.lay.n_units; u++)
 			down(e.s[s].be, gr[s] + ubase[u], e.s[s].g[u], e.lay.unit_numel[u]);
 	}
+	/* the whole gradient's mean square per element: a tensor of n elements typically carries
+	 * n times it */
+	double ms = 0;
+
+	for (size_t k = 0; k < e.lay.total_numel; k++)
+		ms += (double)gr[0][k] * gr[0][k];
+	ms /= (double)e.lay.total_numel;
 	for (int i = 0; i < e.lay.n_tensors; i++) {
 		const struct sl_tensor_info *t = &e.lay.t[i];
 		size_t o = ubase[t->unit] + t->offset;
-		double num = 0, den = 0, enm = 0, rel, erel, tol;
+		double num = 0, den = 0, enm = 0, rel, erel, tol, share;
 		bool fin = true;
 
 		for (size_t k = 0; k < t->numel; k++) {
@@ -400,7 +408,11 @@ static void run(const char *name, int V, int H, int nh, int nkv, int hd, int I, 
 		gden += den;
 		rel = den > 0 ? sqrt(num / den) : sqrt(num);
 		erel = den > 0 ? sqrt(enm / den) : sqrt(enm);
-		tol = fmax(3e-2, 3 * erel);
+		/* a tensor whose gradient is far below its share (a sum of cancelling terms: the
+		 * k_proj bias under q/k norms) is held to 3% of that share instead of its own size
+		 * (its relative error reached 3.3x the cpu-bf16 one in 1 of 3 runs on the H200) */
+		share = sqrt(ms * (double)t->numel / fmax(den, 1e-300));
+		tol = fmax(3e-2 * fmax(1.0, share), 3 * erel);
 		CHECK(fin && rel <= tol, "%s: gradient of %s: rel %.3g, bound %.3g (cpu-bf16 %.3g)",
 		      name, t->name, rel, tol, erel);
 		if (!fin || rel / tol > worst) {
