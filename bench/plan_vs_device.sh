@@ -1,0 +1,71 @@
+#!/bin/bash
+# plan_vs_device.sh [OUTDIR]: `shardlm plan` against the GPU memory the whole process used, as the
+# driver reports it (nvidia-smi memory.used sampled every 100 ms during training: the CUDA
+# context, cuBLAS/NCCL workspaces and any fragmentation included), on one GPU (issue 6).
+# bench/offload.sh compares the planner with the cuda backend's own peak count; this compares it
+# with the device.  The Qwen3-1.7B shape (hidden 2048, 28 layers, 16/8 heads, intermediate 6144,
+# vocab 151936; random weights, mkmodel), batch 4 x 2048, 3 steps, in three placements: on-GPU
+# state, on-GPU with activation checkpointing, offload: optimizer.  About 2 minutes.
+# Programs: SHARDLM / MKMODEL, else PATH, else the build tree.  Prints a table last.
+set -u
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${1:-/tmp/plan-vs-device}
+mkdir -p "$OUT"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export SHARDLM_HOST_MEM=${SHARDLM_HOST_MEM:-128GB}
+SHARDLM=${SHARDLM:-$(command -v shardlm || echo "$HERE/src/shardlm")}
+MKMODEL=${MKMODEL:-$(command -v mkmodel || echo "$HERE/test/mkmodel")}
+command -v nvidia-smi >/dev/null || { echo "plan_vs_device.sh: no nvidia-smi" >&2; exit 1; }
+GPU_GB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 |
+	awk '{printf "%.0f", $1 * 1048576 / 1e9}')
+T=$(mktemp -d /tmp/pvd-XXXXXX)
+trap 'rm -rf "$T"' EXIT
+
+python3 - "$T/data.jsonl" <<'PY'
+import json, random, sys
+r = random.Random(7)
+with open(sys.argv[1], "w") as f:
+    for i in range(16):
+        f.write(json.dumps({"input_ids": [r.randrange(3, 151936) for _ in range(2048)],
+                            "label": round(r.random(), 3)}) + "\n")
+PY
+"$MKMODEL" --out "$T/m" --vocab 151936 --hidden 2048 --layers 28 --heads 16 --kv-heads 8 \
+	--head-dim 128 --intermediate 6144 --seed 1 --dtype bf16 >/dev/null ||
+	{ echo "mkmodel failed" >&2; exit 1; }
+
+echo "| run | offload | ckpt | plan GiB (with context) | device peak GiB | plan vs device |" \
+	>"$OUT/table.md"
+echo "|---|---|---|---|---|---|" >>"$OUT/table.md"
+for c in "gpu none false" "gpu-ckpt none true" "opt optimizer false"; do
+	set -- $c
+	cat >"$T/$1.yaml" <<YAML
+model: {path: $T/m}
+backend: cuda
+data: {train: $T/data.jsonl, max_state: 2048, seed: 1}
+train: {batch: 4, accum: 1, steps: 3, activation_checkpointing: $3, eval_every: 0}
+parallel: {offload: $2}
+checkpoint: {every: 0}
+run: {dir: $T/run-$1, log_every: 1}
+export: {final: false}
+YAML
+	"$SHARDLM" plan "$T/$1.yaml" --gpu-mem "$GPU_GB" --host-mem 128 >"$OUT/$1.plan" 2>&1
+	base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+	nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 \
+		>"$OUT/$1.mem" 2>/dev/null &
+	smi=$!
+	timeout 300 "$SHARDLM" train "$T/$1.yaml" --fresh >"$OUT/$1.log" 2>&1 ||
+		echo "$1: shardlm train failed (see $OUT/$1.log)" >&2
+	kill "$smi" 2>/dev/null
+	wait "$smi" 2>/dev/null
+	python3 - "$OUT/$1.plan" "$OUT/$1.mem" "$base" "$1" "$2" "$3" >>"$OUT/table.md" <<'PY'
+import re, sys
+plan, mem, base, name, off, ck = sys.argv[1:]
+tot = re.search(r"^  total\s+[0-9.]+\s+([0-9]+)", open(plan).read(), re.M)
+used = [int(x) for x in open(mem).read().split() if x.isdigit()]
+peak = (max(used) - int(base)) * 1048576 if used else 0
+p = int(tot.group(1)) if tot else 0
+rel = "%+.1f%%" % (100.0 * (p - peak) / peak) if peak and p else "-"
+print("| %s | %s | %s | %.2f | %.2f | %s |" % (name, off, ck, p / 2**30, peak / 2**30, rel))
+PY
+done
+cat "$OUT/table.md"
