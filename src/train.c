@@ -1432,14 +1432,16 @@ int sl_cmd_train(int argc, char **argv)
 	}
 	/*
 	 * Context parallel would have to pass the Gated DeltaNet state from chunk to chunk (not
-	 * written yet); expert parallel gives gradient norms 3e-4 off the one-rank run's on a
-	 * tiny qwen3_5_moe (test/test_q35moe.sh's model, step 2; cause not found yet).
+	 * written yet).  (Expert parallel works: the 3e-4 step-2 gradient-norm difference once seen
+	 * on test_q35moe's hidden-8 model is float32 noise that model amplifies through Adam's
+	 * sign-like first update; on the transformers fixture the losses agree to 4e-8.)
 	 */
-	if (j->mf.mc.norm_offset && (j->C > 1 || j->c->parallel.expert > 1)) {
+	if (j->mf.mc.norm_offset && j->C > 1) {
 		if (j->d.rank == 0)
-			sl_error("%s: parallel.%s > 1 is not supported for the Qwen3.5 hybrid family "
-				 "(model %s, %s) in this version; set it to 1", j->c->source,
-				 j->C > 1 ? "context" : "expert", j->mf.dir, j->mf.mc.model_type);
+			sl_error("%s: parallel.context > 1 is not supported for the Qwen3.5 hybrid "
+				 "family (model %s, %s) in this version: its Gated DeltaNet state would "
+				 "have to pass between context chunks; set it to 1", j->c->source,
+				 j->mf.dir, j->mf.mc.model_type);
 		goto out;
 	}
 	sl_log("model %s: %s, %d layers, hidden %d, heads %d/%d (head_dim %d), vocab %d, "
