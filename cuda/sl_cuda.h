@@ -139,6 +139,16 @@ void sl_cuda_gdn_rule_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, v
 			  void *dg, const void *dout, const float *states, const void *qn,
 			  const void *kn, const void *v, int vs, const float *beta, const float *g,
 			  const int *lens, int B, int L, int nk, int nv, int dk, int dv);
+/* the chunked gated delta rule (gdn_chunk.cu): the same contract as sl_cuda_gdn_rule_fwd/_bwd;
+ * sl_cuda_gdn_chunk_fits says whether it takes the shape (key dim <= 128, shared memory, scratch) */
+int sl_cuda_gdn_chunk_fits(struct sl_cuda *c, int dk, int dv, int L, int nk, int nv);
+void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states, const void *qn,
+			   const void *kn, const void *v, int vs, const float *beta, const float *g,
+			   const int *lens, int B, int L, int nk, int nv, int dk, int dv);
+void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, void *dbeta,
+			   void *dg, const void *dout, const float *states, const void *qn,
+			   const void *kn, const void *v, int vs, const float *beta, const float *g,
+			   const int *lens, int B, int L, int nk, int nv, int dk, int dv);
 void sl_cuda_gated_rmsnorm_fwd(struct sl_cuda *c, void *out, float *rstd, const void *x,
 			       const void *z, int zs, const void *w, int T, int nh, int d,
 			       float eps);

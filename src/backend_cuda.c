@@ -519,7 +519,10 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	be->moe_gemm_bwd = cuda_moe_gemm_bwd;
 	be->moe_combine_fwd = cuda_moe_combine_fwd;
 	be->moe_combine_bwd = cuda_moe_combine_bwd;
-	cuda_gdn_init(be);
+	if (cuda_gdn_init(be)) {
+		cuda_destroy(be);
+		return NULL;
+	}
 	cuda_q35moe_init(be);
 	be->destroy = cuda_destroy;
 	return be;

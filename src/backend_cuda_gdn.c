@@ -52,6 +52,38 @@ static void cuda_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void 
 			     g, lens, B, L, nk, nv, dk, dv);
 }
 
+/*
+ * The chunked kernels (cuda/gdn_chunk.cu), chosen per backend at its creation by
+ * SHARDLM_GDN_KERNEL=chunked (default: recurrent, gdn.cu's per-token walk).  A shape they do not
+ * take (key dim over 128, a group's dS over the scratch) runs the recurrence.
+ */
+static void cuda_gdn_chunk_fwd(struct sl_backend *be, void *o, void *states, const void *qn,
+			       const void *kn, const void *v, int vs, const void *beta,
+			       const void *g, const int32_t *lens, int B, int L, int nk, int nv,
+			       int dk, int dv)
+{
+	if (!sl_cuda_gdn_chunk_fits(C(be), dk, dv, L, nk, nv)) {
+		cuda_gdn_rule_fwd(be, o, states, qn, kn, v, vs, beta, g, lens, B, L, nk, nv, dk, dv);
+		return;
+	}
+	sl_cuda_gdn_chunk_fwd(C(be), o, states, qn, kn, v, vs, beta, g, lens, B, L, nk, nv, dk, dv);
+}
+
+static void cuda_gdn_chunk_bwd(struct sl_backend *be, void *dqn, void *dkn, void *dval,
+			       void *dbeta, void *dg, const void *dout, const void *states,
+			       const void *qn, const void *kn, const void *v, int vs,
+			       const void *beta, const void *g, const int32_t *lens, int B, int L,
+			       int nk, int nv, int dk, int dv)
+{
+	if (!sl_cuda_gdn_chunk_fits(C(be), dk, dv, L, nk, nv)) {
+		cuda_gdn_rule_bwd(be, dqn, dkn, dval, dbeta, dg, dout, states, qn, kn, v, vs, beta,
+				  g, lens, B, L, nk, nv, dk, dv);
+		return;
+	}
+	sl_cuda_gdn_chunk_bwd(C(be), dqn, dkn, dval, dbeta, dg, dout, states, qn, kn, v, vs, beta,
+			      g, lens, B, L, nk, nv, dk, dv);
+}
+
 static void cuda_gated_rmsnorm_fwd(struct sl_backend *be, void *out, void *rstd, const void *x,
 				   const void *z, int zs, const void *w, int T, int nh, int d,
 				   float eps)
@@ -95,18 +127,28 @@ static void cuda_sigmoid_mul_bwd(struct sl_backend *be, void *dx, void *dgate, c
 	sl_cuda_sigmoid_mul_bwd(C(be), dx, dgate, dy, x, gate, n);
 }
 
-static void cuda_gdn_init(struct sl_backend *be)
+/* 0, or -1 with a message when SHARDLM_GDN_KERNEL names no kernel */
+static int cuda_gdn_init(struct sl_backend *be)
 {
+	const char *k = getenv("SHARDLM_GDN_KERNEL");
+	bool chunked = k && !strcmp(k, "chunked");
+
+	if (k && *k && !chunked && strcmp(k, "recurrent")) {
+		fprintf(stderr, "cuda backend: SHARDLM_GDN_KERNEL=%s: expected chunked or recurrent\n",
+			k);
+		return -1;
+	}
 	be->conv1d_silu_fwd = cuda_conv1d_silu_fwd;
 	be->conv1d_silu_bwd = cuda_conv1d_silu_bwd;
 	be->gdn_prep_fwd = cuda_gdn_prep_fwd;
 	be->gdn_prep_bwd = cuda_gdn_prep_bwd;
-	be->gdn_rule_fwd = cuda_gdn_rule_fwd;
-	be->gdn_rule_bwd = cuda_gdn_rule_bwd;
+	be->gdn_rule_fwd = chunked ? cuda_gdn_chunk_fwd : cuda_gdn_rule_fwd;
+	be->gdn_rule_bwd = chunked ? cuda_gdn_chunk_bwd : cuda_gdn_rule_bwd;
 	be->gated_rmsnorm_fwd = cuda_gated_rmsnorm_fwd;
 	be->gated_rmsnorm_bwd = cuda_gated_rmsnorm_bwd;
 	be->gattn_qk_fwd = cuda_gattn_qk_fwd;
 	be->gattn_qk_bwd = cuda_gattn_qk_bwd;
 	be->sigmoid_mul_fwd = cuda_sigmoid_mul_fwd;
 	be->sigmoid_mul_bwd = cuda_sigmoid_mul_bwd;
+	return 0;
 }

@@ -18,7 +18,7 @@
 #include "model.h"
 #include "testutil.h"
 
-static struct sl_backend *cpu, *gpu;
+static struct sl_backend *cpu, *gpu, *gpu_rec, *gpu_chk;	/* gpu: the one under test */
 
 /* ---- random numbers and bf16 on the host --------------------------------------------------- */
 
@@ -396,6 +396,150 @@ static void t_rule(int B, int L, int nk, int nv, int dk, int dv)
 	drop(dq), drop(dk_), drop(dv_), drop(db), drop(dg);
 }
 
+/* ---- the two delta-rule kernels against each other at the 4B's shape, timed ------------------ */
+
+/* n host floats onto be (bf16 when bf) */
+static void *dev_put(struct sl_backend *be, const float *h, size_t n, bool bf)
+{
+	void *d = be->alloc(be, n * (bf ? 2 : 4));
+
+	if (bf) {
+		uint16_t *t = malloc(n * 2 + 2);
+
+		for (size_t i = 0; i < n; i++)
+			t[i] = f2bf(h[i]);
+		be->upload(be, d, t, n * 2);
+		free(t);
+	} else {
+		be->upload(be, d, h, n * 4);
+	}
+	return d;
+}
+
+/* norm-relative difference of two bf16 device buffers of n values */
+static double dev_diff(struct sl_backend *a, void *da, struct sl_backend *b, void *db, size_t n)
+{
+	uint16_t *x = malloc(n * 2 + 2), *y = malloc(n * 2 + 2);
+	double num = 0, den = 0;
+
+	a->download(a, x, da, n * 2);
+	b->download(b, y, db, n * 2);
+	for (size_t i = 0; i < n; i++) {
+		double u = bf2f(x[i]), w = bf2f(y[i]);
+
+		if (!isfinite(u) || !isfinite(w)) {
+			num = INFINITY;
+			break;
+		}
+		num += (u - w) * (u - w);
+		den += w * w;
+	}
+	free(x), free(y);
+	return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/*
+ * The chunked kernel (gc) against the recurrent one (gr) where the cpu would take minutes: the
+ * Qwen3.5 4B's Gated DeltaNet shape, one record padded.  Their fwd and bwd times are printed
+ * (no threshold); the outputs must agree within 2e-2 (norm-relative: both round to bf16, the
+ * recurrence's dq, dk once per value head).
+ */
+static void t_rule_pair(struct sl_backend *gr, struct sl_backend *gc, int B, int L, int nk, int nv,
+			int dk, int dv)
+{
+	struct sl_backend *be[2] = { gr, gc };
+	int T = B * L, vs = nv * dv, nch = (L + 63) / 64;
+	size_t nq = (size_t)T * nk * dk, nvv = (size_t)T * vs, nb = (size_t)T * nv;
+	size_t ns = (size_t)B * nch * nv * dk * dv;
+	float *hq = malloc(nq * 4), *hk = malloc(nq * 4), *hv = malloc(nvv * 4);
+	float *hb = malloc(nb * 4), *hg = malloc(nb * 4), *hgo = malloc(nvv * 4);
+	int32_t *hl = malloc(B * 4);
+	void *q[2], *k[2], *v[2], *bt[2], *g[2], *go[2], *o[2], *st[2], *dq[2], *dk_[2];
+	void *dv_[2], *db[2], *dg[2];
+	int32_t *lens[2];
+	double ms[2][2], e[6];
+	char sh[64];
+
+	for (size_t r = 0; r < (size_t)T * nk; r++) {	/* l2-normalized rows, q / sqrt(dk) */
+		double sq = 0, sk = 0;
+
+		for (int i = 0; i < dk; i++) {
+			hq[r * dk + i] = (float)rnorm();
+			hk[r * dk + i] = (float)rnorm();
+			sq += hq[r * dk + i] * hq[r * dk + i];
+			sk += hk[r * dk + i] * hk[r * dk + i];
+		}
+		for (int i = 0; i < dk; i++) {
+			hq[r * dk + i] /= (float)sqrt(sq * dk);
+			hk[r * dk + i] /= (float)sqrt(sk);
+		}
+	}
+	for (size_t i = 0; i < nvv; i++) {
+		hv[i] = (float)rnorm();
+		hgo[i] = (float)rnorm();
+	}
+	for (size_t i = 0; i < nb; i++) {
+		hb[i] = (float)runif();
+		hg[i] = (float)(-0.5 * runif());
+	}
+	for (int b = 0; b < B; b++)
+		hl[b] = b == B - 1 ? L - L / 4 - 3 : L;
+	snprintf(sh, sizeof(sh), "T=%dx%d k=%dx%d v=%dx%d", B, L, nk, dk, nv, dv);
+	for (int s = 0; s < 2; s++) {
+		struct sl_backend *x = be[s];
+
+		q[s] = dev_put(x, hq, nq, true);
+		k[s] = dev_put(x, hk, nq, true);
+		v[s] = dev_put(x, hv, nvv, true);
+		go[s] = dev_put(x, hgo, nvv, true);
+		bt[s] = dev_put(x, hb, nb, false);
+		g[s] = dev_put(x, hg, nb, false);
+		lens[s] = x->alloc(x, B * 4);
+		x->upload(x, lens[s], hl, B * 4);
+		o[s] = x->alloc(x, nvv * 2);
+		st[s] = x->alloc(x, ns * 4);
+		dq[s] = x->alloc(x, nq * 2);
+		dk_[s] = x->alloc(x, nq * 2);
+		dv_[s] = x->alloc(x, nvv * 2);
+		db[s] = x->alloc(x, nb * 2);
+		dg[s] = x->alloc(x, nb * 2);
+		for (int rep = 0; rep < 2; rep++) {	/* the second call is timed */
+			gpu = x;
+			TIMED(x->gdn_rule_fwd(x, o[s], st[s], q[s], k[s], v[s], vs, bt[s], g[s],
+					      lens[s], B, L, nk, nv, dk, dv));
+			ms[s][0] = t_ms;
+			TIMED(x->gdn_rule_bwd(x, dq[s], dk_[s], dv_[s], db[s], dg[s], go[s], st[s],
+					      q[s], k[s], v[s], vs, bt[s], g[s], lens[s], B, L, nk,
+					      nv, dk, dv));
+			ms[s][1] = t_ms;
+		}
+	}
+	e[0] = dev_diff(gc, o[1], gr, o[0], nvv);
+	e[1] = dev_diff(gc, dq[1], gr, dq[0], nq);
+	e[2] = dev_diff(gc, dk_[1], gr, dk_[0], nq);
+	e[3] = dev_diff(gc, dv_[1], gr, dv_[0], nvv);
+	e[4] = dev_diff(gc, db[1], gr, db[0], nb);
+	e[5] = dev_diff(gc, dg[1], gr, dg[0], nb);
+	printf("%-18s %-28s %-8s %10s %10s %8.3f\n", "gdn_rule_fwd", sh, "recur", "", "", ms[0][0]);
+	printf("%-18s %-28s %-8s %10.2e %10s %8.3f\n", "gdn_rule_fwd", sh, "chunked", e[0], "",
+	       ms[1][0]);
+	printf("%-18s %-28s %-8s %10s %10s %8.3f\n", "gdn_rule_bwd", sh, "recur", "", "", ms[0][1]);
+	printf("%-18s %-28s %-8s %10.2e %10s %8.3f  (dq dk dv db dg vs recur: %.1e %.1e %.1e "
+	       "%.1e %.1e)\n", "gdn_rule_bwd", sh, "chunked", e[1], "", ms[1][1], e[1], e[2],
+	       e[3], e[4], e[5]);
+	for (int i = 0; i < 6; i++)
+		CHECK(e[i] <= 2e-2, "%s: chunked vs recurrent, output %d: relative difference %g", sh,
+		      i, e[i]);
+	for (int s = 0; s < 2; s++) {
+		void *all[] = { q[s], k[s], v[s], go[s], bt[s], g[s], lens[s], o[s], st[s], dq[s],
+				dk_[s], dv_[s], db[s], dg[s] };
+
+		for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+			be[s]->free(be[s], all[i]);
+	}
+	free(hq), free(hk), free(hv), free(hb), free(hg), free(hgo), free(hl);
+}
+
 static void t_gnorm(int T, int nh, int d, int zs)
 {
 	char sh[64];
@@ -688,11 +832,23 @@ int main(int argc, char **argv)
 	rng = seed ? seed : 1;
 	printf("test_cuda_qwen35: seed %llu\n", (unsigned long long)seed);
 	cpu = sl_backend_cpu_create();
-	gpu = sl_backend_cuda_create(0);
+	/* the two delta-rule kernels, each on a backend of its own (SHARDLM_GDN_KERNEL is read
+	 * when a backend is made) */
+	setenv("SHARDLM_GDN_KERNEL", "recurrent", 1);
+	gpu = gpu_rec = sl_backend_cuda_create(0);
 	if (!cpu || !gpu) {
 		fprintf(stderr, "test_cuda_qwen35: no %s backend\n", cpu ? "cuda" : "cpu");
 		return 77;
 	}
+	setenv("SHARDLM_GDN_KERNEL", "bogus", 1);
+	gpu_chk = sl_backend_cuda_create(0);
+	CHECK(!gpu_chk, "SHARDLM_GDN_KERNEL=bogus must make the cuda backend fail");
+	setenv("SHARDLM_GDN_KERNEL", "chunked", 1);
+	gpu_chk = sl_backend_cuda_create(0);
+	CHECK(gpu_chk, "cuda backend with SHARDLM_GDN_KERNEL=chunked");
+	unsetenv("SHARDLM_GDN_KERNEL");
+	if (!gpu_chk)
+		return test_exit("test_cuda_qwen35");
 	printf("%-18s %-28s %-8s %10s %10s %8s\n", "op", "shape", "output", "rel.err", "max/scale",
 	       "gpu ms");
 	t_conv(2, 9, 7, 4, 11);
@@ -701,22 +857,37 @@ int main(int argc, char **argv)
 	t_prep(5, 1, 2, 4, 3, 9);
 	t_prep(140, 2, 4, 16, 24, 10);
 	t_prep(700, 16, 48, 128, 128, 100);
-	t_rule(2, 9, 1, 2, 4, 3);
-	t_rule(3, 150, 2, 4, 16, 24);
-	t_rule(2, 200, 2, 6, 128, 128);
+	for (int kk = 0; kk < 2; kk++) {	/* the recurrent kernel, then the chunked one */
+		gpu = kk ? gpu_chk : gpu_rec;
+		printf("-- gated delta rule: %s kernel\n", kk ? "chunked" : "recurrent");
+		t_rule(2, 9, 1, 2, 4, 3);
+		t_rule(3, 150, 2, 4, 16, 24);
+		t_rule(2, 200, 2, 6, 128, 128);
+		t_rule(3, 300, 2, 4, 32, 40);
+		t_rule(2, 130, 1, 3, 96, 70);
+	}
+	gpu = gpu_rec;
 	t_gnorm(7, 2, 3, 11);
 	t_gnorm(140, 4, 24, 200);
 	t_gnorm(300, 48, 128, 7000);
 	t_gattn(2, 9, 2, 1, 8, 4);
 	t_gattn(3, 70, 4, 2, 32, 8);
 	t_gattn(2, 150, 24, 4, 256, 64);
-	t_model("3x150 classify", false, 0, 0);
-	t_model("3x150 sft", true, 0, 0);
-	t_model("3x150 moe sft k=E=4", true, 4, 24);
-	if (getenv("SL_TEST_VERBOSE"))
-		t_model("3x150 moe sft k=E=4 no shared", true, 4, 0);
+	for (int kk = 0; kk < 2; kk++) {	/* the whole model with either delta-rule kernel */
+		gpu = kk ? gpu_chk : gpu_rec;
+		printf("-- model: %s gated delta rule\n", kk ? "chunked" : "recurrent");
+		t_model("3x150 classify", false, 0, 0);
+		t_model("3x150 sft", true, 0, 0);
+		t_model("3x150 moe sft k=E=4", true, 4, 24);
+		if (getenv("SL_TEST_VERBOSE"))
+			t_model("3x150 moe sft k=E=4 no shared", true, 4, 0);
+	}
+	/* the Qwen3.5 4B's Gated DeltaNet layer: chunked against recurrent, both timed */
+	t_rule_pair(gpu_rec, gpu_chk, 4, 2048, 16, 32, 128, 128);
+	gpu = gpu_rec;
 	printf("peak %zu bytes, reserved %zu\n", sl_backend_cuda_peak_bytes(gpu),
 	       sl_backend_cuda_reserved_bytes(gpu));
+	gpu_chk->destroy(gpu_chk);
 	gpu->destroy(gpu);
 	cpu->destroy(cpu);
 	return test_exit("test_cuda_qwen35");

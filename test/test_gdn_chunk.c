@@ -15,6 +15,7 @@
 #include "backend.h"
 #include "testutil.h"
 #include "gdn_chunk_ref.h"
+#include "gdn_chunk_emu.h"
 
 static uint64_t rng = 12345;
 
@@ -119,11 +120,161 @@ static void run(struct sl_backend *be, int B, int L, const int32_t *lens, int nk
 	}
 }
 
+/* ---- the CUDA kernels themselves, emulated (gdn_chunk_emu.h) ------------------------------ */
+
+static struct {
+	bf16 *o, *q, *k, *v, *dout, *dq, *dk, *dv, *db, *dg;
+	float *states, *dst, *beta, *g;
+	int *lens;
+	int vs, L, nk, nv, dk_, dv_, ntile, first;
+} E;
+
+static void body_fwd(void)
+{
+	k_chunk_fwd(E.o, E.states, E.q, E.k, E.v, E.vs, E.beta, E.g, E.lens, E.L, E.nk, E.nv,
+		    E.dk_, E.dv_, E.ntile);
+}
+
+static void body_state(void)
+{
+	k_chunk_bwd_state(E.dst, E.dout, E.q, E.k, E.beta, E.g, E.lens, E.L, E.nk, E.nv, E.dk_,
+			  E.dv_, E.ntile, E.first);
+}
+
+static void body_grad(void)
+{
+	k_chunk_bwd_grad(E.dq, E.dk, E.dv, E.db, E.dg, E.dout, E.states, E.dst, E.q, E.k, E.v,
+			 E.vs, E.beta, E.g, E.lens, E.L, E.nk, E.nv, E.dk_, E.dv_, E.first);
+}
+
+static bf16 *to_bf(double *x, size_t n)	/* x rounded to bf16 in place, and as bf16 */
+{
+	bf16 *b = malloc(n * sizeof(bf16) + 2);
+
+	for (size_t i = 0; i < n; i++) {
+		b[i] = tobf((float)x[i]);
+		x[i] = bf(b[i]);
+	}
+	return b;
+}
+
+static float *to_f(double *x, size_t n)
+{
+	float *f = malloc(n * 4 + 4);
+
+	for (size_t i = 0; i < n; i++) {
+		f[i] = (float)x[i];
+		x[i] = f[i];
+	}
+	return f;
+}
+
+/*
+ * bf16 (or float) results against the double reference: norm-relative over the first w of
+ * every s values (the rest must hold what they held: 7), every value finite
+ */
+static double emu_err(const void *got, bool isbf, const double *want, size_t n, size_t w,
+		      size_t s)
+{
+	double num = 0, den = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		double x = isbf ? bf(((const bf16 *)got)[i]) : ((const float *)got)[i];
+
+		if (i % s >= w) {
+			if (x != 7)
+				return INFINITY;
+			continue;
+		}
+
+		if (!isfinite(x))
+			return INFINITY;
+		num += (x - want[i]) * (x - want[i]);
+		den += want[i] * want[i];
+	}
+	return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/*
+ * The kernels on bf16 inputs against cpu64 on the same (rounded) values; the backward in waves
+ * of @per_wave (record, key head) groups, as sl_cuda_gdn_chunk_bwd runs them when the scratch is
+ * short.  Outputs start as NaN: whatever a kernel leaves unwritten fails.
+ */
+static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, int nk, int nv,
+		    int dk, int dv, double gmin, int per_wave)
+{
+	int T = B * L, vs = nv * dv + 3, nch = (L + RC - 1) / RC, grp = nv / nk;
+	size_t NS = (size_t)B * nch * nv * dk * dv, NV = (size_t)T * vs, NO = (size_t)T * nv * dv;
+	size_t NQ = (size_t)T * nk * dk, NB = (size_t)T * nv;
+	double *q = unit_rows((size_t)T * nk, dk, 1 / sqrt(dk)), *k = unit_rows((size_t)T * nk, dk, 1);
+	double *v = vec(NV), *beta = vec(NB), *g = vec(NB), *dout = vec(NO), *o = vec(NO);
+	double *st = vec(NS), *dq = vec(NQ), *dk_ = vec(NQ), *dval = vec(NV), *db = vec(NB);
+	double *dg = vec(NB), e[7];
+	char sh[96];
+
+	for (size_t i = 0; i < NV; i++)
+		v[i] = rnorm();
+	for (size_t i = 0; i < NB; i++) {
+		beta[i] = runif();
+		g[i] = gmin * runif();
+	}
+	for (size_t i = 0; i < NO; i++)
+		dout[i] = rnorm();
+	E.q = to_bf(q, NQ), E.k = to_bf(k, NQ), E.v = to_bf(v, NV), E.dout = to_bf(dout, NO);
+	E.beta = to_f(beta, NB), E.g = to_f(g, NB);
+	E.lens = (int *)lens;
+	E.vs = vs, E.L = L, E.nk = nk, E.nv = nv, E.dk_ = dk, E.dv_ = dv;
+	E.o = malloc(NO * 2), E.dq = malloc(NQ * 2), E.dk = malloc(NQ * 2);
+	E.dv = malloc(NV * 2), E.db = malloc(NB * 2), E.dg = malloc(NB * 2);
+	E.states = malloc(NS * 4);
+	E.dst = malloc((size_t)per_wave * grp * nch * dk * dv * 4);
+	memset(E.o, 0xff, NO * 2), memset(E.dq, 0xff, NQ * 2), memset(E.dk, 0xff, NQ * 2);
+	memset(E.db, 0xff, NB * 2), memset(E.dg, 0xff, NB * 2), memset(E.states, 0xff, NS * 4);
+	for (size_t i = 0; i < NV; i++)		/* past the value columns: must stay untouched */
+		E.dv[i] = i % vs < (size_t)nv * dv ? tobf(NAN) : tobf(7.f);
+	be->gdn_rule_fwd(be, o, st, q, k, v, vs, beta, g, lens, B, L, nk, nv, dk, dv);
+	be->gdn_rule_bwd(be, dq, dk_, dval, db, dg, dout, st, q, k, v, vs, beta, g, lens, B, L,
+			 nk, nv, dk, dv);
+	E.ntile = (dv + VF - 1) / VF;
+	CHECK(fwd_smem(dk) <= EMU_SM * 4 && state_smem(dk) <= EMU_SM * 4 &&
+	      grad_smem(dk) <= EMU_SM * 4, "shared memory of dk=%d within the H200's", dk);
+	emu_launch(B * nv * E.ntile, body_fwd);
+	for (int first = 0; first < B * nk; first += per_wave) {
+		int ng = B * nk - first < per_wave ? B * nk - first : per_wave;
+
+		E.first = first;
+		memset(E.dst, 0xff, (size_t)per_wave * grp * nch * dk * dv * 4);
+		emu_launch(ng * grp * E.ntile, body_state);
+		emu_launch(ng * nch, body_grad);
+	}
+	e[0] = emu_err(E.o, true, o, NO, NO, NO);
+	e[1] = emu_err(E.states, false, st, NS, NS, NS);
+	e[2] = emu_err(E.dq, true, dq, NQ, NQ, NQ);
+	e[3] = emu_err(E.dk, true, dk_, NQ, NQ, NQ);
+	e[4] = emu_err(E.dv, true, dval, NV, (size_t)nv * dv, vs);
+	e[5] = emu_err(E.db, true, db, NB, NB, NB);
+	e[6] = emu_err(E.dg, true, dg, NB, NB, NB);
+	snprintf(sh, sizeof(sh), "emu B=%d L=%d k=%dx%d v=%dx%d w=%d", B, L, nk, dk, nv, dv,
+		 per_wave);
+	printf("%-40s o %.1e st %.1e dq %.1e dk %.1e dv %.1e db %.1e dg %.1e\n", sh, e[0], e[1],
+	       e[2], e[3], e[4], e[5], e[6]);
+	/* bf16 outputs: ~2^-9 rounding, fp32 sums; states fp32 throughout */
+	for (int i = 0; i < 7; i++)
+		CHECK(e[i] < (i == 1 ? 1e-4 : 1e-2), "%s: output %d: relative error %g", sh, i,
+		      e[i]);
+	CHECK(!emu_divergent, "%s: %ld rounds with a barrier skipped by some threads", sh,
+	      emu_divergent);
+	free(q), free(k), free(v), free(beta), free(g), free(dout), free(o), free(st), free(dq);
+	free(dk_), free(dval), free(db), free(dg);
+	free(E.q), free(E.k), free(E.v), free(E.dout), free(E.beta), free(E.g), free(E.o);
+	free(E.dq), free(E.dk), free(E.dv), free(E.db), free(E.dg), free(E.states), free(E.dst);
+}
+
 int main(void)
 {
 	struct sl_backend *be = sl_backend_cpu64_create();
 	int32_t l1[2] = { 9, 4 }, l2[3] = { 150, 64, 0 }, l3[2] = { 128, 65 };
-	int32_t l4[3] = { 200, 1, 63 };
+	int32_t l4[3] = { 200, 1, 63 }, l5[2] = { 150, 64 };
 
 	CHECK(be && be->gdn_rule_fwd, "cpu64 backend with the Qwen3.5 ops");
 	if (!be || !be->gdn_rule_fwd)
@@ -132,6 +283,10 @@ int main(void)
 	run(be, 3, 150, l2, 2, 4, 16, 24, -0.5);	/* crossing, on a boundary, empty */
 	run(be, 2, 128, l3, 1, 3, 8, 5, -4);		/* strong decay: Ga underflows far */
 	run(be, 3, 200, l4, 2, 4, 32, 32, -0.05);	/* weak decay: T far from I */
+	/* the kernels themselves (slow: a block's 256 threads take turns at every barrier) */
+	run_emu(be, 2, 9, l1, 1, 2, 4, 3, -0.5, 2);
+	run_emu(be, 2, 150, l5, 1, 2, 24, 40, -0.5, 1);	/* two waves, two value tiles */
+	emu_free();
 	be->destroy(be);
 	return test_exit("test_gdn_chunk");
 }
