@@ -7,8 +7,8 @@
 // per value column: a column of the state evolves on its own (S = g S + k (b (v - S^T k))^T acts
 // column by column), so the forward needs no communication between threads beyond loading k and
 // q.  The backward recomputes each 64-position chunk's states from the saved chunk start into
-// scratch and walks it backwards.  This is the correct first version; the chunked tensor-core
-// form for Hopper is still to come.
+// scratch and walks it backwards.  gdn_chunk.cu has the chunked form of the same ops
+// (SHARDLM_GDN_KERNEL=chunked picks it).
 #include <cmath>
 
 #include "common.cuh"

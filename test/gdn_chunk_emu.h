@@ -181,15 +181,30 @@ static __attribute__((noinline)) void emu_block(int b)
 }
 #pragma GCC diagnostic pop
 
-/* run body as @blocks blocks of EMU_T threads, one block after the other */
-static void emu_launch(int blocks, void (*body)(void))
+/*
+ * Run body as @blocks blocks of EMU_T threads, one block after the other, with @smem bytes of
+ * shared memory: a block that writes past them counts in emu_overrun.
+ */
+static long emu_overrun;
+
+static void emu_launch(int blocks, size_t smem, void (*body)(void))
 {
 	emu_body = body;
 	for (int i = 0; i < EMU_T; i++)
 		if (!emu_stack[i])
 			emu_stack[i] = malloc(EMU_STACK);
-	for (int b = 0; b < blocks; b++)
+	for (int b = 0; b < blocks; b++) {
 		emu_block(b);
+		for (size_t i = smem / 4; i < EMU_SM; i++) {
+			uint32_t u;
+
+			memcpy(&u, &emu_sm[i], 4);
+			if (u != 0xffffffffu) {
+				emu_overrun++;
+				break;
+			}
+		}
+	}
 }
 
 static void emu_free(void)

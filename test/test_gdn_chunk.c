@@ -238,14 +238,14 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 	E.ntile = (dv + VF - 1) / VF;
 	CHECK(fwd_smem(dk) <= EMU_SM * 4 && state_smem(dk) <= EMU_SM * 4 &&
 	      grad_smem(dk) <= EMU_SM * 4, "shared memory of dk=%d within the H200's", dk);
-	emu_launch(B * nv * E.ntile, body_fwd);
+	emu_launch(B * nv * E.ntile, fwd_smem(dk), body_fwd);
 	for (int first = 0; first < B * nk; first += per_wave) {
 		int ng = B * nk - first < per_wave ? B * nk - first : per_wave;
 
 		E.first = first;
 		memset(E.dst, 0xff, (size_t)per_wave * grp * nch * dk * dv * 4);
-		emu_launch(ng * grp * E.ntile, body_state);
-		emu_launch(ng * nch, body_grad);
+		emu_launch(ng * grp * E.ntile, state_smem(dk), body_state);
+		emu_launch(ng * nch, grad_smem(dk), body_grad);
 	}
 	e[0] = emu_err(E.o, true, o, NO, NO, NO);
 	e[1] = emu_err(E.states, false, st, NS, NS, NS);
@@ -264,17 +264,19 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 		      e[i]);
 	CHECK(!emu_divergent, "%s: %ld rounds with a barrier skipped by some threads", sh,
 	      emu_divergent);
+	CHECK(!emu_overrun, "%s: %ld blocks wrote past their shared memory", sh, emu_overrun);
 	free(q), free(k), free(v), free(beta), free(g), free(dout), free(o), free(st), free(dq);
 	free(dk_), free(dval), free(db), free(dg);
 	free(E.q), free(E.k), free(E.v), free(E.dout), free(E.beta), free(E.g), free(E.o);
 	free(E.dq), free(E.dk), free(E.dv), free(E.db), free(E.dg), free(E.states), free(E.dst);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	struct sl_backend *be = sl_backend_cpu64_create();
 	int32_t l1[2] = { 9, 4 }, l2[3] = { 150, 64, 0 }, l3[2] = { 128, 65 };
 	int32_t l4[3] = { 200, 1, 63 }, l5[2] = { 150, 64 };
+	int32_t l6[2] = { 100, 37 };
 
 	CHECK(be && be->gdn_rule_fwd, "cpu64 backend with the Qwen3.5 ops");
 	if (!be || !be->gdn_rule_fwd)
@@ -286,6 +288,8 @@ int main(void)
 	/* the kernels themselves (slow: a block's 256 threads take turns at every barrier) */
 	run_emu(be, 2, 9, l1, 1, 2, 4, 3, -0.5, 2);
 	run_emu(be, 2, 150, l5, 1, 2, 24, 40, -0.5, 1);	/* two waves, two value tiles */
+	if (argc > 1 && !strcmp(argv[1], "full"))	/* the Qwen3.5 head dims (a minute) */
+		run_emu(be, 2, 100, l6, 1, 2, 128, 128, -0.5, 1);
 	emu_free();
 	be->destroy(be);
 	return test_exit("test_gdn_chunk");
