@@ -21,7 +21,7 @@
 #include "common.cuh"
 #include "gdn_chunk.cuh"
 
-// ---- launchers -----------------------------------------------------------------------------------
+// ---- launchers ------------------------------------------------------------------------------
 
 #define SMEM_MAX (227 * 1024)
 
@@ -73,8 +73,8 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 		int ng = B * nk - first < per_wave ? B * nk - first : per_wave;
 
 		k_chunk_bwd_state<<<ng * grp * ntile, NTH, ss, c->stream>>>(
-			dst, (const bf16 *)dout, (const bf16 *)qn, (const bf16 *)kn, beta, g, lens, L,
-			nk, nv, dk, dv, ntile, first);
+			dst, (const bf16 *)dout, (const bf16 *)qn, (const bf16 *)kn, beta, g, lens,
+			L, nk, nv, dk, dv, ntile, first);
 		CUDA_LAUNCHED();
 		k_chunk_bwd_grad<<<ng * nch, NTH, gs, c->stream>>>(
 			(bf16 *)dqn, (bf16 *)dkn, (bf16 *)dval, (bf16 *)dbeta, (bf16 *)dg,

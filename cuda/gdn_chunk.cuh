@@ -17,7 +17,8 @@
 struct cl {
 	bf16 *K, *Q;			// (GC, dk): 0 past the record
 	float *bet, *G, *Ga, *e;	// (GC): beta, cumsum(g), exp(G), exp(G_last - G)
-	float *KE, *P, *T;		// (GC, GC): E o k.k^T (s < r), E o q.k^T (s <= r), (I + A)^-1
+	float *KE, *P, *T;		// (GC, GC): E o k.k^T (s < r), E o q.k^T (s <= r),
+					// (I + A)^-1
 };
 
 static __host__ __device__ size_t cl_floats(int dk)
@@ -113,8 +114,9 @@ static __device__ __forceinline__ int chunk_n(int len, int c0)
 
 __global__ void __launch_bounds__(NTH) k_chunk_fwd(bf16 *o, float *states, const bf16 *qn,
 						   const bf16 *kn, const bf16 *v, int vs,
-						   const float *beta, const float *g, const int *lens,
-						   int L, int nk, int nv, int dk, int dv, int ntile)
+						   const float *beta, const float *g,
+						   const int *lens, int L, int nk, int nv, int dk,
+						   int dv, int ntile)
 {
 	extern __shared__ float sm[];
 	struct cl c;
@@ -144,7 +146,8 @@ __global__ void __launch_bounds__(NTH) k_chunk_fwd(bf16 *o, float *states, const
 				int r = x / VF, jj = x % VF;
 
 				if (c0 + r < L && jj < w)
-					o[(t0 + r) * nv * dv + (size_t)h * dv + j0 + jj] = tobf(0.f);
+					o[(t0 + r) * nv * dv + (size_t)h * dv + j0 + jj] =
+						tobf(0.f);
 			}
 			continue;
 		}
@@ -291,8 +294,8 @@ static __host__ __device__ size_t grad_tile_floats(int dk)
 
 static __host__ size_t grad_smem(int dk)
 {
-	return (cl_floats(dk) + (size_t)GC * (dk + 1) + 2 * GC * GC + 5 * GC + grad_tile_floats(dk)) *
-	       sizeof(float);
+	return (cl_floats(dk) + (size_t)GC * (dk + 1) + 2 * GC * GC + 5 * GC +
+		grad_tile_floats(dk)) * sizeof(float);
 }
 
 // block (group of the wave, chunk): group = (record, key head) first + blockIdx.x / nch
@@ -374,10 +377,10 @@ __global__ void __launch_bounds__(NTH) k_chunk_bwd_grad(bf16 *dqn, bf16 *dkn, bf
 			for (int x = tid; x < GC * VG; x += NTH) {
 				int r = x / VG, jj = x % VG;
 				bool ok = r < n && jj < w;
-				size_t t = t0 + r;
+				size_t t = t0 + r, hj = (size_t)h * dv + j0 + jj;
 
-				dOt[r * lt + jj] = ok ? bf(dout[t * nv * dv + (size_t)h * dv + j0 + jj]) : 0.f;
-				Vt[r * lt + jj] = ok ? bf(v[t * vs + (size_t)h * dv + j0 + jj]) : 0.f;
+				dOt[r * lt + jj] = ok ? bf(dout[t * nv * dv + hj]) : 0.f;
+				Vt[r * lt + jj] = ok ? bf(v[t * vs + hj]) : 0.f;
 			}
 			__syncthreads();
 			// R = diag(beta)(V - diag(Ga) K S0) into Xt; K dS; (Q S0) o dO
@@ -475,7 +478,8 @@ __global__ void __launch_bounds__(NTH) k_chunk_bwd_grad(bf16 *dqn, bf16 *dkn, bf
 			float a = c.Ga[r] * qz[r] - de[r] * c.e[r];
 
 			for (int s = 0; s < GC; s++)
-				a += dP[r * GC + s] * c.P[r * GC + s] - dP[s * GC + r] * c.P[s * GC + r];
+				a += dP[r * GC + s] * c.P[r * GC + s] -
+				     dP[s * GC + r] * c.P[s * GC + r];
 			dG[r] = a;
 		}
 		// X2 = T^T dW (the tile buffers are spent)

@@ -63,7 +63,8 @@ static void cuda_gdn_chunk_fwd(struct sl_backend *be, void *o, void *states, con
 			       int dk, int dv)
 {
 	if (!sl_cuda_gdn_chunk_fits(C(be), dk, dv, L, nk, nv)) {
-		cuda_gdn_rule_fwd(be, o, states, qn, kn, v, vs, beta, g, lens, B, L, nk, nv, dk, dv);
+		cuda_gdn_rule_fwd(be, o, states, qn, kn, v, vs, beta, g, lens, B, L, nk, nv, dk,
+				  dv);
 		return;
 	}
 	sl_cuda_gdn_chunk_fwd(C(be), o, states, qn, kn, v, vs, beta, g, lens, B, L, nk, nv, dk, dv);
@@ -134,8 +135,8 @@ static int cuda_gdn_init(struct sl_backend *be)
 	bool chunked = k && !strcmp(k, "chunked");
 
 	if (k && *k && !chunked && strcmp(k, "recurrent")) {
-		fprintf(stderr, "cuda backend: SHARDLM_GDN_KERNEL=%s: expected chunked or recurrent\n",
-			k);
+		fprintf(stderr,
+			"cuda backend: SHARDLM_GDN_KERNEL=%s: expected chunked or recurrent\n", k);
 		return -1;
 	}
 	be->conv1d_silu_fwd = cuda_conv1d_silu_fwd;

@@ -153,7 +153,8 @@ static void ref_fwd(double *o, double *states, const double *q, const double *k,
 						double a = 0;
 
 						for (int i = 0; i < dk; i++)
-							a += c->Q[r * dk + i] * S[(size_t)i * dv + j];
+							a += c->Q[r * dk + i] *
+							     S[(size_t)i * dv + j];
 						a *= c->Ga[r];
 						for (int s = 0; s <= r; s++)
 							a += c->P[r * RC + s] * delta[s * dv + j];
@@ -208,7 +209,8 @@ static void ref_bwd_states(double *dst, const double *dout, const double *q, con
 						for (int r = s; r < RC; r++)
 							a += c->P[r * RC + s] * c->dO[r * dv + j];
 						for (int i = 0; i < dk; i++)
-							kd += c->K[s * dk + i] * dS[(size_t)i * dv + j];
+							kd += c->K[s * dk + i] *
+							      dS[(size_t)i * dv + j];
 						dd[s * dv + j] = a + c->e[s] * kd;
 					}
 				/* Y = diag(beta Ga) T^T ddelta */
@@ -238,6 +240,207 @@ static void ref_bwd_states(double *dst, const double *dout, const double *q, con
 	rchunk_free(c);
 }
 
+/*
+ * One value head's share of chunk ch (loaded in c, its start state S0 and end dS): dval, dbeta,
+ * dg written, dQ and dK (RC, dk) added to
+ */
+static void rchunk_grads(struct rchunk *c, const double *S0, const double *dS, double *dQ,
+			 double *dK, double *dval, double *dbeta, double *dg, int b, int h, int ch,
+			 int L, int len, int nv, int vs)
+{
+	int dk = c->dk, dv = c->dv;
+	size_t SS = (size_t)dk * dv, CK = (size_t)RC * dk, CV = (size_t)RC * dv;
+	double *delta = malloc(CV * sizeof(double)), *dd = malloc(CV * sizeof(double));
+	double *Z = malloc(CK * sizeof(double)), *Y = malloc(CK * sizeof(double));
+	double *dW = malloc(CK * sizeof(double)), *dXw = malloc(CK * sizeof(double));
+	double *dXu = malloc(CV * sizeof(double));
+	double dP[RC * RC], dT[RC * RC], M[RC * RC], dA[RC * RC], dG[RC];
+
+	rchunk_delta(c, S0, delta);
+	memset(dG, 0, sizeof(dG));
+	/* ddelta = P^T dO + diag(e) K dS */
+	for (int s = 0; s < RC; s++)
+		for (int j = 0; j < dv; j++) {
+			double a = 0, kd = 0;
+
+			for (int r = s; r < RC; r++)
+				a += c->P[r * RC + s] * c->dO[r * dv + j];
+			for (int i = 0; i < dk; i++)
+				kd += c->K[s * dk + i] * dS[(size_t)i * dv + j];
+			dd[s * dv + j] = a + c->e[s] * kd;
+		}
+	/* Z = dO S0^T, Y = delta dS^T, dW = -ddelta S0^T (RC x dk) */
+	for (int r = 0; r < RC; r++)
+		for (int i = 0; i < dk; i++) {
+			double z = 0, y = 0, w = 0;
+
+			for (int j = 0; j < dv; j++) {
+				z += c->dO[r * dv + j] * S0[(size_t)i * dv + j];
+				y += delta[r * dv + j] * dS[(size_t)i * dv + j];
+				w += dd[r * dv + j] * S0[(size_t)i * dv + j];
+			}
+			Z[r * dk + i] = z;
+			Y[r * dk + i] = y;
+			dW[r * dk + i] = -w;
+		}
+	/* dP = dO delta^T (s <= r); M = dP o E */
+	for (int r = 0; r < RC; r++)
+		for (int s = 0; s < RC; s++) {
+			double a = 0;
+
+			for (int j = 0; j < dv && s <= r; j++)
+				a += c->dO[r * dv + j] * delta[s * dv + j];
+			dP[r * RC + s] = a;
+			M[r * RC + s] = a * c->E[r * RC + s];
+		}
+	/* through O: dQ += diag(Ga) Z + M K, dK += M^T Q; dG */
+	for (int r = 0; r < RC; r++) {
+		double zq = 0;
+
+		for (int i = 0; i < dk; i++)
+			zq += Z[r * dk + i] * c->Q[r * dk + i];
+		dG[r] += c->Ga[r] * zq;
+		for (int s = 0; s < RC; s++) {
+			double pe = dP[r * RC + s] * c->P[r * RC + s];
+
+			dG[r] += pe;
+			dG[s] -= pe;
+		}
+	}
+	for (int r = 0; r < RC; r++)
+		for (int i = 0; i < dk; i++) {
+			double a = c->Ga[r] * Z[r * dk + i], bb = 0;
+
+			for (int s = 0; s < RC; s++) {
+				a += M[r * RC + s] * c->K[s * dk + i];
+				bb += M[s * RC + r] * c->Q[s * dk + i];
+			}
+			dQ[r * dk + i] += a;
+			dK[r * dk + i] += bb;
+		}
+	/* through S_end: dK += diag(e) Y; dG */
+	{
+		double sd = 0;
+
+		for (size_t x = 0; x < SS; x++)
+			sd += S0[x] * dS[x];
+		dG[RC - 1] += c->Ga[RC - 1] * sd;
+	}
+	for (int s = 0; s < RC; s++) {
+		double de = 0;
+
+		for (int i = 0; i < dk; i++) {
+			de += c->K[s * dk + i] * Y[s * dk + i];
+			dK[s * dk + i] += c->e[s] * Y[s * dk + i];
+		}
+		dG[RC - 1] += de * c->e[s];
+		dG[s] -= de * c->e[s];
+	}
+	/* through U = T diag(beta) V, W = T diag(beta Ga) K:
+	 * dXu = T^T ddelta, dXw = T^T dW */
+	for (int s = 0; s < RC; s++) {
+		for (int j = 0; j < dv; j++) {
+			double a = 0;
+
+			for (int r = s; r < RC; r++)
+				a += c->T[r * RC + s] * dd[r * dv + j];
+			dXu[s * dv + j] = a;
+		}
+		for (int i = 0; i < dk; i++) {
+			double a = 0;
+
+			for (int r = s; r < RC; r++)
+				a += c->T[r * RC + s] * dW[r * dk + i];
+			dXw[s * dk + i] = a;
+		}
+	}
+	double db[RC];
+
+	for (int r = 0; r < RC; r++) {
+		double xv = 0, xk = 0;
+
+		for (int j = 0; j < dv; j++)
+			xv += dXu[r * dv + j] * c->V[r * dv + j];
+		for (int i = 0; i < dk; i++) {
+			xk += dXw[r * dk + i] * c->K[r * dk + i];
+			dK[r * dk + i] += c->beta[r] * c->Ga[r] *
+					  dXw[r * dk + i];
+		}
+		db[r] = xv + c->Ga[r] * xk;
+		dG[r] += c->beta[r] * c->Ga[r] * xk;
+	}
+	/* dT = ddelta (diag(beta) V)^T + dW (diag(beta Ga) K)^T (s <= r) */
+	for (int r = 0; r < RC; r++)
+		for (int s = 0; s < RC; s++) {
+			double a = 0, w = 0;
+
+			for (int j = 0; j < dv && s <= r; j++)
+				a += dd[r * dv + j] * c->V[s * dv + j];
+			for (int i = 0; i < dk && s <= r; i++)
+				w += dW[r * dk + i] * c->K[s * dk + i];
+			dT[r * RC + s] = c->beta[s] * (a + c->Ga[s] * w);
+		}
+	/* dA = -T^T dT T^T (s < r): M = dT T^T, dA = -T^T M */
+	for (int r = 0; r < RC; r++)
+		for (int s = 0; s < RC; s++) {
+			double a = 0;
+
+			for (int x = 0; x < RC; x++)
+				a += dT[r * RC + x] * c->T[s * RC + x];
+			M[r * RC + s] = a;
+		}
+	for (int r = 0; r < RC; r++)
+		for (int s = 0; s < RC; s++) {
+			double a = 0;
+
+			for (int x = 0; x < RC && s < r; x++)
+				a -= c->T[x * RC + r] * M[x * RC + s];
+			dA[r * RC + s] = a;
+		}
+	/* through A_rs = beta_r E_rs k_r.k_s: dbeta, dG, dK += D K + D^T K */
+	for (int r = 0; r < RC; r++)
+		for (int s = 0; s < r; s++) {
+			double ae = dA[r * RC + s] * c->A[r * RC + s];
+
+			db[r] += dA[r * RC + s] * c->E[r * RC + s] *
+				 c->KK[r * RC + s];
+			dG[r] += ae;
+			dG[s] -= ae;
+		}
+	for (int r = 0; r < RC; r++)
+		for (int i = 0; i < dk; i++) {
+			double a = 0;
+
+			for (int s = 0; s < RC; s++) {
+				double d1 = s < r ? dA[r * RC + s] * c->beta[r] *
+						    c->E[r * RC + s] : 0;
+				double d2 = r < s ? dA[s * RC + r] * c->beta[s] *
+						    c->E[s * RC + r] : 0;
+
+				a += (d1 + d2) * c->K[s * dk + i];
+			}
+			dK[r * dk + i] += a;
+		}
+	/* the outputs of this value head: dv, dbeta, dg (reverse cumsum) */
+	double acc = 0;
+
+	for (int r = RC - 1; r >= 0; r--) {
+		int p = ch * RC + r;
+		size_t t = (size_t)b * L + p;
+		int ok = p < len;
+
+		acc += dG[r];
+		if (p >= L)
+			continue;
+		for (int j = 0; j < dv; j++)
+			dval[t * vs + (size_t)h * dv + j] =
+				ok ? c->beta[r] * dXu[r * dv + j] : 0;
+		dbeta[t * nv + h] = ok ? db[r] : 0;
+		dg[t * nv + h] = ok ? acc : 0;
+	}
+	free(delta), free(dd), free(Z), free(Y), free(dW), free(dXw), free(dXu);
+}
+
 /* every gradient, from the chunk-start states and the chunk-end dS (dst) */
 static void ref_bwd_grads(double *dq, double *dk_, double *dval, double *dbeta, double *dg,
 			  const double *dout, const double *states, const double *dst,
@@ -246,14 +449,9 @@ static void ref_bwd_grads(double *dq, double *dk_, double *dval, double *dbeta, 
 			  int nk, int nv, int dk, int dv)
 {
 	int nch = (L + RC - 1) / RC, grp = nv / nk;
-	size_t SS = (size_t)dk * dv, CK = (size_t)RC * dk, CV = (size_t)RC * dv;
+	size_t SS = (size_t)dk * dv, CK = (size_t)RC * dk;
 	struct rchunk *c = rchunk_new(dk, dv);
-	double *delta = malloc(CV * sizeof(double)), *dd = malloc(CV * sizeof(double));
 	double *dQ = malloc(CK * sizeof(double)), *dK = malloc(CK * sizeof(double));
-	double *Z = malloc(CK * sizeof(double)), *Y = malloc(CK * sizeof(double));
-	double *dW = malloc(CK * sizeof(double)), *dXw = malloc(CK * sizeof(double));
-	double *dXu = malloc(CV * sizeof(double));
-	double dP[RC * RC], dT[RC * RC], M[RC * RC], dA[RC * RC], dG[RC];
 
 	for (int b = 0; b < B; b++)
 		for (int kh = 0; kh < nk; kh++)
@@ -261,205 +459,24 @@ static void ref_bwd_grads(double *dq, double *dk_, double *dval, double *dbeta, 
 				memset(dQ, 0, CK * sizeof(double));
 				memset(dK, 0, CK * sizeof(double));
 				for (int h = kh * grp; h < (kh + 1) * grp; h++) {
-					const double *S0 = states + (((size_t)b * nch + ch) * nv + h) * SS;
-					const double *dS = dst + (((size_t)b * nch + ch) * nv + h) * SS;
+					size_t so = (((size_t)b * nch + ch) * nv + h) * SS;
 
 					rchunk_local(c, q, k, v, vs, beta, g, dout, b, h, ch, L,
 						     lens[b], nk, nv);
-					rchunk_delta(c, S0, delta);
-					memset(dG, 0, sizeof(dG));
-					/* ddelta = P^T dO + diag(e) K dS */
-					for (int s = 0; s < RC; s++)
-						for (int j = 0; j < dv; j++) {
-							double a = 0, kd = 0;
-
-							for (int r = s; r < RC; r++)
-								a += c->P[r * RC + s] * c->dO[r * dv + j];
-							for (int i = 0; i < dk; i++)
-								kd += c->K[s * dk + i] * dS[(size_t)i * dv + j];
-							dd[s * dv + j] = a + c->e[s] * kd;
-						}
-					/* Z = dO S0^T, Y = delta dS^T, dW = -ddelta S0^T (RC x dk) */
-					for (int r = 0; r < RC; r++)
-						for (int i = 0; i < dk; i++) {
-							double z = 0, y = 0, w = 0;
-
-							for (int j = 0; j < dv; j++) {
-								z += c->dO[r * dv + j] * S0[(size_t)i * dv + j];
-								y += delta[r * dv + j] * dS[(size_t)i * dv + j];
-								w += dd[r * dv + j] * S0[(size_t)i * dv + j];
-							}
-							Z[r * dk + i] = z;
-							Y[r * dk + i] = y;
-							dW[r * dk + i] = -w;
-						}
-					/* dP = dO delta^T (s <= r); M = dP o E */
-					for (int r = 0; r < RC; r++)
-						for (int s = 0; s < RC; s++) {
-							double a = 0;
-
-							for (int j = 0; j < dv && s <= r; j++)
-								a += c->dO[r * dv + j] * delta[s * dv + j];
-							dP[r * RC + s] = a;
-							M[r * RC + s] = a * c->E[r * RC + s];
-						}
-					/* through O: dQ += diag(Ga) Z + M K, dK += M^T Q; dG */
-					for (int r = 0; r < RC; r++) {
-						double zq = 0;
-
-						for (int i = 0; i < dk; i++)
-							zq += Z[r * dk + i] * c->Q[r * dk + i];
-						dG[r] += c->Ga[r] * zq;
-						for (int s = 0; s < RC; s++) {
-							double pe = dP[r * RC + s] * c->P[r * RC + s];
-
-							dG[r] += pe;
-							dG[s] -= pe;
-						}
-					}
-					for (int r = 0; r < RC; r++)
-						for (int i = 0; i < dk; i++) {
-							double a = c->Ga[r] * Z[r * dk + i], bb = 0;
-
-							for (int s = 0; s < RC; s++) {
-								a += M[r * RC + s] * c->K[s * dk + i];
-								bb += M[s * RC + r] * c->Q[s * dk + i];
-							}
-							dQ[r * dk + i] += a;
-							dK[r * dk + i] += bb;
-						}
-					/* through S_end: dK += diag(e) Y; dG */
-					{
-						double sd = 0;
-
-						for (size_t x = 0; x < SS; x++)
-							sd += S0[x] * dS[x];
-						dG[RC - 1] += c->Ga[RC - 1] * sd;
-					}
-					for (int s = 0; s < RC; s++) {
-						double de = 0;
-
-						for (int i = 0; i < dk; i++) {
-							de += c->K[s * dk + i] * Y[s * dk + i];
-							dK[s * dk + i] += c->e[s] * Y[s * dk + i];
-						}
-						dG[RC - 1] += de * c->e[s];
-						dG[s] -= de * c->e[s];
-					}
-					/* through U = T diag(beta) V, W = T diag(beta Ga) K:
-					 * dXu = T^T ddelta, dXw = T^T dW */
-					for (int s = 0; s < RC; s++) {
-						for (int j = 0; j < dv; j++) {
-							double a = 0;
-
-							for (int r = s; r < RC; r++)
-								a += c->T[r * RC + s] * dd[r * dv + j];
-							dXu[s * dv + j] = a;
-						}
-						for (int i = 0; i < dk; i++) {
-							double a = 0;
-
-							for (int r = s; r < RC; r++)
-								a += c->T[r * RC + s] * dW[r * dk + i];
-							dXw[s * dk + i] = a;
-						}
-					}
-					double db[RC];
-
-					for (int r = 0; r < RC; r++) {
-						double xv = 0, xk = 0;
-
-						for (int j = 0; j < dv; j++)
-							xv += dXu[r * dv + j] * c->V[r * dv + j];
-						for (int i = 0; i < dk; i++) {
-							xk += dXw[r * dk + i] * c->K[r * dk + i];
-							dK[r * dk + i] += c->beta[r] * c->Ga[r] *
-									  dXw[r * dk + i];
-						}
-						db[r] = xv + c->Ga[r] * xk;
-						dG[r] += c->beta[r] * c->Ga[r] * xk;
-					}
-					/* dT = ddelta (diag(beta) V)^T + dW (diag(beta Ga) K)^T (s <= r) */
-					for (int r = 0; r < RC; r++)
-						for (int s = 0; s < RC; s++) {
-							double a = 0, w = 0;
-
-							for (int j = 0; j < dv && s <= r; j++)
-								a += dd[r * dv + j] * c->V[s * dv + j];
-							for (int i = 0; i < dk && s <= r; i++)
-								w += dW[r * dk + i] * c->K[s * dk + i];
-							dT[r * RC + s] = c->beta[s] * (a + c->Ga[s] * w);
-						}
-					/* dA = -T^T dT T^T (s < r): M = dT T^T, dA = -T^T M */
-					for (int r = 0; r < RC; r++)
-						for (int s = 0; s < RC; s++) {
-							double a = 0;
-
-							for (int x = 0; x < RC; x++)
-								a += dT[r * RC + x] * c->T[s * RC + x];
-							M[r * RC + s] = a;
-						}
-					for (int r = 0; r < RC; r++)
-						for (int s = 0; s < RC; s++) {
-							double a = 0;
-
-							for (int x = 0; x < RC && s < r; x++)
-								a -= c->T[x * RC + r] * M[x * RC + s];
-							dA[r * RC + s] = a;
-						}
-					/* through A_rs = beta_r E_rs k_r.k_s: dbeta, dG, dK += D K + D^T K */
-					for (int r = 0; r < RC; r++)
-						for (int s = 0; s < r; s++) {
-							double ae = dA[r * RC + s] * c->A[r * RC + s];
-
-							db[r] += dA[r * RC + s] * c->E[r * RC + s] *
-								 c->KK[r * RC + s];
-							dG[r] += ae;
-							dG[s] -= ae;
-						}
-					for (int r = 0; r < RC; r++)
-						for (int i = 0; i < dk; i++) {
-							double a = 0;
-
-							for (int s = 0; s < RC; s++) {
-								double d1 = s < r ? dA[r * RC + s] * c->beta[r] *
-										    c->E[r * RC + s] : 0;
-								double d2 = r < s ? dA[s * RC + r] * c->beta[s] *
-										    c->E[s * RC + r] : 0;
-
-								a += (d1 + d2) * c->K[s * dk + i];
-							}
-							dK[r * dk + i] += a;
-						}
-					/* the outputs of this value head: dv, dbeta, dg (reverse cumsum) */
-					double acc = 0;
-
-					for (int r = RC - 1; r >= 0; r--) {
-						int p = ch * RC + r;
-						size_t t = (size_t)b * L + p;
-						int ok = p < lens[b];
-
-						acc += dG[r];
-						if (p >= L)
-							continue;
-						for (int j = 0; j < dv; j++)
-							dval[t * vs + (size_t)h * dv + j] =
-								ok ? c->beta[r] * dXu[r * dv + j] : 0;
-						dbeta[t * nv + h] = ok ? db[r] : 0;
-						dg[t * nv + h] = ok ? acc : 0;
-					}
+					rchunk_grads(c, states + so, dst + so, dQ, dK, dval, dbeta,
+						     dg, b, h, ch, L, lens[b], nv, vs);
 				}
 				for (int r = 0; r < RC && ch * RC + r < L; r++) {
 					size_t t = (size_t)b * L + ch * RC + r;
+					size_t o = t * nk * dk + (size_t)kh * dk;
 					int ok = ch * RC + r < lens[b];
 
 					for (int i = 0; i < dk; i++) {
-						dq[t * nk * dk + (size_t)kh * dk + i] = ok ? dQ[r * dk + i] : 0;
-						dk_[t * nk * dk + (size_t)kh * dk + i] = ok ? dK[r * dk + i] : 0;
+						dq[o + i] = ok ? dQ[r * dk + i] : 0;
+						dk_[o + i] = ok ? dK[r * dk + i] : 0;
 					}
 				}
 			}
-	free(delta), free(dd), free(dQ), free(dK), free(Z), free(Y), free(dW), free(dXw);
-	free(dXu);
+	free(dQ), free(dK);
 	rchunk_free(c);
 }

@@ -531,8 +531,8 @@ static void t_rule_pair(struct sl_backend *gr, struct sl_backend *gc, int B, int
 	       "%.1e %.1e)\n", "gdn_rule_bwd", sh, "chunked", e[1], "", ms[1][1], e[1], e[2],
 	       e[3], e[4], e[5]);
 	for (int i = 0; i < 6; i++)
-		CHECK(e[i] <= 2e-2, "%s: chunked vs recurrent, output %d: relative difference %g", sh,
-		      i, e[i]);
+		CHECK(e[i] <= 2e-2, "%s: chunked vs recurrent, output %d: relative difference %g",
+		      sh, i, e[i]);
 	for (int s = 0; s < 2; s++) {
 		void *all[] = { q[s], k[s], v[s], go[s], bt[s], g[s], lens[s], o[s], st[s], dq[s],
 				dk_[s], dv_[s], db[s], dg[s] };

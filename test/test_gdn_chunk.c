@@ -74,14 +74,16 @@ static void run(struct sl_backend *be, int B, int L, const int32_t *lens, int nk
 {
 	int T = B * L, vs = nv * dv + 3, nch = (L + RC - 1) / RC;
 	size_t NS = (size_t)B * nch * nv * dk * dv, NV = (size_t)T * vs;
-	double *q = unit_rows((size_t)T * nk, dk, 1 / sqrt(dk)), *k = unit_rows((size_t)T * nk, dk, 1);
+	double *q = unit_rows((size_t)T * nk, dk, 1 / sqrt(dk));
+	double *k = unit_rows((size_t)T * nk, dk, 1);
 	double *v = vec(NV), *beta = vec((size_t)T * nv), *g = vec((size_t)T * nv);
 	double *dout = vec((size_t)T * nv * dv);
 	double *o[2] = { vec((size_t)T * nv * dv), vec((size_t)T * nv * dv) };
 	double *st[2] = { vec(NS), vec(NS) }, *dst = vec(NS);
 	double *dq[2] = { vec((size_t)T * nk * dk), vec((size_t)T * nk * dk) };
 	double *dk_[2] = { vec((size_t)T * nk * dk), vec((size_t)T * nk * dk) };
-	double *dval[2] = { vec(NV), vec(NV) }, *db[2] = { vec((size_t)T * nv), vec((size_t)T * nv) };
+	double *dval[2] = { vec(NV), vec(NV) };
+	double *db[2] = { vec((size_t)T * nv), vec((size_t)T * nv) };
 	double *dg[2] = { vec((size_t)T * nv), vec((size_t)T * nv) };
 	double e[7];
 	char sh[96];
@@ -206,7 +208,8 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 	int T = B * L, vs = nv * dv + 3, nch = (L + RC - 1) / RC, grp = nv / nk;
 	size_t NS = (size_t)B * nch * nv * dk * dv, NV = (size_t)T * vs, NO = (size_t)T * nv * dv;
 	size_t NQ = (size_t)T * nk * dk, NB = (size_t)T * nv;
-	double *q = unit_rows((size_t)T * nk, dk, 1 / sqrt(dk)), *k = unit_rows((size_t)T * nk, dk, 1);
+	double *q = unit_rows((size_t)T * nk, dk, 1 / sqrt(dk));
+	double *k = unit_rows((size_t)T * nk, dk, 1);
 	double *v = vec(NV), *beta = vec(NB), *g = vec(NB), *dout = vec(NO), *o = vec(NO);
 	double *st = vec(NS), *dq = vec(NQ), *dk_ = vec(NQ), *dval = vec(NV), *db = vec(NB);
 	double *dg = vec(NB), e[7];
