@@ -903,6 +903,18 @@ static double gpu_peak(struct job *j)
 	return 0;
 }
 
+/* the arena's reserved bytes and the device's used bytes (what the driver reports) */
+static void gpu_reserved(struct job *j, double *reserved, double *used)
+{
+	*reserved = *used = 0;
+#ifdef SL_HAVE_CUDA
+	if (j->cuda) {
+		*reserved = (double)sl_backend_cuda_reserved_bytes(j->be);
+		*used = (double)sl_cuda_device_used();
+	}
+#endif
+}
+
 static void *gpu_stream(struct job *j)
 {
 #ifdef SL_HAVE_CUDA
@@ -1199,9 +1211,17 @@ static int run_steps(struct job *j)
 		if (sm.capacity)
 			MPI_Allreduce(MPI_IN_PLACE, &sm.dropped_tokens, 1, MPI_LONG_LONG, MPI_SUM,
 				      MPI_COMM_WORLD);
-		peak = gpu_peak(j);
-		MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-		sm.peak_gpu_bytes = (long long)peak;
+		{
+			double mem[3];
+
+			mem[0] = gpu_peak(j);
+			gpu_reserved(j, &mem[1], &mem[2]);
+			MPI_Allreduce(MPI_IN_PLACE, mem, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+			peak = mem[0];
+			sm.peak_gpu_bytes = (long long)mem[0];
+			sm.reserved_gpu_bytes = (long long)mem[1];
+			sm.device_used_bytes = (long long)mem[2];
+		}
 		sm.grad_norm = NAN;
 		status = isfinite(sums[0]) ? sl_shard_optim_step(&j->sh, &h, &sm.grad_norm) : 1;
 		j->be->sync(j->be);
