@@ -1450,20 +1450,6 @@ int sl_cmd_train(int argc, char **argv)
 				 j->mf.mc.model_type);
 		goto out;
 	}
-	/*
-	 * Context parallel would have to pass the Gated DeltaNet state from chunk to chunk (not
-	 * written yet).  (Expert parallel works: the 3e-4 step-2 gradient-norm difference once seen
-	 * on test_q35moe's hidden-8 model is float32 noise that model amplifies through Adam's
-	 * sign-like first update; on the transformers fixture the losses agree to 4e-8.)
-	 */
-	if (j->mf.mc.norm_offset && j->C > 1) {
-		if (j->d.rank == 0)
-			sl_error("%s: parallel.context > 1 is not supported for the Qwen3.5 hybrid "
-				 "family (model %s, %s) in this version: its Gated DeltaNet state would "
-				 "have to pass between context chunks; set it to 1", j->c->source,
-				 j->mf.dir, j->mf.mc.model_type);
-		goto out;
-	}
 	sl_log("model %s: %s, %d layers, hidden %d, heads %d/%d (head_dim %d), vocab %d, "
 	       "%.2fM parameters", j->mf.dir, j->mf.mc.model_type, j->mf.mc.n_layers,
 	       j->mf.mc.hidden, j->mf.mc.n_heads, j->mf.mc.n_kv_heads, j->mf.mc.head_dim,
