@@ -3,9 +3,13 @@
 # driver reports it (nvidia-smi memory.used sampled every 100 ms during training: the CUDA
 # context, cuBLAS/NCCL workspaces and any fragmentation included), on one GPU (issue 6).
 # bench/offload.sh compares the planner with the cuda backend's own peak count; this compares it
-# with the device.  The Qwen3-1.7B shape (hidden 2048, 28 layers, 16/8 heads, intermediate 6144,
-# vocab 151936; random weights, mkmodel), batch 4 x 2048, 3 steps, in three placements: on-GPU
-# state, on-GPU with activation checkpointing, offload: optimizer.  About 2 minutes.
+# with the device.  The Qwen3-1.7B layer shape (hidden 2048, 16/8 heads, intermediate 6144, vocab
+# 151936; 14 layers instead of 28 to keep it short; random weights, mkmodel), batch 4 x 2048, 3
+# steps, in three placements: on-GPU state, on-GPU with activation checkpointing, offload:
+# optimizer.  About 2 minutes.  Columns: the plan (with its CUDA-context estimate); what the
+# trainer counts (training_metrics.json: peak_gpu_bytes, the arena's peak in use + fixed
+# workspaces; reserved_gpu_bytes, the arena's chunks; device_used_bytes, cudaMemGetInfo at a
+# step's end); nvidia-smi's peak.
 # Programs: SHARDLM / MKMODEL, else PATH, else the build tree.  Prints a table last.
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,13 +33,13 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"input_ids": [r.randrange(3, 151936) for _ in range(2048)],
                             "label": round(r.random(), 3)}) + "\n")
 PY
-"$MKMODEL" --out "$T/m" --vocab 151936 --hidden 2048 --layers 28 --heads 16 --kv-heads 8 \
+"$MKMODEL" --out "$T/m" --vocab 151936 --hidden 2048 --layers 14 --heads 16 --kv-heads 8 \
 	--head-dim 128 --intermediate 6144 --seed 1 --dtype bf16 >/dev/null ||
 	{ echo "mkmodel failed" >&2; exit 1; }
 
-echo "| run | offload | ckpt | plan GiB (with context) | device peak GiB | plan vs device |" \
+echo "| run | offload | ckpt | plan GiB | peak (arena) | reserved | device used | nvidia-smi peak | plan vs smi |" \
 	>"$OUT/table.md"
-echo "|---|---|---|---|---|---|" >>"$OUT/table.md"
+echo "|---|---|---|---|---|---|---|---|---|" >>"$OUT/table.md"
 for c in "gpu none false" "gpu-ckpt none true" "opt optimizer false"; do
 	set -- $c
 	cat >"$T/$1.yaml" <<YAML
@@ -57,15 +61,23 @@ YAML
 		echo "$1: shardlm train failed (see $OUT/$1.log)" >&2
 	kill "$smi" 2>/dev/null
 	wait "$smi" 2>/dev/null
-	python3 - "$OUT/$1.plan" "$OUT/$1.mem" "$base" "$1" "$2" "$3" >>"$OUT/table.md" <<'PY'
-import re, sys
-plan, mem, base, name, off, ck = sys.argv[1:]
+	python3 - "$OUT/$1.plan" "$OUT/$1.mem" "$base" "$1" "$2" "$3" \
+		"$T/run-$1/training_metrics.json" >>"$OUT/table.md" <<'PY'
+import json, re, sys
+plan, mem, base, name, off, ck, mf = sys.argv[1:]
+try:
+    st = json.load(open(mf))["steps"]
+except (OSError, ValueError):
+    st = []
+g = lambda k: max((s.get(k, 0) for s in st), default=0) / 2**30
 tot = re.search(r"^  total\s+[0-9.]+\s+([0-9]+)", open(plan).read(), re.M)
 used = [int(x) for x in open(mem).read().split() if x.isdigit()]
 peak = (max(used) - int(base)) * 1048576 if used else 0
 p = int(tot.group(1)) if tot else 0
 rel = "%+.1f%%" % (100.0 * (p - peak) / peak) if peak and p else "-"
-print("| %s | %s | %s | %.2f | %.2f | %s |" % (name, off, ck, p / 2**30, peak / 2**30, rel))
+print("| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %s |" % (
+    name, off, ck, p / 2**30, g("peak_gpu_bytes"), g("reserved_gpu_bytes"),
+    g("device_used_bytes"), peak / 2**30, rel))
 PY
 done
 cat "$OUT/table.md"

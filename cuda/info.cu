@@ -34,6 +34,13 @@ extern "C" int sl_cuda_pci_bus_id(int device, char *buf, int n)
 	return cudaDeviceGetPCIBusId(buf, n, device) == cudaSuccess ? 0 : -1;
 }
 
+extern "C" size_t sl_cuda_device_used(void)
+{
+	size_t fr = 0, tot = 0;
+
+	return cudaMemGetInfo(&fr, &tot) == cudaSuccess ? tot - fr : 0;
+}
+
 extern "C" size_t sl_cuda_device_memory(int device)
 {
 	cudaDeviceProp p;

@@ -23,6 +23,7 @@ int sl_cuda_device_count(void);
 int sl_cuda_pci_bus_id(int device, char *buf, int n);
 /* Total memory of @device in bytes (0 when unknown). */
 size_t sl_cuda_device_memory(int device);
+size_t sl_cuda_device_used(void);	/* the current device's used bytes (cudaMemGetInfo) */
 
 /* ---- context: device, stream, cuBLASLt handle, 32 MB workspace, 64 MB reduction scratch ---- */
 struct sl_cuda;

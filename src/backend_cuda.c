@@ -1,10 +1,10 @@
 /*
  * backend_cuda: the cuda backend (bf16 compute, float stats) over the launchers of cuda/.
  *
- * Owns device memory as an arena: alloc() carves blocks from chunks it cudaMallocs when nothing
- * free fits (so only setup, while buffers are first made, reaches cudaMalloc), free() returns a
- * block to the arena and merges it with free neighbours; the step loop's alloc/free pairs reuse
- * blocks.  Bytes in use and their peak are tracked for the trainer's peak_gpu_bytes.  Every op
+ * Owns device memory as an arena (backend_arena.c): alloc() carves blocks from chunks it
+ * cudaMallocs when nothing free fits (so only setup, while buffers are first made, reaches
+ * cudaMalloc), free() returns a block to the arena and merges it with free neighbours; the step
+ * loop's alloc/free pairs reuse blocks.  Bytes in use and their peak are tracked for the trainer's peak_gpu_bytes.  Every op
  * runs on the context's one stream, in issue order; download() and sync() wait for it.  The
  * offload transfers (upload_async, download_async) run on two copy streams with events, between
  * device buffers and host_alloc()'s pinned memory.
@@ -18,25 +18,14 @@
 #include <string.h>
 
 #include "backend.h"
+#include "backend_arena.h"
 #include "sl_cuda.h"
 
 #define ARENA_ALIGN 256			/* cuBLASLt's and vector loads' best alignment */
-#define ARENA_CHUNK (256ull << 20)	/* smallest chunk taken from the driver */
-
-struct blk {
-	char *p;
-	size_t size;
-	bool free;
-	int chunk;
-	struct blk *prev, *next;	/* address order; neighbours may be of other chunks */
-};
 
 struct cuda_priv {
 	struct sl_cuda *c;
-	struct blk *head;
-	void **chunks;
-	int n_chunks;
-	size_t in_use, peak, reserved;
+	struct sl_arena arena;		/* backend_arena.h: chunks from cudaMalloc */
 };
 
 static struct cuda_priv *P(struct sl_backend *be)
@@ -57,110 +46,36 @@ static void oom(const char *what, size_t bytes)
 	abort();
 }
 
-/* a new chunk of at least @bytes, as one free block at the end of the list */
-static struct blk *arena_grow(struct cuda_priv *pr, size_t bytes)
+static void *chunk_get(void *ctx, size_t bytes)
 {
-	size_t n = bytes > ARENA_CHUNK ? (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20) :
-					 ARENA_CHUNK;
-	void *p = sl_cuda_malloc(pr->c, n), **ch;
-	struct blk *b, *t;
+	return sl_cuda_malloc(ctx, bytes);
+}
 
-	if (!p && n > bytes)	/* the whole chunk does not fit: try just what is asked */
-		p = sl_cuda_malloc(pr->c, n = (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
-	if (!p)
-		return NULL;
-	ch = realloc(pr->chunks, (size_t)(pr->n_chunks + 1) * sizeof(*ch));
-	b = calloc(1, sizeof(*b));
-	if (!ch || !b)
-		oom("arena bookkeeping", sizeof(*b));
-	pr->chunks = ch;
-	ch[pr->n_chunks] = p;
-	b->p = p;
-	b->size = n;
-	b->free = true;
-	b->chunk = pr->n_chunks++;
-	pr->reserved += n;
-	for (t = pr->head; t && t->next; t = t->next)
-		;
-	b->prev = t;
-	if (t)
-		t->next = b;
-	else
-		pr->head = b;
-	return b;
+static void chunk_put(void *ctx, void *p)
+{
+	sl_cuda_free(ctx, p);
 }
 
 static void *cuda_alloc(struct sl_backend *be, size_t bytes)
 {
 	struct cuda_priv *pr = P(be);
-	size_t n = (bytes ? bytes + ARENA_ALIGN - 1 : ARENA_ALIGN) / ARENA_ALIGN * ARENA_ALIGN;
-	struct blk *best = NULL;
+	void *p = sl_arena_alloc(&pr->arena, bytes);
 
-	for (struct blk *b = pr->head; b; b = b->next)	/* best fit keeps large blocks whole */
-		if (b->free && b->size >= n && (!best || b->size < best->size))
-			best = b;
-	if (!best)
-		best = arena_grow(pr, n);
-	if (!best)
+	if (!p)
 		oom("alloc", bytes);
-	if (best->size > n) {	/* split: the tail stays free */
-		struct blk *t = calloc(1, sizeof(*t));
-
-		if (!t)
-			oom("arena bookkeeping", sizeof(*t));
-		t->p = best->p + n;
-		t->size = best->size - n;
-		t->free = true;
-		t->chunk = best->chunk;
-		t->prev = best;
-		t->next = best->next;
-		if (best->next)
-			best->next->prev = t;
-		best->next = t;
-		best->size = n;
-	}
-	best->free = false;
-	pr->in_use += n;
-	if (pr->in_use > pr->peak)
-		pr->peak = pr->in_use;
-	sl_cuda_memset0(pr->c, best->p, n);
-	return best->p;
-}
-
-/* merges b with its successor when both are free and of one chunk */
-static void merge_next(struct blk *b)
-{
-	struct blk *n = b->next;
-
-	if (!n || !b->free || !n->free || n->chunk != b->chunk)
-		return;
-	b->size += n->size;
-	b->next = n->next;
-	if (n->next)
-		n->next->prev = b;
-	free(n);
+	sl_cuda_memset0(pr->c, p, (bytes ? bytes + ARENA_ALIGN - 1 : ARENA_ALIGN) / ARENA_ALIGN *
+			ARENA_ALIGN);
+	return p;
 }
 
 static void cuda_free(struct sl_backend *be, void *p)
 {
-	struct cuda_priv *pr = P(be);
-	struct blk *b;
-
-	if (!p)
-		return;
-	for (b = pr->head; b && b->p != (char *)p; b = b->next)
-		;
-	if (!b || b->free) {
-		fprintf(stderr, "cuda backend: free of %p, which %s\n", p,
-			b ? "is already free" : "the arena never gave out");
+	/* memory may still be read by queued kernels; a later alloc's work is queued after them */
+	if (p && sl_arena_free(&P(be)->arena, p)) {
+		fprintf(stderr, "cuda backend: free of %p, which is free already or was never "
+			"given out\n", p);
 		abort();
 	}
-	/* memory may still be read by queued kernels; a later alloc's work is queued after them */
-	b->free = true;
-	pr->in_use -= b->size;
-	merge_next(b);
-	if (b->prev)
-		merge_next(b->prev);
 }
 
 static void cuda_zero(struct sl_backend *be, void *p, size_t bytes)
@@ -442,16 +357,9 @@ static void cuda_moe_combine_bwd(struct sl_backend *be, void *dy, void *dtopw, c
 static void cuda_destroy(struct sl_backend *be)
 {
 	struct cuda_priv *pr = P(be);
-	struct blk *b, *n;
 
 	sl_cuda_sync(pr->c);
-	for (b = pr->head; b; b = n) {
-		n = b->next;
-		free(b);
-	}
-	for (int i = 0; i < pr->n_chunks; i++)
-		sl_cuda_free(pr->c, pr->chunks[i]);
-	free(pr->chunks);
+	sl_arena_destroy(&pr->arena);
 	sl_cuda_destroy(pr->c);
 	free(pr);
 	free(be);
@@ -471,6 +379,7 @@ struct sl_backend *sl_backend_cuda_create(int device)
 		fprintf(stderr, "cuda backend: cannot use GPU %d\n", device);
 		goto out_free;
 	}
+	sl_arena_init(&pr->arena, chunk_get, chunk_put, pr->c, ARENA_ALIGN, 0, 0);
 	be->name = "cuda";
 	be->elt = 2;		/* bf16 */
 	be->stat_elt = 4;	/* float */
@@ -535,17 +444,17 @@ out_free:
 
 size_t sl_backend_cuda_peak_bytes(struct sl_backend *be)
 {
-	return P(be)->peak + sl_cuda_fixed_bytes(C(be));
+	return P(be)->arena.peak + sl_cuda_fixed_bytes(C(be));
 }
 
 void sl_backend_cuda_reset_peak(struct sl_backend *be)
 {
-	P(be)->peak = P(be)->in_use;
+	P(be)->arena.peak = P(be)->arena.in_use;
 }
 
 size_t sl_backend_cuda_reserved_bytes(struct sl_backend *be)
 {
-	return P(be)->reserved + sl_cuda_fixed_bytes(C(be));
+	return P(be)->arena.reserved + sl_cuda_fixed_bytes(C(be));
 }
 
 void *sl_backend_cuda_stream(struct sl_backend *be)

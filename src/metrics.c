@@ -95,6 +95,10 @@ void sl_metrics_add_step(struct sl_metrics *m, const struct sl_step_metrics *s)
 	if (s->targets)
 		json_object_set_new(o, "targets", json_integer(s->targets));
 	json_object_set_new(o, "peak_gpu_bytes", json_integer(s->peak_gpu_bytes));
+	if (s->reserved_gpu_bytes)
+		json_object_set_new(o, "reserved_gpu_bytes", json_integer(s->reserved_gpu_bytes));
+	if (s->device_used_bytes)
+		json_object_set_new(o, "device_used_bytes", json_integer(s->device_used_bytes));
 	if (s->skipped)
 		json_object_set_new(o, "skipped", json_true());
 	if (s->moe_layers > 0 && s->n_experts > 0 && s->expert_tokens) {

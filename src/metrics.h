@@ -24,6 +24,9 @@ struct sl_step_metrics {
 	long padded_tokens;		/* padding added to micro-batches */
 	long targets;			/* sft: target tokens (the loss's denominator); 0: classify */
 	long long peak_gpu_bytes;	/* 0 on the cpu backend */
+	long long reserved_gpu_bytes;	/* the cuda arena's chunks + fixed workspaces; 0: cpu */
+	long long device_used_bytes;	/* the device's used memory (all of it: context, libraries)
+					 * at the step's end; 0: cpu */
 	bool skipped;			/* non-finite loss or gradient: no update */
 	/* mixture of experts: "expert_tokens": {min, max, total} per MoE layer */
 	int moe_layers;			/* 0: no MoE layer, no expert_tokens */

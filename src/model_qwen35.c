@@ -75,6 +75,12 @@ struct sl_q35 {
 	void *gbeta, *gg;	/* (T, nv) */
 	void *go, *gy;		/* (T, max(nv dv, nh hd)) */
 	void *gqkvr, *ggate;	/* (T, (nh + 2 nkv) hd), (T, nh hd) */
+	/* context parallel: the same state for whole rows (C T tokens), made at the first
+	 * context-parallel micro-batch; NULL before and without */
+	struct sl_q35 *cp;
+	int cp_C;
+	void *cp_gath;		/* (C T, H) gathered order */
+	void *cp_gx, *cp_gn;	/* (C T, H) whole rows' m->gx, m->gn */
 };
 
 /* ---- layout -------------------------------------------------------------------------------- */
@@ -245,13 +251,31 @@ static int alloc_q35_acts(struct sl_model *m, struct q35_acts *a, enum sl_layer_
 	return a->act ? 0 : -ENOMEM;
 }
 
+/* the backward's gradient scratch of q for T tokens */
+static int alloc_scratch(struct sl_model *m, struct sl_q35 *q, size_t T)
+{
+	const size_t e = m->be->elt, vw = zmax((size_t)q->nv * q->dv, (size_t)m->nh * m->hd);
+
+	q->gproj = sl_model_ws_alloc(m, T * zmax(q->P, q->Pa), e);
+	q->gc = sl_model_ws_alloc(m, T * q->Cc, e);
+	q->gqn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
+	q->gkn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
+	q->gbeta = sl_model_ws_alloc(m, T * q->nv, e);
+	q->gg = sl_model_ws_alloc(m, T * q->nv, e);
+	q->go = sl_model_ws_alloc(m, T * vw, e);
+	q->gy = sl_model_ws_alloc(m, T * vw, e);
+	q->gqkvr = sl_model_ws_alloc(m, T * m->Q, e);
+	q->ggate = sl_model_ws_alloc(m, T * m->nh * m->hd, e);
+	return q->ggate ? 0 : -ENOMEM;
+}
+
 int sl_q35_init(struct sl_model *m, const struct sl_model_config *mc,
 		const struct sl_layout *lay)
 {
 	struct sl_backend *be = m->be;
 	struct sl_q35 *q;
 	const size_t T = m->max_tokens, e = be->elt;
-	size_t n1 = zmax(m->H, m->hd), vw;
+	size_t n1 = zmax(m->H, m->hd);
 	bool any_dense = false;
 	float *ones;
 	void *ones32;
@@ -301,18 +325,7 @@ int sl_q35_init(struct sl_model *m, const struct sl_model_config *mc,
 	q->wfin = sl_model_ws_alloc(m, m->H, e);
 	q->wqn = sl_model_ws_alloc(m, m->hd, e);
 	q->wkn = sl_model_ws_alloc(m, m->hd, e);
-	vw = zmax((size_t)q->nv * q->dv, (size_t)m->nh * m->hd);
-	q->gproj = sl_model_ws_alloc(m, T * zmax(q->P, q->Pa), e);
-	q->gc = sl_model_ws_alloc(m, T * q->Cc, e);
-	q->gqn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
-	q->gkn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
-	q->gbeta = sl_model_ws_alloc(m, T * q->nv, e);
-	q->gg = sl_model_ws_alloc(m, T * q->nv, e);
-	q->go = sl_model_ws_alloc(m, T * vw, e);
-	q->gy = sl_model_ws_alloc(m, T * vw, e);
-	q->gqkvr = sl_model_ws_alloc(m, T * m->Q, e);
-	q->ggate = sl_model_ws_alloc(m, T * m->nh * m->hd, e);
-	if (!q->ggate)
+	if (alloc_scratch(m, q, T))
 		return -ENOMEM;
 	/* ones in the compute type, through an f32 device buffer */
 	ones = malloc(n1 * sizeof(float));
@@ -333,10 +346,54 @@ void sl_q35_free(struct sl_model *m)
 {
 	if (!m->q35)
 		return;
+	if (m->q35->cp) {
+		free(m->q35->cp->acts);
+		free(m->q35->cp);
+	}
 	free(m->q35->lo);
 	free(m->q35->acts);
 	free(m->q35);
 	m->q35 = NULL;
+}
+
+/*
+ * Context parallel: the mixers' state for whole rows of C ranks' tokens (sl_cp_check calls this
+ * at the first context-parallel micro-batch): a second struct sl_q35 sharing the offsets and the
+ * effective norm weights, with one activation set per layer kind and the gradient scratch for
+ * C T tokens, and the gathered input and its gradients.
+ */
+int sl_q35_cp_init(struct sl_model *m, int C)
+{
+	struct sl_q35 *q = m->q35, *qf;
+	const size_t T = (size_t)C * m->max_tokens, e = m->be->elt;
+	int rc, keep = m->max_tokens;
+
+	if (q->cp)
+		return q->cp_C == C ? 0 : -EINVAL;
+	qf = malloc(sizeof(*qf));
+	if (!qf)
+		return -ENOMEM;
+	*qf = *q;
+	qf->cp = NULL;
+	qf->acts = calloc(2, sizeof(*qf->acts));
+	if (!qf->acts) {
+		free(qf);
+		return -ENOMEM;
+	}
+	q->cp = qf;
+	q->cp_C = C;
+	/* alloc_q35_acts sizes by m->q35 and m->max_tokens */
+	m->q35 = qf;
+	m->max_tokens = (int)T;
+	rc = alloc_q35_acts(m, &qf->acts[0], SL_LAYER_GATED_ATTENTION, false);
+	rc = rc ? rc : alloc_q35_acts(m, &qf->acts[1], SL_LAYER_LINEAR_ATTENTION, false);
+	m->max_tokens = keep;
+	m->q35 = q;
+	rc = rc ? rc : alloc_scratch(m, qf, T);
+	q->cp_gath = sl_model_ws_alloc(m, T * m->H, e);
+	q->cp_gx = sl_model_ws_alloc(m, T * m->H, e);
+	q->cp_gn = sl_model_ws_alloc(m, T * m->H, e);
+	return rc ? rc : q->cp_gn ? 0 : -ENOMEM;
 }
 
 /* dst(n) = 1 + w(n): Qwen3.5's RMSNorm scale */
@@ -414,6 +471,70 @@ static void gdn_fwd(const struct sl_model *m, const struct q35_off *lo, const vo
 	be->matmul_fwd(be, a->h, a->y, at(m, w, lo->wout), NULL, T, vd, m->H);
 }
 
+/*
+ * Context parallel: the Gated DeltaNet recurrence and the convolution run along whole rows, and
+ * gated attention over whole rows' keys, so the mixers run on whole rows: each rank gathers the
+ * C ranks' normed inputs (xn1) into row order, runs the mixer on all of the rows' tokens with the
+ * whole-row state (q->cp) standing in for its own, and keeps its own tokens' output rows.  The
+ * mixer's work is thereby done C times (once per rank); the MLP, experts and head stay split.
+ * (Passing the DeltaNet state from chunk to chunk instead is the better way, not written yet.)
+ */
+struct cp_swap {
+	struct sl_q35 *q;
+	void *gx, *gn;
+};
+
+static struct cp_swap cp_enter(struct sl_model *m)
+{
+	struct cp_swap sv = { m->q35, m->gx, m->gn };
+
+	m->q35 = sv.q->cp;
+	m->gx = sv.q->cp_gx;
+	m->gn = sv.q->cp_gn;
+	return sv;
+}
+
+static void cp_leave(struct sl_model *m, struct cp_swap sv)
+{
+	m->q35 = sv.q;
+	m->gx = sv.gx;
+	m->gn = sv.gn;
+}
+
+/* the whole rows' batch of a context-parallel one */
+static struct sl_batch_dev whole_rows(const struct sl_batch_dev *b)
+{
+	struct sl_batch_dev bf = *b;
+
+	bf.L = b->cp->L;
+	bf.cp = NULL;
+	bf.pos = NULL;	/* packed rows are refused for this family */
+	return bf;
+}
+
+/* the mixer of layer lo on whole rows from this rank's a->xn1; its activations returned */
+static struct q35_acts *cp_mixer_fwd(struct sl_model *m, const struct q35_off *lo, const void *w,
+				     const struct q35_acts *a, const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const struct sl_cp_batch *cp = b->cp;
+	const int Tl = b->B * b->L, C = cp->comm->size;
+	struct q35_acts *fa = &q->cp->acts[lo->kind == SL_LAYER_GATED_ATTENTION ? 0 : 1];
+	struct sl_batch_dev bf = whole_rows(b);
+	struct cp_swap sv;
+
+	cp->comm->kv_all_gather(cp->comm->ctx, q->cp_gath, a->xn1, (size_t)Tl * m->H);
+	be->gather_rows(be, fa->xn1, q->cp_gath, cp->perm, C * Tl, m->H);
+	sv = cp_enter(m);
+	if (lo->kind == SL_LAYER_GATED_ATTENTION)
+		gated_attn_fwd(m, lo, w, fa, &bf);
+	else
+		gdn_fwd(m, lo, w, fa, &bf);
+	cp_leave(m, sv);
+	return fa;
+}
+
 /* @full: also the MLP's down projection and the output (the backward's recompute needs neither) */
 static void layer_fwd(struct sl_model *m, int l, const void *w, struct q35_acts *a, const void *x,
 		      void *xout, const struct sl_batch_dev *b, bool full)
@@ -425,7 +546,10 @@ static void layer_fwd(struct sl_model *m, int l, const void *w, struct q35_acts 
 
 	be->rmsnorm_fwd(be, a->xn1, a->rstd1, x, eff_weight(m, q->wn1, at(m, w, lo->ln1), H), T,
 			H, m->eps);
-	if (lo->kind == SL_LAYER_GATED_ATTENTION)
+	if (b->cp)	/* this rank's rows of the whole rows' mixer output */
+		be->gather_rows(be, a->h, cp_mixer_fwd(m, lo, w, a, b)->h,
+				b->cp->inv + (size_t)b->cp->comm->rank * T, T, H);
+	else if (lo->kind == SL_LAYER_GATED_ATTENTION)
 		gated_attn_fwd(m, lo, w, a, b);
 	else
 		gdn_fwd(m, lo, w, a, b);
@@ -501,6 +625,37 @@ static void gdn_bwd(struct sl_model *m, const struct q35_off *lo, const void *w,
 		       T, m->H, q->P, false);
 }
 
+/*
+ * Context parallel: the whole rows' mixer backward from this rank's rows of m->gx (the others
+ * zero), so the weights get this rank's share of their gradient (the trainer sums the ranks'),
+ * and the input gradient of every row, whose sums over the ranks come back to each rank's own
+ * rows in m->gn.  The whole rows' activations are recomputed unless checkpointing just did.
+ */
+static void cp_mixer_bwd(struct sl_model *m, const struct q35_off *lo, const void *w, void *g,
+			 const struct q35_acts *a, const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const struct sl_cp_batch *cp = b->cp;
+	const int Tl = b->B * b->L, C = cp->comm->size, H = m->H;
+	struct q35_acts *fa = &q->cp->acts[lo->kind == SL_LAYER_GATED_ATTENTION ? 0 : 1];
+	struct sl_batch_dev bf = whole_rows(b);
+	struct cp_swap sv;
+
+	if (!m->ckpt)
+		cp_mixer_fwd(m, lo, w, a, b);
+	be->zero(be, q->cp_gx, (size_t)C * Tl * H * be->elt);
+	be->scatter_add_rows(be, q->cp_gx, m->gx, cp->inv + (size_t)cp->comm->rank * Tl, Tl, H);
+	sv = cp_enter(m);
+	if (lo->kind == SL_LAYER_GATED_ATTENTION)
+		gated_attn_bwd(m, lo, w, g, fa, &bf);
+	else
+		gdn_bwd(m, lo, w, g, fa, &bf);
+	cp_leave(m, sv);
+	be->gather_rows(be, q->cp_gath, q->cp_gn, cp->inv, C * Tl, H);
+	cp->comm->kv_reduce_scatter(cp->comm->ctx, m->gn, q->cp_gath, (size_t)Tl * H);
+}
+
 void sl_q35_layer_bwd(struct sl_model *m, int l, const void *w, void *g, const void *x,
 		      const struct sl_batch_dev *b)
 {
@@ -526,7 +681,9 @@ void sl_q35_layer_bwd(struct sl_model *m, int l, const void *w, void *g, const v
 	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln2), m->gn, a->h,
 			eff_weight(m, q->wn2, at(m, w, lo->ln2), H), a->rstd2, T, H, true);
 
-	if (lo->kind == SL_LAYER_GATED_ATTENTION)
+	if (b->cp)
+		cp_mixer_bwd(m, lo, w, g, a, b);
+	else if (lo->kind == SL_LAYER_GATED_ATTENTION)
 		gated_attn_bwd(m, lo, w, g, a, b);
 	else
 		gdn_bwd(m, lo, w, g, a, b);

