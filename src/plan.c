@@ -105,9 +105,11 @@ static void count_qwen3(const struct counter *k, const struct sl_model_config *m
 	out[SL_PLAN_ACTS] += (ckpt ? 1 : nL) * acts;
 }
 
-/* model_qwen35.c: struct q35_acts of one layer of @kind (alloc_q35_acts) */
+/* model_qwen35.c: struct q35_acts of one layer of @kind (alloc_q35_acts); @dense: with the
+ * dense MLP's gu and act */
 static size_t q35_layer_acts(const struct counter *k, const struct sl_model_config *mc,
-			     enum sl_layer_kind kind, size_t T, size_t B, size_t e, size_t s)
+			     enum sl_layer_kind kind, bool dense, size_t T, size_t B, size_t e,
+			     size_t s)
 {
 	const size_t H = mc->hidden, I = mc->intermediate, nh = mc->n_heads, nkv = mc->n_kv_heads;
 	const size_t hd = mc->head_dim, Q = (nh + 2 * nkv) * hd, Pa = (2 * nh + 2 * nkv) * hd;
@@ -117,8 +119,8 @@ static size_t q35_layer_acts(const struct counter *k, const struct sl_model_conf
 		+ A(k, T * s)				/* rstd1 */
 		+ 2 * A(k, T * H * e)			/* h, xn2 */
 		+ A(k, T * s)				/* rstd2 */
-		+ A(k, T * 2 * I * e)			/* gu */
-		+ A(k, T * I * e);			/* act */
+		+ (dense ? A(k, T * 2 * I * e)		/* gu */
+		   + A(k, T * I * e) : 0);		/* act */
 
 	if (kind == SL_LAYER_GATED_ATTENTION)
 		return b + A(k, T * Pa * e)		/* proj: q | gate, k, v */
@@ -170,11 +172,11 @@ static void count_q35(const struct counter *k, const struct sl_model_config *mc,
 	size_t acts = 0;
 
 	if (ckpt)
-		acts = q35_layer_acts(k, mc, SL_LAYER_GATED_ATTENTION, T, B, e, s) +
-			q35_layer_acts(k, mc, SL_LAYER_LINEAR_ATTENTION, T, B, e, s);
+		acts = q35_layer_acts(k, mc, SL_LAYER_GATED_ATTENTION, true, T, B, e, s) +
+			q35_layer_acts(k, mc, SL_LAYER_LINEAR_ATTENTION, true, T, B, e, s);
 	else
 		for (int l = 0; l < mc->n_layers; l++)
-			acts += q35_layer_acts(k, mc, mc->layer_kind[l], T, B, e, s);
+			acts += q35_layer_acts(k, mc, mc->layer_kind[l], true, T, B, e, s);
 	out[SL_PLAN_ACTS] += acts
 		+ A(k, zmax(H, hd) * e)			/* ones */
 		+ 3 * A(k, H * e)			/* wn1, wn2, wfin */
@@ -190,12 +192,9 @@ static void count_q35(const struct counter *k, const struct sl_model_config *mc,
 static size_t q35_cp(const struct counter *k, const struct sl_model_config *mc, size_t CT,
 		     size_t B, size_t e, size_t s)
 {
-	const size_t H = mc->hidden, I = mc->intermediate;
-	const size_t mlp = A(k, CT * 2 * I * e) + A(k, CT * I * e);	/* gu, act: not made */
-
-	return q35_layer_acts(k, mc, SL_LAYER_GATED_ATTENTION, CT, B, e, s) - mlp +
-		q35_layer_acts(k, mc, SL_LAYER_LINEAR_ATTENTION, CT, B, e, s) - mlp +
-		q35_scratch(k, mc, CT, e) + 3 * A(k, CT * H * e);
+	return q35_layer_acts(k, mc, SL_LAYER_GATED_ATTENTION, false, CT, B, e, s) +
+		q35_layer_acts(k, mc, SL_LAYER_LINEAR_ATTENTION, false, CT, B, e, s) +
+		q35_scratch(k, mc, CT, e) + 3 * A(k, CT * mc->hidden * e);
 }
 
 /*
