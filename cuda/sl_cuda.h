@@ -121,10 +121,10 @@ void sl_cuda_moe_combine_bwd(struct sl_cuda *c, void *dy, float *dtopw, const vo
 			     int H);
 /* ---- the Qwen3.5 hybrid (gdn.cu): beta, g, rqk, states and the rstds are float (stat) ---- */
 void sl_cuda_conv1d_silu_fwd(struct sl_cuda *c, void *out, void *pre, const void *x, int xs,
-			     const void *w, int T, int L, int C, int K);
+			     const void *w, int T, int L, int C, int K, const void *halo);
 void sl_cuda_conv1d_silu_bwd(struct sl_cuda *c, void *dx, int xs, void *dw, const void *dout,
 			     const void *x, const void *pre, const void *w, int T, int L, int C,
-			     int K);
+			     int K, const void *halo, void *dhalo);
 void sl_cuda_gdn_prep_fwd(struct sl_cuda *c, void *qn, void *kn, float *rqk, float *beta,
 			  float *g, const void *qkv, const void *ab, int abs, const void *A_log,
 			  const void *dt_bias, int T, int nk, int nv, int dk, int dv);
@@ -135,11 +135,13 @@ void sl_cuda_gdn_prep_bwd(struct sl_cuda *c, void *dqkv, void *dab, int abs, voi
 			  const void *dt_bias, int T, int nk, int nv, int dk, int dv);
 void sl_cuda_gdn_rule_fwd(struct sl_cuda *c, void *o, float *states, const void *qn,
 			  const void *kn, const void *v, int vs, const float *beta, const float *g,
-			  const int *lens, int B, int L, int nk, int nv, int dk, int dv);
+			  const int *lens, int B, int L, int rs, int nk, int nv, int dk, int dv,
+			  const float *s0, float *s_end);
 void sl_cuda_gdn_rule_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, void *dbeta,
 			  void *dg, const void *dout, const float *states, const void *qn,
 			  const void *kn, const void *v, int vs, const float *beta, const float *g,
-			  const int *lens, int B, int L, int nk, int nv, int dk, int dv);
+			  const int *lens, int B, int L, int rs, int nk, int nv, int dk, int dv,
+			  const float *ds_end, float *ds0);
 void sl_cuda_gated_rmsnorm_fwd(struct sl_cuda *c, void *out, float *rstd, const void *x,
 			       const void *z, int zs, const void *w, int T, int nh, int d,
 			       float eps);

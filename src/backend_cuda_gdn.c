@@ -4,16 +4,17 @@
  */
 
 static void cuda_conv1d_silu_fwd(struct sl_backend *be, void *out, void *pre, const void *x,
-				 int xs, const void *w, int T, int L, int Cc, int K)
+				 int xs, const void *w, int T, int L, int Cc, int K,
+				 const void *halo)
 {
-	sl_cuda_conv1d_silu_fwd(C(be), out, pre, x, xs, w, T, L, Cc, K);
+	sl_cuda_conv1d_silu_fwd(C(be), out, pre, x, xs, w, T, L, Cc, K, halo);
 }
 
 static void cuda_conv1d_silu_bwd(struct sl_backend *be, void *dx, int xs, void *dw,
 				 const void *dout, const void *x, const void *pre, const void *w,
-				 int T, int L, int Cc, int K)
+				 int T, int L, int Cc, int K, const void *halo, void *dhalo)
 {
-	sl_cuda_conv1d_silu_bwd(C(be), dx, xs, dw, dout, x, pre, w, T, L, Cc, K);
+	sl_cuda_conv1d_silu_bwd(C(be), dx, xs, dw, dout, x, pre, w, T, L, Cc, K, halo, dhalo);
 }
 
 static void cuda_gdn_prep_fwd(struct sl_backend *be, void *qn, void *kn, void *rqk, void *beta,
@@ -36,20 +37,21 @@ static void cuda_gdn_prep_bwd(struct sl_backend *be, void *dqkv, void *dab, int 
 
 static void cuda_gdn_rule_fwd(struct sl_backend *be, void *o, void *states, const void *qn,
 			      const void *kn, const void *v, int vs, const void *beta,
-			      const void *g, const int32_t *lens, int B, int L, int nk, int nv,
-			      int dk, int dv)
+			      const void *g, const int32_t *lens, int B, int L, int rs, int nk,
+			      int nv, int dk, int dv, const void *s0, void *s_end)
 {
-	sl_cuda_gdn_rule_fwd(C(be), o, states, qn, kn, v, vs, beta, g, lens, B, L, nk, nv, dk, dv);
+	sl_cuda_gdn_rule_fwd(C(be), o, states, qn, kn, v, vs, beta, g, lens, B, L, rs, nk, nv, dk,
+			     dv, s0, s_end);
 }
 
 static void cuda_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void *dval,
 			      void *dbeta, void *dg, const void *dout, const void *states,
 			      const void *qn, const void *kn, const void *v, int vs,
 			      const void *beta, const void *g, const int32_t *lens, int B, int L,
-			      int nk, int nv, int dk, int dv)
+			      int rs, int nk, int nv, int dk, int dv, const void *ds_end, void *ds0)
 {
 	sl_cuda_gdn_rule_bwd(C(be), dqn, dkn, dval, dbeta, dg, dout, states, qn, kn, v, vs, beta,
-			     g, lens, B, L, nk, nv, dk, dv);
+			     g, lens, B, L, rs, nk, nv, dk, dv, ds_end, ds0);
 }
 
 static void cuda_gated_rmsnorm_fwd(struct sl_backend *be, void *out, void *rstd, const void *x,

@@ -81,6 +81,8 @@ struct sl_q35 {
 	int cp_C;
 	void *cp_gath;		/* (C T, H) gathered order */
 	void *cp_gx, *cp_gn;	/* (C T, H) whole rows' m->gx, m->gn */
+	void *cp_s[2];		/* (B, nv, dk, dv) stat: Gated DeltaNet states passed on */
+	void *cp_e[4];		/* (2B, K-1, P): convolution edge rows (tails, halo, received) */
 };
 
 /* ---- layout -------------------------------------------------------------------------------- */
@@ -235,8 +237,11 @@ static int alloc_q35_acts(struct sl_model *m, struct q35_acts *a, enum sl_layer_
 		a->rqk = sl_model_ws_alloc(m, T * 2 * q->nk, s);
 		a->beta = sl_model_ws_alloc(m, T * q->nv, s);
 		a->g = sl_model_ws_alloc(m, T * q->nv, s);
-		/* B records of L tokens have at most ceil(L/64) <= L/64 + 1 chunks each */
-		a->states = sl_model_ws_alloc(m, (T / 64 + B) * q->nv * q->dk * q->dv, s);
+		/*
+		 * B records of L tokens have at most ceil(L/64) <= L/64 + 1 chunks each; under
+		 * context parallel a record is 2 chunks of L/2, so T / 64 + 2B in all
+		 */
+		a->states = sl_model_ws_alloc(m, (T / 64 + 2 * B) * q->nv * q->dk * q->dv, s);
 		a->o = sl_model_ws_alloc(m, T * q->nv * q->dv, e);
 		a->rstd_o = sl_model_ws_alloc(m, T * q->nv, s);
 		a->y = sl_model_ws_alloc(m, T * q->nv * q->dv, e);
@@ -251,17 +256,20 @@ static int alloc_q35_acts(struct sl_model *m, struct q35_acts *a, enum sl_layer_
 	return a->act ? 0 : -ENOMEM;
 }
 
-/* the backward's gradient scratch of q for T tokens */
-static int alloc_scratch(struct sl_model *m, struct sl_q35 *q, size_t T)
+/* the backward's gradient scratch of q for T tokens; @gdn: for Gated DeltaNet layers too */
+static int alloc_scratch(struct sl_model *m, struct sl_q35 *q, size_t T, bool gdn)
 {
-	const size_t e = m->be->elt, vw = zmax((size_t)q->nv * q->dv, (size_t)m->nh * m->hd);
+	const size_t e = m->be->elt, nd = (size_t)m->nh * m->hd;
+	const size_t vw = gdn ? zmax((size_t)q->nv * q->dv, nd) : nd;
 
-	q->gproj = sl_model_ws_alloc(m, T * zmax(q->P, q->Pa), e);
-	q->gc = sl_model_ws_alloc(m, T * q->Cc, e);
-	q->gqn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
-	q->gkn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
-	q->gbeta = sl_model_ws_alloc(m, T * q->nv, e);
-	q->gg = sl_model_ws_alloc(m, T * q->nv, e);
+	q->gproj = sl_model_ws_alloc(m, T * (gdn ? zmax(q->P, q->Pa) : (size_t)q->Pa), e);
+	if (gdn) {
+		q->gc = sl_model_ws_alloc(m, T * q->Cc, e);
+		q->gqn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
+		q->gkn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
+		q->gbeta = sl_model_ws_alloc(m, T * q->nv, e);
+		q->gg = sl_model_ws_alloc(m, T * q->nv, e);
+	}
 	q->go = sl_model_ws_alloc(m, T * vw, e);
 	q->gy = sl_model_ws_alloc(m, T * vw, e);
 	q->gqkvr = sl_model_ws_alloc(m, T * m->Q, e);
@@ -325,7 +333,7 @@ int sl_q35_init(struct sl_model *m, const struct sl_model_config *mc,
 	q->wfin = sl_model_ws_alloc(m, m->H, e);
 	q->wqn = sl_model_ws_alloc(m, m->hd, e);
 	q->wkn = sl_model_ws_alloc(m, m->hd, e);
-	if (alloc_scratch(m, q, T))
+	if (alloc_scratch(m, q, T, true))
 		return -ENOMEM;
 	/* ones in the compute type, through an f32 device buffer */
 	ones = malloc(n1 * sizeof(float));
@@ -357,15 +365,18 @@ void sl_q35_free(struct sl_model *m)
 }
 
 /*
- * Context parallel: the mixers' state for whole rows of C ranks' tokens (sl_cp_check calls this
- * at the first context-parallel micro-batch): a second struct sl_q35 sharing the offsets and the
- * effective norm weights, with one activation set per layer kind and the gradient scratch for
- * C T tokens, and the gathered input and its gradients.
+ * Context parallel (sl_cp_check calls this at the first context-parallel micro-batch): for the
+ * gated attention layers, which run on whole rows, a second struct sl_q35 sharing the offsets
+ * and the effective norm weights, with one attention activation set and the attention's
+ * gradient scratch for C T tokens, and the gathered input and its gradients; for the Gated
+ * DeltaNet layers, which run on the rank's own chunks, the states and edge rows passed between
+ * chunks.
  */
 int sl_q35_cp_init(struct sl_model *m, int C)
 {
 	struct sl_q35 *q = m->q35, *qf;
-	const size_t T = (size_t)C * m->max_tokens, e = m->be->elt;
+	const size_t T = (size_t)C * m->max_tokens, e = m->be->elt, s = m->be->stat_elt;
+	const size_t B = m->max_records, SS = (size_t)q->dk * q->dv;
 	int rc, keep = m->max_tokens;
 
 	if (q->cp)
@@ -375,7 +386,7 @@ int sl_q35_cp_init(struct sl_model *m, int C)
 		return -ENOMEM;
 	*qf = *q;
 	qf->cp = NULL;
-	qf->acts = calloc(2, sizeof(*qf->acts));
+	qf->acts = calloc(1, sizeof(*qf->acts));
 	if (!qf->acts) {
 		free(qf);
 		return -ENOMEM;
@@ -386,14 +397,17 @@ int sl_q35_cp_init(struct sl_model *m, int C)
 	m->q35 = qf;
 	m->max_tokens = (int)T;
 	rc = alloc_q35_acts(m, &qf->acts[0], SL_LAYER_GATED_ATTENTION, false);
-	rc = rc ? rc : alloc_q35_acts(m, &qf->acts[1], SL_LAYER_LINEAR_ATTENTION, false);
 	m->max_tokens = keep;
 	m->q35 = q;
-	rc = rc ? rc : alloc_scratch(m, qf, T);
+	rc = rc ? rc : alloc_scratch(m, qf, T, false);
 	q->cp_gath = sl_model_ws_alloc(m, T * m->H, e);
 	q->cp_gx = sl_model_ws_alloc(m, T * m->H, e);
 	q->cp_gn = sl_model_ws_alloc(m, T * m->H, e);
-	return rc ? rc : q->cp_gn ? 0 : -ENOMEM;
+	for (int i = 0; i < 2; i++)
+		q->cp_s[i] = sl_model_ws_alloc(m, B * q->nv * SS, s);
+	for (int i = 0; i < 4; i++)
+		q->cp_e[i] = sl_model_ws_alloc(m, 2 * B * (q->K - 1) * q->P, e);
+	return rc ? rc : q->cp_e[3] ? 0 : -ENOMEM;
 }
 
 /* dst(n) = 1 + w(n): Qwen3.5's RMSNorm scale */
@@ -449,6 +463,216 @@ static void gated_attn_fwd(const struct sl_model *m, const struct q35_off *lo, c
 	be->matmul_fwd(be, a->h, a->y, at(m, w, lo->wo), NULL, T, m->nh * m->hd, m->H);
 }
 
+/*
+ * Context parallel, Gated DeltaNet: the rank runs its own two chunks of each row (chunk rank,
+ * "A", and chunk 2C-1-rank, "B", of L/(2C) tokens each; as 2B records for the per-token ops and
+ * the convolution).  The convolution reads the K-1 rows before each chunk (its halo) from the
+ * rank holding the previous chunk, and the delta rule's state passes from chunk to chunk: chunk
+ * A of rank 0 starts from zero, hands its last state to rank 1's chunk A, ..., rank C-1 goes on
+ * with its own chunk B (chunk C), which hands its state to rank C-2's chunk B, ..., rank 0's
+ * chunk B (the last).  The backward passes the state's gradient the other way.  Every rank thus
+ * does its own tokens' work only; the recurrence waits for its state, the rest runs in parallel.
+ */
+
+/* the last K-1 rows of each of the 2B chunks of x (rows of P) into q->cp_e[0] */
+static void cp_tails(const struct sl_model *m, const void *x, int Lh, int B2)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const int E = (q->K - 1) * q->P;
+
+	be->copy_cols(be, q->cp_e[0], E, 0, x, Lh * q->P, (Lh - q->K + 1) * q->P, B2, E, false);
+}
+
+/*
+ * dst (2B, K-1, P) = each chunk's rows from the neighbour chunk's: chunk A of a row from
+ * @from_a's chunk A, chunk B from @from_b's chunk B (NULL: zero), with rank C-1's chunk B
+ * (chunk C) taking its own chunk A's (@own).  Buffers hold the 2B chunks' rows as B rows of
+ * 2 (K-1) P: A's then B's.
+ */
+static void cp_pick(const struct sl_model *m, void *dst, const void *from_a, const void *from_b,
+		    const void *own, int own_col, int dst_col, int B)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const int E = (q->K - 1) * q->P;
+
+	be->zero(be, dst, (size_t)2 * B * E * be->elt);
+	if (from_a)
+		be->copy_cols(be, dst, 2 * E, 0, from_a, 2 * E, 0, B, E, false);
+	if (from_b)
+		be->copy_cols(be, dst, 2 * E, E, from_b, 2 * E, E, B, E, false);
+	if (own)
+		be->copy_cols(be, dst, 2 * E, dst_col * E, own, 2 * E, own_col * E, B, E, false);
+}
+
+/* the convolution's halo of the rank's chunks (from a->proj) in q->cp_e[1] */
+static const void *cp_halo(const struct sl_model *m, const struct q35_acts *a,
+			   const struct sl_batch_dev *b)
+{
+	struct sl_q35 *q = m->q35;
+	const struct sl_context_comm *cc = b->cp->comm;
+	const int r = cc->rank, C = cc->size, B = b->B, Lh = b->L / 2;
+	const size_t bytes = (size_t)2 * B * (q->K - 1) * q->P * m->be->elt;
+
+	if (Lh < q->K - 1) {	/* context.c pads rows to SL_CP_MIN_CHUNK tokens a chunk */
+		fprintf(stderr, "model: context-parallel chunks of %d tokens are shorter than the "
+			"convolution's %d edge rows\n", Lh, q->K - 1);
+		abort();
+	}
+	cp_tails(m, a->proj, Lh, 2 * B);
+	/* chunk A's edge rows go up to rank r+1's chunk A, chunk B's down to rank r-1's chunk B */
+	cc->sendrecv(cc->ctx, q->cp_e[0], r + 1 < C ? r + 1 : -1, q->cp_e[2], r - 1, bytes);
+	cc->sendrecv(cc->ctx, q->cp_e[0], r - 1, q->cp_e[3], r + 1 < C ? r + 1 : -1, bytes);
+	cp_pick(m, q->cp_e[1], r > 0 ? q->cp_e[2] : NULL, r + 1 < C ? q->cp_e[3] : NULL,
+		r + 1 == C ? q->cp_e[0] : NULL, 0, 1, B);
+	return q->cp_e[1];
+}
+
+/*
+ * The backward's halo gradient (q->cp_e[0], from the convolution's backward) goes back to the
+ * ranks whose rows it is, and what comes back is added to the last K-1 rows of each chunk of
+ * q->gproj
+ */
+static void cp_halo_grad(const struct sl_model *m, const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const struct sl_context_comm *cc = b->cp->comm;
+	const int r = cc->rank, C = cc->size, B = b->B, Lh = b->L / 2, E = (q->K - 1) * q->P;
+	const size_t bytes = (size_t)2 * B * E * be->elt;
+
+	/* chunk A's halo came from rank r-1's chunk A, chunk B's from rank r+1's chunk B */
+	cc->sendrecv(cc->ctx, q->cp_e[0], r - 1, q->cp_e[3], r + 1 < C ? r + 1 : -1, bytes);
+	cc->sendrecv(cc->ctx, q->cp_e[0], r + 1 < C ? r + 1 : -1, q->cp_e[2], r - 1, bytes);
+	cp_pick(m, q->cp_e[1], r + 1 < C ? q->cp_e[3] : NULL, r > 0 ? q->cp_e[2] : NULL,
+		r + 1 == C ? q->cp_e[0] : NULL, 1, 0, B);
+	be->copy_cols(be, q->gproj, Lh * q->P, (Lh - q->K + 1) * q->P, q->cp_e[1], E, 0, 2 * B, E,
+		      true);
+}
+
+/* the delta rule's arguments for chunk @h (0: A, 1: B) of the rank's rows */
+struct rule_args {
+	void *o, *states;
+	const void *qn, *kn, *v, *beta, *g;
+	const int32_t *lens;
+	int B, L, rs;
+};
+
+static struct rule_args rule_args(const struct sl_model *m, const struct q35_acts *a,
+				  const struct sl_batch_dev *b, int h, void *o, const void *v)
+{
+	struct sl_q35 *q = m->q35;
+	const size_t e = m->be->elt, s = m->be->stat_elt;
+	const int Lh = b->cp ? b->L / 2 : b->L, nch = (Lh + 63) / 64;
+	const size_t off = (size_t)h * Lh;	/* the chunk's first row */
+	struct rule_args r = {
+		.o = (char *)o + off * q->nv * q->dv * e,
+		.states = (char *)a->states + (size_t)h * b->B * nch * q->nv * q->dk * q->dv * s,
+		.qn = (char *)a->qn + off * q->nk * q->dk * e,
+		.kn = (char *)a->kn + off * q->nk * q->dk * e,
+		.v = (const char *)v + off * q->Cc * e,
+		.beta = (char *)a->beta + off * q->nv * s,
+		.g = (char *)a->g + off * q->nv * s,
+		.lens = b->cp ? b->cp->clens + (size_t)h * b->B : b->lens,
+		.B = b->B, .L = Lh, .rs = b->L,
+	};
+	return r;
+}
+
+static void rule_fwd(const struct sl_model *m, const struct q35_acts *a,
+		     const struct sl_batch_dev *b, int h, const void *s0, void *s_end)
+{
+	struct sl_q35 *q = m->q35;
+	const void *v = (char *)a->c + (size_t)2 * q->nk * q->dk * m->be->elt;
+	struct rule_args r = rule_args(m, a, b, h, a->o, v);
+
+	m->be->gdn_rule_fwd(m->be, r.o, r.states, r.qn, r.kn, r.v, q->Cc, r.beta, r.g, r.lens,
+			    r.B, r.L, r.rs, q->nk, q->nv, q->dk, q->dv, s0, s_end);
+}
+
+static void rule_bwd(const struct sl_model *m, const struct q35_acts *a,
+		     const struct sl_batch_dev *b, int h, const void *ds_end, void *ds0)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const size_t e = be->elt, koff = (size_t)2 * q->nk * q->dk * e;
+	/* r.o: the output's gradient (q->go) at the chunk */
+	struct rule_args r = rule_args(m, a, b, h, q->go, (char *)a->c + koff);
+	const size_t off = (size_t)h * r.L;	/* the chunk's first row */
+
+	be->gdn_rule_bwd(be, (char *)q->gqn + off * q->nk * q->dk * e,
+			 (char *)q->gkn + off * q->nk * q->dk * e, (char *)q->gc + koff + off *
+			 q->Cc * e, (char *)q->gbeta + off * q->nv * e,
+			 (char *)q->gg + off * q->nv * e, r.o, r.states, r.qn, r.kn, r.v, q->Cc,
+			 r.beta, r.g, r.lens, r.B, r.L, r.rs, q->nk, q->nv, q->dk, q->dv, ds_end,
+			 ds0);
+}
+
+/* the delta rule over the rank's rows; under context parallel, chunk by chunk in row order */
+static void gdn_rule(const struct sl_model *m, const struct q35_acts *a,
+		     const struct sl_batch_dev *b)
+{
+	struct sl_q35 *q = m->q35;
+	const struct sl_context_comm *cc;
+	void *X = q->cp_s[0], *Y = q->cp_s[1];
+	size_t bytes;
+	int r, C;
+
+	if (!b->cp) {
+		rule_fwd(m, a, b, 0, NULL, NULL);
+		return;
+	}
+	cc = b->cp->comm;
+	r = cc->rank;
+	C = cc->size;
+	bytes = (size_t)b->B * q->nv * q->dk * q->dv * m->be->stat_elt;
+	/* chunk A (chunk r) from rank r-1's chunk A; its end to rank r+1's chunk A */
+	cc->sendrecv(cc->ctx, NULL, -1, X, r - 1, bytes);
+	rule_fwd(m, a, b, 0, r > 0 ? X : NULL, Y);
+	if (r + 1 < C) {
+		/* chunk B (chunk 2C-1-r) from rank r+1's chunk B */
+		cc->sendrecv(cc->ctx, Y, r + 1, X, r + 1, bytes);
+		rule_fwd(m, a, b, 1, X, Y);
+		cc->sendrecv(cc->ctx, Y, r - 1, NULL, -1, bytes);
+	} else {	/* chunk C follows chunk C-1 on this rank */
+		rule_fwd(m, a, b, 1, Y, X);
+		cc->sendrecv(cc->ctx, X, r - 1, NULL, -1, bytes);
+	}
+}
+
+/* its backward: the state's gradient passes from the last chunk to the first */
+static void gdn_rule_grad(const struct sl_model *m, const struct q35_acts *a,
+			  const struct sl_batch_dev *b)
+{
+	struct sl_q35 *q = m->q35;
+	const struct sl_context_comm *cc;
+	void *X = q->cp_s[0], *Y = q->cp_s[1];
+	size_t bytes;
+	int r, C;
+
+	if (!b->cp) {
+		rule_bwd(m, a, b, 0, NULL, NULL);
+		return;
+	}
+	cc = b->cp->comm;
+	r = cc->rank;
+	C = cc->size;
+	bytes = (size_t)b->B * q->nv * q->dk * q->dv * m->be->stat_elt;
+	/* chunk B's end state went to rank r-1's chunk B: its gradient comes from there */
+	cc->sendrecv(cc->ctx, NULL, -1, X, r - 1, bytes);
+	rule_bwd(m, a, b, 1, r > 0 ? X : NULL, Y);
+	if (r + 1 < C) {
+		cc->sendrecv(cc->ctx, Y, r + 1, X, r + 1, bytes);
+		rule_bwd(m, a, b, 0, X, Y);
+	} else {
+		rule_bwd(m, a, b, 0, Y, X);
+		Y = X;
+	}
+	/* chunk A's start state came from rank r-1's chunk A */
+	cc->sendrecv(cc->ctx, Y, r - 1, NULL, -1, bytes);
+}
+
 static void gdn_fwd(const struct sl_model *m, const struct q35_off *lo, const void *w,
 		    struct q35_acts *a, const struct sl_batch_dev *b)
 {
@@ -458,26 +682,25 @@ static void gdn_fwd(const struct sl_model *m, const struct q35_off *lo, const vo
 	char *proj = a->proj;
 
 	be->matmul_fwd(be, a->proj, a->xn1, at(m, w, lo->win), NULL, T, m->H, q->P);
-	be->conv1d_silu_fwd(be, a->c, a->cpre, a->proj, q->P, at(m, w, lo->conv), T, b->L, q->Cc,
-			    q->K);
+	/* context parallel: 2B records of L/2 (the rank's two chunks of each row) */
+	be->conv1d_silu_fwd(be, a->c, a->cpre, a->proj, q->P, at(m, w, lo->conv), T,
+			    b->cp ? b->L / 2 : b->L, q->Cc, q->K, b->cp ? cp_halo(m, a, b) : NULL);
 	be->gdn_prep_fwd(be, a->qn, a->kn, a->rqk, a->beta, a->g, a->c,
 			 proj + (size_t)(q->Cc + vd) * be->elt, q->P, at(m, w, lo->A_log),
 			 at(m, w, lo->dt_bias), T, q->nk, q->nv, q->dk, q->dv);
-	be->gdn_rule_fwd(be, a->o, a->states, a->qn, a->kn,
-			 (char *)a->c + (size_t)2 * q->nk * q->dk * be->elt, q->Cc, a->beta, a->g,
-			 b->lens, b->B, b->L, q->nk, q->nv, q->dk, q->dv);
+	gdn_rule(m, a, b);
 	be->gated_rmsnorm_fwd(be, a->y, a->rstd_o, a->o, proj + (size_t)q->Cc * be->elt, q->P,
 			      at(m, w, lo->gnorm), T, q->nv, q->dv, m->eps);
 	be->matmul_fwd(be, a->h, a->y, at(m, w, lo->wout), NULL, T, vd, m->H);
 }
 
 /*
- * Context parallel: the Gated DeltaNet recurrence and the convolution run along whole rows, and
- * gated attention over whole rows' keys, so the mixers run on whole rows: each rank gathers the
- * C ranks' normed inputs (xn1) into row order, runs the mixer on all of the rows' tokens with the
- * whole-row state (q->cp) standing in for its own, and keeps its own tokens' output rows.  The
- * mixer's work is thereby done C times (once per rank); the MLP, experts and head stay split.
- * (Passing the DeltaNet state from chunk to chunk instead is the better way, not written yet.)
+ * Context parallel, gated attention: it runs over whole rows' keys, so on whole rows: each rank
+ * gathers the C ranks' normed inputs (xn1) into row order, runs the attention block on all of
+ * the rows' tokens with the whole-row state (q->cp) standing in for its own, and keeps its own
+ * tokens' output rows.  Its work is thereby done C times (once per rank).  (Qwen3's layers, in
+ * model_cp.c, attend with the rank's own queries only; the gated attention's partial rotary
+ * and output gate are not written that way yet.)
  */
 struct cp_swap {
 	struct sl_q35 *q;
@@ -512,7 +735,7 @@ static struct sl_batch_dev whole_rows(const struct sl_batch_dev *b)
 	return bf;
 }
 
-/* the mixer of layer lo on whole rows from this rank's a->xn1; its activations returned */
+/* gated attention layer lo on whole rows from this rank's a->xn1; its activations returned */
 static struct q35_acts *cp_mixer_fwd(struct sl_model *m, const struct q35_off *lo, const void *w,
 				     const struct q35_acts *a, const struct sl_batch_dev *b)
 {
@@ -520,17 +743,14 @@ static struct q35_acts *cp_mixer_fwd(struct sl_model *m, const struct q35_off *l
 	struct sl_q35 *q = m->q35;
 	const struct sl_cp_batch *cp = b->cp;
 	const int Tl = b->B * b->L, C = cp->comm->size;
-	struct q35_acts *fa = &q->cp->acts[lo->kind == SL_LAYER_GATED_ATTENTION ? 0 : 1];
+	struct q35_acts *fa = &q->cp->acts[0];
 	struct sl_batch_dev bf = whole_rows(b);
 	struct cp_swap sv;
 
 	cp->comm->kv_all_gather(cp->comm->ctx, q->cp_gath, a->xn1, (size_t)Tl * m->H);
 	be->gather_rows(be, fa->xn1, q->cp_gath, cp->perm, C * Tl, m->H);
 	sv = cp_enter(m);
-	if (lo->kind == SL_LAYER_GATED_ATTENTION)
-		gated_attn_fwd(m, lo, w, fa, &bf);
-	else
-		gdn_fwd(m, lo, w, fa, &bf);
+	gated_attn_fwd(m, lo, w, fa, &bf);
 	cp_leave(m, sv);
 	return fa;
 }
@@ -546,7 +766,7 @@ static void layer_fwd(struct sl_model *m, int l, const void *w, struct q35_acts 
 
 	be->rmsnorm_fwd(be, a->xn1, a->rstd1, x, eff_weight(m, q->wn1, at(m, w, lo->ln1), H), T,
 			H, m->eps);
-	if (b->cp)	/* this rank's rows of the whole rows' mixer output */
+	if (b->cp && lo->kind == SL_LAYER_GATED_ATTENTION)	/* rows of the whole rows' */
 		be->gather_rows(be, a->h, cp_mixer_fwd(m, lo, w, a, b)->h,
 				b->cp->inv + (size_t)b->cp->comm->rank * T, T, H);
 	else if (lo->kind == SL_LAYER_GATED_ATTENTION)
@@ -603,24 +823,30 @@ static void gdn_bwd(struct sl_model *m, const struct q35_off *lo, const void *w,
 	struct sl_backend *be = m->be;
 	struct sl_q35 *q = m->q35;
 	const int T = b->B * b->L, vd = q->nv * q->dv;
-	const size_t e = be->elt, koff = (size_t)2 * q->nk * q->dk * e;
+	const size_t e = be->elt;
 	char *proj = a->proj, *gproj = q->gproj;
+	const void *halo = NULL;
 
 	be->matmul_bwd(be, q->gy, at(m, g, lo->wout), NULL, m->gx, a->y, at(m, w, lo->wout), T,
 		       vd, m->H, false);
 	be->gated_rmsnorm_bwd(be, q->go, gproj + (size_t)q->Cc * e, q->P, at(m, g, lo->gnorm),
 			      q->gy, a->o, proj + (size_t)q->Cc * e, at(m, w, lo->gnorm),
 			      a->rstd_o, T, q->nv, q->dv, m->eps);
-	be->gdn_rule_bwd(be, q->gqn, q->gkn, (char *)q->gc + koff, q->gbeta, q->gg, q->go,
-			 a->states, a->qn, a->kn, (char *)a->c + koff, q->Cc, a->beta, a->g,
-			 b->lens, b->B, b->L, q->nk, q->nv, q->dk, q->dv);
+	gdn_rule_grad(m, a, b);
 	be->gdn_prep_bwd(be, q->gc, gproj + (size_t)(q->Cc + vd) * e, q->P,
 			 at(m, g, lo->A_log), at(m, g, lo->dt_bias), q->gqn, q->gkn, q->gbeta,
 			 q->gg, a->c, proj + (size_t)(q->Cc + vd) * e, a->rqk, a->beta, a->g,
 			 at(m, w, lo->A_log), at(m, w, lo->dt_bias), T, q->nk, q->nv, q->dk,
 			 q->dv);
+	if (b->cp) {	/* the halo again (nothing of it is kept), and room for its gradient */
+		halo = cp_halo(m, a, b);
+		be->zero(be, q->cp_e[0], (size_t)2 * b->B * (q->K - 1) * q->P * e);
+	}
 	be->conv1d_silu_bwd(be, q->gproj, q->P, at(m, g, lo->conv), q->gc, a->proj, a->cpre,
-			    at(m, w, lo->conv), T, b->L, q->Cc, q->K);
+			    at(m, w, lo->conv), T, b->cp ? b->L / 2 : b->L, q->Cc, q->K, halo,
+			    b->cp ? q->cp_e[0] : NULL);
+	if (b->cp)
+		cp_halo_grad(m, b);
 	be->matmul_bwd(be, m->gn, at(m, g, lo->win), NULL, q->gproj, a->xn1, at(m, w, lo->win),
 		       T, m->H, q->P, false);
 }
@@ -638,7 +864,7 @@ static void cp_mixer_bwd(struct sl_model *m, const struct q35_off *lo, const voi
 	struct sl_q35 *q = m->q35;
 	const struct sl_cp_batch *cp = b->cp;
 	const int Tl = b->B * b->L, C = cp->comm->size, H = m->H;
-	struct q35_acts *fa = &q->cp->acts[lo->kind == SL_LAYER_GATED_ATTENTION ? 0 : 1];
+	struct q35_acts *fa = &q->cp->acts[0];
 	struct sl_batch_dev bf = whole_rows(b);
 	struct cp_swap sv;
 
@@ -647,10 +873,7 @@ static void cp_mixer_bwd(struct sl_model *m, const struct q35_off *lo, const voi
 	be->zero(be, q->cp_gx, (size_t)C * Tl * H * be->elt);
 	be->scatter_add_rows(be, q->cp_gx, m->gx, cp->inv + (size_t)cp->comm->rank * Tl, Tl, H);
 	sv = cp_enter(m);
-	if (lo->kind == SL_LAYER_GATED_ATTENTION)
-		gated_attn_bwd(m, lo, w, g, fa, &bf);
-	else
-		gdn_bwd(m, lo, w, g, fa, &bf);
+	gated_attn_bwd(m, lo, w, g, fa, &bf);
 	cp_leave(m, sv);
 	be->gather_rows(be, q->cp_gath, q->cp_gn, cp->inv, C * Tl, H);
 	cp->comm->kv_reduce_scatter(cp->comm->ctx, m->gn, q->cp_gath, (size_t)Tl * H);
@@ -681,7 +904,7 @@ void sl_q35_layer_bwd(struct sl_model *m, int l, const void *w, void *g, const v
 	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln2), m->gn, a->h,
 			eff_weight(m, q->wn2, at(m, w, lo->ln2), H), a->rstd2, T, H, true);
 
-	if (b->cp)
+	if (b->cp && lo->kind == SL_LAYER_GATED_ATTENTION)
 		cp_mixer_bwd(m, lo, w, g, a, b);
 	else if (lo->kind == SL_LAYER_GATED_ATTENTION)
 		gated_attn_bwd(m, lo, w, g, a, b);

@@ -133,21 +133,30 @@ static size_t q35_layer_acts(const struct counter *k, const struct sl_model_conf
 		+ 2 * A(k, T * nk * dk * e)		/* qn, kn */
 		+ A(k, T * 2 * nk * s)			/* rqk */
 		+ 2 * A(k, T * nv * s)			/* beta, g */
-		/* chunk-start states: at most T / 64 + B chunks of 64 tokens */
-		+ A(k, (T / 64 + B) * nv * dk * dv * s)
+		/* chunk-start states: at most T / 64 + 2B chunks of 64 tokens (2 chunks a row
+		 * under context parallel) */
+		+ A(k, (T / 64 + 2 * B) * nv * dk * dv * s)
 		+ 2 * A(k, T * nv * dv * e)		/* o, y */
 		+ A(k, T * nv * s);			/* rstd_o */
 }
 
-/* model_qwen35.c alloc_scratch: the backward's gradient scratch for T tokens */
+/*
+ * model_qwen35.c alloc_scratch: the backward's gradient scratch for T tokens; @gdn: for the
+ * Gated DeltaNet layers too (else the gated attention's only)
+ */
 static size_t q35_scratch(const struct counter *k, const struct sl_model_config *mc, size_t T,
-			  size_t e)
+			  size_t e, bool gdn)
 {
 	const size_t nh = mc->n_heads, nkv = mc->n_kv_heads, hd = mc->head_dim;
 	const size_t Q = (nh + 2 * nkv) * hd, Pa = (2 * nh + 2 * nkv) * hd;
 	const size_t nk = mc->lin_nk, nv = mc->lin_nv, dk = mc->lin_dk, dv = mc->lin_dv;
 	const size_t Cc = 2 * nk * dk + nv * dv, P = Cc + nv * dv + 2 * nv;
 
+	if (!gdn)
+		return A(k, T * Pa * e)			/* gproj */
+			+ 2 * A(k, T * nh * hd * e)	/* go, gy */
+			+ A(k, T * Q * e)		/* gqkvr */
+			+ A(k, T * nh * hd * e);	/* ggate */
 	return A(k, T * zmax(P, Pa) * e)		/* gproj */
 		+ A(k, T * Cc * e)			/* gc */
 		+ 2 * A(k, T * nk * dk * e)		/* gqn, gkn */
@@ -181,20 +190,25 @@ static void count_q35(const struct counter *k, const struct sl_model_config *mc,
 		+ A(k, zmax(H, hd) * e)			/* ones */
 		+ 3 * A(k, H * e)			/* wn1, wn2, wfin */
 		+ 2 * A(k, hd * e)			/* wqn, wkn */
-		+ q35_scratch(k, mc, T, e);
+		+ q35_scratch(k, mc, T, e, true);
 }
 
 /*
  * model_qwen35.c's context-parallel state (sl_q35_cp_init, at the first context-parallel
- * micro-batch): one mixer activation set of each kind for the whole rows' C T tokens (no MLP
- * buffers), the gradient scratch for them, the gathered input and the two gradient rows
+ * micro-batch): one gated attention activation set for the whole rows' C T tokens (no MLP
+ * buffers), the attention's gradient scratch for them, the gathered input and the two gradient
+ * rows; the Gated DeltaNet's two passed states of B rows and four buffers of 2B chunks' K-1
+ * convolution edge rows
  */
 static size_t q35_cp(const struct counter *k, const struct sl_model_config *mc, size_t CT,
 		     size_t B, size_t e, size_t s)
 {
+	const size_t nk = mc->lin_nk, nv = mc->lin_nv, dk = mc->lin_dk, dv = mc->lin_dv;
+	const size_t P = 2 * nk * dk + 2 * nv * dv + 2 * nv;
+
 	return q35_layer_acts(k, mc, SL_LAYER_GATED_ATTENTION, false, CT, B, e, s) +
-		q35_layer_acts(k, mc, SL_LAYER_LINEAR_ATTENTION, false, CT, B, e, s) +
-		q35_scratch(k, mc, CT, e) + 3 * A(k, CT * mc->hidden * e);
+		q35_scratch(k, mc, CT, e, false) + 3 * A(k, CT * mc->hidden * e) +
+		2 * A(k, B * nv * dk * dv * s) + 4 * A(k, 2 * B * (mc->lin_conv - 1) * P * e);
 }
 
 /*
@@ -300,7 +314,10 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	B = (size_t)p->batch;
 	L = (size_t)p->seq;
 	p->C = c->parallel.context > 1 ? c->parallel.context : 1;
+	/* context.c sl_cp_row_len: a multiple of 2C, at least 4 tokens (SL_CP_MIN_CHUNK) a chunk */
 	Lrow = (L + 2 * p->C - 1) / (2 * p->C) * (2 * p->C);
+	if (p->C > 1 && Lrow < 8 * (size_t)p->C)
+		Lrow = 8 * (size_t)p->C;
 	T = B * (Lrow / p->C);
 	count_model(&dk, mc, T, B, !sl_layout_find(lay, "score.weight"), p->ckpt, e,
 		    p->stat_elt, p->dev);
@@ -313,9 +330,10 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 		/* model_cp.c: 3 k|v buffers of whole rows; model_qwen35.c's whole-row mixers */
 		p->dev[SL_PLAN_ACTS] += 3 * A(&dk, CT * kw * e) +
 			(mc->norm_offset ? q35_cp(&dk, mc, CT, B, e, p->stat_elt) : 0);
-		/* context.c's context-parallel batch: 7 index rows and 3 per-record arrays */
+		/* context.c's context-parallel batch: 7 index rows, 3 per-record arrays and the
+		 * rows' lengths in the rank's 2 chunks */
 		p->dev[SL_PLAN_HEAD] += 7 * A(&dk, B * Lrow * sizeof(int32_t)) +
-			3 * A(&dk, B * sizeof(int32_t));
+			3 * A(&dk, B * sizeof(int32_t)) + A(&dk, 2 * B * sizeof(int32_t));
 	}
 	for (int i = 0; i < SL_PLAN_N; i++)
 		p->dev_total += p->dev[i];

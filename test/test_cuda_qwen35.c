@@ -291,15 +291,43 @@ static void t_conv(int B, int L, int C, int K, int xs)
 	struct buf *dw = rnd(BF, (size_t)C * K, 1);
 
 	snprintf(sh, sizeof(sh), "T=%dx%d C=%d K=%d", B, L, C, K);
-	cpu->conv1d_silu_fwd(cpu, o->c, pre->c, x->c, xs, w->c, T, L, C, K);
-	TIMED(gpu->conv1d_silu_fwd(gpu, o->g, pre->g, x->g, xs, w->g, T, L, C, K));
+	cpu->conv1d_silu_fwd(cpu, o->c, pre->c, x->c, xs, w->c, T, L, C, K, NULL);
+	TIMED(gpu->conv1d_silu_fwd(gpu, o->g, pre->g, x->g, xs, w->g, T, L, C, K, NULL));
 	cmp("conv1d_silu_fwd", sh, "out", o, TOL);
 	cmp("conv1d_silu_fwd", sh, "pre", pre, TOL);
-	cpu->conv1d_silu_bwd(cpu, dx->c, xs, dw->c, g->c, x->c, pre->c, w->c, T, L, C, K);
-	TIMED(gpu->conv1d_silu_bwd(gpu, dx->g, xs, dw->g, g->g, x->g, pre->g, w->g, T, L, C, K));
+	cpu->conv1d_silu_bwd(cpu, dx->c, xs, dw->c, g->c, x->c, pre->c, w->c, T, L, C, K, NULL,
+			     NULL);
+	TIMED(gpu->conv1d_silu_bwd(gpu, dx->g, xs, dw->g, g->g, x->g, pre->g, w->g, T, L, C, K,
+				   NULL, NULL));
 	cmp("conv1d_silu_bwd", sh, "dx", dx, TOL);	/* columns past C: untouched on both */
 	cmp("conv1d_silu_bwd", sh, "dw", dw, TOL);
 	drop(x), drop(w), drop(o), drop(pre), drop(g), drop(dx), drop(dw);
+}
+
+/* the halo (context parallel): K-1 rows before each record, and their gradient */
+static void t_conv_halo(int B, int L, int C, int K, int xs)
+{
+	char sh[64];
+	int T = B * L;
+	struct buf *x = rnd(BF, (size_t)T * xs, 1), *w = rnd(BF, (size_t)C * K, 0.5);
+	struct buf *h = rnd(BF, (size_t)B * (K - 1) * xs, 1);
+	struct buf *o = out(BF, (size_t)T * C), *pre = out(BF, (size_t)T * C);
+	struct buf *g = rnd(BF, (size_t)T * C, 1), *dx = rnd(BF, (size_t)T * xs, 1);
+	struct buf *dw = rnd(BF, (size_t)C * K, 1), *dh = rnd(BF, (size_t)B * (K - 1) * xs, 1);
+
+	snprintf(sh, sizeof(sh), "T=%dx%d C=%d K=%d halo", B, L, C, K);
+	cpu->conv1d_silu_fwd(cpu, o->c, pre->c, x->c, xs, w->c, T, L, C, K, h->c);
+	TIMED(gpu->conv1d_silu_fwd(gpu, o->g, pre->g, x->g, xs, w->g, T, L, C, K, h->g));
+	cmp("conv1d_silu_fwd", sh, "out", o, TOL);
+	cmp("conv1d_silu_fwd", sh, "pre", pre, TOL);
+	cpu->conv1d_silu_bwd(cpu, dx->c, xs, dw->c, g->c, x->c, pre->c, w->c, T, L, C, K, h->c,
+			     dh->c);
+	TIMED(gpu->conv1d_silu_bwd(gpu, dx->g, xs, dw->g, g->g, x->g, pre->g, w->g, T, L, C, K,
+				   h->g, dh->g));
+	cmp("conv1d_silu_bwd", sh, "dx", dx, TOL);
+	cmp("conv1d_silu_bwd", sh, "dw", dw, TOL);
+	cmp("conv1d_silu_bwd", sh, "dhalo", dh, TOL);	/* columns past C: untouched on both */
+	drop(x), drop(w), drop(h), drop(o), drop(pre), drop(g), drop(dx), drop(dw), drop(dh);
 }
 
 static void t_prep(int T, int nk, int nv, int dk, int dv, int abs)
@@ -377,16 +405,17 @@ static void t_rule(int B, int L, int nk, int nv, int dk, int dv)
 
 	snprintf(sh, sizeof(sh), "T=%dx%d k=%dx%d v=%dx%d", B, L, nk, dk, nv, dv);
 	cpu->gdn_rule_fwd(cpu, o->c, st->c, q->c, k->c, v->c, vs, beta->c, g->c, lens->c, B, L,
-			  nk, nv, dk, dv);
+			  L, nk, nv, dk, dv, NULL, NULL);
 	TIMED(gpu->gdn_rule_fwd(gpu, o->g, st->g, q->g, k->g, v->g, vs, beta->g, g->g, lens->g, B,
-				L, nk, nv, dk, dv));
+				L, L, nk, nv, dk, dv, NULL, NULL));
 	cmp("gdn_rule_fwd", sh, "o", o, TOL);
 	cmp("gdn_rule_fwd", sh, "states", st, 1e-4);
 	sync_stat(st);
 	cpu->gdn_rule_bwd(cpu, dq->c, dk_->c, dv_->c, db->c, dg->c, go->c, st->c, q->c, k->c,
-			  v->c, vs, beta->c, g->c, lens->c, B, L, nk, nv, dk, dv);
+			  v->c, vs, beta->c, g->c, lens->c, B, L, L, nk, nv, dk, dv, NULL, NULL);
 	TIMED(gpu->gdn_rule_bwd(gpu, dq->g, dk_->g, dv_->g, db->g, dg->g, go->g, st->g, q->g, k->g,
-				v->g, vs, beta->g, g->g, lens->g, B, L, nk, nv, dk, dv));
+				v->g, vs, beta->g, g->g, lens->g, B, L, L, nk, nv, dk, dv, NULL,
+				NULL));
 	cmp("gdn_rule_bwd", sh, "dq", dq, TOL);
 	cmp("gdn_rule_bwd", sh, "dk", dk_, TOL);
 	cmp("gdn_rule_bwd", sh, "dv", dv_, TOL);
@@ -394,6 +423,55 @@ static void t_rule(int B, int L, int nk, int nv, int dk, int dv)
 	cmp("gdn_rule_bwd", sh, "dg", dg, TOL);
 	drop(lens), drop(q), drop(k), drop(v), drop(beta), drop(g), drop(o), drop(st), drop(go);
 	drop(dq), drop(dk_), drop(dv_), drop(db), drop(dg);
+}
+
+/*
+ * One chunk of each of B rows (context parallel): record stride rs = L + 5 (the rows past L
+ * untouched), a start state s0, the end state, and in the backward the end state's gradient in
+ * and the start state's out
+ */
+static void t_rule_chunk(int B, int L, int nk, int nv, int dk, int dv)
+{
+	char sh[64];
+	int rs = L + 5, T = B * rs, vs = nv * dv + 5, nch = (L + 63) / 64;
+	size_t ns = (size_t)B * nv * dk * dv;
+	struct buf *lens = mk_lens(B, L);
+	struct buf *q = unit_rows((size_t)T * nk, dk, 1 / sqrt(dk)), *k = unit_rows((size_t)T * nk, dk, 1);
+	struct buf *v = rnd(BF, (size_t)T * vs, 1), *beta = unif(STAT, (size_t)T * nv, 0, 1);
+	struct buf *g = unif(STAT, (size_t)T * nv, -0.5, 0);
+	struct buf *o = rnd(BF, (size_t)T * nv * dv, 1);
+	struct buf *st = out(STAT, (size_t)B * nch * nv * dk * dv);
+	struct buf *s0 = rnd(STAT, ns, 0.3), *se = out(STAT, ns), *dse = rnd(STAT, ns, 0.3);
+	struct buf *ds0 = out(STAT, ns);
+	struct buf *go = rnd(BF, (size_t)T * nv * dv, 1);
+	struct buf *dq = rnd(BF, (size_t)T * nk * dk, 1), *dk_ = rnd(BF, (size_t)T * nk * dk, 1);
+	struct buf *dv_ = rnd(BF, (size_t)T * vs, 1), *db = rnd(BF, (size_t)T * nv, 1);
+	struct buf *dg = rnd(BF, (size_t)T * nv, 1);
+
+	snprintf(sh, sizeof(sh), "T=%dx%d/%d k=%dx%d v=%dx%d s0", B, L, rs, nk, dk, nv, dv);
+	cpu->gdn_rule_fwd(cpu, o->c, st->c, q->c, k->c, v->c, vs, beta->c, g->c, lens->c, B, L,
+			  rs, nk, nv, dk, dv, s0->c, se->c);
+	TIMED(gpu->gdn_rule_fwd(gpu, o->g, st->g, q->g, k->g, v->g, vs, beta->g, g->g, lens->g, B,
+				L, rs, nk, nv, dk, dv, s0->g, se->g));
+	cmp("gdn_rule_fwd", sh, "o", o, TOL);
+	cmp("gdn_rule_fwd", sh, "states", st, 1e-4);
+	cmp("gdn_rule_fwd", sh, "s_end", se, 1e-4);
+	sync_stat(st);
+	cpu->gdn_rule_bwd(cpu, dq->c, dk_->c, dv_->c, db->c, dg->c, go->c, st->c, q->c, k->c,
+			  v->c, vs, beta->c, g->c, lens->c, B, L, rs, nk, nv, dk, dv, dse->c,
+			  ds0->c);
+	TIMED(gpu->gdn_rule_bwd(gpu, dq->g, dk_->g, dv_->g, db->g, dg->g, go->g, st->g, q->g, k->g,
+				v->g, vs, beta->g, g->g, lens->g, B, L, rs, nk, nv, dk, dv, dse->g,
+				ds0->g));
+	cmp("gdn_rule_bwd", sh, "dq", dq, TOL);
+	cmp("gdn_rule_bwd", sh, "dk", dk_, TOL);
+	cmp("gdn_rule_bwd", sh, "dv", dv_, TOL);
+	cmp("gdn_rule_bwd", sh, "dbeta", db, TOL);
+	cmp("gdn_rule_bwd", sh, "dg", dg, TOL);
+	cmp("gdn_rule_bwd", sh, "ds0", ds0, 1e-4);
+	drop(lens), drop(q), drop(k), drop(v), drop(beta), drop(g), drop(o), drop(st), drop(go);
+	drop(s0), drop(se), drop(dse), drop(ds0), drop(dq), drop(dk_), drop(dv_), drop(db);
+	drop(dg);
 }
 
 static void t_gnorm(int T, int nh, int d, int zs)
@@ -704,12 +782,16 @@ int main(int argc, char **argv)
 	t_conv(2, 9, 7, 4, 11);
 	t_conv(3, 70, 160, 4, 200);
 	t_conv(2, 300, 1000, 4, 1100);
+	t_conv_halo(4, 5, 7, 4, 11);
+	t_conv_halo(2, 150, 300, 4, 330);
 	t_prep(5, 1, 2, 4, 3, 9);
 	t_prep(140, 2, 4, 16, 24, 10);
 	t_prep(700, 16, 48, 128, 128, 100);
 	t_rule(2, 9, 1, 2, 4, 3);
 	t_rule(3, 150, 2, 4, 16, 24);
 	t_rule(2, 200, 2, 6, 128, 128);
+	t_rule_chunk(3, 70, 2, 4, 16, 24);
+	t_rule_chunk(2, 130, 2, 6, 128, 128);
 	t_gnorm(7, 2, 3, 11);
 	t_gnorm(140, 4, 24, 200);
 	t_gnorm(300, 48, 128, 7000);

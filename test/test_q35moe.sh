@@ -15,7 +15,9 @@
 #  - context parallel, the same way: 2 ranks with parallel.context 2, context 2 x expert 2 on
 #    4 ranks (4-way expert and context parallelism are the same code, tested by test_ep.sh and
 #    test_cp.sh on Qwen3), and the fixture's dense hybrid (qwen3_5_text) on 2 ranks with
-#    activation checkpointing (the mixers run on whole rows: model_qwen35.c);
+#    activation checkpointing and on 4 ranks without (the Gated DeltaNet state and the
+#    convolution's edge rows passed from chunk to chunk, the middle ranks' from both sides; the
+#    records' 5 tokens padded to 4 a chunk: model_qwen35.c);
 #  - the log says the vision tower is not loaded; the export is a Qwen3_5MoeForCausalLM
 #    (qwen3_5_moe_text config) that trains again;
 #  - data.pack is refused with its reason (the Gated DeltaNet state would cross documents).
@@ -74,9 +76,11 @@ frun fc2e2 4 2 2 --set parallel.context=2
 frun d1 1 4 1 --set model.path="$FIX/dense" --set train.activation_checkpointing=true
 frun dc2 2 4 1 --set model.path="$FIX/dense" --set train.activation_checkpointing=true \
 	--set parallel.context=2
-for r in fe2 fc2 fc2e2 dc2; do
+# 4 context ranks: the middle ones take the DeltaNet state and edge rows from both neighbours
+frun dc4 4 4 1 --set model.path="$FIX/dense" --set parallel.context=4
+for r in fe2 fc2 fc2e2 dc2 dc4; do
 	ref=f1
-	[ "$r" = dc2 ] && ref=d1
+	case $r in dc*) ref=d1 ;; esac
 	ok
 	python3 - "$T/$ref/training_metrics.json" "$T/$r/training_metrics.json" <<'PY' ||
 import json, math, sys
