@@ -149,12 +149,13 @@ void sl_cuda_gated_rmsnorm_bwd(struct sl_cuda *c, void *dx, void *dz, int zs, vo
 			       const void *dout, const void *x, const void *z, const void *w,
 			       const float *rstd, int T, int nh, int d, float eps);
 void sl_cuda_gattn_qk_fwd(struct sl_cuda *c, void *out, void *gate, float *rstd,
-			  const void *qgkv, const void *qw, const void *kw, int T, int L, int nh,
-			  int nkv, int hd, int rot, float eps, float theta);
+			  const void *qgkv, const void *qw, const void *kw, int T, int L,
+			  const int *pos, int nh, int nkv, int hd, int rot, float eps,
+			  float theta);
 void sl_cuda_gattn_qk_bwd(struct sl_cuda *c, void *dqgkv, void *dqw, void *dkw, const void *dout,
 			  const void *dgate, const void *qgkv, const void *qw, const void *kw,
-			  const float *rstd, int T, int L, int nh, int nkv, int hd, int rot,
-			  float eps, float theta);
+			  const float *rstd, int T, int L, const int *pos, int nh, int nkv, int hd,
+			  int rot, float eps, float theta);
 void sl_cuda_sigmoid_mul_fwd(struct sl_cuda *c, void *y, const void *x, const void *gate,
 			     size_t n);
 void sl_cuda_sigmoid_mul_bwd(struct sl_cuda *c, void *dx, void *dgate, const void *dy,

@@ -333,17 +333,19 @@ struct sl_backend {
 	 * k heads | v heads] (Hugging Face's q_proj rows: per head hd query then hd gate values).
 	 * out(T, (nh + 2 nkv) hd): RMSNorm of each q and k head with weights qw / kw (hd), then the
 	 * rotary embedding on its first rot dims (rotate_half over rot: pairs (i, i + rot/2),
-	 * inv_freq_i = theta^(-2i/rot), position t % L), the other hd - rot dims unrotated; v
-	 * copied: the attention_fwd layout.  gate(T, nh hd) = the gate halves; rstd(T, nh + nkv).
+	 * inv_freq_i = theta^(-2i/rot), position pos[t] (NULL: t % L; pos[t] < L), the other
+	 * hd - rot dims unrotated; v copied: the attention_fwd layout.  gate(T, nh hd) = the gate
+	 * halves; rstd(T, nh + nkv).
 	 */
 	void (*gattn_qk_fwd)(struct sl_backend *be, void *out, void *gate, void *rstd,
 			     const void *qgkv, const void *qw, const void *kw, int T, int L,
-			     int nh, int nkv, int hd, int rot, float eps, float theta);
+			     const int32_t *pos, int nh, int nkv, int hd, int rot, float eps,
+			     float theta);
 	/* dqgkv =, dqw(hd) +=, dkw(hd) += ; from dout (attention layout) and dgate(T, nh hd) */
 	void (*gattn_qk_bwd)(struct sl_backend *be, void *dqgkv, void *dqw, void *dkw,
 			     const void *dout, const void *dgate, const void *qgkv, const void *qw,
-			     const void *kw, const void *rstd, int T, int L, int nh, int nkv,
-			     int hd, int rot, float eps, float theta);
+			     const void *kw, const void *rstd, int T, int L, const int32_t *pos,
+			     int nh, int nkv, int hd, int rot, float eps, float theta);
 	/* y(n) = x(n) * sigmoid(gate(n)) */
 	void (*sigmoid_mul_fwd)(struct sl_backend *be, void *y, const void *x, const void *gate,
 				size_t n);

@@ -499,7 +499,8 @@ static real *rope_table_partial(int L, int rot, double theta)
 
 static void cpu_gattn_qk_fwd(struct sl_backend *be, void *out, void *gate, void *rstd,
 			     const void *qgkv, const void *qw, const void *kw, int T, int L,
-			     int nh, int nkv, int hd, int rot, float eps, float theta)
+			     const int32_t *pos, int nh, int nkv, int hd, int rot, float eps,
+			     float theta)
 {
 	const int Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd, nq = nh + nkv;
 	const int half = rot / 2;
@@ -509,7 +510,7 @@ static void cpu_gattn_qk_fwd(struct sl_backend *be, void *out, void *gate, void 
 
 #pragma omp parallel for schedule(static)
 	for (int t = 0; t < T; t++) {
-		const real *c = cs + (size_t)(t % L) * rot, *s = c + half;
+		const real *c = cs + (size_t)(pos ? pos[t] : t % L) * rot, *s = c + half;
 
 		for (int j = 0; j < nq; j++) {
 			const real *x = in + (size_t)t * Win +
@@ -552,8 +553,8 @@ static inline double prope_back(const real *dy, const real *c, const real *s, in
 
 static void cpu_gattn_qk_bwd(struct sl_backend *be, void *dqgkv, void *dqw, void *dkw,
 			     const void *dout, const void *dgate, const void *qgkv, const void *qw,
-			     const void *kw, const void *rstd, int T, int L, int nh, int nkv,
-			     int hd, int rot, float eps, float theta)
+			     const void *kw, const void *rstd, int T, int L, const int32_t *pos,
+			     int nh, int nkv, int hd, int rot, float eps, float theta)
 {
 	const int Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd, nq = nh + nkv;
 	const int half = rot / 2;
@@ -563,7 +564,7 @@ static void cpu_gattn_qk_bwd(struct sl_backend *be, void *dqgkv, void *dqw, void
 
 #pragma omp parallel for schedule(static)
 	for (int t = 0; t < T; t++) {
-		const real *c = cs + (size_t)(t % L) * rot, *s = c + half;
+		const real *c = cs + (size_t)(pos ? pos[t] : t % L) * rot, *s = c + half;
 		double dn[hd];
 
 		for (int j = 0; j < nq; j++) {
@@ -597,7 +598,7 @@ static void cpu_gattn_qk_bwd(struct sl_backend *be, void *dqgkv, void *dqw, void
 		double acc = 0;
 
 		for (int t = 0; t < T; t++) {
-			const real *c = cs + (size_t)(t % L) * rot, *s = c + half;
+			const real *c = cs + (size_t)(pos ? pos[t] : t % L) * rot, *s = c + half;
 
 			for (int j = j0; j < j1; j++) {
 				size_t ioff = (size_t)t * Win + (j < nh ? (size_t)j * 2 * hd :

@@ -70,19 +70,20 @@ static void cuda_gated_rmsnorm_bwd(struct sl_backend *be, void *dx, void *dz, in
 
 static void cuda_gattn_qk_fwd(struct sl_backend *be, void *out, void *gate, void *rstd,
 			      const void *qgkv, const void *qw, const void *kw, int T, int L,
-			      int nh, int nkv, int hd, int rot, float eps, float theta)
+			      const int32_t *pos, int nh, int nkv, int hd, int rot, float eps,
+			      float theta)
 {
-	sl_cuda_gattn_qk_fwd(C(be), out, gate, rstd, qgkv, qw, kw, T, L, nh, nkv, hd, rot, eps,
-			     theta);
+	sl_cuda_gattn_qk_fwd(C(be), out, gate, rstd, qgkv, qw, kw, T, L, pos, nh, nkv, hd, rot,
+			     eps, theta);
 }
 
 static void cuda_gattn_qk_bwd(struct sl_backend *be, void *dqgkv, void *dqw, void *dkw,
 			      const void *dout, const void *dgate, const void *qgkv, const void *qw,
-			      const void *kw, const void *rstd, int T, int L, int nh, int nkv,
-			      int hd, int rot, float eps, float theta)
+			      const void *kw, const void *rstd, int T, int L, const int32_t *pos,
+			      int nh, int nkv, int hd, int rot, float eps, float theta)
 {
-	sl_cuda_gattn_qk_bwd(C(be), dqgkv, dqw, dkw, dout, dgate, qgkv, qw, kw, rstd, T, L, nh,
-			     nkv, hd, rot, eps, theta);
+	sl_cuda_gattn_qk_bwd(C(be), dqgkv, dqw, dkw, dout, dgate, qgkv, qw, kw, rstd, T, L, pos,
+			     nh, nkv, hd, rot, eps, theta);
 }
 
 static void cuda_sigmoid_mul_fwd(struct sl_backend *be, void *y, const void *x, const void *gate,

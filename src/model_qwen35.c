@@ -17,6 +17,9 @@
  * shared expert instead of the dense SwiGLU.
  * With activation checkpointing only each layer's input is kept; the backward recomputes the
  * layer first.
+ * Context parallel (parallel.context, struct sl_cp_batch): every op but the mixers' sequence
+ * work is per token; the gated attention attends through model_cp.c, the Gated DeltaNet passes
+ * its state and convolution edge rows from chunk to chunk (see below).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -75,14 +78,10 @@ struct sl_q35 {
 	void *gbeta, *gg;	/* (T, nv) */
 	void *go, *gy;		/* (T, max(nv dv, nh hd)) */
 	void *gqkvr, *ggate;	/* (T, (nh + 2 nkv) hd), (T, nh hd) */
-	/* context parallel: the same state for whole rows (C T tokens), made at the first
-	 * context-parallel micro-batch; NULL before and without */
-	struct sl_q35 *cp;
-	int cp_C;
-	void *cp_gath;		/* (C T, H) gathered order */
-	void *cp_gx, *cp_gn;	/* (C T, H) whole rows' m->gx, m->gn */
-	void *cp_s[2];		/* (B, nv, dk, dv) stat: Gated DeltaNet states passed on */
-	void *cp_e[4];		/* (2B, K-1, P): convolution edge rows (tails, halo, received) */
+	/* context parallel, made at the first context-parallel micro-batch (NULL before and
+	 * without): the Gated DeltaNet states and the convolution edge rows passed on */
+	void *cp_s[2];		/* (B, nv, dk, dv) stat */
+	void *cp_e[4];		/* (2B, K-1, P): tails, halo, and two received */
 };
 
 /* ---- layout -------------------------------------------------------------------------------- */
@@ -256,20 +255,17 @@ static int alloc_q35_acts(struct sl_model *m, struct q35_acts *a, enum sl_layer_
 	return a->act ? 0 : -ENOMEM;
 }
 
-/* the backward's gradient scratch of q for T tokens; @gdn: for Gated DeltaNet layers too */
-static int alloc_scratch(struct sl_model *m, struct sl_q35 *q, size_t T, bool gdn)
+/* the backward's gradient scratch of q for T tokens */
+static int alloc_scratch(struct sl_model *m, struct sl_q35 *q, size_t T)
 {
-	const size_t e = m->be->elt, nd = (size_t)m->nh * m->hd;
-	const size_t vw = gdn ? zmax((size_t)q->nv * q->dv, nd) : nd;
+	const size_t e = m->be->elt, vw = zmax((size_t)q->nv * q->dv, (size_t)m->nh * m->hd);
 
-	q->gproj = sl_model_ws_alloc(m, T * (gdn ? zmax(q->P, q->Pa) : (size_t)q->Pa), e);
-	if (gdn) {
-		q->gc = sl_model_ws_alloc(m, T * q->Cc, e);
-		q->gqn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
-		q->gkn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
-		q->gbeta = sl_model_ws_alloc(m, T * q->nv, e);
-		q->gg = sl_model_ws_alloc(m, T * q->nv, e);
-	}
+	q->gproj = sl_model_ws_alloc(m, T * zmax(q->P, q->Pa), e);
+	q->gc = sl_model_ws_alloc(m, T * q->Cc, e);
+	q->gqn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
+	q->gkn = sl_model_ws_alloc(m, T * q->nk * q->dk, e);
+	q->gbeta = sl_model_ws_alloc(m, T * q->nv, e);
+	q->gg = sl_model_ws_alloc(m, T * q->nv, e);
 	q->go = sl_model_ws_alloc(m, T * vw, e);
 	q->gy = sl_model_ws_alloc(m, T * vw, e);
 	q->gqkvr = sl_model_ws_alloc(m, T * m->Q, e);
@@ -333,7 +329,7 @@ int sl_q35_init(struct sl_model *m, const struct sl_model_config *mc,
 	q->wfin = sl_model_ws_alloc(m, m->H, e);
 	q->wqn = sl_model_ws_alloc(m, m->hd, e);
 	q->wkn = sl_model_ws_alloc(m, m->hd, e);
-	if (alloc_scratch(m, q, T, true))
+	if (alloc_scratch(m, q, T))
 		return -ENOMEM;
 	/* ones in the compute type, through an f32 device buffer */
 	ones = malloc(n1 * sizeof(float));
@@ -354,10 +350,6 @@ void sl_q35_free(struct sl_model *m)
 {
 	if (!m->q35)
 		return;
-	if (m->q35->cp) {
-		free(m->q35->cp->acts);
-		free(m->q35->cp);
-	}
 	free(m->q35->lo);
 	free(m->q35->acts);
 	free(m->q35);
@@ -365,49 +357,23 @@ void sl_q35_free(struct sl_model *m)
 }
 
 /*
- * Context parallel (sl_cp_check calls this at the first context-parallel micro-batch): for the
- * gated attention layers, which run on whole rows, a second struct sl_q35 sharing the offsets
- * and the effective norm weights, with one attention activation set and the attention's
- * gradient scratch for C T tokens, and the gathered input and its gradients; for the Gated
- * DeltaNet layers, which run on the rank's own chunks, the states and edge rows passed between
- * chunks.
+ * Context parallel (sl_cp_check calls this at the first context-parallel micro-batch): the
+ * gated attention layers attend with model_cp.c's whole rows' k|v buffers; the Gated DeltaNet
+ * layers pass their states and convolution edge rows from chunk to chunk through these.
  */
 int sl_q35_cp_init(struct sl_model *m, int C)
 {
-	struct sl_q35 *q = m->q35, *qf;
-	const size_t T = (size_t)C * m->max_tokens, e = m->be->elt, s = m->be->stat_elt;
-	const size_t B = m->max_records, SS = (size_t)q->dk * q->dv;
-	int rc, keep = m->max_tokens;
+	struct sl_q35 *q = m->q35;
+	const size_t e = m->be->elt, s = m->be->stat_elt, B = m->max_records;
 
-	if (q->cp)
-		return q->cp_C == C ? 0 : -EINVAL;
-	qf = malloc(sizeof(*qf));
-	if (!qf)
-		return -ENOMEM;
-	*qf = *q;
-	qf->cp = NULL;
-	qf->acts = calloc(1, sizeof(*qf->acts));
-	if (!qf->acts) {
-		free(qf);
-		return -ENOMEM;
-	}
-	q->cp = qf;
-	q->cp_C = C;
-	/* alloc_q35_acts sizes by m->q35 and m->max_tokens */
-	m->q35 = qf;
-	m->max_tokens = (int)T;
-	rc = alloc_q35_acts(m, &qf->acts[0], SL_LAYER_GATED_ATTENTION, false);
-	m->max_tokens = keep;
-	m->q35 = q;
-	rc = rc ? rc : alloc_scratch(m, qf, T, false);
-	q->cp_gath = sl_model_ws_alloc(m, T * m->H, e);
-	q->cp_gx = sl_model_ws_alloc(m, T * m->H, e);
-	q->cp_gn = sl_model_ws_alloc(m, T * m->H, e);
+	(void)C;
+	if (q->cp_s[0])
+		return 0;
 	for (int i = 0; i < 2; i++)
-		q->cp_s[i] = sl_model_ws_alloc(m, B * q->nv * SS, s);
+		q->cp_s[i] = sl_model_ws_alloc(m, B * q->nv * q->dk * q->dv, s);
 	for (int i = 0; i < 4; i++)
 		q->cp_e[i] = sl_model_ws_alloc(m, 2 * B * (q->K - 1) * q->P, e);
-	return rc ? rc : q->cp_e[3] ? 0 : -ENOMEM;
+	return q->cp_e[3] ? 0 : -ENOMEM;
 }
 
 /* dst(n) = 1 + w(n): Qwen3.5's RMSNorm scale */
@@ -444,21 +410,26 @@ static int moe_slot(const struct sl_model *m, int l)
 
 /* ---- forward ------------------------------------------------------------------------------- */
 
+/* context parallel: rotary by position in the row, the rank's queries against whole rows' keys */
 static void gated_attn_fwd(const struct sl_model *m, const struct q35_off *lo, const void *w,
 			   struct q35_acts *a, const struct sl_batch_dev *b)
 {
 	struct sl_backend *be = m->be;
 	struct sl_q35 *q = m->q35;
+	const struct sl_cp_batch *cp = b->cp;
 	const int T = b->B * b->L;
 
 	be->matmul_fwd(be, a->proj, a->xn1, at(m, w, lo->wqgkv), NULL, T, m->H, q->Pa);
 	be->gattn_qk_fwd(be, a->qkvr, a->gate, a->rstd_o, a->proj,
 			 eff_weight(m, q->wqn, at(m, w, lo->qn), m->hd),
-			 eff_weight(m, q->wkn, at(m, w, lo->kn), m->hd), T, b->L, m->nh, m->nkv,
-			 m->hd, q->rot, m->eps, m->theta);
+			 eff_weight(m, q->wkn, at(m, w, lo->kn), m->hd), T, cp ? cp->L : b->L,
+			 cp ? cp->pos : NULL, m->nh, m->nkv, m->hd, q->rot, m->eps, m->theta);
 	/* packed rows are refused for this family (train.c): b->pos is NULL */
-	be->attention_fwd(be, a->o, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh, m->nkv,
-			  m->hd);
+	if (cp)
+		sl_cp_attend_fwd(m, a->o, a->lse, a->qkvr, b);
+	else
+		be->attention_fwd(be, a->o, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh,
+				  m->nkv, m->hd);
 	be->sigmoid_mul_fwd(be, a->y, a->o, a->gate, (size_t)T * m->nh * m->hd);
 	be->matmul_fwd(be, a->h, a->y, at(m, w, lo->wo), NULL, T, m->nh * m->hd, m->H);
 }
@@ -694,67 +665,6 @@ static void gdn_fwd(const struct sl_model *m, const struct q35_off *lo, const vo
 	be->matmul_fwd(be, a->h, a->y, at(m, w, lo->wout), NULL, T, vd, m->H);
 }
 
-/*
- * Context parallel, gated attention: it runs over whole rows' keys, so on whole rows: each rank
- * gathers the C ranks' normed inputs (xn1) into row order, runs the attention block on all of
- * the rows' tokens with the whole-row state (q->cp) standing in for its own, and keeps its own
- * tokens' output rows.  Its work is thereby done C times (once per rank).  (Qwen3's layers, in
- * model_cp.c, attend with the rank's own queries only; the gated attention's partial rotary
- * and output gate are not written that way yet.)
- */
-struct cp_swap {
-	struct sl_q35 *q;
-	void *gx, *gn;
-};
-
-static struct cp_swap cp_enter(struct sl_model *m)
-{
-	struct cp_swap sv = { m->q35, m->gx, m->gn };
-
-	m->q35 = sv.q->cp;
-	m->gx = sv.q->cp_gx;
-	m->gn = sv.q->cp_gn;
-	return sv;
-}
-
-static void cp_leave(struct sl_model *m, struct cp_swap sv)
-{
-	m->q35 = sv.q;
-	m->gx = sv.gx;
-	m->gn = sv.gn;
-}
-
-/* the whole rows' batch of a context-parallel one */
-static struct sl_batch_dev whole_rows(const struct sl_batch_dev *b)
-{
-	struct sl_batch_dev bf = *b;
-
-	bf.L = b->cp->L;
-	bf.cp = NULL;
-	bf.pos = NULL;	/* packed rows are refused for this family */
-	return bf;
-}
-
-/* gated attention layer lo on whole rows from this rank's a->xn1; its activations returned */
-static struct q35_acts *cp_mixer_fwd(struct sl_model *m, const struct q35_off *lo, const void *w,
-				     const struct q35_acts *a, const struct sl_batch_dev *b)
-{
-	struct sl_backend *be = m->be;
-	struct sl_q35 *q = m->q35;
-	const struct sl_cp_batch *cp = b->cp;
-	const int Tl = b->B * b->L, C = cp->comm->size;
-	struct q35_acts *fa = &q->cp->acts[0];
-	struct sl_batch_dev bf = whole_rows(b);
-	struct cp_swap sv;
-
-	cp->comm->kv_all_gather(cp->comm->ctx, q->cp_gath, a->xn1, (size_t)Tl * m->H);
-	be->gather_rows(be, fa->xn1, q->cp_gath, cp->perm, C * Tl, m->H);
-	sv = cp_enter(m);
-	gated_attn_fwd(m, lo, w, fa, &bf);
-	cp_leave(m, sv);
-	return fa;
-}
-
 /* @full: also the MLP's down projection and the output (the backward's recompute needs neither) */
 static void layer_fwd(struct sl_model *m, int l, const void *w, struct q35_acts *a, const void *x,
 		      void *xout, const struct sl_batch_dev *b, bool full)
@@ -766,10 +676,7 @@ static void layer_fwd(struct sl_model *m, int l, const void *w, struct q35_acts 
 
 	be->rmsnorm_fwd(be, a->xn1, a->rstd1, x, eff_weight(m, q->wn1, at(m, w, lo->ln1), H), T,
 			H, m->eps);
-	if (b->cp && lo->kind == SL_LAYER_GATED_ATTENTION)	/* rows of the whole rows' */
-		be->gather_rows(be, a->h, cp_mixer_fwd(m, lo, w, a, b)->h,
-				b->cp->inv + (size_t)b->cp->comm->rank * T, T, H);
-	else if (lo->kind == SL_LAYER_GATED_ATTENTION)
+	if (lo->kind == SL_LAYER_GATED_ATTENTION)
 		gated_attn_fwd(m, lo, w, a, b);
 	else
 		gdn_fwd(m, lo, w, a, b);
@@ -802,17 +709,22 @@ static void gated_attn_bwd(struct sl_model *m, const struct q35_off *lo, const v
 {
 	struct sl_backend *be = m->be;
 	struct sl_q35 *q = m->q35;
+	const struct sl_cp_batch *cp = b->cp;
 	const int T = b->B * b->L, nd = m->nh * m->hd;
 
 	be->matmul_bwd(be, q->gy, at(m, g, lo->wo), NULL, m->gx, a->y, at(m, w, lo->wo), T, nd,
 		       m->H, false);
 	be->sigmoid_mul_bwd(be, q->go, q->ggate, q->gy, a->o, a->gate, (size_t)T * nd);
-	be->attention_bwd(be, q->gqkvr, q->go, a->o, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L,
-			  m->nh, m->nkv, m->hd);
+	if (cp)
+		sl_cp_attend_bwd(m, q->gqkvr, q->go, a->o, a->lse, a->qkvr, b);
+	else
+		be->attention_bwd(be, q->gqkvr, q->go, a->o, a->lse, a->qkvr, b->lens, b->pos,
+				  b->B, b->L, m->nh, m->nkv, m->hd);
 	be->gattn_qk_bwd(be, q->gproj, at(m, g, lo->qn), at(m, g, lo->kn), q->gqkvr, q->ggate,
 			 a->proj, eff_weight(m, q->wqn, at(m, w, lo->qn), m->hd),
-			 eff_weight(m, q->wkn, at(m, w, lo->kn), m->hd), a->rstd_o, T, b->L, m->nh,
-			 m->nkv, m->hd, q->rot, m->eps, m->theta);
+			 eff_weight(m, q->wkn, at(m, w, lo->kn), m->hd), a->rstd_o, T,
+			 cp ? cp->L : b->L, cp ? cp->pos : NULL, m->nh, m->nkv, m->hd, q->rot,
+			 m->eps, m->theta);
 	be->matmul_bwd(be, m->gn, at(m, g, lo->wqgkv), NULL, q->gproj, a->xn1,
 		       at(m, w, lo->wqgkv), T, m->H, q->Pa, false);
 }
@@ -851,34 +763,6 @@ static void gdn_bwd(struct sl_model *m, const struct q35_off *lo, const void *w,
 		       T, m->H, q->P, false);
 }
 
-/*
- * Context parallel: the whole rows' mixer backward from this rank's rows of m->gx (the others
- * zero), so the weights get this rank's share of their gradient (the trainer sums the ranks'),
- * and the input gradient of every row, whose sums over the ranks come back to each rank's own
- * rows in m->gn.  The whole rows' activations are recomputed unless checkpointing just did.
- */
-static void cp_mixer_bwd(struct sl_model *m, const struct q35_off *lo, const void *w, void *g,
-			 const struct q35_acts *a, const struct sl_batch_dev *b)
-{
-	struct sl_backend *be = m->be;
-	struct sl_q35 *q = m->q35;
-	const struct sl_cp_batch *cp = b->cp;
-	const int Tl = b->B * b->L, C = cp->comm->size, H = m->H;
-	struct q35_acts *fa = &q->cp->acts[0];
-	struct sl_batch_dev bf = whole_rows(b);
-	struct cp_swap sv;
-
-	if (!m->ckpt)
-		cp_mixer_fwd(m, lo, w, a, b);
-	be->zero(be, q->cp_gx, (size_t)C * Tl * H * be->elt);
-	be->scatter_add_rows(be, q->cp_gx, m->gx, cp->inv + (size_t)cp->comm->rank * Tl, Tl, H);
-	sv = cp_enter(m);
-	gated_attn_bwd(m, lo, w, g, fa, &bf);
-	cp_leave(m, sv);
-	be->gather_rows(be, q->cp_gath, q->cp_gn, cp->inv, C * Tl, H);
-	cp->comm->kv_reduce_scatter(cp->comm->ctx, m->gn, q->cp_gath, (size_t)Tl * H);
-}
-
 void sl_q35_layer_bwd(struct sl_model *m, int l, const void *w, void *g, const void *x,
 		      const struct sl_batch_dev *b)
 {
@@ -904,9 +788,7 @@ void sl_q35_layer_bwd(struct sl_model *m, int l, const void *w, void *g, const v
 	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln2), m->gn, a->h,
 			eff_weight(m, q->wn2, at(m, w, lo->ln2), H), a->rstd2, T, H, true);
 
-	if (b->cp && lo->kind == SL_LAYER_GATED_ATTENTION)
-		cp_mixer_bwd(m, lo, w, g, a, b);
-	else if (lo->kind == SL_LAYER_GATED_ATTENTION)
+	if (lo->kind == SL_LAYER_GATED_ATTENTION)
 		gated_attn_bwd(m, lo, w, g, a, b);
 	else
 		gdn_bwd(m, lo, w, g, a, b);

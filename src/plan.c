@@ -140,23 +140,15 @@ static size_t q35_layer_acts(const struct counter *k, const struct sl_model_conf
 		+ A(k, T * nv * s);			/* rstd_o */
 }
 
-/*
- * model_qwen35.c alloc_scratch: the backward's gradient scratch for T tokens; @gdn: for the
- * Gated DeltaNet layers too (else the gated attention's only)
- */
+/* model_qwen35.c alloc_scratch: the backward's gradient scratch for T tokens */
 static size_t q35_scratch(const struct counter *k, const struct sl_model_config *mc, size_t T,
-			  size_t e, bool gdn)
+			  size_t e)
 {
 	const size_t nh = mc->n_heads, nkv = mc->n_kv_heads, hd = mc->head_dim;
 	const size_t Q = (nh + 2 * nkv) * hd, Pa = (2 * nh + 2 * nkv) * hd;
 	const size_t nk = mc->lin_nk, nv = mc->lin_nv, dk = mc->lin_dk, dv = mc->lin_dv;
 	const size_t Cc = 2 * nk * dk + nv * dv, P = Cc + nv * dv + 2 * nv;
 
-	if (!gdn)
-		return A(k, T * Pa * e)			/* gproj */
-			+ 2 * A(k, T * nh * hd * e)	/* go, gy */
-			+ A(k, T * Q * e)		/* gqkvr */
-			+ A(k, T * nh * hd * e);	/* ggate */
 	return A(k, T * zmax(P, Pa) * e)		/* gproj */
 		+ A(k, T * Cc * e)			/* gc */
 		+ 2 * A(k, T * nk * dk * e)		/* gqn, gkn */
@@ -190,25 +182,21 @@ static void count_q35(const struct counter *k, const struct sl_model_config *mc,
 		+ A(k, zmax(H, hd) * e)			/* ones */
 		+ 3 * A(k, H * e)			/* wn1, wn2, wfin */
 		+ 2 * A(k, hd * e)			/* wqn, wkn */
-		+ q35_scratch(k, mc, T, e, true);
+		+ q35_scratch(k, mc, T, e);
 }
 
 /*
  * model_qwen35.c's context-parallel state (sl_q35_cp_init, at the first context-parallel
- * micro-batch): one gated attention activation set for the whole rows' C T tokens (no MLP
- * buffers), the attention's gradient scratch for them, the gathered input and the two gradient
- * rows; the Gated DeltaNet's two passed states of B rows and four buffers of 2B chunks' K-1
- * convolution edge rows
+ * micro-batch): the Gated DeltaNet's two passed states of B rows and four buffers of 2B chunks'
+ * K-1 convolution edge rows (the gated attention uses model_cp.c's k|v buffers)
  */
-static size_t q35_cp(const struct counter *k, const struct sl_model_config *mc, size_t CT,
-		     size_t B, size_t e, size_t s)
+static size_t q35_cp(const struct counter *k, const struct sl_model_config *mc, size_t B,
+		     size_t e, size_t s)
 {
 	const size_t nk = mc->lin_nk, nv = mc->lin_nv, dk = mc->lin_dk, dv = mc->lin_dv;
 	const size_t P = 2 * nk * dk + 2 * nv * dv + 2 * nv;
 
-	return q35_layer_acts(k, mc, SL_LAYER_GATED_ATTENTION, false, CT, B, e, s) +
-		q35_scratch(k, mc, CT, e, false) + 3 * A(k, CT * mc->hidden * e) +
-		2 * A(k, B * nv * dk * dv * s) + 4 * A(k, 2 * B * (mc->lin_conv - 1) * P * e);
+	return 2 * A(k, B * nv * dk * dv * s) + 4 * A(k, 2 * B * (mc->lin_conv - 1) * P * e);
 }
 
 /*
@@ -327,9 +315,9 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	if (p->C > 1) {
 		const size_t CT = p->C * T, kw = 2 * (size_t)mc->n_kv_heads * mc->head_dim;
 
-		/* model_cp.c: 3 k|v buffers of whole rows; model_qwen35.c's whole-row mixers */
+		/* model_cp.c: 3 k|v buffers of whole rows; model_qwen35.c's passed DeltaNet state */
 		p->dev[SL_PLAN_ACTS] += 3 * A(&dk, CT * kw * e) +
-			(mc->norm_offset ? q35_cp(&dk, mc, CT, B, e, p->stat_elt) : 0);
+			(mc->norm_offset ? q35_cp(&dk, mc, B, e, p->stat_elt) : 0);
 		/* context.c's context-parallel batch: 7 index rows, 3 per-record arrays and the
 		 * rows' lengths in the rank's 2 chunks */
 		p->dev[SL_PLAN_HEAD] += 7 * A(&dk, B * Lrow * sizeof(int32_t)) +
@@ -498,8 +486,8 @@ void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
 	fprintf(out, "  %-26s %12.2f %14zu\n", "total", gib(p->dev_total), p->dev_total);
 	fprintf(out, "  (weights: %d gathered unit(s) in flight of up to %zu elements; "
 		"activations for %d x %d tokens%s%s)\n", p->n_wslots, p->max_padded, p->batch,
-		p->seq, p->C > 1 ? " (this rank's 1/C of each row, and whole rows' k|v"
-		" and Qwen3.5 mixers, with context parallel)" : "",
+		p->seq, p->C > 1 ? " (this rank's 1/C of each row, and whole rows' k|v,"
+		" with context parallel)" : "",
 		!p->ckpt ? "" : mc->norm_offset ? ", one set per layer kind with "
 		"checkpointing" : ", one layer's set with checkpointing");
 	for (int l = 0; l < mc->n_layers; l++) {

@@ -499,10 +499,12 @@ static void t_gnorm(int T, int nh, int d, int zs)
 	drop(x), drop(z), drop(w), drop(o), drop(rs), drop(g), drop(dx), drop(dz), drop(dw);
 }
 
-static void t_gattn(int B, int L, int nh, int nkv, int hd, int rot)
+/* @pos: positions given (context parallel's positions in the row: (7 t + 3) % L), or t % L */
+static void t_gattn(int B, int L, int nh, int nkv, int hd, int rot, bool pos)
 {
 	char sh[64];
 	int T = B * L, Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd;
+	struct buf *ps = mk(I32, (size_t)T);
 	struct buf *x = rnd(BF, (size_t)T * Win, 1), *qw = rnd(BF, hd, 1), *kw = rnd(BF, hd, 1);
 	struct buf *o = out(BF, (size_t)T * Wout), *gt = out(BF, (size_t)T * nh * hd);
 	struct buf *rs = out(STAT, (size_t)T * (nh + nkv)), *g = rnd(BF, (size_t)T * Wout, 1);
@@ -512,19 +514,23 @@ static void t_gattn(int B, int L, int nh, int nkv, int hd, int rot)
 	struct buf *dgt = out(BF, (size_t)T * nh * hd);
 	float theta = 1e7f;
 
-	snprintf(sh, sizeof(sh), "T=%dx%d h=%d/%d hd=%d r=%d", B, L, nh, nkv, hd, rot);
-	cpu->gattn_qk_fwd(cpu, o->c, gt->c, rs->c, x->c, qw->c, kw->c, T, L, nh, nkv, hd, rot,
-			  1e-6f, theta);
-	TIMED(gpu->gattn_qk_fwd(gpu, o->g, gt->g, rs->g, x->g, qw->g, kw->g, T, L, nh, nkv, hd, rot,
-				1e-6f, theta));
+	for (int t = 0; t < T; t++)
+		ps->hi[t] = (7 * t + 3) % L;
+	put(ps);
+	snprintf(sh, sizeof(sh), "T=%dx%d h=%d/%d hd=%d r=%d%s", B, L, nh, nkv, hd, rot,
+		 pos ? " pos" : "");
+	cpu->gattn_qk_fwd(cpu, o->c, gt->c, rs->c, x->c, qw->c, kw->c, T, L, pos ? ps->c : NULL,
+			  nh, nkv, hd, rot, 1e-6f, theta);
+	TIMED(gpu->gattn_qk_fwd(gpu, o->g, gt->g, rs->g, x->g, qw->g, kw->g, T, L,
+				pos ? ps->g : NULL, nh, nkv, hd, rot, 1e-6f, theta));
 	cmp("gattn_qk_fwd", sh, "out", o, TOL);
 	cmp("gattn_qk_fwd", sh, "gate", gt, 1e-6);
 	cmp("gattn_qk_fwd", sh, "rstd", rs, 1e-5);
 	sync_stat(rs);
 	cpu->gattn_qk_bwd(cpu, dx->c, dq->c, dk->c, g->c, gg->c, x->c, qw->c, kw->c, rs->c, T, L,
-			  nh, nkv, hd, rot, 1e-6f, theta);
+			  pos ? ps->c : NULL, nh, nkv, hd, rot, 1e-6f, theta);
 	TIMED(gpu->gattn_qk_bwd(gpu, dx->g, dq->g, dk->g, g->g, gg->g, x->g, qw->g, kw->g, rs->g,
-				T, L, nh, nkv, hd, rot, 1e-6f, theta));
+				T, L, pos ? ps->g : NULL, nh, nkv, hd, rot, 1e-6f, theta));
 	cmp("gattn_qk_bwd", sh, "dqgkv", dx, TOL);
 	cmp("gattn_qk_bwd", sh, "dq_norm_w", dq, TOL);
 	cmp("gattn_qk_bwd", sh, "dk_norm_w", dk, TOL);
@@ -537,7 +543,7 @@ static void t_gattn(int B, int L, int nh, int nkv, int hd, int rot)
 	cmp("sigmoid_mul_bwd", sh, "dx", dy, TOL);
 	cmp("sigmoid_mul_bwd", sh, "dgate", dgt, TOL);
 	drop(x), drop(qw), drop(kw), drop(o), drop(gt), drop(rs), drop(g), drop(gg), drop(dx);
-	drop(dq), drop(dk), drop(y), drop(dy), drop(dgt);
+	drop(dq), drop(dk), drop(y), drop(dy), drop(dgt), drop(ps);
 }
 
 
@@ -795,9 +801,10 @@ int main(int argc, char **argv)
 	t_gnorm(7, 2, 3, 11);
 	t_gnorm(140, 4, 24, 200);
 	t_gnorm(300, 48, 128, 7000);
-	t_gattn(2, 9, 2, 1, 8, 4);
-	t_gattn(3, 70, 4, 2, 32, 8);
-	t_gattn(2, 150, 24, 4, 256, 64);
+	t_gattn(2, 9, 2, 1, 8, 4, false);
+	t_gattn(3, 70, 4, 2, 32, 8, false);
+	t_gattn(2, 150, 24, 4, 256, 64, false);
+	t_gattn(2, 150, 24, 4, 256, 64, true);
 	t_model("3x150 classify", false, 0, 0);
 	t_model("3x150 sft", true, 0, 0);
 	t_model("3x150 moe sft k=E=4", true, 4, 24);

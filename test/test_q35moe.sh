@@ -16,8 +16,9 @@
 #    4 ranks (4-way expert and context parallelism are the same code, tested by test_ep.sh and
 #    test_cp.sh on Qwen3), and the fixture's dense hybrid (qwen3_5_text) on 2 ranks with
 #    activation checkpointing and on 4 ranks without (the Gated DeltaNet state and the
-#    convolution's edge rows passed from chunk to chunk, the middle ranks' from both sides; the
-#    records' 5 tokens padded to 4 a chunk: model_qwen35.c);
+#    convolution's edge rows passed from chunk to chunk, the middle ranks' from both sides, the
+#    records' 5 tokens padded to 4 a chunk; the gated attention's queries by their position in
+#    the row against whole rows' keys: model_qwen35.c);
 #  - the log says the vision tower is not loaded; the export is a Qwen3_5MoeForCausalLM
 #    (qwen3_5_moe_text config) that trains again;
 #  - data.pack is refused with its reason (the Gated DeltaNet state would cross documents).

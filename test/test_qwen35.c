@@ -536,14 +536,15 @@ static void test_gated_norm(void)
 struct ga_ctx {
 	int T, L, nh, nkv, hd, rot;
 	double *in, *qw, *kw, *out, *gate, *rstd, *r1, *r2;
+	const int32_t *pos;	/* NULL: t % L */
 };
 
 static double ga_loss(void *p)
 {
 	struct ga_ctx *c = p;
 
-	be->gattn_qk_fwd(be, c->out, c->gate, c->rstd, c->in, c->qw, c->kw, c->T, c->L, c->nh,
-			 c->nkv, c->hd, c->rot, 1e-6f, 100.0f);
+	be->gattn_qk_fwd(be, c->out, c->gate, c->rstd, c->in, c->qw, c->kw, c->T, c->L, c->pos,
+			 c->nh, c->nkv, c->hd, c->rot, 1e-6f, 100.0f);
 	return dotv(c->out, c->r1, (size_t)c->T * (c->nh + 2 * c->nkv) * c->hd) +
 	       dotv(c->gate, c->r2, (size_t)c->T * c->nh * c->hd);
 }
@@ -575,11 +576,32 @@ static void test_gattn(void)
 		CHECK_CLOSE(c.out[4 * 32 + 8 + 0], n0 * cos(1) - n2 * sin(1), 1e-12, 1e-14);
 		CHECK(c.out[4 * 32 + 24 + 7] == c.in[4 * 48 + 40 + 7], "v copied");
 	}
-	be->gattn_qk_bwd(be, din, dqw, dkw, c.r1, c.r2, c.in, c.qw, c.kw, c.rstd, c.T, c.L, c.nh,
-			 c.nkv, c.hd, c.rot, 1e-6f, 100.0f);
+	be->gattn_qk_bwd(be, din, dqw, dkw, c.r1, c.r2, c.in, c.qw, c.kw, c.rstd, c.T, c.L, NULL,
+			 c.nh, c.nkv, c.hd, c.rot, 1e-6f, 100.0f);
 	fd_check("gattn dqgkv", ga_loss, &c, c.in, din, nin, 1e-6);
 	fd_check("gattn dqw", ga_loss, &c, c.qw, dqw, c.hd, 1e-6);
 	fd_check("gattn dkw", ga_loss, &c, c.kw, dkw, c.hd, 1e-6);
+	/* positions given (context parallel: a token's position in its row): token 4 at 5 */
+	{
+		static const int32_t pos[6] = { 2, 0, 5, 1, 5, 3 };
+		const double *q = c.in + 4 * 48 + 16;
+		double ss = 0, r, n0, n2;
+
+		c.pos = pos;
+		c.L = 6;
+		ga_loss(&c);
+		for (int i = 0; i < 8; i++)
+			ss += q[i] * q[i];
+		r = 1 / sqrt(ss / 8 + 1e-6);
+		n0 = q[0] * r * c.qw[0], n2 = q[2] * r * c.qw[2];
+		CHECK_CLOSE(c.out[4 * 32 + 8 + 0], n0 * cos(5) - n2 * sin(5), 1e-12, 1e-14);
+		memset(din, 0, nin * sizeof(double));
+		memset(dqw, 0, c.hd * sizeof(double));
+		be->gattn_qk_bwd(be, din, dqw, dkw, c.r1, c.r2, c.in, c.qw, c.kw, c.rstd, c.T, c.L,
+				 pos, c.nh, c.nkv, c.hd, c.rot, 1e-6f, 100.0f);
+		fd_check("gattn dqgkv (pos)", ga_loss, &c, c.in, din, nin, 1e-6);
+		fd_check("gattn dqw (pos)", ga_loss, &c, c.qw, dqw, c.hd, 1e-6);
+	}
 	free(c.in), free(c.qw), free(c.kw), free(c.out), free(c.gate), free(c.rstd);
 	free(c.r1), free(c.r2), free(din), free(dqw), free(dkw);
 
