@@ -41,14 +41,14 @@ static __device__ __forceinline__ size_t gq_in_off(int t, int j, int nh, int hd,
 
 // block (token, q or k head), thread i < hd: element i
 __global__ void k_gattn_fwd(bf16 *out, bf16 *gate, float *rstd, const bf16 *in, const bf16 *qw,
-			    const bf16 *kw, const float *cs, int L, int nh, int nkv, int hd,
-			    int rot, float eps)
+			    const bf16 *kw, const float *cs, int L, const int *pos, int nh,
+			    int nkv, int hd, int rot, float eps)
 {
 	extern __shared__ float n[];
 	int nq = nh + nkv, t = blockIdx.x / nq, j = blockIdx.x % nq, i = threadIdx.x;
 	int Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd, half = rot / 2;
 	const bf16 *x = in + gq_in_off(t, j, nh, hd, Win), *w = j < nh ? qw : kw;
-	const float *c = cs + (size_t)(t % L) * rot, *s = c + half;
+	const float *c = cs + (size_t)(pos ? pos[t] : t % L) * rot, *s = c + half;
 	float xi = i < hd ? bf(x[i]) : 0.f, r = rsqrtf(block_sum(xi * xi) / hd + eps), y;
 
 	if (i < hd)
@@ -100,14 +100,14 @@ static __device__ __forceinline__ float prope_back(const bf16 *dy, const float *
 
 __global__ void k_gattn_bwd(bf16 *din, const bf16 *dout, const bf16 *dgate, const bf16 *in,
 			    const bf16 *qw, const bf16 *kw, const float *rstd, const float *cs,
-			    int L, int nh, int nkv, int hd, int rot)
+			    int L, const int *pos, int nh, int nkv, int hd, int rot)
 {
 	int nq = nh + nkv, t = blockIdx.x / nq, j = blockIdx.x % nq, i = threadIdx.x;
 	int Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd, half = rot / 2;
 	size_t io = gq_in_off(t, j, nh, hd, Win);
 	const bf16 *x = in + io, *w = j < nh ? qw : kw;
 	const bf16 *dy = dout + (size_t)t * Wout + (size_t)j * hd;
-	const float *c = cs + (size_t)(t % L) * rot, *s = c + half;
+	const float *c = cs + (size_t)(pos ? pos[t] : t % L) * rot, *s = c + half;
 	float r = rstd[(size_t)t * nq + j], dn = 0.f, sum;
 
 	if (i < hd)
@@ -122,8 +122,8 @@ __global__ void k_gattn_bwd(bf16 *din, const bf16 *dout, const bf16 *dgate, cons
 
 // thread per (q|k, element i): the sum over tokens and heads, in a fixed order
 __global__ void k_gattn_dw(bf16 *dqw, bf16 *dkw, const bf16 *dout, const bf16 *in,
-			   const float *rstd, const float *cs, int T, int L, int nh, int nkv,
-			   int hd, int rot)
+			   const float *rstd, const float *cs, int T, int L, const int *pos, int nh,
+			   int nkv, int hd, int rot)
 {
 	int nq = nh + nkv, Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd;
 	int half = rot / 2;
@@ -134,7 +134,7 @@ __global__ void k_gattn_dw(bf16 *dqw, bf16 *dkw, const bf16 *dout, const bf16 *i
 		float acc = 0.f;
 
 		for (int t = 0; t < T; t++) {
-			const float *c = cs + (size_t)(t % L) * rot, *s = c + half;
+			const float *c = cs + (size_t)(pos ? pos[t] : t % L) * rot, *s = c + half;
 
 			for (int j = j0; j < j1; j++)
 				acc += prope_back(dout + (size_t)t * Wout + (size_t)j * hd, c, s, i,
@@ -160,8 +160,8 @@ static float *prope_table(struct sl_cuda *c, int L, int rot, float theta)
 
 extern "C" void sl_cuda_gattn_qk_fwd(struct sl_cuda *c, void *out, void *gate, float *rstd,
 				     const void *qgkv, const void *qw, const void *kw, int T,
-				     int L, int nh, int nkv, int hd, int rot, float eps,
-				     float theta)
+				     int L, const int *pos, int nh, int nkv, int hd, int rot,
+				     float eps, float theta)
 {
 	float *cs = prope_table(c, L, rot, theta);
 	int threads = round32(hd);
@@ -172,7 +172,7 @@ extern "C" void sl_cuda_gattn_qk_fwd(struct sl_cuda *c, void *out, void *gate, f
 	}
 	k_gattn_fwd<<<T * (nh + nkv), threads, hd * sizeof(float), c->stream>>>(
 		(bf16 *)out, (bf16 *)gate, rstd, (const bf16 *)qgkv, (const bf16 *)qw,
-		(const bf16 *)kw, cs, L, nh, nkv, hd, rot, eps);
+		(const bf16 *)kw, cs, L, pos, nh, nkv, hd, rot, eps);
 	CUDA_LAUNCHED();
 	k_gattn_v<<<grid_for((size_t)T * nkv * hd, NT), NT, 0, c->stream>>>(
 		(bf16 *)out, (const bf16 *)qgkv, T, nh, nkv, hd, 1);
@@ -182,21 +182,21 @@ extern "C" void sl_cuda_gattn_qk_fwd(struct sl_cuda *c, void *out, void *gate, f
 extern "C" void sl_cuda_gattn_qk_bwd(struct sl_cuda *c, void *dqgkv, void *dqw, void *dkw,
 				     const void *dout, const void *dgate, const void *qgkv,
 				     const void *qw, const void *kw, const float *rstd, int T,
-				     int L, int nh, int nkv, int hd, int rot, float eps,
-				     float theta)
+				     int L, const int *pos, int nh, int nkv, int hd, int rot,
+				     float eps, float theta)
 {
 	float *cs = prope_table(c, L, rot, theta);
 
 	k_gattn_bwd<<<T * (nh + nkv), round32(hd), 0, c->stream>>>(
 		(bf16 *)dqgkv, (const bf16 *)dout, (const bf16 *)dgate, (const bf16 *)qgkv,
-		(const bf16 *)qw, (const bf16 *)kw, rstd, cs, L, nh, nkv, hd, rot);
+		(const bf16 *)qw, (const bf16 *)kw, rstd, cs, L, pos, nh, nkv, hd, rot);
 	CUDA_LAUNCHED();
 	k_gattn_v<<<grid_for((size_t)T * nkv * hd, NT), NT, 0, c->stream>>>(
 		(bf16 *)dqgkv, (const bf16 *)dout, T, nh, nkv, hd, 0);
 	CUDA_LAUNCHED();
 	k_gattn_dw<<<grid_for((size_t)2 * hd, 64), 64, 0, c->stream>>>(
 		(bf16 *)dqw, (bf16 *)dkw, (const bf16 *)dout, (const bf16 *)qgkv, rstd, cs, T, L,
-		nh, nkv, hd, rot);
+		pos, nh, nkv, hd, rot);
 	CUDA_LAUNCHED();
 }
 

@@ -27,20 +27,28 @@ static int round32(int n)
 
 // ---- causal depthwise conv1d + SiLU -----------------------------------------------------------
 
+// x(t - back, c) of record row t (position p), or the halo's row for a position before 0
+static __device__ __forceinline__ float conv_in(const bf16 *x, const bf16 *halo, int xs, int t,
+						int p, int back, int L, int K, int c)
+{
+	if (p - back >= 0)
+		return bf(x[(size_t)(t - back) * xs + c]);
+	if (!halo)
+		return 0.f;
+	return bf(halo[((size_t)(t / L) * (K - 1) + (K - 1) + (p - back)) * xs + c]);
+}
+
 __global__ void k_conv_fwd(bf16 *out, bf16 *pre, const bf16 *x, int xs, const bf16 *w, int T,
-			   int L, int C, int K)
+			   int L, int C, int K, const bf16 *halo)
 {
 	GRID_LOOP(i, (size_t)T * C)
 	{
 		int t = i / C, c = i % C, p = t % L;
 		float acc = 0.f;
 
-		for (int j = 0; j < K; j++) {
-			int back = K - 1 - j;
-
-			if (p - back >= 0)
-				acc += bf(x[(size_t)(t - back) * xs + c]) * bf(w[(size_t)c * K + j]);
-		}
+		for (int j = 0; j < K; j++)
+			acc += conv_in(x, halo, xs, t, p, K - 1 - j, L, K, c) *
+			       bf(w[(size_t)c * K + j]);
 		pre[i] = tobf(acc);
 		out[i] = tobf(acc * sigm(acc));
 	}
@@ -73,7 +81,7 @@ __global__ void k_conv_bwd_dx(bf16 *dx, int xs, const bf16 *g, const bf16 *pre, 
 }
 
 __global__ void k_conv_bwd_dw(bf16 *dw, const bf16 *g, const bf16 *x, int xs, const bf16 *pre,
-			      int T, int L, int C, int K)
+			      int T, int L, int C, int K, const bf16 *halo)
 {
 	GRID_LOOP(i, (size_t)C * K)
 	{
@@ -81,31 +89,61 @@ __global__ void k_conv_bwd_dw(bf16 *dw, const bf16 *g, const bf16 *x, int xs, co
 		float acc = 0.f;
 
 		for (int t = 0; t < T; t++)
-			if (t % L - back >= 0)
+			if (t % L - back >= 0 || halo)
 				acc += dsilu_g(g, pre, (size_t)t * C + c) *
-				       bf(x[(size_t)(t - back) * xs + c]);
+				       conv_in(x, halo, xs, t, t % L, back, L, K, c);
 		dw[i] = tobf(bf(dw[i]) + acc);
 	}
 }
 
+// the halo's row i of record rec (position i - K + 1) feeds the outputs p = i - K + 1 + back >= 0
+__global__ void k_conv_bwd_dhalo(bf16 *dhalo, int xs, const bf16 *g, const bf16 *pre,
+				 const bf16 *w, int T, int L, int C, int K)
+{
+	GRID_LOOP(i, (size_t)(T / L) * (K - 1) * C)
+	{
+		int r = i / C, c = i % C, rec = r / (K - 1), hi = r % (K - 1);
+		float acc = 0.f;
+
+		for (int j = 0; j < K; j++) {
+			int p = hi - (K - 1) + (K - 1 - j);
+
+			if (p >= 0 && p < L)
+				acc += dsilu_g(g, pre, ((size_t)rec * L + p) * C + c) *
+				       bf(w[(size_t)c * K + j]);
+		}
+		dhalo[(size_t)r * xs + c] = tobf(acc);
+	}
+}
+
 extern "C" void sl_cuda_conv1d_silu_fwd(struct sl_cuda *c, void *out, void *pre, const void *x,
-					int xs, const void *w, int T, int L, int C, int K)
+					int xs, const void *w, int T, int L, int C, int K,
+					const void *halo)
 {
 	k_conv_fwd<<<grid_for((size_t)T * C, NT), NT, 0, c->stream>>>(
-		(bf16 *)out, (bf16 *)pre, (const bf16 *)x, xs, (const bf16 *)w, T, L, C, K);
+		(bf16 *)out, (bf16 *)pre, (const bf16 *)x, xs, (const bf16 *)w, T, L, C, K,
+		(const bf16 *)halo);
 	CUDA_LAUNCHED();
 }
 
 extern "C" void sl_cuda_conv1d_silu_bwd(struct sl_cuda *c, void *dx, int xs, void *dw,
 					const void *dout, const void *x, const void *pre,
-					const void *w, int T, int L, int C, int K)
+					const void *w, int T, int L, int C, int K, const void *halo,
+					void *dhalo)
 {
 	k_conv_bwd_dx<<<grid_for((size_t)T * C, NT), NT, 0, c->stream>>>(
 		(bf16 *)dx, xs, (const bf16 *)dout, (const bf16 *)pre, (const bf16 *)w, T, L, C, K);
 	CUDA_LAUNCHED();
 	k_conv_bwd_dw<<<grid_for((size_t)C * K, 128), 128, 0, c->stream>>>(
-		(bf16 *)dw, (const bf16 *)dout, (const bf16 *)x, xs, (const bf16 *)pre, T, L, C, K);
+		(bf16 *)dw, (const bf16 *)dout, (const bf16 *)x, xs, (const bf16 *)pre, T, L, C, K,
+		(const bf16 *)halo);
 	CUDA_LAUNCHED();
+	if (dhalo && K > 1) {
+		k_conv_bwd_dhalo<<<grid_for((size_t)(T / L) * (K - 1) * C, NT), NT, 0, c->stream>>>(
+			(bf16 *)dhalo, xs, (const bf16 *)dout, (const bf16 *)pre, (const bf16 *)w, T,
+			L, C, K);
+		CUDA_LAUNCHED();
+	}
 }
 
 // ---- Gated DeltaNet inputs ----------------------------------------------------------------------
@@ -259,8 +297,8 @@ extern "C" void sl_cuda_gdn_prep_bwd(struct sl_cuda *c, void *dqkv, void *dab, i
 
 // block (record, value head); thread j < dv owns column j of S (shared, dk x dv)
 __global__ void k_rule_fwd(bf16 *o, float *states, const bf16 *qn, const bf16 *kn, const bf16 *v,
-			   int vs, const float *beta, const float *g, const int *lens, int L,
-			   int nk, int nv, int dk, int dv)
+			   int vs, const float *beta, const float *g, const int *lens, int L, int rs,
+			   int nk, int nv, int dk, int dv, const float *s0, float *s_end)
 {
 	extern __shared__ float sm[];
 	float *S = sm, *kk = S + (size_t)dk * dv, *qq = kk + dk;
@@ -270,9 +308,10 @@ __global__ void k_rule_fwd(bf16 *o, float *states, const bf16 *qn, const bf16 *k
 
 	if (j < dv)
 		for (int i = 0; i < dk; i++)
-			S[(size_t)i * dv + j] = 0.f;
+			S[(size_t)i * dv + j] =
+				s0 ? s0[(size_t)blockIdx.x * SS + (size_t)i * dv + j] : 0.f;
 	for (int p = 0; p < L; p++) {
-		size_t t = (size_t)b * L + p;
+		size_t t = (size_t)b * rs + p;
 
 		if (p % GDN_CHUNK == 0 && j < dv) {
 			float *sv = states + (((size_t)b * nch + p / GDN_CHUNK) * nv + h) * SS;
@@ -311,6 +350,9 @@ __global__ void k_rule_fwd(bf16 *o, float *states, const bf16 *qn, const bf16 *k
 			o[t * nv * dv + (size_t)h * dv + j] = tobf(acc);
 		}
 	}
+	if (s_end && j < dv)	// column j is this thread's alone: no barrier needed
+		for (int i = 0; i < dk; i++)
+			s_end[(size_t)blockIdx.x * SS + (size_t)i * dv + j] = S[(size_t)i * dv + j];
 }
 
 // block (record, key head) of a wave: the value heads of the group one after the other (their
@@ -318,8 +360,8 @@ __global__ void k_rule_fwd(bf16 *o, float *states, const bf16 *qn, const bf16 *k
 __global__ void k_rule_bwd(bf16 *dqn, bf16 *dkn, bf16 *dval, bf16 *dbeta, bf16 *dg,
 			   const bf16 *dout, const float *states, const bf16 *qn, const bf16 *kn,
 			   const bf16 *v, int vs, const float *beta, const float *g,
-			   const int *lens, int L, int nk, int nv, int dk, int dv, int first,
-			   float *hist_all)
+			   const int *lens, int L, int rs, int nk, int nv, int dk, int dv, int first,
+			   float *hist_all, const float *ds_end, float *ds0)
 {
 	extern __shared__ float sm[];
 	const int ld = dv + 1;	// padded rows: row and column walks are both conflict-free
@@ -334,7 +376,7 @@ __global__ void k_rule_bwd(bf16 *dqn, bf16 *dkn, bf16 *dval, bf16 *dbeta, bf16 *
 		int h = kh * grp + hi;
 
 		for (int p = len; p < L; p++) {
-			size_t t = (size_t)b * L + p;
+			size_t t = (size_t)b * rs + p;
 
 			for (int x = tid; x < dv; x += blockDim.x)
 				dval[t * vs + (size_t)h * dv + x] = tobf(0.f);
@@ -348,9 +390,12 @@ __global__ void k_rule_bwd(bf16 *dqn, bf16 *dkn, bf16 *dval, bf16 *dbeta, bf16 *
 					dkn[t * nk * dk + (size_t)kh * dk + x] = tobf(0.f);
 				}
 		}
+		__syncthreads();	// the previous head's ds0 read dS
 		for (int i = tid; i < dk * ld; i += blockDim.x)
-			dS[i] = 0.f;
-		for (int ch = (len - 1) / GDN_CHUNK; ch >= 0; ch--) {
+			dS[i] = ds_end && i % ld < dv ?
+				ds_end[((size_t)b * nv + h) * SS + (size_t)(i / ld) * dv + i % ld] :
+				0.f;
+		for (int ch = len > 0 ? (len - 1) / GDN_CHUNK : -1; ch >= 0; ch--) {
 			int c0 = ch * GDN_CHUNK, c1 = min(c0 + GDN_CHUNK, len);
 			const float *sv = states + (((size_t)b * nch + ch) * nv + h) * SS;
 
@@ -360,7 +405,7 @@ __global__ void k_rule_bwd(bf16 *dqn, bf16 *dkn, bf16 *dval, bf16 *dbeta, bf16 *
 				for (int i = 0; i < dk; i++)
 					hist[(size_t)i * dv + tid] = sv[(size_t)i * dv + tid];
 			for (int p = c0; p < c1; p++) {
-				size_t t = (size_t)b * L + p;
+				size_t t = (size_t)b * rs + p;
 				const float *Sp = hist + (size_t)(p - c0) * SS;
 				float *Sn = hist + (size_t)(p - c0 + 1) * SS;
 
@@ -381,7 +426,7 @@ __global__ void k_rule_bwd(bf16 *dqn, bf16 *dkn, bf16 *dval, bf16 *dbeta, bf16 *
 				}
 			}
 			for (int p = c1 - 1; p >= c0; p--) {
-				size_t t = (size_t)b * L + p;
+				size_t t = (size_t)b * rs + p;
 				const float *Sp = hist + (size_t)(p - c0) * SS, *Sn = Sp + SS;
 				float gam = expf(g[t * nv + h]), bet = beta[t * nv + h];
 				float dbet = 0.f, dgam = 0.f;
@@ -447,6 +492,11 @@ __global__ void k_rule_bwd(bf16 *dqn, bf16 *dkn, bf16 *dval, bf16 *dbeta, bf16 *
 				}
 			}
 		}
+		if (ds0) {
+			__syncthreads();
+			for (int i = tid; i < dk * dv; i += blockDim.x)
+				ds0[((size_t)b * nv + h) * SS + i] = dS[(size_t)(i / dv) * ld + i % dv];
+		}
 	}
 }
 
@@ -462,8 +512,8 @@ static size_t rule_bwd_smem(int dk, int dv)
 
 extern "C" void sl_cuda_gdn_rule_fwd(struct sl_cuda *c, void *o, float *states, const void *qn,
 				     const void *kn, const void *v, int vs, const float *beta,
-				     const float *g, const int *lens, int B, int L, int nk, int nv,
-				     int dk, int dv)
+				     const float *g, const int *lens, int B, int L, int rs, int nk,
+				     int nv, int dk, int dv, const float *s0, float *s_end)
 {
 	size_t smem = rule_fwd_smem(dk, dv);
 	int threads = round32(dv > dk ? dv : dk);
@@ -477,7 +527,7 @@ extern "C" void sl_cuda_gdn_rule_fwd(struct sl_cuda *c, void *o, float *states, 
 					(int)smem));
 	k_rule_fwd<<<B * nv, threads, smem, c->stream>>>(
 		(bf16 *)o, states, (const bf16 *)qn, (const bf16 *)kn, (const bf16 *)v, vs, beta, g,
-		lens, L, nk, nv, dk, dv);
+		lens, L, rs, nk, nv, dk, dv, s0, s_end);
 	CUDA_LAUNCHED();
 }
 
@@ -485,7 +535,8 @@ extern "C" void sl_cuda_gdn_rule_bwd(struct sl_cuda *c, void *dqn, void *dkn, vo
 				     void *dbeta, void *dg, const void *dout, const float *states,
 				     const void *qn, const void *kn, const void *v, int vs,
 				     const float *beta, const float *g, const int *lens, int B,
-				     int L, int nk, int nv, int dk, int dv)
+				     int L, int rs, int nk, int nv, int dk, int dv,
+				     const float *ds_end, float *ds0)
 {
 	size_t smem = rule_bwd_smem(dk, dv), hist = (size_t)(GDN_CHUNK + 1) * dk * dv * 4;
 	int threads = round32(dv > dk ? dv : dk), per_wave = (int)(c->scratch_bytes / hist);
@@ -507,7 +558,8 @@ extern "C" void sl_cuda_gdn_rule_bwd(struct sl_cuda *c, void *dqn, void *dkn, vo
 		k_rule_bwd<<<n, threads, smem, c->stream>>>(
 			(bf16 *)dqn, (bf16 *)dkn, (bf16 *)dval, (bf16 *)dbeta, (bf16 *)dg,
 			(const bf16 *)dout, states, (const bf16 *)qn, (const bf16 *)kn,
-			(const bf16 *)v, vs, beta, g, lens, L, nk, nv, dk, dv, first, scratch);
+			(const bf16 *)v, vs, beta, g, lens, L, rs, nk, nv, dk, dv, first, scratch,
+			ds_end, ds0);
 		CUDA_LAUNCHED();
 	}
 }

@@ -121,10 +121,10 @@ void sl_cuda_moe_combine_bwd(struct sl_cuda *c, void *dy, float *dtopw, const vo
 			     int H);
 /* ---- the Qwen3.5 hybrid (gdn.cu): beta, g, rqk, states and the rstds are float (stat) ---- */
 void sl_cuda_conv1d_silu_fwd(struct sl_cuda *c, void *out, void *pre, const void *x, int xs,
-			     const void *w, int T, int L, int C, int K);
+			     const void *w, int T, int L, int C, int K, const void *halo);
 void sl_cuda_conv1d_silu_bwd(struct sl_cuda *c, void *dx, int xs, void *dw, const void *dout,
 			     const void *x, const void *pre, const void *w, int T, int L, int C,
-			     int K);
+			     int K, const void *halo, void *dhalo);
 void sl_cuda_gdn_prep_fwd(struct sl_cuda *c, void *qn, void *kn, float *rqk, float *beta,
 			  float *g, const void *qkv, const void *ab, int abs, const void *A_log,
 			  const void *dt_bias, int T, int nk, int nv, int dk, int dv);
@@ -135,12 +135,15 @@ void sl_cuda_gdn_prep_bwd(struct sl_cuda *c, void *dqkv, void *dab, int abs, voi
 			  const void *dt_bias, int T, int nk, int nv, int dk, int dv);
 void sl_cuda_gdn_rule_fwd(struct sl_cuda *c, void *o, float *states, const void *qn,
 			  const void *kn, const void *v, int vs, const float *beta, const float *g,
-			  const int *lens, int B, int L, int nk, int nv, int dk, int dv);
+			  const int *lens, int B, int L, int rs, int nk, int nv, int dk, int dv,
+			  const float *s0, float *s_end);
 void sl_cuda_gdn_rule_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, void *dbeta,
 			  void *dg, const void *dout, const float *states, const void *qn,
 			  const void *kn, const void *v, int vs, const float *beta, const float *g,
-			  const int *lens, int B, int L, int nk, int nv, int dk, int dv);
-/* the chunked gated delta rule (gdn_chunk.cu): the same contract as sl_cuda_gdn_rule_fwd/_bwd;
+			  const int *lens, int B, int L, int rs, int nk, int nv, int dk, int dv,
+			  const float *ds_end, float *ds0);
+/* the chunked gated delta rule (gdn_chunk.cu): the same contract as sl_cuda_gdn_rule_fwd/_bwd
+ * for whole records (rs = L, no start or end state: the caller keeps the recurrence otherwise);
  * sl_cuda_gdn_chunk_fits says whether it takes the shape (key dim <= 128, shared memory, scratch) */
 int sl_cuda_gdn_chunk_fits(struct sl_cuda *c, int dk, int dv, int L, int nk, int nv);
 void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states, const void *qn,
@@ -157,12 +160,13 @@ void sl_cuda_gated_rmsnorm_bwd(struct sl_cuda *c, void *dx, void *dz, int zs, vo
 			       const void *dout, const void *x, const void *z, const void *w,
 			       const float *rstd, int T, int nh, int d, float eps);
 void sl_cuda_gattn_qk_fwd(struct sl_cuda *c, void *out, void *gate, float *rstd,
-			  const void *qgkv, const void *qw, const void *kw, int T, int L, int nh,
-			  int nkv, int hd, int rot, float eps, float theta);
+			  const void *qgkv, const void *qw, const void *kw, int T, int L,
+			  const int *pos, int nh, int nkv, int hd, int rot, float eps,
+			  float theta);
 void sl_cuda_gattn_qk_bwd(struct sl_cuda *c, void *dqgkv, void *dqw, void *dkw, const void *dout,
 			  const void *dgate, const void *qgkv, const void *qw, const void *kw,
-			  const float *rstd, int T, int L, int nh, int nkv, int hd, int rot,
-			  float eps, float theta);
+			  const float *rstd, int T, int L, const int *pos, int nh, int nkv, int hd,
+			  int rot, float eps, float theta);
 void sl_cuda_sigmoid_mul_fwd(struct sl_cuda *c, void *y, const void *x, const void *gate,
 			     size_t n);
 void sl_cuda_sigmoid_mul_bwd(struct sl_cuda *c, void *dx, void *dgate, const void *dy,

@@ -242,21 +242,29 @@ struct sl_backend {
 
 	/*
 	 * ---- Qwen3.5 hybrid (issue 12): Gated DeltaNet and gated full attention ----
-	 * Every op below works per record: position p = t % L of record t / L; nothing crosses
-	 * records.  Rows of x with a stride take the stride in elements (xs, zs, abs, vs).
+	 * Every op below works per record: position p = t % L of record t / L (the delta rule: see
+	 * rs); nothing crosses records but the convolution's halo and the rule's s0 / s_end.  Rows
+	 * of x with a stride take the stride in elements (xs, zs, abs, vs).
 	 */
 
 	/*
 	 * Causal depthwise convolution over each record's positions, then SiLU, on the first C
-	 * columns of x (T rows of stride xs): pre(t,c) = sum_{j<K, p-K+1+j >= 0}
-	 * x(t-K+1+j, c) w(c, j); out(T,C) = silu(pre); pre(T,C) is kept for the backward.
+	 * columns of x (T rows of stride xs): pre(t,c) = sum_{j<K} x(t-K+1+j, c) w(c, j), where a
+	 * position before the record's start reads the record's halo: NULL, zeros; else halo
+	 * (T/L records of K-1 rows of stride xs), row i holding position i-K+1 (context parallel:
+	 * the previous chunk's last inputs).  out(T,C) = silu(pre); pre(T,C) is kept for the
+	 * backward.
 	 */
 	void (*conv1d_silu_fwd)(struct sl_backend *be, void *out, void *pre, const void *x, int xs,
-				const void *w, int T, int L, int C, int K);
-	/* dx (T rows of stride xs, its first C columns overwritten), dw(C,K) += ; from dout(T,C) */
+				const void *w, int T, int L, int C, int K, const void *halo);
+	/*
+	 * dx (T rows of stride xs, its first C columns overwritten), dw(C,K) += (over the halo's
+	 * terms too); from dout(T,C); dhalo (as halo; NULL: not wanted): its first C columns
+	 * overwritten with the gradient of the halo.
+	 */
 	void (*conv1d_silu_bwd)(struct sl_backend *be, void *dx, int xs, void *dw, const void *dout,
 				const void *x, const void *pre, const void *w, int T, int L, int C,
-				int K);
+				int K, const void *halo, void *dhalo);
 
 	/*
 	 * Gated DeltaNet inputs, per token, from qkv(T, 2 nk dk + nv dv) = [q heads | k heads | v]
@@ -281,24 +289,32 @@ struct sl_backend {
 			     const void *dt_bias, int T, int nk, int nv, int dk, int dv);
 	/*
 	 * The gated delta rule per record and value head h (key head h / (nv / nk)), state
-	 * S(dk, dv) = 0 at each record's start, for positions p < lens[b]:
+	 * S(dk, dv) = s0 (NULL: 0) at each record's start, for positions p < lens[b]:
 	 *   S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q
-	 * with q = qn, k = kn, v at v (T rows of stride vs, head h at h dv).  o(T, nv dv), rows of
-	 * padded positions zero.  beta, g stat (as gdn_prep_fwd writes them).  states(B,
-	 * ceil(L/64), nv, dk, dv) stat: S at the start of every 64-position chunk, for the
-	 * backward.
+	 * with q = qn, k = kn, v at v (rows of stride vs, head h at h dv).  Position p of record b
+	 * is row b rs + p of every per-token array (rs >= L: the record stride; L for contiguous
+	 * records, more for one chunk of each of B context-parallel rows).  o(rows, nv dv): rows of
+	 * padded positions (lens[b] <= p < L) zero; rows past L untouched.  beta, g stat (as
+	 * gdn_prep_fwd writes them).  states(B, ceil(L/64), nv, dk, dv) stat: S at the start of
+	 * every 64-position chunk, for the backward.  s0, s_end (B, nv, dk, dv) stat: the state
+	 * before position 0 (NULL: zero) and after the last position p < lens[b] (NULL: not
+	 * written), so a row cut into chunks can pass its state on (context parallel).
 	 */
 	void (*gdn_rule_fwd)(struct sl_backend *be, void *o, void *states, const void *qn,
 			     const void *kn, const void *v, int vs, const void *beta,
-			     const void *g, const int32_t *lens, int B, int L, int nk, int nv,
-			     int dk, int dv);
-	/* dqn, dkn (T, nk dk), dval (stride vs, nv dv columns), dbeta, dg (T, nv; compute type):
-	 * overwritten */
+			     const void *g, const int32_t *lens, int B, int L, int rs, int nk,
+			     int nv, int dk, int dv, const void *s0, void *s_end);
+	/*
+	 * dqn, dkn (rows, nk dk), dval (stride vs, nv dv columns), dbeta, dg (rows, nv; compute
+	 * type): overwritten on the rows of positions p < L.  ds_end (B, nv, dk, dv) stat: the
+	 * gradient of the forward's s_end (NULL: zero); ds0 (same shape; NULL: not wanted): out,
+	 * the gradient of s0.  The forward's s0 is read back from states.
+	 */
 	void (*gdn_rule_bwd)(struct sl_backend *be, void *dqn, void *dkn, void *dval, void *dbeta,
 			     void *dg, const void *dout, const void *states, const void *qn,
 			     const void *kn, const void *v, int vs, const void *beta,
-			     const void *g, const int32_t *lens, int B, int L, int nk, int nv,
-			     int dk, int dv);
+			     const void *g, const int32_t *lens, int B, int L, int rs, int nk,
+			     int nv, int dk, int dv, const void *ds_end, void *ds0);
 
 	/*
 	 * Gated RMSNorm over each head's d values: x(T, nh d), z (T rows of stride zs, head h at
@@ -317,17 +333,19 @@ struct sl_backend {
 	 * k heads | v heads] (Hugging Face's q_proj rows: per head hd query then hd gate values).
 	 * out(T, (nh + 2 nkv) hd): RMSNorm of each q and k head with weights qw / kw (hd), then the
 	 * rotary embedding on its first rot dims (rotate_half over rot: pairs (i, i + rot/2),
-	 * inv_freq_i = theta^(-2i/rot), position t % L), the other hd - rot dims unrotated; v
-	 * copied: the attention_fwd layout.  gate(T, nh hd) = the gate halves; rstd(T, nh + nkv).
+	 * inv_freq_i = theta^(-2i/rot), position pos[t] (NULL: t % L; pos[t] < L), the other
+	 * hd - rot dims unrotated; v copied: the attention_fwd layout.  gate(T, nh hd) = the gate
+	 * halves; rstd(T, nh + nkv).
 	 */
 	void (*gattn_qk_fwd)(struct sl_backend *be, void *out, void *gate, void *rstd,
 			     const void *qgkv, const void *qw, const void *kw, int T, int L,
-			     int nh, int nkv, int hd, int rot, float eps, float theta);
+			     const int32_t *pos, int nh, int nkv, int hd, int rot, float eps,
+			     float theta);
 	/* dqgkv =, dqw(hd) +=, dkw(hd) += ; from dout (attention layout) and dgate(T, nh hd) */
 	void (*gattn_qk_bwd)(struct sl_backend *be, void *dqgkv, void *dqw, void *dkw,
 			     const void *dout, const void *dgate, const void *qgkv, const void *qw,
-			     const void *kw, const void *rstd, int T, int L, int nh, int nkv,
-			     int hd, int rot, float eps, float theta);
+			     const void *kw, const void *rstd, int T, int L, const int32_t *pos,
+			     int nh, int nkv, int hd, int rot, float eps, float theta);
 	/* y(n) = x(n) * sigmoid(gate(n)) */
 	void (*sigmoid_mul_fwd)(struct sl_backend *be, void *y, const void *x, const void *gate,
 				size_t n);

@@ -31,10 +31,22 @@ static inline double softplus20_grad(double x)
 
 /* ---- causal depthwise conv1d + SiLU -------------------------------------------------------- */
 
-static void cpu_conv1d_silu_fwd(struct sl_backend *be, void *out, void *pre, const void *x,
-				int xs, const void *w, int T, int L, int C, int K)
+/* x(t - back, c) of record row t (position p), or the halo's row for a position before 0 */
+static inline double conv_in(const real *x, const real *halo, int xs, int t, int p, int back,
+			     int L, int K, int c)
 {
-	const real *xx = x, *ww = w;
+	if (p - back >= 0)
+		return x[(size_t)(t - back) * xs + c];
+	if (!halo)
+		return 0;
+	return halo[((size_t)(t / L) * (K - 1) + (K - 1) + (p - back)) * xs + c];
+}
+
+static void cpu_conv1d_silu_fwd(struct sl_backend *be, void *out, void *pre, const void *x,
+				int xs, const void *w, int T, int L, int C, int K,
+				const void *halo)
+{
+	const real *xx = x, *ww = w, *hh = halo;
 	real *o = out, *pr = pre;
 
 #pragma omp parallel for schedule(static)
@@ -44,13 +56,9 @@ static void cpu_conv1d_silu_fwd(struct sl_backend *be, void *out, void *pre, con
 		for (int c = 0; c < C; c++) {
 			double acc = 0;
 
-			for (int j = 0; j < K; j++) {
-				int back = K - 1 - j;
-
-				if (p - back < 0)
-					continue;
-				acc += (double)xx[(size_t)(t - back) * xs + c] * ww[(size_t)c * K + j];
-			}
+			for (int j = 0; j < K; j++)
+				acc += conv_in(xx, hh, xs, t, p, K - 1 - j, L, K, c) *
+				       ww[(size_t)c * K + j];
 			pr[(size_t)t * C + c] = (real)acc;
 			o[(size_t)t * C + c] = (real)(acc * sigm(acc));
 		}
@@ -59,10 +67,10 @@ static void cpu_conv1d_silu_fwd(struct sl_backend *be, void *out, void *pre, con
 
 static void cpu_conv1d_silu_bwd(struct sl_backend *be, void *dx, int xs, void *dw,
 				const void *dout, const void *x, const void *pre, const void *w,
-				int T, int L, int C, int K)
+				int T, int L, int C, int K, const void *halo, void *dhalo)
 {
-	const real *g = dout, *xx = x, *pr = pre, *ww = w;
-	real *d = dx, *dww = dw;
+	const real *g = dout, *xx = x, *pr = pre, *ww = w, *hh = halo;
+	real *d = dx, *dww = dw, *dh = dhalo;
 	double *dp = xmalloc((size_t)T * C * sizeof(double));
 
 #pragma omp parallel for schedule(static)
@@ -89,6 +97,26 @@ static void cpu_conv1d_silu_bwd(struct sl_backend *be, void *dx, int xs, void *d
 			d[(size_t)t * xs + c] = (real)acc;
 		}
 	}
+	/* the halo's row i (position i - K + 1) feeds the outputs p = i - K + 1 + back >= 0 */
+	if (dh) {
+#pragma omp parallel for schedule(static)
+		for (int r = 0; r < T / L * (K - 1); r++) {
+			int rec = r / (K - 1), i = r % (K - 1);
+
+			for (int c = 0; c < C; c++) {
+				double acc = 0;
+
+				for (int j = 0; j < K; j++) {
+					int p = i - (K - 1) + (K - 1 - j);
+
+					if (p >= 0 && p < L)
+						acc += dp[((size_t)rec * L + p) * C + c] *
+						       ww[(size_t)c * K + j];
+				}
+				dh[(size_t)r * xs + c] = (real)acc;
+			}
+		}
+	}
 #pragma omp parallel for schedule(static)
 	for (int c = 0; c < C; c++) {
 		for (int j = 0; j < K; j++) {
@@ -96,8 +124,8 @@ static void cpu_conv1d_silu_bwd(struct sl_backend *be, void *dx, int xs, void *d
 			double acc = 0;
 
 			for (int t = 0; t < T; t++)
-				if (t % L - back >= 0)
-					acc += dp[(size_t)t * C + c] * xx[(size_t)(t - back) * xs + c];
+				acc += dp[(size_t)t * C + c] *
+				       conv_in(xx, hh, xs, t, t % L, back, L, K, c);
 			dww[(size_t)c * K + j] += (real)acc;
 		}
 	}
@@ -210,22 +238,23 @@ static void gdn_step(double *S, const real *k, const real *v, double gam, double
 
 static void cpu_gdn_rule_fwd(struct sl_backend *be, void *o, void *states, const void *qn,
 			     const void *kn, const void *v, int vs, const void *beta,
-			     const void *g, const int32_t *lens, int B, int L, int nk, int nv,
-			     int dk, int dv)
+			     const void *g, const int32_t *lens, int B, int L, int rs, int nk,
+			     int nv, int dk, int dv, const void *s0, void *s_end)
 {
 	const int nch = (L + GDN_CHUNK - 1) / GDN_CHUNK, grp = nv / nk;
 	const size_t SS = (size_t)dk * dv;
-	const real *q = qn, *k = kn, *vv = v, *bt = beta, *gg = g;
-	real *out = o, *st = states;
+	const real *q = qn, *k = kn, *vv = v, *bt = beta, *gg = g, *si = s0;
+	real *out = o, *st = states, *se = s_end;
 
 #pragma omp parallel for schedule(dynamic)
 	for (int bh = 0; bh < B * nv; bh++) {
 		int b = bh / nv, h = bh % nv, kh = h / grp, len = lens[b];
 		double *S = xmalloc((SS + dv) * sizeof(double)), *pred = S + SS;
 
-		memset(S, 0, SS * sizeof(double));
+		for (size_t i = 0; i < SS; i++)
+			S[i] = si ? si[(size_t)bh * SS + i] : 0;
 		for (int p = 0; p < L; p++) {
-			size_t t = (size_t)b * L + p;
+			size_t t = (size_t)b * rs + p;
 			real *orow = out + t * nv * dv + (size_t)h * dv;
 
 			if (p % GDN_CHUNK == 0) {
@@ -255,6 +284,9 @@ static void cpu_gdn_rule_fwd(struct sl_backend *be, void *o, void *states, const
 				}
 			}
 		}
+		if (se)
+			for (size_t i = 0; i < SS; i++)
+				se[(size_t)bh * SS + i] = (real)S[i];
 		free(S);
 	}
 }
@@ -262,13 +294,14 @@ static void cpu_gdn_rule_fwd(struct sl_backend *be, void *o, void *states, const
 static void cpu_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void *dv_, void *dbeta,
 			     void *dg, const void *dout, const void *states, const void *qn,
 			     const void *kn, const void *v, int vs, const void *beta,
-			     const void *g, const int32_t *lens, int B, int L, int nk, int nv,
-			     int dk, int dv)
+			     const void *g, const int32_t *lens, int B, int L, int rs, int nk,
+			     int nv, int dk, int dv, const void *ds_end, void *ds0)
 {
 	const int nch = (L + GDN_CHUNK - 1) / GDN_CHUNK, grp = nv / nk;
 	const size_t SS = (size_t)dk * dv;
 	const real *q = qn, *k = kn, *vv = v, *bt = beta, *gg = g, *go = dout, *st = states;
-	real *gq = dqn, *gk = dkn, *gv = dv_, *gb = dbeta, *gdd = dg;
+	const real *dse = ds_end;
+	real *gq = dqn, *gk = dkn, *gv = dv_, *gb = dbeta, *gdd = dg, *gs0 = ds0;
 
 	/* one task per (record, key head): the value heads sharing a key head add into its dq, dk */
 #pragma omp parallel for schedule(dynamic)
@@ -282,28 +315,30 @@ static void cpu_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void *
 		double *dka = dqa + dk;
 
 		for (int p = 0; p < L; p++) {
-			size_t t = (size_t)b * L + p;
+			size_t t = (size_t)b * rs + p;
 
 			memset(gq + t * nk * dk + (size_t)kh * dk, 0, (size_t)dk * sizeof(real));
 			memset(gk + t * nk * dk + (size_t)kh * dk, 0, (size_t)dk * sizeof(real));
 		}
 		for (int h = kh * grp; h < (kh + 1) * grp; h++) {
 			for (int p = len; p < L; p++) {
-				size_t t = (size_t)b * L + p;
+				size_t t = (size_t)b * rs + p;
 
 				memset(gv + t * vs + (size_t)h * dv, 0, (size_t)dv * sizeof(real));
 				gb[t * nv + h] = 0;
 				gdd[t * nv + h] = 0;
 			}
-			memset(dS, 0, SS * sizeof(double));
-			for (int c = (len - 1) / GDN_CHUNK; c >= 0; c--) {
+			for (size_t i = 0; i < SS; i++)
+				dS[i] = dse ? dse[((size_t)b * nv + h) * SS + i] : 0;
+			/* no position: the state passes through (len - 1 < 0 runs no chunk) */
+			for (int c = len > 0 ? (len - 1) / GDN_CHUNK : -1; c >= 0; c--) {
 				int c0 = c * GDN_CHUNK, c1 = c0 + GDN_CHUNK < len ? c0 + GDN_CHUNK : len;
 				const real *sv = st + (((size_t)b * nch + c) * nv + h) * SS;
 
 				for (size_t i = 0; i < SS; i++)
 					Sc[i] = sv[i];
 				for (int p = c0; p < c1; p++) {
-					size_t t = (size_t)b * L + p;
+					size_t t = (size_t)b * rs + p;
 					double *Sn = Sc + (size_t)(p - c0 + 1) * SS;
 
 					memcpy(Sn, Sn - SS, SS * sizeof(double));
@@ -313,7 +348,7 @@ static void cpu_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void *
 						 pred);
 				}
 				for (int p = c1 - 1; p >= c0; p--) {
-					size_t t = (size_t)b * L + p;
+					size_t t = (size_t)b * rs + p;
 					const double *Sp = Sc + (size_t)(p - c0) * SS;	/* S_{p-1} */
 					const double *Sn = Sp + SS;			/* S_p */
 					const real *kt = k + t * nk * dk + (size_t)kh * dk;
@@ -370,6 +405,9 @@ static void cpu_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void *
 					}
 				}
 			}
+			if (gs0)
+				for (size_t i = 0; i < SS; i++)
+					gs0[((size_t)b * nv + h) * SS + i] = (real)dS[i];
 		}
 		free(Sc);
 	}
@@ -461,7 +499,8 @@ static real *rope_table_partial(int L, int rot, double theta)
 
 static void cpu_gattn_qk_fwd(struct sl_backend *be, void *out, void *gate, void *rstd,
 			     const void *qgkv, const void *qw, const void *kw, int T, int L,
-			     int nh, int nkv, int hd, int rot, float eps, float theta)
+			     const int32_t *pos, int nh, int nkv, int hd, int rot, float eps,
+			     float theta)
 {
 	const int Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd, nq = nh + nkv;
 	const int half = rot / 2;
@@ -471,7 +510,7 @@ static void cpu_gattn_qk_fwd(struct sl_backend *be, void *out, void *gate, void 
 
 #pragma omp parallel for schedule(static)
 	for (int t = 0; t < T; t++) {
-		const real *c = cs + (size_t)(t % L) * rot, *s = c + half;
+		const real *c = cs + (size_t)(pos ? pos[t] : t % L) * rot, *s = c + half;
 
 		for (int j = 0; j < nq; j++) {
 			const real *x = in + (size_t)t * Win +
@@ -514,8 +553,8 @@ static inline double prope_back(const real *dy, const real *c, const real *s, in
 
 static void cpu_gattn_qk_bwd(struct sl_backend *be, void *dqgkv, void *dqw, void *dkw,
 			     const void *dout, const void *dgate, const void *qgkv, const void *qw,
-			     const void *kw, const void *rstd, int T, int L, int nh, int nkv,
-			     int hd, int rot, float eps, float theta)
+			     const void *kw, const void *rstd, int T, int L, const int32_t *pos,
+			     int nh, int nkv, int hd, int rot, float eps, float theta)
 {
 	const int Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd, nq = nh + nkv;
 	const int half = rot / 2;
@@ -525,7 +564,7 @@ static void cpu_gattn_qk_bwd(struct sl_backend *be, void *dqgkv, void *dqw, void
 
 #pragma omp parallel for schedule(static)
 	for (int t = 0; t < T; t++) {
-		const real *c = cs + (size_t)(t % L) * rot, *s = c + half;
+		const real *c = cs + (size_t)(pos ? pos[t] : t % L) * rot, *s = c + half;
 		double dn[hd];
 
 		for (int j = 0; j < nq; j++) {
@@ -559,7 +598,7 @@ static void cpu_gattn_qk_bwd(struct sl_backend *be, void *dqgkv, void *dqw, void
 		double acc = 0;
 
 		for (int t = 0; t < T; t++) {
-			const real *c = cs + (size_t)(t % L) * rot, *s = c + half;
+			const real *c = cs + (size_t)(pos ? pos[t] : t % L) * rot, *s = c + half;
 
 			for (int j = j0; j < j1; j++) {
 				size_t ioff = (size_t)t * Win + (j < nh ? (size_t)j * 2 * hd :

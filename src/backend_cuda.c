@@ -4,8 +4,8 @@
  * Owns device memory as an arena (backend_arena.c): alloc() carves blocks from chunks it
  * cudaMallocs when nothing free fits (so only setup, while buffers are first made, reaches
  * cudaMalloc), free() returns a block to the arena and merges it with free neighbours; the step
- * loop's alloc/free pairs reuse blocks.  Bytes in use and their peak are tracked for the trainer's peak_gpu_bytes.  Every op
- * runs on the context's one stream, in issue order; download() and sync() wait for it.  The
+ * loop's alloc/free pairs reuse blocks.  Bytes in use and their peak are tracked for the
+ * trainer's peak_gpu_bytes.  Every op runs on the context's one stream, in issue order; download() and sync() wait for it.  The
  * offload transfers (upload_async, download_async) run on two copy streams with events, between
  * device buffers and host_alloc()'s pinned memory.
  */

@@ -4,16 +4,17 @@
  */
 
 static void cuda_conv1d_silu_fwd(struct sl_backend *be, void *out, void *pre, const void *x,
-				 int xs, const void *w, int T, int L, int Cc, int K)
+				 int xs, const void *w, int T, int L, int Cc, int K,
+				 const void *halo)
 {
-	sl_cuda_conv1d_silu_fwd(C(be), out, pre, x, xs, w, T, L, Cc, K);
+	sl_cuda_conv1d_silu_fwd(C(be), out, pre, x, xs, w, T, L, Cc, K, halo);
 }
 
 static void cuda_conv1d_silu_bwd(struct sl_backend *be, void *dx, int xs, void *dw,
 				 const void *dout, const void *x, const void *pre, const void *w,
-				 int T, int L, int Cc, int K)
+				 int T, int L, int Cc, int K, const void *halo, void *dhalo)
 {
-	sl_cuda_conv1d_silu_bwd(C(be), dx, xs, dw, dout, x, pre, w, T, L, Cc, K);
+	sl_cuda_conv1d_silu_bwd(C(be), dx, xs, dw, dout, x, pre, w, T, L, Cc, K, halo, dhalo);
 }
 
 static void cuda_gdn_prep_fwd(struct sl_backend *be, void *qn, void *kn, void *rqk, void *beta,
@@ -36,35 +37,37 @@ static void cuda_gdn_prep_bwd(struct sl_backend *be, void *dqkv, void *dab, int 
 
 static void cuda_gdn_rule_fwd(struct sl_backend *be, void *o, void *states, const void *qn,
 			      const void *kn, const void *v, int vs, const void *beta,
-			      const void *g, const int32_t *lens, int B, int L, int nk, int nv,
-			      int dk, int dv)
+			      const void *g, const int32_t *lens, int B, int L, int rs, int nk,
+			      int nv, int dk, int dv, const void *s0, void *s_end)
 {
-	sl_cuda_gdn_rule_fwd(C(be), o, states, qn, kn, v, vs, beta, g, lens, B, L, nk, nv, dk, dv);
+	sl_cuda_gdn_rule_fwd(C(be), o, states, qn, kn, v, vs, beta, g, lens, B, L, rs, nk, nv, dk,
+			     dv, s0, s_end);
 }
 
 static void cuda_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void *dval,
 			      void *dbeta, void *dg, const void *dout, const void *states,
 			      const void *qn, const void *kn, const void *v, int vs,
 			      const void *beta, const void *g, const int32_t *lens, int B, int L,
-			      int nk, int nv, int dk, int dv)
+			      int rs, int nk, int nv, int dk, int dv, const void *ds_end, void *ds0)
 {
 	sl_cuda_gdn_rule_bwd(C(be), dqn, dkn, dval, dbeta, dg, dout, states, qn, kn, v, vs, beta,
-			     g, lens, B, L, nk, nv, dk, dv);
+			     g, lens, B, L, rs, nk, nv, dk, dv, ds_end, ds0);
 }
 
 /*
  * The chunked kernels (cuda/gdn_chunk.cu), chosen per backend at its creation by
  * SHARDLM_GDN_KERNEL=chunked (default: recurrent, gdn.cu's per-token walk).  A shape they do not
- * take (key dim over 128, a group's dS over the scratch) runs the recurrence.
+ * take (key dim over 128, a group's dS over the scratch), or a chunk of rows with a start or end
+ * state (context parallel), runs the recurrence.
  */
 static void cuda_gdn_chunk_fwd(struct sl_backend *be, void *o, void *states, const void *qn,
 			       const void *kn, const void *v, int vs, const void *beta,
-			       const void *g, const int32_t *lens, int B, int L, int nk, int nv,
-			       int dk, int dv)
+			       const void *g, const int32_t *lens, int B, int L, int rs, int nk,
+			       int nv, int dk, int dv, const void *s0, void *s_end)
 {
-	if (!sl_cuda_gdn_chunk_fits(C(be), dk, dv, L, nk, nv)) {
-		cuda_gdn_rule_fwd(be, o, states, qn, kn, v, vs, beta, g, lens, B, L, nk, nv, dk,
-				  dv);
+	if (rs != L || s0 || s_end || !sl_cuda_gdn_chunk_fits(C(be), dk, dv, L, nk, nv)) {
+		cuda_gdn_rule_fwd(be, o, states, qn, kn, v, vs, beta, g, lens, B, L, rs, nk, nv,
+				  dk, dv, s0, s_end);
 		return;
 	}
 	sl_cuda_gdn_chunk_fwd(C(be), o, states, qn, kn, v, vs, beta, g, lens, B, L, nk, nv, dk, dv);
@@ -74,11 +77,11 @@ static void cuda_gdn_chunk_bwd(struct sl_backend *be, void *dqn, void *dkn, void
 			       void *dbeta, void *dg, const void *dout, const void *states,
 			       const void *qn, const void *kn, const void *v, int vs,
 			       const void *beta, const void *g, const int32_t *lens, int B, int L,
-			       int nk, int nv, int dk, int dv)
+			       int rs, int nk, int nv, int dk, int dv, const void *ds_end, void *ds0)
 {
-	if (!sl_cuda_gdn_chunk_fits(C(be), dk, dv, L, nk, nv)) {
+	if (rs != L || ds_end || ds0 || !sl_cuda_gdn_chunk_fits(C(be), dk, dv, L, nk, nv)) {
 		cuda_gdn_rule_bwd(be, dqn, dkn, dval, dbeta, dg, dout, states, qn, kn, v, vs, beta,
-				  g, lens, B, L, nk, nv, dk, dv);
+				  g, lens, B, L, rs, nk, nv, dk, dv, ds_end, ds0);
 		return;
 	}
 	sl_cuda_gdn_chunk_bwd(C(be), dqn, dkn, dval, dbeta, dg, dout, states, qn, kn, v, vs, beta,
@@ -101,19 +104,20 @@ static void cuda_gated_rmsnorm_bwd(struct sl_backend *be, void *dx, void *dz, in
 
 static void cuda_gattn_qk_fwd(struct sl_backend *be, void *out, void *gate, void *rstd,
 			      const void *qgkv, const void *qw, const void *kw, int T, int L,
-			      int nh, int nkv, int hd, int rot, float eps, float theta)
+			      const int32_t *pos, int nh, int nkv, int hd, int rot, float eps,
+			      float theta)
 {
-	sl_cuda_gattn_qk_fwd(C(be), out, gate, rstd, qgkv, qw, kw, T, L, nh, nkv, hd, rot, eps,
-			     theta);
+	sl_cuda_gattn_qk_fwd(C(be), out, gate, rstd, qgkv, qw, kw, T, L, pos, nh, nkv, hd, rot,
+			     eps, theta);
 }
 
 static void cuda_gattn_qk_bwd(struct sl_backend *be, void *dqgkv, void *dqw, void *dkw,
 			      const void *dout, const void *dgate, const void *qgkv, const void *qw,
-			      const void *kw, const void *rstd, int T, int L, int nh, int nkv,
-			      int hd, int rot, float eps, float theta)
+			      const void *kw, const void *rstd, int T, int L, const int32_t *pos,
+			      int nh, int nkv, int hd, int rot, float eps, float theta)
 {
-	sl_cuda_gattn_qk_bwd(C(be), dqgkv, dqw, dkw, dout, dgate, qgkv, qw, kw, rstd, T, L, nh,
-			     nkv, hd, rot, eps, theta);
+	sl_cuda_gattn_qk_bwd(C(be), dqgkv, dqw, dkw, dout, dgate, qgkv, qw, kw, rstd, T, L, pos,
+			     nh, nkv, hd, rot, eps, theta);
 }
 
 static void cuda_sigmoid_mul_fwd(struct sl_backend *be, void *y, const void *x, const void *gate,

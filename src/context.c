@@ -33,7 +33,9 @@ int sl_cp_check_config(const struct sl_config *c, int world)
 
 int sl_cp_row_len(int L, int C)
 {
-	return (L + 2 * C - 1) / (2 * C) * (2 * C);
+	int n = (L + 2 * C - 1) / (2 * C) * (2 * C);
+
+	return C > 1 && n < 2 * C * SL_CP_MIN_CHUNK ? 2 * C * SL_CP_MIN_CHUNK : n;
 }
 
 static void cp_all_gather(void *ctx, void *recv, const void *send, size_t count)
@@ -85,6 +87,26 @@ static void cp_sum_f64(void *ctx, double *buf, size_t n)
 		sl_dist_abort("context parallel: the routing statistics' sum failed");
 }
 
+static void cp_sendrecv(void *ctx, const void *send, int to, void *recv, int from, size_t bytes)
+{
+	struct sl_cp *cp = ctx;
+	const size_t piece = (size_t)1 << 30;
+
+	/* sl_cp_check_config: the cpu backend, so the MPI kind and host buffers */
+	if (cp->comm.kind != SL_COMM_MPI)
+		sl_dist_abort("internal error: context-parallel sendrecv needs the MPI kind");
+	for (size_t off = 0; off < bytes; off += piece) {
+		int n = (int)(bytes - off < piece ? bytes - off : piece);
+
+		if (MPI_Sendrecv(to < 0 ? NULL : (const char *)send + off, to < 0 ? 0 : n, MPI_BYTE,
+				 to < 0 ? MPI_PROC_NULL : to, 71,
+				 from < 0 ? NULL : (char *)recv + off, from < 0 ? 0 : n, MPI_BYTE,
+				 from < 0 ? MPI_PROC_NULL : from, 71, cp->comm.mpi,
+				 MPI_STATUS_IGNORE) != MPI_SUCCESS)
+			sl_dist_abort("context parallel: passing rows between chunks failed");
+	}
+}
+
 int sl_cp_create(struct sl_cp *cp, struct sl_backend *be, const struct sl_dist *d, int C,
 		 enum sl_comm_kind kind, const struct sl_comm_copy *copy, int max_B, int max_L)
 {
@@ -104,7 +126,7 @@ int sl_cp_create(struct sl_cp *cp, struct sl_backend *be, const struct sl_dist *
 					   .kv_all_gather_start = cp_all_gather_start,
 					   .kv_all_gather_wait = cp_all_gather_wait,
 					   .kv_reduce_scatter = cp_reduce_scatter,
-					   .sum_f64 = cp_sum_f64,
+					   .sum_f64 = cp_sum_f64, .sendrecv = cp_sendrecv,
 					   .rank = cp->comm.rank, .size = cp->comm.size };
 	T = (size_t)max_B * cp->max_L;
 	cp->ids = be->alloc(be, T * sizeof(int32_t));
@@ -115,13 +137,15 @@ int sl_cp_create(struct sl_cp *cp, struct sl_backend *be, const struct sl_dist *
 	cp->tgt_pos = be->alloc(be, T * sizeof(int32_t));
 	cp->tgt_ids = be->alloc(be, T * sizeof(int32_t));
 	cp->lens = be->alloc(be, max_B * sizeof(int32_t));
+	cp->clens = be->alloc(be, 2 * max_B * sizeof(int32_t));
 	cp->last = be->alloc(be, max_B * sizeof(int32_t));
 	cp->labels = be->alloc(be, max_B * sizeof(float));
 	cp->h_ids = malloc(7 * T * sizeof(int32_t));
 	cp->h_last = malloc(max_B * sizeof(int32_t));
 	cp->h_labels = malloc(max_B * sizeof(float));
 	cp->h_last_rec = malloc(max_B * sizeof(int32_t));
-	if (!cp->h_ids || !cp->h_last || !cp->h_labels || !cp->h_last_rec) {
+	cp->h_clens = malloc(2 * max_B * sizeof(int32_t));
+	if (!cp->h_ids || !cp->h_last || !cp->h_labels || !cp->h_last_rec || !cp->h_clens) {
 		sl_error("context parallel: out of host memory for %d x %d tokens", max_B,
 			 cp->max_L);
 		sl_cp_destroy(cp);
@@ -150,12 +174,14 @@ void sl_cp_destroy(struct sl_cp *cp)
 	be->free(be, cp->tgt_pos);
 	be->free(be, cp->tgt_ids);
 	be->free(be, cp->lens);
+	be->free(be, cp->clens);
 	be->free(be, cp->last);
 	be->free(be, cp->labels);
 	free(cp->h_ids);
 	free(cp->h_last);
 	free(cp->h_labels);
 	free(cp->h_last_rec);
+	free(cp->h_clens);
 	sl_comm_destroy(&cp->comm);
 	cp->be = NULL;
 }
@@ -178,6 +204,12 @@ const struct sl_batch_dev *sl_cp_upload(struct sl_cp *cp, const struct sl_host_b
 	if (B > cp->max_B || L > cp->max_L)
 		sl_dist_abort("internal error: a context-parallel micro-batch exceeds its buffers");
 	for (int b = 0; b < B; b++) {
+		for (int h = 0; h < 2; h++) {
+			int start = (h ? 2 * C - 1 - cp->rank : cp->rank) * ch;
+			int n = hb->lens[b] - start;
+
+			cp->h_clens[h * B + b] = n < 0 ? 0 : n > ch ? ch : n;
+		}
 		for (int g = 0; g < L; g++) {
 			size_t src = (size_t)b * hb->L + g;
 			int k = g / ch, r, off;
@@ -212,6 +244,7 @@ const struct sl_batch_dev *sl_cp_upload(struct sl_cp *cp, const struct sl_host_b
 	be->upload(be, cp->perm, cp->h_perm, (size_t)B * L * sizeof(int32_t));
 	be->upload(be, cp->inv, cp->h_inv, (size_t)B * L * sizeof(int32_t));
 	be->upload(be, cp->lens, hb->lens, B * sizeof(int32_t));
+	be->upload(be, cp->clens, cp->h_clens, 2 * B * sizeof(int32_t));
 	if (n_last) {
 		be->upload(be, cp->last, cp->h_last, n_last * sizeof(int32_t));
 		be->upload(be, cp->labels, cp->h_labels, n_last * sizeof(float));
@@ -221,7 +254,8 @@ const struct sl_batch_dev *sl_cp_upload(struct sl_cp *cp, const struct sl_host_b
 		be->upload(be, cp->tgt_ids, cp->h_tgt_ids, n_tgt * sizeof(int32_t));
 	}
 	cp->cpb = (struct sl_cp_batch){ .comm = &cp->cc, .L = L, .gidx = cp->gidx, .pos = cp->pos,
-					.perm = cp->perm, .inv = cp->inv, .n_last = n_last };
+					.perm = cp->perm, .inv = cp->inv, .clens = cp->clens,
+					.n_last = n_last };
 	cp->view = (struct sl_batch_dev){ .B = B, .L = Lc, .ids = cp->ids, .lens = cp->lens,
 					  .last = cp->last, .labels = cp->labels,
 					  .h_lens = hb->lens, .n_tgt = n_tgt, .tgt_pos = cp->tgt_pos,

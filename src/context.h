@@ -32,12 +32,13 @@ struct sl_cp {
 	int C, rank;			/* group size, this rank's context index */
 	int max_B, max_L;		/* capacity; max_L a multiple of 2C */
 	/* device (B*Lc per-token buffers sized max_B*max_L; perm/inv max_B*max_L) */
-	int32_t *ids, *lens, *last, *gidx, *pos, *perm, *inv, *tgt_pos, *tgt_ids;
+	int32_t *ids, *lens, *clens, *last, *gidx, *pos, *perm, *inv, *tgt_pos, *tgt_ids;
 	float *labels;
 	/* host staging of the same */
 	int32_t *h_ids, *h_last, *h_gidx, *h_pos, *h_perm, *h_inv, *h_tgt_pos, *h_tgt_ids;
 	float *h_labels;
 	int32_t *h_last_rec;		/* (max_B) classify: the record (row) of each head row */
+	int32_t *h_clens;		/* (2 max_B) */
 	struct sl_cp_batch cpb;
 	struct sl_batch_dev view;
 };
@@ -48,7 +49,12 @@ struct sl_cp {
  * file and key; returns negative.
  */
 int sl_cp_check_config(const struct sl_config *c, int world);
-/* the padded row length of rows of up to @L tokens: a multiple of 2C */
+/*
+ * The padded row length of rows of up to @L tokens: a multiple of 2C, and (C > 1) at least
+ * SL_CP_MIN_CHUNK tokens per chunk, so a chunk's convolution edge rows (Qwen3.5: K - 1 = 3)
+ * come from the one chunk before it.  plan.c counts the same.
+ */
+#define SL_CP_MIN_CHUNK 4
 int sl_cp_row_len(int L, int C);
 /*
  * The context group of @d's rank (collective over the world) and buffers for micro-batches of

@@ -152,6 +152,9 @@ struct sl_unit_source {
  * kv_all_gather_start / _wait: the same all-gather in two halves, so that work can run while it
  * travels (recv is complete, and send may change, only after the wait).
  * sum_f64: buf(n), host doubles, summed over the ranks in place (MoE routing statistics).
+ * sendrecv: send(bytes) to context rank @to while recv(bytes) comes from rank @from (either -1:
+ * none), backend buffers; the Qwen3.5 family passes the Gated DeltaNet state and the
+ * convolution's edge rows from chunk to chunk with it.
  */
 struct sl_context_comm {
 	void *ctx;
@@ -160,6 +163,7 @@ struct sl_context_comm {
 	void (*kv_all_gather_wait)(void *ctx);
 	void (*kv_reduce_scatter)(void *ctx, void *recv, const void *send, size_t count);
 	void (*sum_f64)(void *ctx, double *buf, size_t n);
+	void (*sendrecv)(void *ctx, const void *send, int to, void *recv, int from, size_t bytes);
 	int rank, size;			/* in the context group */
 };
 
@@ -177,6 +181,8 @@ struct sl_cp_batch {
 	const int32_t *perm;		/* (B*L) row token b*L+i -> its row in the gathered
 					 * (C, B*Lc) blocks */
 	const int32_t *inv;		/* (C*B*Lc) the inverse: gathered row -> b*L+i */
+	const int32_t *clens;		/* (2B) each row's true length within this rank's first
+					 * chunk (B), then within its second (B): 0..L/(2C) */
 	int n_last;			/* classify: records whose last token is here (the head
 					 * rows; last and labels hold n_last entries) */
 };

@@ -55,58 +55,76 @@ int sl_cp_check(struct sl_model *m, const struct sl_batch_dev *b)
 	return 0;
 }
 
-/* m->cp_kv[1] = the k|v of whole rows, in row order, from a->qkvr's local columns */
-static void gather_kv(const struct sl_model *m, const struct acts *a, const struct sl_batch_dev *b)
+/* m->cp_kv[1] = the k|v of whole rows, in row order, from qkvr's local columns */
+static void gather_kv(const struct sl_model *m, const void *qkvr, const struct sl_batch_dev *b)
 {
 	struct sl_backend *be = m->be;
 	const struct sl_cp_batch *cp = b->cp;
 	const int Tl = b->B * b->L, KW = 2 * m->nkv * m->hd, C = cp->comm->size;
 
-	be->copy_cols(be, m->cp_kv[2], KW, 0, a->qkvr, m->Q, m->nh * m->hd, Tl, KW, false);
+	be->copy_cols(be, m->cp_kv[2], KW, 0, qkvr, m->Q, m->nh * m->hd, Tl, KW, false);
 	cp->comm->kv_all_gather(cp->comm->ctx, m->cp_kv[0], m->cp_kv[2], (size_t)Tl * KW);
 	be->gather_rows(be, m->cp_kv[1], m->cp_kv[0], cp->perm, C * Tl, KW);
+}
+
+void sl_cp_attend_fwd(const struct sl_model *m, void *out, void *lse, const void *qkvr,
+		      const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	const struct sl_cp_batch *cp = b->cp;
+	const int Tl = b->B * b->L, KW = 2 * m->nkv * m->hd, C = cp->comm->size;
+	const int me = cp->comm->rank;
+
+	/* the other ranks' keys travel while the queries attend to this rank's own */
+	be->copy_cols(be, m->cp_kv[2], KW, 0, qkvr, m->Q, m->nh * m->hd, Tl, KW, false);
+	cp->comm->kv_all_gather_start(cp->comm->ctx, m->cp_kv[0], m->cp_kv[2], (size_t)Tl * KW);
+	be->zero(be, m->cp_kv[1], (size_t)C * Tl * KW * be->elt);
+	be->scatter_add_rows(be, m->cp_kv[1], m->cp_kv[2], cp->inv + (size_t)me * Tl, Tl, KW);
+	be->cp_attention_fwd(be, out, lse, qkvr, m->cp_kv[1], cp->gidx, cp->pos, b->lens, b->B,
+			     b->L, cp->L, m->nh, m->nkv, m->hd, me, C, 1);
+	cp->comm->kv_all_gather_wait(cp->comm->ctx);
+	be->gather_rows(be, m->cp_kv[1], m->cp_kv[0], cp->perm, C * Tl, KW);
+	be->cp_attention_fwd(be, out, lse, qkvr, m->cp_kv[1], cp->gidx, cp->pos, b->lens, b->B,
+			     b->L, cp->L, m->nh, m->nkv, m->hd, me, C, 2);
+}
+
+void sl_cp_attend_bwd(const struct sl_model *m, void *dqkvr, const void *dout, const void *out,
+		      const void *lse, const void *qkvr, const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	const struct sl_cp_batch *cp = b->cp;
+	const int Tl = b->B * b->L, KW = 2 * m->nkv * m->hd, C = cp->comm->size;
+
+	gather_kv(m, qkvr, b);
+	/* dqkvr = dq (k|v columns zero); cp_kv[2] = this rank's share of d(k|v) of whole rows */
+	be->cp_attention_bwd(be, dqkvr, m->cp_kv[2], dout, out, lse, qkvr, m->cp_kv[1], cp->gidx,
+			     cp->pos, b->lens, b->B, b->L, cp->L, m->nh, m->nkv, m->hd);
+	be->gather_rows(be, m->cp_kv[0], m->cp_kv[2], cp->inv, C * Tl, KW);
+	cp->comm->kv_reduce_scatter(cp->comm->ctx, m->cp_kv[1], m->cp_kv[0], (size_t)Tl * KW);
+	be->copy_cols(be, dqkvr, m->Q, m->nh * m->hd, m->cp_kv[1], KW, 0, Tl, KW, false);
 }
 
 void sl_cp_attention_fwd(const struct sl_model *m, int l, const void *w, const struct acts *a,
 			 const struct sl_batch_dev *b)
 {
-	struct sl_backend *be = m->be;
 	const struct layer_off *lo = &m->lo[l];
 	const struct sl_cp_batch *cp = b->cp;
-	const int Tl = b->B * b->L, KW = 2 * m->nkv * m->hd, C = cp->comm->size;
-	const int me = cp->comm->rank;
 
-	be->qk_norm_rope_fwd(be, a->qkvr, a->rstd_qk, a->qkv, at(m, w, lo->qn), at(m, w, lo->kn),
-			     Tl, cp->L, cp->pos, m->nh, m->nkv, m->hd, m->eps, m->theta);
-	/* the other ranks' keys travel while the queries attend to this rank's own */
-	be->copy_cols(be, m->cp_kv[2], KW, 0, a->qkvr, m->Q, m->nh * m->hd, Tl, KW, false);
-	cp->comm->kv_all_gather_start(cp->comm->ctx, m->cp_kv[0], m->cp_kv[2], (size_t)Tl * KW);
-	be->zero(be, m->cp_kv[1], (size_t)C * Tl * KW * be->elt);
-	be->scatter_add_rows(be, m->cp_kv[1], m->cp_kv[2], cp->inv + (size_t)me * Tl, Tl, KW);
-	be->cp_attention_fwd(be, a->att, a->lse, a->qkvr, m->cp_kv[1], cp->gidx, cp->pos, b->lens,
-			     b->B, b->L, cp->L, m->nh, m->nkv, m->hd, me, C, 1);
-	cp->comm->kv_all_gather_wait(cp->comm->ctx);
-	be->gather_rows(be, m->cp_kv[1], m->cp_kv[0], cp->perm, C * Tl, KW);
-	be->cp_attention_fwd(be, a->att, a->lse, a->qkvr, m->cp_kv[1], cp->gidx, cp->pos, b->lens,
-			     b->B, b->L, cp->L, m->nh, m->nkv, m->hd, me, C, 2);
+	m->be->qk_norm_rope_fwd(m->be, a->qkvr, a->rstd_qk, a->qkv, at(m, w, lo->qn),
+				at(m, w, lo->kn), b->B * b->L, cp->L, cp->pos, m->nh, m->nkv,
+				m->hd, m->eps, m->theta);
+	sl_cp_attend_fwd(m, a->att, a->lse, a->qkvr, b);
 }
 
 void sl_cp_attention_bwd(const struct sl_model *m, int l, const void *w, void *g,
 			 const struct acts *a, const struct sl_batch_dev *b)
 {
-	struct sl_backend *be = m->be;
 	const struct layer_off *lo = &m->lo[l];
 	const struct sl_cp_batch *cp = b->cp;
-	const int Tl = b->B * b->L, KW = 2 * m->nkv * m->hd, C = cp->comm->size;
 
-	gather_kv(m, a, b);
-	/* gb1 = dq (k|v columns zero); cp_kv[2] = this rank's share of d(k|v) of whole rows */
-	be->cp_attention_bwd(be, m->gb1, m->cp_kv[2], m->gb2, a->att, a->lse, a->qkvr, m->cp_kv[1],
-			     cp->gidx, cp->pos, b->lens, b->B, b->L, cp->L, m->nh, m->nkv, m->hd);
-	be->gather_rows(be, m->cp_kv[0], m->cp_kv[2], cp->inv, C * Tl, KW);
-	cp->comm->kv_reduce_scatter(cp->comm->ctx, m->cp_kv[1], m->cp_kv[0], (size_t)Tl * KW);
-	be->copy_cols(be, m->gb1, m->Q, m->nh * m->hd, m->cp_kv[1], KW, 0, Tl, KW, false);
-	be->qk_norm_rope_bwd(be, m->gb2, at(m, g, lo->qn), at(m, g, lo->kn), m->gb1, a->qkv,
-			     at(m, w, lo->qn), at(m, w, lo->kn), a->rstd_qk, Tl, cp->L, cp->pos,
-			     m->nh, m->nkv, m->hd, m->eps, m->theta);
+	/* gb1 = dq|dk|dv from gb2 = d(att) */
+	sl_cp_attend_bwd(m, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b);
+	m->be->qk_norm_rope_bwd(m->be, m->gb2, at(m, g, lo->qn), at(m, g, lo->kn), m->gb1, a->qkv,
+				at(m, w, lo->qn), at(m, w, lo->kn), a->rstd_qk, b->B * b->L, cp->L,
+				cp->pos, m->nh, m->nkv, m->hd, m->eps, m->theta);
 }

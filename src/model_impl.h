@@ -177,6 +177,16 @@ void sl_q35_layer_bwd(struct sl_model *m, int l, const void *w, void *g, const v
 const void *sl_q35_final_norm(struct sl_model *m, const void *w);
 /* model_cp.c: context parallel attention (struct sl_cp_batch) */
 int sl_cp_check(struct sl_model *m, const struct sl_batch_dev *b);
+/*
+ * The attention of the rank's queries (the q heads of qkvr, the attention layout) against the
+ * keys and values of whole rows, all-gathered from qkvr's k|v columns over the context group:
+ * out, lse; the backward: dqkvr (the q columns dq, the k|v columns the gradients of the rank's
+ * own keys and values, summed over every rank's queries) from dout.  Both families use them.
+ */
+void sl_cp_attend_fwd(const struct sl_model *m, void *out, void *lse, const void *qkvr,
+		      const struct sl_batch_dev *b);
+void sl_cp_attend_bwd(const struct sl_model *m, void *dqkvr, const void *dout, const void *out,
+		      const void *lse, const void *qkvr, const struct sl_batch_dev *b);
 /* q/k norm + rotary and attention of layer l: a->qkv in, a->qkvr, a->att, a->lse out */
 void sl_cp_attention_fwd(const struct sl_model *m, int l, const void *w, const struct acts *a,
 			 const struct sl_batch_dev *b);

@@ -17,6 +17,9 @@
  * shared expert instead of the dense SwiGLU.
  * With activation checkpointing only each layer's input is kept; the backward recomputes the
  * layer first.
+ * Context parallel (parallel.context, struct sl_cp_batch): every op but the mixers' sequence
+ * work is per token; the gated attention attends through model_cp.c, the Gated DeltaNet passes
+ * its state and convolution edge rows from chunk to chunk (see below).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -75,12 +78,10 @@ struct sl_q35 {
 	void *gbeta, *gg;	/* (T, nv) */
 	void *go, *gy;		/* (T, max(nv dv, nh hd)) */
 	void *gqkvr, *ggate;	/* (T, (nh + 2 nkv) hd), (T, nh hd) */
-	/* context parallel: the same state for whole rows (C T tokens), made at the first
-	 * context-parallel micro-batch; NULL before and without */
-	struct sl_q35 *cp;
-	int cp_C;
-	void *cp_gath;		/* (C T, H) gathered order */
-	void *cp_gx, *cp_gn;	/* (C T, H) whole rows' m->gx, m->gn */
+	/* context parallel, made at the first context-parallel micro-batch (NULL before and
+	 * without): the Gated DeltaNet states and the convolution edge rows passed on */
+	void *cp_s[2];		/* (B, nv, dk, dv) stat */
+	void *cp_e[4];		/* (2B, K-1, P): tails, halo, and two received */
 };
 
 /* ---- layout -------------------------------------------------------------------------------- */
@@ -235,8 +236,11 @@ static int alloc_q35_acts(struct sl_model *m, struct q35_acts *a, enum sl_layer_
 		a->rqk = sl_model_ws_alloc(m, T * 2 * q->nk, s);
 		a->beta = sl_model_ws_alloc(m, T * q->nv, s);
 		a->g = sl_model_ws_alloc(m, T * q->nv, s);
-		/* B records of L tokens have at most ceil(L/64) <= L/64 + 1 chunks each */
-		a->states = sl_model_ws_alloc(m, (T / 64 + B) * q->nv * q->dk * q->dv, s);
+		/*
+		 * B records of L tokens have at most ceil(L/64) <= L/64 + 1 chunks each; under
+		 * context parallel a record is 2 chunks of L/2, so T / 64 + 2B in all
+		 */
+		a->states = sl_model_ws_alloc(m, (T / 64 + 2 * B) * q->nv * q->dk * q->dv, s);
 		a->o = sl_model_ws_alloc(m, T * q->nv * q->dv, e);
 		a->rstd_o = sl_model_ws_alloc(m, T * q->nv, s);
 		a->y = sl_model_ws_alloc(m, T * q->nv * q->dv, e);
@@ -346,10 +350,6 @@ void sl_q35_free(struct sl_model *m)
 {
 	if (!m->q35)
 		return;
-	if (m->q35->cp) {
-		free(m->q35->cp->acts);
-		free(m->q35->cp);
-	}
 	free(m->q35->lo);
 	free(m->q35->acts);
 	free(m->q35);
@@ -357,43 +357,23 @@ void sl_q35_free(struct sl_model *m)
 }
 
 /*
- * Context parallel: the mixers' state for whole rows of C ranks' tokens (sl_cp_check calls this
- * at the first context-parallel micro-batch): a second struct sl_q35 sharing the offsets and the
- * effective norm weights, with one activation set per layer kind and the gradient scratch for
- * C T tokens, and the gathered input and its gradients.
+ * Context parallel (sl_cp_check calls this at the first context-parallel micro-batch): the
+ * gated attention layers attend with model_cp.c's whole rows' k|v buffers; the Gated DeltaNet
+ * layers pass their states and convolution edge rows from chunk to chunk through these.
  */
 int sl_q35_cp_init(struct sl_model *m, int C)
 {
-	struct sl_q35 *q = m->q35, *qf;
-	const size_t T = (size_t)C * m->max_tokens, e = m->be->elt;
-	int rc, keep = m->max_tokens;
+	struct sl_q35 *q = m->q35;
+	const size_t e = m->be->elt, s = m->be->stat_elt, B = m->max_records;
 
-	if (q->cp)
-		return q->cp_C == C ? 0 : -EINVAL;
-	qf = malloc(sizeof(*qf));
-	if (!qf)
-		return -ENOMEM;
-	*qf = *q;
-	qf->cp = NULL;
-	qf->acts = calloc(2, sizeof(*qf->acts));
-	if (!qf->acts) {
-		free(qf);
-		return -ENOMEM;
-	}
-	q->cp = qf;
-	q->cp_C = C;
-	/* alloc_q35_acts sizes by m->q35 and m->max_tokens */
-	m->q35 = qf;
-	m->max_tokens = (int)T;
-	rc = alloc_q35_acts(m, &qf->acts[0], SL_LAYER_GATED_ATTENTION, false);
-	rc = rc ? rc : alloc_q35_acts(m, &qf->acts[1], SL_LAYER_LINEAR_ATTENTION, false);
-	m->max_tokens = keep;
-	m->q35 = q;
-	rc = rc ? rc : alloc_scratch(m, qf, T);
-	q->cp_gath = sl_model_ws_alloc(m, T * m->H, e);
-	q->cp_gx = sl_model_ws_alloc(m, T * m->H, e);
-	q->cp_gn = sl_model_ws_alloc(m, T * m->H, e);
-	return rc ? rc : q->cp_gn ? 0 : -ENOMEM;
+	(void)C;
+	if (q->cp_s[0])
+		return 0;
+	for (int i = 0; i < 2; i++)
+		q->cp_s[i] = sl_model_ws_alloc(m, B * q->nv * q->dk * q->dv, s);
+	for (int i = 0; i < 4; i++)
+		q->cp_e[i] = sl_model_ws_alloc(m, 2 * B * (q->K - 1) * q->P, e);
+	return q->cp_e[3] ? 0 : -ENOMEM;
 }
 
 /* dst(n) = 1 + w(n): Qwen3.5's RMSNorm scale */
@@ -430,23 +410,238 @@ static int moe_slot(const struct sl_model *m, int l)
 
 /* ---- forward ------------------------------------------------------------------------------- */
 
+/* context parallel: rotary by position in the row, the rank's queries against whole rows' keys */
 static void gated_attn_fwd(const struct sl_model *m, const struct q35_off *lo, const void *w,
 			   struct q35_acts *a, const struct sl_batch_dev *b)
 {
 	struct sl_backend *be = m->be;
 	struct sl_q35 *q = m->q35;
+	const struct sl_cp_batch *cp = b->cp;
 	const int T = b->B * b->L;
 
 	be->matmul_fwd(be, a->proj, a->xn1, at(m, w, lo->wqgkv), NULL, T, m->H, q->Pa);
 	be->gattn_qk_fwd(be, a->qkvr, a->gate, a->rstd_o, a->proj,
 			 eff_weight(m, q->wqn, at(m, w, lo->qn), m->hd),
-			 eff_weight(m, q->wkn, at(m, w, lo->kn), m->hd), T, b->L, m->nh, m->nkv,
-			 m->hd, q->rot, m->eps, m->theta);
+			 eff_weight(m, q->wkn, at(m, w, lo->kn), m->hd), T, cp ? cp->L : b->L,
+			 cp ? cp->pos : NULL, m->nh, m->nkv, m->hd, q->rot, m->eps, m->theta);
 	/* packed rows are refused for this family (train.c): b->pos is NULL */
-	be->attention_fwd(be, a->o, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh, m->nkv,
-			  m->hd);
+	if (cp)
+		sl_cp_attend_fwd(m, a->o, a->lse, a->qkvr, b);
+	else
+		be->attention_fwd(be, a->o, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh,
+				  m->nkv, m->hd);
 	be->sigmoid_mul_fwd(be, a->y, a->o, a->gate, (size_t)T * m->nh * m->hd);
 	be->matmul_fwd(be, a->h, a->y, at(m, w, lo->wo), NULL, T, m->nh * m->hd, m->H);
+}
+
+/*
+ * Context parallel, Gated DeltaNet: the rank runs its own two chunks of each row (chunk rank,
+ * "A", and chunk 2C-1-rank, "B", of L/(2C) tokens each; as 2B records for the per-token ops and
+ * the convolution).  The convolution reads the K-1 rows before each chunk (its halo) from the
+ * rank holding the previous chunk, and the delta rule's state passes from chunk to chunk: chunk
+ * A of rank 0 starts from zero, hands its last state to rank 1's chunk A, ..., rank C-1 goes on
+ * with its own chunk B (chunk C), which hands its state to rank C-2's chunk B, ..., rank 0's
+ * chunk B (the last).  The backward passes the state's gradient the other way.  Every rank thus
+ * does its own tokens' work only; the recurrence waits for its state, the rest runs in parallel.
+ */
+
+/* the last K-1 rows of each of the 2B chunks of x (rows of P) into q->cp_e[0] */
+static void cp_tails(const struct sl_model *m, const void *x, int Lh, int B2)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const int E = (q->K - 1) * q->P;
+
+	be->copy_cols(be, q->cp_e[0], E, 0, x, Lh * q->P, (Lh - q->K + 1) * q->P, B2, E, false);
+}
+
+/*
+ * dst (2B, K-1, P) = each chunk's rows from the neighbour chunk's: chunk A of a row from
+ * @from_a's chunk A, chunk B from @from_b's chunk B (NULL: zero), with rank C-1's chunk B
+ * (chunk C) taking its own chunk A's (@own).  Buffers hold the 2B chunks' rows as B rows of
+ * 2 (K-1) P: A's then B's.
+ */
+static void cp_pick(const struct sl_model *m, void *dst, const void *from_a, const void *from_b,
+		    const void *own, int own_col, int dst_col, int B)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const int E = (q->K - 1) * q->P;
+
+	be->zero(be, dst, (size_t)2 * B * E * be->elt);
+	if (from_a)
+		be->copy_cols(be, dst, 2 * E, 0, from_a, 2 * E, 0, B, E, false);
+	if (from_b)
+		be->copy_cols(be, dst, 2 * E, E, from_b, 2 * E, E, B, E, false);
+	if (own)
+		be->copy_cols(be, dst, 2 * E, dst_col * E, own, 2 * E, own_col * E, B, E, false);
+}
+
+/* the convolution's halo of the rank's chunks (from a->proj) in q->cp_e[1] */
+static const void *cp_halo(const struct sl_model *m, const struct q35_acts *a,
+			   const struct sl_batch_dev *b)
+{
+	struct sl_q35 *q = m->q35;
+	const struct sl_context_comm *cc = b->cp->comm;
+	const int r = cc->rank, C = cc->size, B = b->B, Lh = b->L / 2;
+	const size_t bytes = (size_t)2 * B * (q->K - 1) * q->P * m->be->elt;
+
+	if (Lh < q->K - 1) {	/* context.c pads rows to SL_CP_MIN_CHUNK tokens a chunk */
+		fprintf(stderr, "model: context-parallel chunks of %d tokens are shorter than the "
+			"convolution's %d edge rows\n", Lh, q->K - 1);
+		abort();
+	}
+	cp_tails(m, a->proj, Lh, 2 * B);
+	/* chunk A's edge rows go up to rank r+1's chunk A, chunk B's down to rank r-1's chunk B */
+	cc->sendrecv(cc->ctx, q->cp_e[0], r + 1 < C ? r + 1 : -1, q->cp_e[2], r - 1, bytes);
+	cc->sendrecv(cc->ctx, q->cp_e[0], r - 1, q->cp_e[3], r + 1 < C ? r + 1 : -1, bytes);
+	cp_pick(m, q->cp_e[1], r > 0 ? q->cp_e[2] : NULL, r + 1 < C ? q->cp_e[3] : NULL,
+		r + 1 == C ? q->cp_e[0] : NULL, 0, 1, B);
+	return q->cp_e[1];
+}
+
+/*
+ * The backward's halo gradient (q->cp_e[0], from the convolution's backward) goes back to the
+ * ranks whose rows it is, and what comes back is added to the last K-1 rows of each chunk of
+ * q->gproj
+ */
+static void cp_halo_grad(const struct sl_model *m, const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const struct sl_context_comm *cc = b->cp->comm;
+	const int r = cc->rank, C = cc->size, B = b->B, Lh = b->L / 2, E = (q->K - 1) * q->P;
+	const size_t bytes = (size_t)2 * B * E * be->elt;
+
+	/* chunk A's halo came from rank r-1's chunk A, chunk B's from rank r+1's chunk B */
+	cc->sendrecv(cc->ctx, q->cp_e[0], r - 1, q->cp_e[3], r + 1 < C ? r + 1 : -1, bytes);
+	cc->sendrecv(cc->ctx, q->cp_e[0], r + 1 < C ? r + 1 : -1, q->cp_e[2], r - 1, bytes);
+	cp_pick(m, q->cp_e[1], r + 1 < C ? q->cp_e[3] : NULL, r > 0 ? q->cp_e[2] : NULL,
+		r + 1 == C ? q->cp_e[0] : NULL, 1, 0, B);
+	be->copy_cols(be, q->gproj, Lh * q->P, (Lh - q->K + 1) * q->P, q->cp_e[1], E, 0, 2 * B, E,
+		      true);
+}
+
+/* the delta rule's arguments for chunk @h (0: A, 1: B) of the rank's rows */
+struct rule_args {
+	void *o, *states;
+	const void *qn, *kn, *v, *beta, *g;
+	const int32_t *lens;
+	int B, L, rs;
+};
+
+static struct rule_args rule_args(const struct sl_model *m, const struct q35_acts *a,
+				  const struct sl_batch_dev *b, int h, void *o, const void *v)
+{
+	struct sl_q35 *q = m->q35;
+	const size_t e = m->be->elt, s = m->be->stat_elt;
+	const int Lh = b->cp ? b->L / 2 : b->L, nch = (Lh + 63) / 64;
+	const size_t off = (size_t)h * Lh;	/* the chunk's first row */
+	struct rule_args r = {
+		.o = (char *)o + off * q->nv * q->dv * e,
+		.states = (char *)a->states + (size_t)h * b->B * nch * q->nv * q->dk * q->dv * s,
+		.qn = (char *)a->qn + off * q->nk * q->dk * e,
+		.kn = (char *)a->kn + off * q->nk * q->dk * e,
+		.v = (const char *)v + off * q->Cc * e,
+		.beta = (char *)a->beta + off * q->nv * s,
+		.g = (char *)a->g + off * q->nv * s,
+		.lens = b->cp ? b->cp->clens + (size_t)h * b->B : b->lens,
+		.B = b->B, .L = Lh, .rs = b->L,
+	};
+	return r;
+}
+
+static void rule_fwd(const struct sl_model *m, const struct q35_acts *a,
+		     const struct sl_batch_dev *b, int h, const void *s0, void *s_end)
+{
+	struct sl_q35 *q = m->q35;
+	const void *v = (char *)a->c + (size_t)2 * q->nk * q->dk * m->be->elt;
+	struct rule_args r = rule_args(m, a, b, h, a->o, v);
+
+	m->be->gdn_rule_fwd(m->be, r.o, r.states, r.qn, r.kn, r.v, q->Cc, r.beta, r.g, r.lens,
+			    r.B, r.L, r.rs, q->nk, q->nv, q->dk, q->dv, s0, s_end);
+}
+
+static void rule_bwd(const struct sl_model *m, const struct q35_acts *a,
+		     const struct sl_batch_dev *b, int h, const void *ds_end, void *ds0)
+{
+	struct sl_backend *be = m->be;
+	struct sl_q35 *q = m->q35;
+	const size_t e = be->elt, koff = (size_t)2 * q->nk * q->dk * e;
+	/* r.o: the output's gradient (q->go) at the chunk */
+	struct rule_args r = rule_args(m, a, b, h, q->go, (char *)a->c + koff);
+	const size_t off = (size_t)h * r.L;	/* the chunk's first row */
+
+	be->gdn_rule_bwd(be, (char *)q->gqn + off * q->nk * q->dk * e,
+			 (char *)q->gkn + off * q->nk * q->dk * e, (char *)q->gc + koff + off *
+			 q->Cc * e, (char *)q->gbeta + off * q->nv * e,
+			 (char *)q->gg + off * q->nv * e, r.o, r.states, r.qn, r.kn, r.v, q->Cc,
+			 r.beta, r.g, r.lens, r.B, r.L, r.rs, q->nk, q->nv, q->dk, q->dv, ds_end,
+			 ds0);
+}
+
+/* the delta rule over the rank's rows; under context parallel, chunk by chunk in row order */
+static void gdn_rule(const struct sl_model *m, const struct q35_acts *a,
+		     const struct sl_batch_dev *b)
+{
+	struct sl_q35 *q = m->q35;
+	const struct sl_context_comm *cc;
+	void *X = q->cp_s[0], *Y = q->cp_s[1];
+	size_t bytes;
+	int r, C;
+
+	if (!b->cp) {
+		rule_fwd(m, a, b, 0, NULL, NULL);
+		return;
+	}
+	cc = b->cp->comm;
+	r = cc->rank;
+	C = cc->size;
+	bytes = (size_t)b->B * q->nv * q->dk * q->dv * m->be->stat_elt;
+	/* chunk A (chunk r) from rank r-1's chunk A; its end to rank r+1's chunk A */
+	cc->sendrecv(cc->ctx, NULL, -1, X, r - 1, bytes);
+	rule_fwd(m, a, b, 0, r > 0 ? X : NULL, Y);
+	if (r + 1 < C) {
+		/* chunk B (chunk 2C-1-r) from rank r+1's chunk B */
+		cc->sendrecv(cc->ctx, Y, r + 1, X, r + 1, bytes);
+		rule_fwd(m, a, b, 1, X, Y);
+		cc->sendrecv(cc->ctx, Y, r - 1, NULL, -1, bytes);
+	} else {	/* chunk C follows chunk C-1 on this rank */
+		rule_fwd(m, a, b, 1, Y, X);
+		cc->sendrecv(cc->ctx, X, r - 1, NULL, -1, bytes);
+	}
+}
+
+/* its backward: the state's gradient passes from the last chunk to the first */
+static void gdn_rule_grad(const struct sl_model *m, const struct q35_acts *a,
+			  const struct sl_batch_dev *b)
+{
+	struct sl_q35 *q = m->q35;
+	const struct sl_context_comm *cc;
+	void *X = q->cp_s[0], *Y = q->cp_s[1];
+	size_t bytes;
+	int r, C;
+
+	if (!b->cp) {
+		rule_bwd(m, a, b, 0, NULL, NULL);
+		return;
+	}
+	cc = b->cp->comm;
+	r = cc->rank;
+	C = cc->size;
+	bytes = (size_t)b->B * q->nv * q->dk * q->dv * m->be->stat_elt;
+	/* chunk B's end state went to rank r-1's chunk B: its gradient comes from there */
+	cc->sendrecv(cc->ctx, NULL, -1, X, r - 1, bytes);
+	rule_bwd(m, a, b, 1, r > 0 ? X : NULL, Y);
+	if (r + 1 < C) {
+		cc->sendrecv(cc->ctx, Y, r + 1, X, r + 1, bytes);
+		rule_bwd(m, a, b, 0, X, Y);
+	} else {
+		rule_bwd(m, a, b, 0, Y, X);
+		Y = X;
+	}
+	/* chunk A's start state came from rank r-1's chunk A */
+	cc->sendrecv(cc->ctx, Y, r - 1, NULL, -1, bytes);
 }
 
 static void gdn_fwd(const struct sl_model *m, const struct q35_off *lo, const void *w,
@@ -458,81 +653,16 @@ static void gdn_fwd(const struct sl_model *m, const struct q35_off *lo, const vo
 	char *proj = a->proj;
 
 	be->matmul_fwd(be, a->proj, a->xn1, at(m, w, lo->win), NULL, T, m->H, q->P);
-	be->conv1d_silu_fwd(be, a->c, a->cpre, a->proj, q->P, at(m, w, lo->conv), T, b->L, q->Cc,
-			    q->K);
+	/* context parallel: 2B records of L/2 (the rank's two chunks of each row) */
+	be->conv1d_silu_fwd(be, a->c, a->cpre, a->proj, q->P, at(m, w, lo->conv), T,
+			    b->cp ? b->L / 2 : b->L, q->Cc, q->K, b->cp ? cp_halo(m, a, b) : NULL);
 	be->gdn_prep_fwd(be, a->qn, a->kn, a->rqk, a->beta, a->g, a->c,
 			 proj + (size_t)(q->Cc + vd) * be->elt, q->P, at(m, w, lo->A_log),
 			 at(m, w, lo->dt_bias), T, q->nk, q->nv, q->dk, q->dv);
-	be->gdn_rule_fwd(be, a->o, a->states, a->qn, a->kn,
-			 (char *)a->c + (size_t)2 * q->nk * q->dk * be->elt, q->Cc, a->beta, a->g,
-			 b->lens, b->B, b->L, q->nk, q->nv, q->dk, q->dv);
+	gdn_rule(m, a, b);
 	be->gated_rmsnorm_fwd(be, a->y, a->rstd_o, a->o, proj + (size_t)q->Cc * be->elt, q->P,
 			      at(m, w, lo->gnorm), T, q->nv, q->dv, m->eps);
 	be->matmul_fwd(be, a->h, a->y, at(m, w, lo->wout), NULL, T, vd, m->H);
-}
-
-/*
- * Context parallel: the Gated DeltaNet recurrence and the convolution run along whole rows, and
- * gated attention over whole rows' keys, so the mixers run on whole rows: each rank gathers the
- * C ranks' normed inputs (xn1) into row order, runs the mixer on all of the rows' tokens with the
- * whole-row state (q->cp) standing in for its own, and keeps its own tokens' output rows.  The
- * mixer's work is thereby done C times (once per rank); the MLP, experts and head stay split.
- * (Passing the DeltaNet state from chunk to chunk instead is the better way, not written yet.)
- */
-struct cp_swap {
-	struct sl_q35 *q;
-	void *gx, *gn;
-};
-
-static struct cp_swap cp_enter(struct sl_model *m)
-{
-	struct cp_swap sv = { m->q35, m->gx, m->gn };
-
-	m->q35 = sv.q->cp;
-	m->gx = sv.q->cp_gx;
-	m->gn = sv.q->cp_gn;
-	return sv;
-}
-
-static void cp_leave(struct sl_model *m, struct cp_swap sv)
-{
-	m->q35 = sv.q;
-	m->gx = sv.gx;
-	m->gn = sv.gn;
-}
-
-/* the whole rows' batch of a context-parallel one */
-static struct sl_batch_dev whole_rows(const struct sl_batch_dev *b)
-{
-	struct sl_batch_dev bf = *b;
-
-	bf.L = b->cp->L;
-	bf.cp = NULL;
-	bf.pos = NULL;	/* packed rows are refused for this family */
-	return bf;
-}
-
-/* the mixer of layer lo on whole rows from this rank's a->xn1; its activations returned */
-static struct q35_acts *cp_mixer_fwd(struct sl_model *m, const struct q35_off *lo, const void *w,
-				     const struct q35_acts *a, const struct sl_batch_dev *b)
-{
-	struct sl_backend *be = m->be;
-	struct sl_q35 *q = m->q35;
-	const struct sl_cp_batch *cp = b->cp;
-	const int Tl = b->B * b->L, C = cp->comm->size;
-	struct q35_acts *fa = &q->cp->acts[lo->kind == SL_LAYER_GATED_ATTENTION ? 0 : 1];
-	struct sl_batch_dev bf = whole_rows(b);
-	struct cp_swap sv;
-
-	cp->comm->kv_all_gather(cp->comm->ctx, q->cp_gath, a->xn1, (size_t)Tl * m->H);
-	be->gather_rows(be, fa->xn1, q->cp_gath, cp->perm, C * Tl, m->H);
-	sv = cp_enter(m);
-	if (lo->kind == SL_LAYER_GATED_ATTENTION)
-		gated_attn_fwd(m, lo, w, fa, &bf);
-	else
-		gdn_fwd(m, lo, w, fa, &bf);
-	cp_leave(m, sv);
-	return fa;
 }
 
 /* @full: also the MLP's down projection and the output (the backward's recompute needs neither) */
@@ -546,10 +676,7 @@ static void layer_fwd(struct sl_model *m, int l, const void *w, struct q35_acts 
 
 	be->rmsnorm_fwd(be, a->xn1, a->rstd1, x, eff_weight(m, q->wn1, at(m, w, lo->ln1), H), T,
 			H, m->eps);
-	if (b->cp)	/* this rank's rows of the whole rows' mixer output */
-		be->gather_rows(be, a->h, cp_mixer_fwd(m, lo, w, a, b)->h,
-				b->cp->inv + (size_t)b->cp->comm->rank * T, T, H);
-	else if (lo->kind == SL_LAYER_GATED_ATTENTION)
+	if (lo->kind == SL_LAYER_GATED_ATTENTION)
 		gated_attn_fwd(m, lo, w, a, b);
 	else
 		gdn_fwd(m, lo, w, a, b);
@@ -582,17 +709,22 @@ static void gated_attn_bwd(struct sl_model *m, const struct q35_off *lo, const v
 {
 	struct sl_backend *be = m->be;
 	struct sl_q35 *q = m->q35;
+	const struct sl_cp_batch *cp = b->cp;
 	const int T = b->B * b->L, nd = m->nh * m->hd;
 
 	be->matmul_bwd(be, q->gy, at(m, g, lo->wo), NULL, m->gx, a->y, at(m, w, lo->wo), T, nd,
 		       m->H, false);
 	be->sigmoid_mul_bwd(be, q->go, q->ggate, q->gy, a->o, a->gate, (size_t)T * nd);
-	be->attention_bwd(be, q->gqkvr, q->go, a->o, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L,
-			  m->nh, m->nkv, m->hd);
+	if (cp)
+		sl_cp_attend_bwd(m, q->gqkvr, q->go, a->o, a->lse, a->qkvr, b);
+	else
+		be->attention_bwd(be, q->gqkvr, q->go, a->o, a->lse, a->qkvr, b->lens, b->pos,
+				  b->B, b->L, m->nh, m->nkv, m->hd);
 	be->gattn_qk_bwd(be, q->gproj, at(m, g, lo->qn), at(m, g, lo->kn), q->gqkvr, q->ggate,
 			 a->proj, eff_weight(m, q->wqn, at(m, w, lo->qn), m->hd),
-			 eff_weight(m, q->wkn, at(m, w, lo->kn), m->hd), a->rstd_o, T, b->L, m->nh,
-			 m->nkv, m->hd, q->rot, m->eps, m->theta);
+			 eff_weight(m, q->wkn, at(m, w, lo->kn), m->hd), a->rstd_o, T,
+			 cp ? cp->L : b->L, cp ? cp->pos : NULL, m->nh, m->nkv, m->hd, q->rot,
+			 m->eps, m->theta);
 	be->matmul_bwd(be, m->gn, at(m, g, lo->wqgkv), NULL, q->gproj, a->xn1,
 		       at(m, w, lo->wqgkv), T, m->H, q->Pa, false);
 }
@@ -603,57 +735,32 @@ static void gdn_bwd(struct sl_model *m, const struct q35_off *lo, const void *w,
 	struct sl_backend *be = m->be;
 	struct sl_q35 *q = m->q35;
 	const int T = b->B * b->L, vd = q->nv * q->dv;
-	const size_t e = be->elt, koff = (size_t)2 * q->nk * q->dk * e;
+	const size_t e = be->elt;
 	char *proj = a->proj, *gproj = q->gproj;
+	const void *halo = NULL;
 
 	be->matmul_bwd(be, q->gy, at(m, g, lo->wout), NULL, m->gx, a->y, at(m, w, lo->wout), T,
 		       vd, m->H, false);
 	be->gated_rmsnorm_bwd(be, q->go, gproj + (size_t)q->Cc * e, q->P, at(m, g, lo->gnorm),
 			      q->gy, a->o, proj + (size_t)q->Cc * e, at(m, w, lo->gnorm),
 			      a->rstd_o, T, q->nv, q->dv, m->eps);
-	be->gdn_rule_bwd(be, q->gqn, q->gkn, (char *)q->gc + koff, q->gbeta, q->gg, q->go,
-			 a->states, a->qn, a->kn, (char *)a->c + koff, q->Cc, a->beta, a->g,
-			 b->lens, b->B, b->L, q->nk, q->nv, q->dk, q->dv);
+	gdn_rule_grad(m, a, b);
 	be->gdn_prep_bwd(be, q->gc, gproj + (size_t)(q->Cc + vd) * e, q->P,
 			 at(m, g, lo->A_log), at(m, g, lo->dt_bias), q->gqn, q->gkn, q->gbeta,
 			 q->gg, a->c, proj + (size_t)(q->Cc + vd) * e, a->rqk, a->beta, a->g,
 			 at(m, w, lo->A_log), at(m, w, lo->dt_bias), T, q->nk, q->nv, q->dk,
 			 q->dv);
+	if (b->cp) {	/* the halo again (nothing of it is kept), and room for its gradient */
+		halo = cp_halo(m, a, b);
+		be->zero(be, q->cp_e[0], (size_t)2 * b->B * (q->K - 1) * q->P * e);
+	}
 	be->conv1d_silu_bwd(be, q->gproj, q->P, at(m, g, lo->conv), q->gc, a->proj, a->cpre,
-			    at(m, w, lo->conv), T, b->L, q->Cc, q->K);
+			    at(m, w, lo->conv), T, b->cp ? b->L / 2 : b->L, q->Cc, q->K, halo,
+			    b->cp ? q->cp_e[0] : NULL);
+	if (b->cp)
+		cp_halo_grad(m, b);
 	be->matmul_bwd(be, m->gn, at(m, g, lo->win), NULL, q->gproj, a->xn1, at(m, w, lo->win),
 		       T, m->H, q->P, false);
-}
-
-/*
- * Context parallel: the whole rows' mixer backward from this rank's rows of m->gx (the others
- * zero), so the weights get this rank's share of their gradient (the trainer sums the ranks'),
- * and the input gradient of every row, whose sums over the ranks come back to each rank's own
- * rows in m->gn.  The whole rows' activations are recomputed unless checkpointing just did.
- */
-static void cp_mixer_bwd(struct sl_model *m, const struct q35_off *lo, const void *w, void *g,
-			 const struct q35_acts *a, const struct sl_batch_dev *b)
-{
-	struct sl_backend *be = m->be;
-	struct sl_q35 *q = m->q35;
-	const struct sl_cp_batch *cp = b->cp;
-	const int Tl = b->B * b->L, C = cp->comm->size, H = m->H;
-	struct q35_acts *fa = &q->cp->acts[lo->kind == SL_LAYER_GATED_ATTENTION ? 0 : 1];
-	struct sl_batch_dev bf = whole_rows(b);
-	struct cp_swap sv;
-
-	if (!m->ckpt)
-		cp_mixer_fwd(m, lo, w, a, b);
-	be->zero(be, q->cp_gx, (size_t)C * Tl * H * be->elt);
-	be->scatter_add_rows(be, q->cp_gx, m->gx, cp->inv + (size_t)cp->comm->rank * Tl, Tl, H);
-	sv = cp_enter(m);
-	if (lo->kind == SL_LAYER_GATED_ATTENTION)
-		gated_attn_bwd(m, lo, w, g, fa, &bf);
-	else
-		gdn_bwd(m, lo, w, g, fa, &bf);
-	cp_leave(m, sv);
-	be->gather_rows(be, q->cp_gath, q->cp_gn, cp->inv, C * Tl, H);
-	cp->comm->kv_reduce_scatter(cp->comm->ctx, m->gn, q->cp_gath, (size_t)Tl * H);
 }
 
 void sl_q35_layer_bwd(struct sl_model *m, int l, const void *w, void *g, const void *x,
@@ -681,9 +788,7 @@ void sl_q35_layer_bwd(struct sl_model *m, int l, const void *w, void *g, const v
 	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln2), m->gn, a->h,
 			eff_weight(m, q->wn2, at(m, w, lo->ln2), H), a->rstd2, T, H, true);
 
-	if (b->cp)
-		cp_mixer_bwd(m, lo, w, g, a, b);
-	else if (lo->kind == SL_LAYER_GATED_ATTENTION)
+	if (lo->kind == SL_LAYER_GATED_ATTENTION)
 		gated_attn_bwd(m, lo, w, g, a, b);
 	else
 		gdn_bwd(m, lo, w, g, a, b);

@@ -105,9 +105,11 @@ static void count_qwen3(const struct counter *k, const struct sl_model_config *m
 	out[SL_PLAN_ACTS] += (ckpt ? 1 : nL) * acts;
 }
 
-/* model_qwen35.c: struct q35_acts of one layer of @kind (alloc_q35_acts) */
+/* model_qwen35.c: struct q35_acts of one layer of @kind (alloc_q35_acts); @dense: with the
+ * dense MLP's gu and act */
 static size_t q35_layer_acts(const struct counter *k, const struct sl_model_config *mc,
-			     enum sl_layer_kind kind, size_t T, size_t B, size_t e, size_t s)
+			     enum sl_layer_kind kind, bool dense, size_t T, size_t B, size_t e,
+			     size_t s)
 {
 	const size_t H = mc->hidden, I = mc->intermediate, nh = mc->n_heads, nkv = mc->n_kv_heads;
 	const size_t hd = mc->head_dim, Q = (nh + 2 * nkv) * hd, Pa = (2 * nh + 2 * nkv) * hd;
@@ -117,8 +119,8 @@ static size_t q35_layer_acts(const struct counter *k, const struct sl_model_conf
 		+ A(k, T * s)				/* rstd1 */
 		+ 2 * A(k, T * H * e)			/* h, xn2 */
 		+ A(k, T * s)				/* rstd2 */
-		+ A(k, T * 2 * I * e)			/* gu */
-		+ A(k, T * I * e);			/* act */
+		+ (dense ? A(k, T * 2 * I * e)		/* gu */
+		   + A(k, T * I * e) : 0);		/* act */
 
 	if (kind == SL_LAYER_GATED_ATTENTION)
 		return b + A(k, T * Pa * e)		/* proj: q | gate, k, v */
@@ -131,8 +133,9 @@ static size_t q35_layer_acts(const struct counter *k, const struct sl_model_conf
 		+ 2 * A(k, T * nk * dk * e)		/* qn, kn */
 		+ A(k, T * 2 * nk * s)			/* rqk */
 		+ 2 * A(k, T * nv * s)			/* beta, g */
-		/* chunk-start states: at most T / 64 + B chunks of 64 tokens */
-		+ A(k, (T / 64 + B) * nv * dk * dv * s)
+		/* chunk-start states: at most T / 64 + 2B chunks of 64 tokens (2 chunks a row
+		 * under context parallel) */
+		+ A(k, (T / 64 + 2 * B) * nv * dk * dv * s)
 		+ 2 * A(k, T * nv * dv * e)		/* o, y */
 		+ A(k, T * nv * s);			/* rstd_o */
 }
@@ -170,11 +173,11 @@ static void count_q35(const struct counter *k, const struct sl_model_config *mc,
 	size_t acts = 0;
 
 	if (ckpt)
-		acts = q35_layer_acts(k, mc, SL_LAYER_GATED_ATTENTION, T, B, e, s) +
-			q35_layer_acts(k, mc, SL_LAYER_LINEAR_ATTENTION, T, B, e, s);
+		acts = q35_layer_acts(k, mc, SL_LAYER_GATED_ATTENTION, true, T, B, e, s) +
+			q35_layer_acts(k, mc, SL_LAYER_LINEAR_ATTENTION, true, T, B, e, s);
 	else
 		for (int l = 0; l < mc->n_layers; l++)
-			acts += q35_layer_acts(k, mc, mc->layer_kind[l], T, B, e, s);
+			acts += q35_layer_acts(k, mc, mc->layer_kind[l], true, T, B, e, s);
 	out[SL_PLAN_ACTS] += acts
 		+ A(k, zmax(H, hd) * e)			/* ones */
 		+ 3 * A(k, H * e)			/* wn1, wn2, wfin */
@@ -184,18 +187,16 @@ static void count_q35(const struct counter *k, const struct sl_model_config *mc,
 
 /*
  * model_qwen35.c's context-parallel state (sl_q35_cp_init, at the first context-parallel
- * micro-batch): one mixer activation set of each kind for the whole rows' C T tokens (no MLP
- * buffers), the gradient scratch for them, the gathered input and the two gradient rows
+ * micro-batch): the Gated DeltaNet's two passed states of B rows and four buffers of 2B chunks'
+ * K-1 convolution edge rows (the gated attention uses model_cp.c's k|v buffers)
  */
-static size_t q35_cp(const struct counter *k, const struct sl_model_config *mc, size_t CT,
-		     size_t B, size_t e, size_t s)
+static size_t q35_cp(const struct counter *k, const struct sl_model_config *mc, size_t B,
+		     size_t e, size_t s)
 {
-	const size_t H = mc->hidden, I = mc->intermediate;
-	const size_t mlp = A(k, CT * 2 * I * e) + A(k, CT * I * e);	/* gu, act: not made */
+	const size_t nk = mc->lin_nk, nv = mc->lin_nv, dk = mc->lin_dk, dv = mc->lin_dv;
+	const size_t P = 2 * nk * dk + 2 * nv * dv + 2 * nv;
 
-	return q35_layer_acts(k, mc, SL_LAYER_GATED_ATTENTION, CT, B, e, s) - mlp +
-		q35_layer_acts(k, mc, SL_LAYER_LINEAR_ATTENTION, CT, B, e, s) - mlp +
-		q35_scratch(k, mc, CT, e) + 3 * A(k, CT * H * e);
+	return 2 * A(k, B * nv * dk * dv * s) + 4 * A(k, 2 * B * (mc->lin_conv - 1) * P * e);
 }
 
 /*
@@ -301,7 +302,10 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	B = (size_t)p->batch;
 	L = (size_t)p->seq;
 	p->C = c->parallel.context > 1 ? c->parallel.context : 1;
+	/* context.c sl_cp_row_len: a multiple of 2C, at least 4 tokens (SL_CP_MIN_CHUNK) a chunk */
 	Lrow = (L + 2 * p->C - 1) / (2 * p->C) * (2 * p->C);
+	if (p->C > 1 && Lrow < 8 * (size_t)p->C)
+		Lrow = 8 * (size_t)p->C;
 	T = B * (Lrow / p->C);
 	count_model(&dk, mc, T, B, !sl_layout_find(lay, "score.weight"), p->ckpt, e,
 		    p->stat_elt, p->dev);
@@ -311,12 +315,13 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	if (p->C > 1) {
 		const size_t CT = p->C * T, kw = 2 * (size_t)mc->n_kv_heads * mc->head_dim;
 
-		/* model_cp.c: 3 k|v buffers of whole rows; model_qwen35.c's whole-row mixers */
+		/* model_cp.c: 3 k|v buffers of whole rows; model_qwen35.c's passed DeltaNet state */
 		p->dev[SL_PLAN_ACTS] += 3 * A(&dk, CT * kw * e) +
-			(mc->norm_offset ? q35_cp(&dk, mc, CT, B, e, p->stat_elt) : 0);
-		/* context.c's context-parallel batch: 7 index rows and 3 per-record arrays */
+			(mc->norm_offset ? q35_cp(&dk, mc, B, e, p->stat_elt) : 0);
+		/* context.c's context-parallel batch: 7 index rows, 3 per-record arrays and the
+		 * rows' lengths in the rank's 2 chunks */
 		p->dev[SL_PLAN_HEAD] += 7 * A(&dk, B * Lrow * sizeof(int32_t)) +
-			3 * A(&dk, B * sizeof(int32_t));
+			3 * A(&dk, B * sizeof(int32_t)) + A(&dk, 2 * B * sizeof(int32_t));
 	}
 	for (int i = 0; i < SL_PLAN_N; i++)
 		p->dev_total += p->dev[i];
@@ -481,8 +486,8 @@ void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
 	fprintf(out, "  %-26s %12.2f %14zu\n", "total", gib(p->dev_total), p->dev_total);
 	fprintf(out, "  (weights: %d gathered unit(s) in flight of up to %zu elements; "
 		"activations for %d x %d tokens%s%s)\n", p->n_wslots, p->max_padded, p->batch,
-		p->seq, p->C > 1 ? " (this rank's 1/C of each row, and whole rows' k|v"
-		" and Qwen3.5 mixers, with context parallel)" : "",
+		p->seq, p->C > 1 ? " (this rank's 1/C of each row, and whole rows' k|v,"
+		" with context parallel)" : "",
 		!p->ckpt ? "" : mc->norm_offset ? ", one set per layer kind with "
 		"checkpointing" : ", one layer's set with checkpointing");
 	for (int l = 0; l < mc->n_layers; l++) {

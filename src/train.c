@@ -867,8 +867,12 @@ static int bad_steps_stop(struct job *j, int step, int bad)
 static int signal_stop(struct job *j, int step)
 {
 	bool ckpt;
-	int sig = sl_signals_agree(MPI_COMM_WORLD, j->last_ckpt_s, &ckpt);
+	int sig;
 
+	/* a collective: a rank that died or hangs must not leave the others waiting here */
+	sl_watchdog_arm(j->c->parallel.timeout_s, "the signal check after step %d", step);
+	sig = sl_signals_agree(MPI_COMM_WORLD, j->last_ckpt_s, &ckpt);
+	sl_watchdog_disarm();
 	if (!sig)
 		return 0;
 	if (!ckpt) {
@@ -1142,8 +1146,11 @@ static int run_steps(struct job *j)
 	char dur[64];
 	bool do_eval0 = j->valid.n && j->first_step == 1;
 
-	if (do_eval0)
+	if (do_eval0) {
+		sl_watchdog_arm(c->parallel.timeout_s, "evaluation before step 1");
 		run_eval(j, 0, pad);
+		sl_watchdog_disarm();
+	}
 	for (int step = j->first_step; step <= j->steps; step++) {
 		struct sl_step_metrics sm = { .step = step };
 		struct sl_optim_hparams h;

@@ -294,15 +294,43 @@ static void t_conv(int B, int L, int C, int K, int xs)
 	struct buf *dw = rnd(BF, (size_t)C * K, 1);
 
 	snprintf(sh, sizeof(sh), "T=%dx%d C=%d K=%d", B, L, C, K);
-	cpu->conv1d_silu_fwd(cpu, o->c, pre->c, x->c, xs, w->c, T, L, C, K);
-	TIMED(gpu->conv1d_silu_fwd(gpu, o->g, pre->g, x->g, xs, w->g, T, L, C, K));
+	cpu->conv1d_silu_fwd(cpu, o->c, pre->c, x->c, xs, w->c, T, L, C, K, NULL);
+	TIMED(gpu->conv1d_silu_fwd(gpu, o->g, pre->g, x->g, xs, w->g, T, L, C, K, NULL));
 	cmp("conv1d_silu_fwd", sh, "out", o, TOL);
 	cmp("conv1d_silu_fwd", sh, "pre", pre, TOL);
-	cpu->conv1d_silu_bwd(cpu, dx->c, xs, dw->c, g->c, x->c, pre->c, w->c, T, L, C, K);
-	TIMED(gpu->conv1d_silu_bwd(gpu, dx->g, xs, dw->g, g->g, x->g, pre->g, w->g, T, L, C, K));
+	cpu->conv1d_silu_bwd(cpu, dx->c, xs, dw->c, g->c, x->c, pre->c, w->c, T, L, C, K, NULL,
+			     NULL);
+	TIMED(gpu->conv1d_silu_bwd(gpu, dx->g, xs, dw->g, g->g, x->g, pre->g, w->g, T, L, C, K,
+				   NULL, NULL));
 	cmp("conv1d_silu_bwd", sh, "dx", dx, TOL);	/* columns past C: untouched on both */
 	cmp("conv1d_silu_bwd", sh, "dw", dw, TOL);
 	drop(x), drop(w), drop(o), drop(pre), drop(g), drop(dx), drop(dw);
+}
+
+/* the halo (context parallel): K-1 rows before each record, and their gradient */
+static void t_conv_halo(int B, int L, int C, int K, int xs)
+{
+	char sh[64];
+	int T = B * L;
+	struct buf *x = rnd(BF, (size_t)T * xs, 1), *w = rnd(BF, (size_t)C * K, 0.5);
+	struct buf *h = rnd(BF, (size_t)B * (K - 1) * xs, 1);
+	struct buf *o = out(BF, (size_t)T * C), *pre = out(BF, (size_t)T * C);
+	struct buf *g = rnd(BF, (size_t)T * C, 1), *dx = rnd(BF, (size_t)T * xs, 1);
+	struct buf *dw = rnd(BF, (size_t)C * K, 1), *dh = rnd(BF, (size_t)B * (K - 1) * xs, 1);
+
+	snprintf(sh, sizeof(sh), "T=%dx%d C=%d K=%d halo", B, L, C, K);
+	cpu->conv1d_silu_fwd(cpu, o->c, pre->c, x->c, xs, w->c, T, L, C, K, h->c);
+	TIMED(gpu->conv1d_silu_fwd(gpu, o->g, pre->g, x->g, xs, w->g, T, L, C, K, h->g));
+	cmp("conv1d_silu_fwd", sh, "out", o, TOL);
+	cmp("conv1d_silu_fwd", sh, "pre", pre, TOL);
+	cpu->conv1d_silu_bwd(cpu, dx->c, xs, dw->c, g->c, x->c, pre->c, w->c, T, L, C, K, h->c,
+			     dh->c);
+	TIMED(gpu->conv1d_silu_bwd(gpu, dx->g, xs, dw->g, g->g, x->g, pre->g, w->g, T, L, C, K,
+				   h->g, dh->g));
+	cmp("conv1d_silu_bwd", sh, "dx", dx, TOL);
+	cmp("conv1d_silu_bwd", sh, "dw", dw, TOL);
+	cmp("conv1d_silu_bwd", sh, "dhalo", dh, TOL);	/* columns past C: untouched on both */
+	drop(x), drop(w), drop(h), drop(o), drop(pre), drop(g), drop(dx), drop(dw), drop(dh);
 }
 
 static void t_prep(int T, int nk, int nv, int dk, int dv, int abs)
@@ -380,16 +408,17 @@ static void t_rule(int B, int L, int nk, int nv, int dk, int dv)
 
 	snprintf(sh, sizeof(sh), "T=%dx%d k=%dx%d v=%dx%d", B, L, nk, dk, nv, dv);
 	cpu->gdn_rule_fwd(cpu, o->c, st->c, q->c, k->c, v->c, vs, beta->c, g->c, lens->c, B, L,
-			  nk, nv, dk, dv);
+			  L, nk, nv, dk, dv, NULL, NULL);
 	TIMED(gpu->gdn_rule_fwd(gpu, o->g, st->g, q->g, k->g, v->g, vs, beta->g, g->g, lens->g, B,
-				L, nk, nv, dk, dv));
+				L, L, nk, nv, dk, dv, NULL, NULL));
 	cmp("gdn_rule_fwd", sh, "o", o, TOL);
 	cmp("gdn_rule_fwd", sh, "states", st, 1e-4);
 	sync_stat(st);
 	cpu->gdn_rule_bwd(cpu, dq->c, dk_->c, dv_->c, db->c, dg->c, go->c, st->c, q->c, k->c,
-			  v->c, vs, beta->c, g->c, lens->c, B, L, nk, nv, dk, dv);
+			  v->c, vs, beta->c, g->c, lens->c, B, L, L, nk, nv, dk, dv, NULL, NULL);
 	TIMED(gpu->gdn_rule_bwd(gpu, dq->g, dk_->g, dv_->g, db->g, dg->g, go->g, st->g, q->g, k->g,
-				v->g, vs, beta->g, g->g, lens->g, B, L, nk, nv, dk, dv));
+				v->g, vs, beta->g, g->g, lens->g, B, L, L, nk, nv, dk, dv, NULL,
+				NULL));
 	cmp("gdn_rule_bwd", sh, "dq", dq, TOL);
 	cmp("gdn_rule_bwd", sh, "dk", dk_, TOL);
 	cmp("gdn_rule_bwd", sh, "dv", dv_, TOL);
@@ -509,11 +538,11 @@ static void t_rule_pair(struct sl_backend *gr, struct sl_backend *gc, int B, int
 		for (int rep = 0; rep < 2; rep++) {	/* the second call is timed */
 			gpu = x;
 			TIMED(x->gdn_rule_fwd(x, o[s], st[s], q[s], k[s], v[s], vs, bt[s], g[s],
-					      lens[s], B, L, nk, nv, dk, dv));
+					      lens[s], B, L, L, nk, nv, dk, dv, NULL, NULL));
 			ms[s][0] = t_ms;
 			TIMED(x->gdn_rule_bwd(x, dq[s], dk_[s], dv_[s], db[s], dg[s], go[s], st[s],
-					      q[s], k[s], v[s], vs, bt[s], g[s], lens[s], B, L, nk,
-					      nv, dk, dv));
+					      q[s], k[s], v[s], vs, bt[s], g[s], lens[s], B, L, L,
+					      nk, nv, dk, dv, NULL, NULL));
 			ms[s][1] = t_ms;
 		}
 	}
@@ -543,6 +572,55 @@ static void t_rule_pair(struct sl_backend *gr, struct sl_backend *gc, int B, int
 	free(hq), free(hk), free(hv), free(hb), free(hg), free(hgo), free(hl);
 }
 
+/*
+ * One chunk of each of B rows (context parallel): record stride rs = L + 5 (the rows past L
+ * untouched), a start state s0, the end state, and in the backward the end state's gradient in
+ * and the start state's out
+ */
+static void t_rule_chunk(int B, int L, int nk, int nv, int dk, int dv)
+{
+	char sh[64];
+	int rs = L + 5, T = B * rs, vs = nv * dv + 5, nch = (L + 63) / 64;
+	size_t ns = (size_t)B * nv * dk * dv;
+	struct buf *lens = mk_lens(B, L);
+	struct buf *q = unit_rows((size_t)T * nk, dk, 1 / sqrt(dk)), *k = unit_rows((size_t)T * nk, dk, 1);
+	struct buf *v = rnd(BF, (size_t)T * vs, 1), *beta = unif(STAT, (size_t)T * nv, 0, 1);
+	struct buf *g = unif(STAT, (size_t)T * nv, -0.5, 0);
+	struct buf *o = rnd(BF, (size_t)T * nv * dv, 1);
+	struct buf *st = out(STAT, (size_t)B * nch * nv * dk * dv);
+	struct buf *s0 = rnd(STAT, ns, 0.3), *se = out(STAT, ns), *dse = rnd(STAT, ns, 0.3);
+	struct buf *ds0 = out(STAT, ns);
+	struct buf *go = rnd(BF, (size_t)T * nv * dv, 1);
+	struct buf *dq = rnd(BF, (size_t)T * nk * dk, 1), *dk_ = rnd(BF, (size_t)T * nk * dk, 1);
+	struct buf *dv_ = rnd(BF, (size_t)T * vs, 1), *db = rnd(BF, (size_t)T * nv, 1);
+	struct buf *dg = rnd(BF, (size_t)T * nv, 1);
+
+	snprintf(sh, sizeof(sh), "T=%dx%d/%d k=%dx%d v=%dx%d s0", B, L, rs, nk, dk, nv, dv);
+	cpu->gdn_rule_fwd(cpu, o->c, st->c, q->c, k->c, v->c, vs, beta->c, g->c, lens->c, B, L,
+			  rs, nk, nv, dk, dv, s0->c, se->c);
+	TIMED(gpu->gdn_rule_fwd(gpu, o->g, st->g, q->g, k->g, v->g, vs, beta->g, g->g, lens->g, B,
+				L, rs, nk, nv, dk, dv, s0->g, se->g));
+	cmp("gdn_rule_fwd", sh, "o", o, TOL);
+	cmp("gdn_rule_fwd", sh, "states", st, 1e-4);
+	cmp("gdn_rule_fwd", sh, "s_end", se, 1e-4);
+	sync_stat(st);
+	cpu->gdn_rule_bwd(cpu, dq->c, dk_->c, dv_->c, db->c, dg->c, go->c, st->c, q->c, k->c,
+			  v->c, vs, beta->c, g->c, lens->c, B, L, rs, nk, nv, dk, dv, dse->c,
+			  ds0->c);
+	TIMED(gpu->gdn_rule_bwd(gpu, dq->g, dk_->g, dv_->g, db->g, dg->g, go->g, st->g, q->g, k->g,
+				v->g, vs, beta->g, g->g, lens->g, B, L, rs, nk, nv, dk, dv, dse->g,
+				ds0->g));
+	cmp("gdn_rule_bwd", sh, "dq", dq, TOL);
+	cmp("gdn_rule_bwd", sh, "dk", dk_, TOL);
+	cmp("gdn_rule_bwd", sh, "dv", dv_, TOL);
+	cmp("gdn_rule_bwd", sh, "dbeta", db, TOL);
+	cmp("gdn_rule_bwd", sh, "dg", dg, TOL);
+	cmp("gdn_rule_bwd", sh, "ds0", ds0, 1e-4);
+	drop(lens), drop(q), drop(k), drop(v), drop(beta), drop(g), drop(o), drop(st), drop(go);
+	drop(s0), drop(se), drop(dse), drop(ds0), drop(dq), drop(dk_), drop(dv_), drop(db);
+	drop(dg);
+}
+
 static void t_gnorm(int T, int nh, int d, int zs)
 {
 	char sh[64];
@@ -568,10 +646,12 @@ static void t_gnorm(int T, int nh, int d, int zs)
 	drop(x), drop(z), drop(w), drop(o), drop(rs), drop(g), drop(dx), drop(dz), drop(dw);
 }
 
-static void t_gattn(int B, int L, int nh, int nkv, int hd, int rot)
+/* @pos: positions given (context parallel's positions in the row: (7 t + 3) % L), or t % L */
+static void t_gattn(int B, int L, int nh, int nkv, int hd, int rot, bool pos)
 {
 	char sh[64];
 	int T = B * L, Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd;
+	struct buf *ps = mk(I32, (size_t)T);
 	struct buf *x = rnd(BF, (size_t)T * Win, 1), *qw = rnd(BF, hd, 1), *kw = rnd(BF, hd, 1);
 	struct buf *o = out(BF, (size_t)T * Wout), *gt = out(BF, (size_t)T * nh * hd);
 	struct buf *rs = out(STAT, (size_t)T * (nh + nkv)), *g = rnd(BF, (size_t)T * Wout, 1);
@@ -581,19 +661,23 @@ static void t_gattn(int B, int L, int nh, int nkv, int hd, int rot)
 	struct buf *dgt = out(BF, (size_t)T * nh * hd);
 	float theta = 1e7f;
 
-	snprintf(sh, sizeof(sh), "T=%dx%d h=%d/%d hd=%d r=%d", B, L, nh, nkv, hd, rot);
-	cpu->gattn_qk_fwd(cpu, o->c, gt->c, rs->c, x->c, qw->c, kw->c, T, L, nh, nkv, hd, rot,
-			  1e-6f, theta);
-	TIMED(gpu->gattn_qk_fwd(gpu, o->g, gt->g, rs->g, x->g, qw->g, kw->g, T, L, nh, nkv, hd, rot,
-				1e-6f, theta));
+	for (int t = 0; t < T; t++)
+		ps->hi[t] = (7 * t + 3) % L;
+	put(ps);
+	snprintf(sh, sizeof(sh), "T=%dx%d h=%d/%d hd=%d r=%d%s", B, L, nh, nkv, hd, rot,
+		 pos ? " pos" : "");
+	cpu->gattn_qk_fwd(cpu, o->c, gt->c, rs->c, x->c, qw->c, kw->c, T, L, pos ? ps->c : NULL,
+			  nh, nkv, hd, rot, 1e-6f, theta);
+	TIMED(gpu->gattn_qk_fwd(gpu, o->g, gt->g, rs->g, x->g, qw->g, kw->g, T, L,
+				pos ? ps->g : NULL, nh, nkv, hd, rot, 1e-6f, theta));
 	cmp("gattn_qk_fwd", sh, "out", o, TOL);
 	cmp("gattn_qk_fwd", sh, "gate", gt, 1e-6);
 	cmp("gattn_qk_fwd", sh, "rstd", rs, 1e-5);
 	sync_stat(rs);
 	cpu->gattn_qk_bwd(cpu, dx->c, dq->c, dk->c, g->c, gg->c, x->c, qw->c, kw->c, rs->c, T, L,
-			  nh, nkv, hd, rot, 1e-6f, theta);
+			  pos ? ps->c : NULL, nh, nkv, hd, rot, 1e-6f, theta);
 	TIMED(gpu->gattn_qk_bwd(gpu, dx->g, dq->g, dk->g, g->g, gg->g, x->g, qw->g, kw->g, rs->g,
-				T, L, nh, nkv, hd, rot, 1e-6f, theta));
+				T, L, pos ? ps->g : NULL, nh, nkv, hd, rot, 1e-6f, theta));
 	cmp("gattn_qk_bwd", sh, "dqgkv", dx, TOL);
 	cmp("gattn_qk_bwd", sh, "dq_norm_w", dq, TOL);
 	cmp("gattn_qk_bwd", sh, "dk_norm_w", dk, TOL);
@@ -606,7 +690,7 @@ static void t_gattn(int B, int L, int nh, int nkv, int hd, int rot)
 	cmp("sigmoid_mul_bwd", sh, "dx", dy, TOL);
 	cmp("sigmoid_mul_bwd", sh, "dgate", dgt, TOL);
 	drop(x), drop(qw), drop(kw), drop(o), drop(gt), drop(rs), drop(g), drop(gg), drop(dx);
-	drop(dq), drop(dk), drop(y), drop(dy), drop(dgt);
+	drop(dq), drop(dk), drop(y), drop(dy), drop(dgt), drop(ps);
 }
 
 
@@ -863,6 +947,8 @@ int main(int argc, char **argv)
 	t_conv(2, 9, 7, 4, 11);
 	t_conv(3, 70, 160, 4, 200);
 	t_conv(2, 300, 1000, 4, 1100);
+	t_conv_halo(4, 5, 7, 4, 11);
+	t_conv_halo(2, 150, 300, 4, 330);
 	t_prep(5, 1, 2, 4, 3, 9);
 	t_prep(140, 2, 4, 16, 24, 10);
 	t_prep(700, 16, 48, 128, 128, 100);
@@ -874,6 +960,10 @@ int main(int argc, char **argv)
 		t_rule(2, 200, 2, 6, 128, 128);
 		t_rule(3, 300, 2, 4, 32, 40);
 		t_rule(2, 130, 1, 3, 96, 70);
+		/* one chunk of each row with its start and end state: the chunked backend falls
+		 * back to the recurrence there */
+		t_rule_chunk(3, 70, 2, 4, 16, 24);
+		t_rule_chunk(2, 130, 2, 6, 128, 128);
 	}
 	gpu = gpu_rec;
 	if (getenv("SL_TEST_RULE_ONLY"))	/* the delta rule alone (under compute-sanitizer) */
@@ -881,9 +971,10 @@ int main(int argc, char **argv)
 	t_gnorm(7, 2, 3, 11);
 	t_gnorm(140, 4, 24, 200);
 	t_gnorm(300, 48, 128, 7000);
-	t_gattn(2, 9, 2, 1, 8, 4);
-	t_gattn(3, 70, 4, 2, 32, 8);
-	t_gattn(2, 150, 24, 4, 256, 64);
+	t_gattn(2, 9, 2, 1, 8, 4, false);
+	t_gattn(3, 70, 4, 2, 32, 8, false);
+	t_gattn(2, 150, 24, 4, 256, 64, false);
+	t_gattn(2, 150, 24, 4, 256, 64, true);
 	for (int kk = 0; kk < 2; kk++) {	/* the whole model with either delta-rule kernel */
 		gpu = kk ? gpu_chk : gpu_rec;
 		printf("-- model: %s gated delta rule\n", kk ? "chunked" : "recurrent");

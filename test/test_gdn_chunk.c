@@ -96,9 +96,10 @@ static void run(struct sl_backend *be, int B, int L, const int32_t *lens, int nk
 	}
 	for (size_t i = 0; i < (size_t)T * nv * dv; i++)
 		dout[i] = rnorm();
-	be->gdn_rule_fwd(be, o[0], st[0], q, k, v, vs, beta, g, lens, B, L, nk, nv, dk, dv);
+	be->gdn_rule_fwd(be, o[0], st[0], q, k, v, vs, beta, g, lens, B, L, L, nk, nv, dk, dv, NULL,
+			 NULL);
 	be->gdn_rule_bwd(be, dq[0], dk_[0], dval[0], db[0], dg[0], dout, st[0], q, k, v, vs, beta,
-			 g, lens, B, L, nk, nv, dk, dv);
+			 g, lens, B, L, L, nk, nv, dk, dv, NULL, NULL);
 	ref_fwd(o[1], st[1], q, k, v, vs, beta, g, lens, B, L, nk, nv, dk, dv);
 	ref_bwd_states(dst, dout, q, k, v, vs, beta, g, lens, B, L, nk, nv, dk, dv);
 	ref_bwd_grads(dq[1], dk_[1], dval[1], db[1], dg[1], dout, st[1], dst, q, k, v, vs, beta, g,
@@ -235,9 +236,9 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 	memset(E.db, 0xff, NB * 2), memset(E.dg, 0xff, NB * 2), memset(E.states, 0xff, NS * 4);
 	for (size_t i = 0; i < NV; i++)		/* past the value columns: must stay untouched */
 		E.dv[i] = i % vs < (size_t)nv * dv ? tobf(NAN) : tobf(7.f);
-	be->gdn_rule_fwd(be, o, st, q, k, v, vs, beta, g, lens, B, L, nk, nv, dk, dv);
-	be->gdn_rule_bwd(be, dq, dk_, dval, db, dg, dout, st, q, k, v, vs, beta, g, lens, B, L,
-			 nk, nv, dk, dv);
+	be->gdn_rule_fwd(be, o, st, q, k, v, vs, beta, g, lens, B, L, L, nk, nv, dk, dv, NULL, NULL);
+	be->gdn_rule_bwd(be, dq, dk_, dval, db, dg, dout, st, q, k, v, vs, beta, g, lens, B, L, L,
+			 nk, nv, dk, dv, NULL, NULL);
 	E.ntile = (dv + VF - 1) / VF;
 	CHECK(fwd_smem(dk) <= EMU_SM * 4 && state_smem(dk) <= EMU_SM * 4 &&
 	      grad_smem(dk) <= EMU_SM * 4, "shared memory of dk=%d within the H200's", dk);

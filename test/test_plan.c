@@ -18,6 +18,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "context.h"
 #include "model.h"
 #include "model_impl.h"
 #include "plan.h"
@@ -152,10 +153,10 @@ static const struct shape dense27 = {
  *                  qn, kn 2 x T*16*128*2 = 2 x 8,388,608                  =     16,777,216
  *                  rqk T*2*16*4                                           =        262,144
  *                  beta, g 2 x T*48*4                                     =        786,432
- *                  states (T/64 + B) chunks x 48*128*128*4 = 33 x 3,145,728 =  103,809,024
+ *                  states (T/64 + 2B) chunks x 48*128*128*4 = 34 x 3,145,728 = 106,954,752
  *                  o, y 2 x T*48*128*2 = 2 x 25,165,824                   =     50,331,648
  *                  rstd_o T*48*4                                          =        393,216
- *                  DeltaNet layer's set (+ common)                        =    600,588,288
+ *                  DeltaNet layer's set (+ common)                        =    603,734,016
  *   scratch        ones max(5120, 256)*2 10,240; wn1, wn2, wfin 3 x 10,240; wqn, wkn 2 x 512
  *                  (41,984); gproj T*max(16480, 14336)*2 67,502,080; gc T*10240*2
  *                  41,943,040; gqn, gkn 2 x 8,388,608; gbeta, gg 2 x T*48*2 = 2 x 196,608;
@@ -164,16 +165,16 @@ static const struct shape dense27 = {
  *   model.c        x 65 x 20,971,520; gx, gn 2 x 20,971,520; gb1 T*max(2*17408, 8192)*2
  *                  142,606,336; gb2 T*max(17408, 8192, 6144)*2 71,303,168 =  1,619,001,344
  *   fixed = 1,619,001,344 + 235,709,440                                   =  1,854,710,784
- *   without checkpointing: fixed + 48 x 600,588,288 + 16 x 445,038,592    = 37,803,566,080
- *   with checkpointing: fixed + one set of each kind 600,588,288 + 445,038,592 = 2,900,337,664
+ *   without checkpointing: fixed + 48 x 603,734,016 + 16 x 445,038,592    = 37,954,561,024
+ *   with checkpointing: fixed + one set of each kind 603,734,016 + 445,038,592 = 2,903,483,392
  */
 static const struct shape hybrid27 = {
 	.name = "hybrid", .fixture = "qwen3.5-27b",
 	.emb = 1271398400ull, .layer = { 383273184ull, 372255232ull }, .n_layer = { 48, 16 },
 	.head = 10240ull, .p_all = 25624605184ull, .round2 = 48 * 64, .round4 = 48 * 128,
-	.act_all = 37803566080ull, .act_ckpt = 2900337664ull,
+	.act_all = 37954561024ull, .act_ckpt = 2903483392ull,
 	/*
-	 * totals (GiB): 474.93, 102.56, 70.06, 61.94, 102.56, 106.75, 74.25 against 80 GB = 74.51
+	 * totals (GiB): 475.07, 102.70, 70.06, 62.08, 102.70, 106.89, 74.25 against 80 GB = 74.51
 	 * GiB (141 GB = 131.32 GiB): 8 x 80 GB with checkpointing fits by 0.26 GiB only
 	 */
 	.fits = { false, false, true, true, true, false, true },
@@ -420,8 +421,8 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 						    .offload = off };
 			int acc = ck == 1 ? 1 : 3;	/* 3: on the device (the cpu "GPU" has room) */
 			struct sl_model *m;
-			void *batch[7], *cpbuf[10];
-			const int Lrow = (L + 2 * C - 1) / (2 * C) * (2 * C);
+			void *batch[7], *cpbuf[11];
+			const int Lrow = C > 1 ? sl_cp_row_len(L, C) : (L + 1) / 2 * 2;
 			size_t hplan;
 
 			sl_config_defaults(&c);
@@ -454,11 +455,12 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 
 				CHECK(sl_cp_check(m, &bd) == 0, "context-parallel buffers");
 				/* context.c: ids, gidx, pos, perm, inv, tgt_pos, tgt_ids; lens,
-				 * last, labels */
+				 * last, labels; clens */
 				for (int i = 0; i < 7; i++)
 					cpbuf[i] = k.be.alloc(&k.be, (size_t)B * Lrow * 4);
 				for (int i = 7; i < 10; i++)
 					cpbuf[i] = k.be.alloc(&k.be, (size_t)B * 4);
+				cpbuf[10] = k.be.alloc(&k.be, (size_t)2 * B * 4);
 			}
 			/* train.c's device batch: ids, lens, last, labels, tgt_pos, tgt_ids, pos */
 			batch[0] = k.be.alloc(&k.be, (size_t)B * L * 4);
@@ -475,7 +477,7 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 			      mc->model_type, task, off, ck, k.host, hplan);
 			for (int i = 0; i < 7; i++)
 				k.be.free(&k.be, batch[i]);
-			for (int i = 0; C > 1 && i < 10; i++)
+			for (int i = 0; C > 1 && i < 11; i++)
 				k.be.free(&k.be, cpbuf[i]);
 			sl_model_destroy(m);
 			sl_shard_destroy(&sh);
@@ -497,7 +499,7 @@ static void check_counts_qwen3(void)
 	check_counts(&mc, SL_TASK_CLASSIFY, 3, 11, 1);
 	/* the causal-LM head: (tokens x V) logits in chunks, head rows = tokens; untied, tied */
 	check_counts(&mc, SL_TASK_SFT, 3, 11, 1);
-	/* context parallel: 11 tokens padded to 12 rows of 2 x 3 ranks' chunks */
+	/* context parallel: 11 tokens padded to 24 (2 x 3 ranks' chunks of at least 4 tokens) */
 	check_counts(&mc, SL_TASK_SFT, 3, 11, 3);
 	mc.tie_word_embeddings = true;
 	check_counts(&mc, SL_TASK_SFT, 3, 11, 1);
@@ -506,7 +508,7 @@ static void check_counts_qwen3(void)
 /*
  * A small Qwen3.5 text model, 3 Gated DeltaNet layers and 1 gated attention layer; widths that
  * are no multiples of anything (conv channels 2*2*6 + 4*5 = 44, projection 44 + 20 + 8 = 72),
- * and 3 records of 30 tokens, so that the chunk-start states hold T/64 + B = 1 + 3 chunks.
+ * and 3 records of 30 tokens, so that the chunk-start states hold T/64 + 2B = 1 + 6 chunks.
  */
 static void check_counts_qwen35(void)
 {
@@ -525,7 +527,7 @@ static void check_counts_qwen35(void)
 
 	check_counts(&mc, SL_TASK_CLASSIFY, 3, 30, 1);
 	check_counts(&mc, SL_TASK_SFT, 3, 30, 1);
-	/* context parallel: the mixers' whole-row state */
+	/* context parallel: the gated attention's whole-row state, the DeltaNet's passed state */
 	check_counts(&mc, SL_TASK_SFT, 3, 30, 2);
 }
 

@@ -95,14 +95,15 @@ static struct sl_backend *be;	/* cpu64 */
 
 struct conv_ctx {
 	int T, L, C, K, xs;
-	double *x, *w, *r, *out, *pre;
+	double *x, *w, *r, *out, *pre, *halo;	/* halo: NULL, zeros */
 };
 
 static double conv_loss(void *p)
 {
 	struct conv_ctx *c = p;
 
-	be->conv1d_silu_fwd(be, c->out, c->pre, c->x, c->xs, c->w, c->T, c->L, c->C, c->K);
+	be->conv1d_silu_fwd(be, c->out, c->pre, c->x, c->xs, c->w, c->T, c->L, c->C, c->K,
+			    c->halo);
 	return dotv(c->out, c->r, (size_t)c->T * c->C);
 }
 
@@ -125,7 +126,8 @@ static void test_conv(void)
 
 		CHECK_CLOSE(c.out[9 * c.C + 2], u / (1 + exp(-u)), 1e-12, 1e-14);
 	}
-	be->conv1d_silu_bwd(be, dx, c.xs, dw, c.r, c.x, c.pre, c.w, c.T, c.L, c.C, c.K);
+	be->conv1d_silu_bwd(be, dx, c.xs, dw, c.r, c.x, c.pre, c.w, c.T, c.L, c.C, c.K, NULL,
+			    NULL);
 	/* only the first C columns of each row are inputs; the others are not written */
 	for (int t = 0; t < c.T; t++)
 		for (int j = c.C; j < c.xs; j++)
@@ -133,6 +135,69 @@ static void test_conv(void)
 	fd_check("conv dx", conv_loss, &c, c.x, dx, (size_t)c.T * c.xs, 1e-6);
 	fd_check("conv dw", conv_loss, &c, c.w, dw, (size_t)c.C * c.K, 1e-6);
 	free(c.x), free(c.w), free(c.r), free(c.out), free(c.pre), free(dx), free(dw);
+}
+
+/*
+ * The halo (context parallel): a record's chunk with the K-1 rows before it as its halo gives
+ * what the whole record gives on the chunk's rows, forward and backward (the halo rows' outputs
+ * taking no gradient), and the halo's gradient is the whole record's input gradient on those
+ * rows; dhalo and dw against finite differences too.
+ */
+static void test_conv_halo(void)
+{
+	const int L = 6, K = 4, C = 3, xs = 5, R = 2, Lw = L + K - 1;
+	struct conv_ctx c = { .T = R * L, .L = L, .C = C, .K = K, .xs = xs };
+	struct conv_ctx w = { .T = R * Lw, .L = Lw, .C = C, .K = K, .xs = xs };
+	double *dx, *dw, *dh, *wdx, *wdw;
+
+	c.x = randn((size_t)c.T * xs, 1);
+	c.halo = randn((size_t)R * (K - 1) * xs, 1);
+	c.w = randn((size_t)C * K, 0.5);
+	c.r = randn((size_t)c.T * C, 1);
+	c.out = zeros((size_t)c.T * C), c.pre = zeros((size_t)c.T * C);
+	/* the whole records: halo rows, then the chunk's */
+	w.x = zeros((size_t)w.T * xs), w.w = c.w, w.r = zeros((size_t)w.T * C);
+	w.out = zeros((size_t)w.T * C), w.pre = zeros((size_t)w.T * C);
+	for (int b = 0; b < R; b++) {
+		memcpy(w.x + (size_t)b * Lw * xs, c.halo + (size_t)b * (K - 1) * xs,
+		       (size_t)(K - 1) * xs * sizeof(double));
+		memcpy(w.x + ((size_t)b * Lw + K - 1) * xs, c.x + (size_t)b * L * xs,
+		       (size_t)L * xs * sizeof(double));
+		memcpy(w.r + ((size_t)b * Lw + K - 1) * C, c.r + (size_t)b * L * C,
+		       (size_t)L * C * sizeof(double));
+	}
+	conv_loss(&c);
+	conv_loss(&w);
+	for (int b = 0; b < R; b++)
+		for (int i = 0; i < L * C; i++)
+			CHECK_CLOSE(c.out[(size_t)b * L * C + i],
+				    w.out[((size_t)b * Lw + K - 1) * C + i], 1e-14, 1e-15);
+	dx = zeros((size_t)c.T * xs), dw = zeros((size_t)C * K);
+	dh = zeros((size_t)R * (K - 1) * xs);
+	wdx = zeros((size_t)w.T * xs), wdw = zeros((size_t)C * K);
+	be->conv1d_silu_bwd(be, dx, xs, dw, c.r, c.x, c.pre, c.w, c.T, L, C, K, c.halo, dh);
+	be->conv1d_silu_bwd(be, wdx, xs, wdw, w.r, w.x, w.pre, w.w, w.T, Lw, C, K, NULL, NULL);
+	for (int b = 0; b < R; b++)
+		for (int j = 0; j < C; j++) {
+			for (int i = 0; i < K - 1; i++)
+				CHECK_CLOSE(dh[((size_t)b * (K - 1) + i) * xs + j],
+					    wdx[((size_t)b * Lw + i) * xs + j], 1e-14, 1e-15);
+			for (int i = 0; i < L; i++)
+				CHECK_CLOSE(dx[((size_t)b * L + i) * xs + j],
+					    wdx[((size_t)b * Lw + K - 1 + i) * xs + j], 1e-14, 1e-15);
+		}
+	for (int i = 0; i < C * K; i++)
+		CHECK_CLOSE(dw[i], wdw[i], 1e-13, 1e-15);
+	for (int r = 0; r < R * (K - 1); r++)
+		for (int j = C; j < xs; j++)
+			CHECK(dh[(size_t)r * xs + j] == 0, "dhalo column %d written", j);
+	fd_check("conv dhalo", conv_loss, &c, c.halo, dh, (size_t)R * (K - 1) * xs, 1e-6);
+	memset(dw, 0, (size_t)C * K * sizeof(double));
+	be->conv1d_silu_bwd(be, dx, xs, dw, c.r, c.x, c.pre, c.w, c.T, L, C, K, c.halo, NULL);
+	fd_check("conv dw (halo)", conv_loss, &c, c.w, dw, (size_t)C * K, 1e-6);
+	free(c.x), free(c.halo), free(c.w), free(c.r), free(c.out), free(c.pre);
+	free(w.x), free(w.r), free(w.out), free(w.pre);
+	free(dx), free(dw), free(dh), free(wdx), free(wdw);
 }
 
 /* ---- Gated DeltaNet prep ------------------------------------------------------------------- */
@@ -217,7 +282,7 @@ static double rule_loss(void *p)
 	struct rule_ctx *c = p;
 
 	be->gdn_rule_fwd(be, c->o, c->st, c->q, c->k, c->v, c->vs, c->beta, c->g, c->lens, c->B,
-			 c->L, c->nk, c->nv, c->dk, c->dv);
+			 c->L, c->L, c->nk, c->nv, c->dk, c->dv, NULL, NULL);
 	return dotv(c->o, c->r, (size_t)c->B * c->L * c->nv * c->dv);
 }
 
@@ -228,7 +293,7 @@ static void test_rule_hand(void)
 	double beta[3] = { 0.9, 0.2, 0.5 }, g[3] = { -0.1, -2, 0 }, o[3], st[1], S = 0;
 	int32_t len = 3;
 
-	be->gdn_rule_fwd(be, o, st, q, k, v, 1, beta, g, &len, 1, 3, 1, 1, 1, 1);
+	be->gdn_rule_fwd(be, o, st, q, k, v, 1, beta, g, &len, 1, 3, 3, 1, 1, 1, 1, NULL, NULL);
 	for (int t = 0; t < 3; t++) {
 		double Sa = exp(g[t]) * S;
 
@@ -259,7 +324,7 @@ static void test_rule(void)
 	dq = zeros(nq), dk = zeros(nq), dv = zeros(nvv), db = zeros(nb), dg = zeros(nb);
 	rule_loss(&c);
 	be->gdn_rule_bwd(be, dq, dk, dv, db, dg, c.r, c.st, c.q, c.k, c.v, c.vs, c.beta, c.g,
-			 c.lens, c.B, c.L, c.nk, c.nv, c.dk, c.dv);
+			 c.lens, c.B, c.L, c.L, c.nk, c.nv, c.dk, c.dv, NULL, NULL);
 	/* padded positions: zero outputs and zero gradients */
 	for (int p = c.lens[1]; p < c.L; p++) {
 		size_t t = (size_t)c.L + p;
@@ -300,6 +365,127 @@ static void test_rule(void)
 	}
 	free(c.q), free(c.k), free(c.v), free(c.beta), free(c.g), free(c.o), free(c.st);
 	free(c.r), free(dq), free(dk), free(dv), free(db), free(dg);
+}
+
+/*
+ * A row cut into chunks (context parallel): each record of the rule's test batch run as two
+ * chunks of 40 and 30 positions (record stride 70), the first chunk's s_end passed to the
+ * second as s0, gives the whole record's outputs; the backward, the second chunk's ds0 passed
+ * to the first as ds_end, its gradients.  A record that ends in the first chunk leaves the
+ * second nothing to do (its state passes through).  ds0 and the gradients under a nonzero
+ * ds_end against finite differences of a loss that also weighs s_end.
+ */
+struct relay_ctx {
+	struct rule_ctx *c;
+	int off, L;
+	int32_t lens[2];
+	double *s0, *s_end, *rs;
+};
+
+static double relay_loss(void *p)
+{
+	struct relay_ctx *x = p;
+	struct rule_ctx *c = x->c;
+	size_t o = (size_t)x->off, SS = (size_t)c->dk * c->dv, n = (size_t)c->B * c->nv * SS;
+	double l = 0;
+
+	memset(c->o, 0, (size_t)c->B * c->L * c->nv * c->dv * sizeof(double));
+	be->gdn_rule_fwd(be, c->o + o * c->nv * c->dv, c->st, c->q + o * c->nk * c->dk,
+			 c->k + o * c->nk * c->dk, c->v + o * c->vs, c->vs, c->beta + o * c->nv,
+			 c->g + o * c->nv, x->lens, c->B, x->L, c->L, c->nk, c->nv, c->dk, c->dv,
+			 x->s0, x->s_end);
+	for (int b = 0; b < c->B; b++)
+		for (int p = 0; p < x->L; p++) {
+			size_t t = (size_t)b * c->L + x->off + p;
+
+			l += dotv(c->o + t * c->nv * c->dv, c->r + t * c->nv * c->dv,
+				  (size_t)c->nv * c->dv);
+		}
+	return l + (x->rs ? dotv(x->s_end, x->rs, n) : 0);
+}
+
+static void test_rule_relay(void)
+{
+	struct rule_ctx c = { .B = 2, .L = 70, .nk = 1, .nv = 2, .dk = 3, .dv = 2 };
+	const size_t SS = 6, T = 140, nq = T * 3, nb = T * 2, no = T * 4, ns = 2 * 2 * SS;
+	struct relay_ctx x1 = { .c = &c, .off = 0, .L = 40, .lens = { 40, 37 } };
+	struct relay_ctx x2 = { .c = &c, .off = 40, .L = 30, .lens = { 30, 0 } };
+	double *whole, *S1, *S2, *Sw, *dq, *dk, *dv, *db, *dg, *cq, *ck, *cv, *cb, *cg, *D1, *D0;
+
+	c.vs = 7;
+	c.lens[0] = 70, c.lens[1] = 37;
+	c.q = randn(nq, 0.5), c.k = randn(nq, 0.5), c.v = randn(T * c.vs, 1);
+	c.beta = zeros(nb), c.g = zeros(nb);
+	for (size_t i = 0; i < nb; i++) {
+		c.beta[i] = rng_unif();
+		c.g[i] = -0.3 * rng_unif();
+	}
+	c.o = zeros(no), c.st = zeros(n_states(&c)), c.r = randn(no, 1);
+	whole = zeros(no), S1 = zeros(ns), S2 = zeros(ns), Sw = zeros(ns);
+	be->gdn_rule_fwd(be, whole, c.st, c.q, c.k, c.v, c.vs, c.beta, c.g, c.lens, 2, 70, 70, 1,
+			 2, 3, 2, NULL, Sw);
+	/* the chunks (x1 then x2 write their own rows; the other rows stay) */
+	x1.s_end = S1;
+	x2.s0 = S1, x2.s_end = S2;
+	be->gdn_rule_fwd(be, c.o, c.st, c.q, c.k, c.v, c.vs, c.beta, c.g, x1.lens, 2, 40, 70, 1, 2,
+			 3, 2, NULL, S1);
+	be->gdn_rule_fwd(be, c.o + 40 * 4, c.st, c.q + 40 * 3, c.k + 40 * 3, c.v + 40 * c.vs,
+			 c.vs, c.beta + 40 * 2, c.g + 40 * 2, x2.lens, 2, 30, 70, 1, 2, 3, 2, S1,
+			 S2);
+	for (size_t i = 0; i < no; i++)
+		CHECK_CLOSE(c.o[i], whole[i], 1e-13, 1e-15);
+	for (size_t i = 0; i < ns; i++)
+		CHECK_CLOSE(S2[i], Sw[i], 1e-13, 1e-15);
+	for (size_t i = 0; i < SS * 2; i++)	/* record 1 ended in chunk 1: passed through */
+		CHECK(S2[2 * SS + i] == S1[2 * SS + i], "a state passes an empty chunk unchanged");
+
+	/* backward: the whole record's, then chunk 2 (ds0 -> D1) and chunk 1 (ds_end = D1) */
+	dq = zeros(nq), dk = zeros(nq), dv = zeros(T * c.vs), db = zeros(nb), dg = zeros(nb);
+	cq = zeros(nq), ck = zeros(nq), cv = zeros(T * c.vs), cb = zeros(nb), cg = zeros(nb);
+	D1 = zeros(ns), D0 = zeros(ns);
+	be->gdn_rule_fwd(be, whole, c.st, c.q, c.k, c.v, c.vs, c.beta, c.g, c.lens, 2, 70, 70, 1,
+			 2, 3, 2, NULL, NULL);
+	be->gdn_rule_bwd(be, dq, dk, dv, db, dg, c.r, c.st, c.q, c.k, c.v, c.vs, c.beta, c.g,
+			 c.lens, 2, 70, 70, 1, 2, 3, 2, NULL, NULL);
+	relay_loss(&x2);
+	be->gdn_rule_bwd(be, cq + 40 * 3, ck + 40 * 3, cv + 40 * c.vs, cb + 40 * 2, cg + 40 * 2,
+			 c.r + 40 * 4, c.st, c.q + 40 * 3, c.k + 40 * 3, c.v + 40 * c.vs, c.vs,
+			 c.beta + 40 * 2, c.g + 40 * 2, x2.lens, 2, 30, 70, 1, 2, 3, 2, NULL, D1);
+	relay_loss(&x1);
+	be->gdn_rule_bwd(be, cq, ck, cv, cb, cg, c.r, c.st, c.q, c.k, c.v, c.vs, c.beta, c.g,
+			 x1.lens, 2, 40, 70, 1, 2, 3, 2, D1, D0);
+	for (size_t i = 0; i < nq; i++) {
+		CHECK_CLOSE(cq[i], dq[i], 1e-12, 1e-14);
+		CHECK_CLOSE(ck[i], dk[i], 1e-12, 1e-14);
+	}
+	for (size_t i = 0; i < T * c.vs; i++)
+		CHECK_CLOSE(cv[i], dv[i], 1e-12, 1e-14);
+	for (size_t i = 0; i < nb; i++) {
+		CHECK_CLOSE(cb[i], db[i], 1e-12, 1e-14);
+		CHECK_CLOSE(cg[i], dg[i], 1e-12, 1e-14);
+	}
+
+	/* finite differences: chunk 2 from a random s0, its loss weighing s_end by rs */
+	x2.s0 = randn(ns, 0.5);
+	x2.rs = randn(ns, 1);
+	relay_loss(&x2);
+	memset(cq, 0, nq * sizeof(double));
+	memset(ck, 0, nq * sizeof(double));
+	memset(cv, 0, T * c.vs * sizeof(double));
+	memset(cb, 0, nb * sizeof(double));
+	memset(cg, 0, nb * sizeof(double));
+	be->gdn_rule_bwd(be, cq + 40 * 3, ck + 40 * 3, cv + 40 * c.vs, cb + 40 * 2, cg + 40 * 2,
+			 c.r + 40 * 4, c.st, c.q + 40 * 3, c.k + 40 * 3, c.v + 40 * c.vs, c.vs,
+			 c.beta + 40 * 2, c.g + 40 * 2, x2.lens, 2, 30, 70, 1, 2, 3, 2, x2.rs, D1);
+	fd_check("rule ds0", relay_loss, &x2, x2.s0, D1, ns, 1e-6);
+	fd_check("rule dq (ds_end)", relay_loss, &x2, c.q, cq, nq, 1e-6);
+	fd_check("rule dv (ds_end)", relay_loss, &x2, c.v, cv, T * c.vs, 1e-6);
+	fd_check("rule dg (ds_end)", relay_loss, &x2, c.g, cg, nb, 1e-6);
+	free(x2.s0), free(x2.rs);
+	free(c.q), free(c.k), free(c.v), free(c.beta), free(c.g), free(c.o), free(c.st), free(c.r);
+	free(whole), free(S1), free(S2), free(Sw), free(D1), free(D0);
+	free(dq), free(dk), free(dv), free(db), free(dg), free(cq), free(ck), free(cv), free(cb);
+	free(cg);
 }
 
 /* ---- gated RMSNorm ------------------------------------------------------------------------- */
@@ -350,14 +536,15 @@ static void test_gated_norm(void)
 struct ga_ctx {
 	int T, L, nh, nkv, hd, rot;
 	double *in, *qw, *kw, *out, *gate, *rstd, *r1, *r2;
+	const int32_t *pos;	/* NULL: t % L */
 };
 
 static double ga_loss(void *p)
 {
 	struct ga_ctx *c = p;
 
-	be->gattn_qk_fwd(be, c->out, c->gate, c->rstd, c->in, c->qw, c->kw, c->T, c->L, c->nh,
-			 c->nkv, c->hd, c->rot, 1e-6f, 100.0f);
+	be->gattn_qk_fwd(be, c->out, c->gate, c->rstd, c->in, c->qw, c->kw, c->T, c->L, c->pos,
+			 c->nh, c->nkv, c->hd, c->rot, 1e-6f, 100.0f);
 	return dotv(c->out, c->r1, (size_t)c->T * (c->nh + 2 * c->nkv) * c->hd) +
 	       dotv(c->gate, c->r2, (size_t)c->T * c->nh * c->hd);
 }
@@ -389,11 +576,32 @@ static void test_gattn(void)
 		CHECK_CLOSE(c.out[4 * 32 + 8 + 0], n0 * cos(1) - n2 * sin(1), 1e-12, 1e-14);
 		CHECK(c.out[4 * 32 + 24 + 7] == c.in[4 * 48 + 40 + 7], "v copied");
 	}
-	be->gattn_qk_bwd(be, din, dqw, dkw, c.r1, c.r2, c.in, c.qw, c.kw, c.rstd, c.T, c.L, c.nh,
-			 c.nkv, c.hd, c.rot, 1e-6f, 100.0f);
+	be->gattn_qk_bwd(be, din, dqw, dkw, c.r1, c.r2, c.in, c.qw, c.kw, c.rstd, c.T, c.L, NULL,
+			 c.nh, c.nkv, c.hd, c.rot, 1e-6f, 100.0f);
 	fd_check("gattn dqgkv", ga_loss, &c, c.in, din, nin, 1e-6);
 	fd_check("gattn dqw", ga_loss, &c, c.qw, dqw, c.hd, 1e-6);
 	fd_check("gattn dkw", ga_loss, &c, c.kw, dkw, c.hd, 1e-6);
+	/* positions given (context parallel: a token's position in its row): token 4 at 5 */
+	{
+		static const int32_t pos[6] = { 2, 0, 5, 1, 5, 3 };
+		const double *q = c.in + 4 * 48 + 16;
+		double ss = 0, r, n0, n2;
+
+		c.pos = pos;
+		c.L = 6;
+		ga_loss(&c);
+		for (int i = 0; i < 8; i++)
+			ss += q[i] * q[i];
+		r = 1 / sqrt(ss / 8 + 1e-6);
+		n0 = q[0] * r * c.qw[0], n2 = q[2] * r * c.qw[2];
+		CHECK_CLOSE(c.out[4 * 32 + 8 + 0], n0 * cos(5) - n2 * sin(5), 1e-12, 1e-14);
+		memset(din, 0, nin * sizeof(double));
+		memset(dqw, 0, c.hd * sizeof(double));
+		be->gattn_qk_bwd(be, din, dqw, dkw, c.r1, c.r2, c.in, c.qw, c.kw, c.rstd, c.T, c.L,
+				 pos, c.nh, c.nkv, c.hd, c.rot, 1e-6f, 100.0f);
+		fd_check("gattn dqgkv (pos)", ga_loss, &c, c.in, din, nin, 1e-6);
+		fd_check("gattn dqw (pos)", ga_loss, &c, c.qw, dqw, c.hd, 1e-6);
+	}
 	free(c.in), free(c.qw), free(c.kw), free(c.out), free(c.gate), free(c.rstd);
 	free(c.r1), free(c.r2), free(din), free(dqw), free(dkw);
 
@@ -420,9 +628,11 @@ int main(void)
 	if (!be || !be->gdn_rule_fwd)
 		return test_exit("test_qwen35");
 	test_conv();
+	test_conv_halo();
 	test_prep();
 	test_rule_hand();
 	test_rule();
+	test_rule_relay();
 	test_gated_norm();
 	test_gattn();
 	be->destroy(be);
