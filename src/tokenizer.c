@@ -12,7 +12,7 @@
  * bounded, lock-striped table.
  */
 #define _GNU_SOURCE
-#include "tokenizer.h"
+#include "tokenizer_impl.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -28,25 +28,7 @@
 
 #include "log.h"
 
-/* words longer than this are not cached (HF: the same bound) */
-#define CACHE_MAX_WORD 256
-#define CACHE_STRIPES 64
-#define CACHE_SLOTS 4096		/* per stripe, a power of two */
-#define MAX_STEPS 16			/* normalizers / pre-tokenizers in a sequence */
-/* token ids size per-id tables: bound them (the largest real vocabularies are ~1M) */
-#define MAX_TOKEN_ID ((1 << 24) - 1)
-
 /* ---- hashing ------------------------------------------------------------------------------ */
-
-static inline uint64_t mix64(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdull;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ull;
-	x ^= x >> 33;
-	return x;
-}
 
 uint64_t sl_hash64(const void *p, size_t n, uint64_t seed)
 {
@@ -68,16 +50,7 @@ uint64_t sl_hash64(const void *p, size_t n, uint64_t seed)
 
 /* ---- string -> id table (vocabulary) ------------------------------------------------------ */
 
-struct str_map {
-	uint32_t mask;			/* slots - 1 */
-	int32_t *slot;			/* (slots) entry index or -1 */
-	const char **key;		/* (n) */
-	uint32_t *klen;			/* (n) */
-	int32_t *val;			/* (n) */
-	uint32_t n, cap;
-};
-
-static int str_map_init(struct str_map *m, size_t expect)
+int str_map_init(struct str_map *m, size_t expect)
 {
 	size_t slots = 16;
 
@@ -96,7 +69,7 @@ static int str_map_init(struct str_map *m, size_t expect)
 	return 0;
 }
 
-static void str_map_free(struct str_map *m)
+void str_map_free(struct str_map *m)
 {
 	free(m->slot);
 	free(m->key);
@@ -104,7 +77,7 @@ static void str_map_free(struct str_map *m)
 	free(m->val);
 }
 
-static int32_t str_map_get(const struct str_map *m, const char *k, size_t n)
+int32_t str_map_get(const struct str_map *m, const char *k, size_t n)
 {
 	uint32_t i = (uint32_t)sl_hash64(k, n, 0) & m->mask;
 	int32_t e;
@@ -118,7 +91,7 @@ static int32_t str_map_get(const struct str_map *m, const char *k, size_t n)
 }
 
 /* @k must outlive the map; an existing key gets the new value */
-static int str_map_put(struct str_map *m, const char *k, size_t n, int32_t v)
+int str_map_put(struct str_map *m, const char *k, size_t n, int32_t v)
 {
 	uint32_t i = (uint32_t)sl_hash64(k, n, 0) & m->mask;
 	int32_t e;
@@ -141,18 +114,7 @@ static int str_map_put(struct str_map *m, const char *k, size_t n, int32_t v)
 
 /* ---- (id, id) -> (rank, new id) table (merges) -------------------------------------------- */
 
-struct pair_entry {
-	uint64_t key;			/* a << 32 | b; ~0 = empty */
-	uint32_t rank;
-	int32_t new_id;
-};
-
-struct pair_map {
-	uint64_t mask;
-	struct pair_entry *e;
-};
-
-static int pair_map_init(struct pair_map *m, size_t expect)
+int pair_map_init(struct pair_map *m, size_t expect)
 {
 	size_t slots = 16, i;
 
@@ -167,25 +129,8 @@ static int pair_map_init(struct pair_map *m, size_t expect)
 	return 0;
 }
 
-static inline const struct pair_entry *pair_map_get(const struct pair_map *m, int32_t a,
-						    int32_t b)
-{
-	uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-	uint64_t i = mix64(k) & m->mask;
-
-	for (;;) {
-		const struct pair_entry *e = &m->e[i];
-
-		if (e->key == k)
-			return e;
-		if (e->key == ~0ull)
-			return NULL;
-		i = (i + 1) & m->mask;
-	}
-}
-
 /* a later duplicate overwrites an earlier one, as HF's HashMap collect does */
-static void pair_map_put(struct pair_map *m, int32_t a, int32_t b, uint32_t rank, int32_t id)
+void pair_map_put(struct pair_map *m, int32_t a, int32_t b, uint32_t rank, int32_t id)
 {
 	uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
 	uint64_t i = mix64(k) & m->mask;
@@ -196,79 +141,6 @@ static void pair_map_put(struct pair_map *m, int32_t a, int32_t b, uint32_t rank
 	m->e[i].rank = rank;
 	m->e[i].new_id = id;
 }
-
-/* ---- the tokenizer ------------------------------------------------------------------------ */
-
-enum norm_kind { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD };
-
-enum split_behavior {
-	SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_MERGED_PREV, SPLIT_MERGED_NEXT, SPLIT_CONTIGUOUS
-};
-
-struct pretok {
-	bool byte_level;		/* ByteLevel (else Split) */
-	bool add_prefix_space;		/* ByteLevel */
-	enum split_behavior behavior;	/* Split; ByteLevel's regex: Isolated */
-	bool invert;
-	pcre2_code *re;			/* NULL: ByteLevel without its regex */
-	bool jit;
-};
-
-struct added {
-	char *content;
-	size_t len;
-	int32_t id;
-	bool special, single_word, lstrip, rstrip, normalized;
-};
-
-/* added tokens of one kind, indexed by first byte, longest first */
-struct added_set {
-	int n;
-	int *idx;			/* (n) into tok->added, by (first byte, length desc) */
-	int start[257];			/* first byte b's tokens: idx[start[b] .. start[b+1]) */
-};
-
-struct cache_entry {
-	uint64_t h;
-	uint32_t len, nids;
-	char *blob;			/* len bytes of word, then nids int32 ids */
-};
-
-struct cache_stripe {
-	pthread_mutex_t lock;
-	uint32_t used;
-	struct cache_entry *slot;	/* (CACHE_SLOTS) */
-};
-
-struct sl_tokenizer {
-	char path[4096];
-	uint64_t hash;			/* of the file's bytes */
-	char *vocab_arena;		/* vocabulary strings, NUL-separated */
-	struct str_map vocab;
-	int n_vocab;			/* model vocabulary entries */
-	int vocab_size;			/* max id + 1, added tokens included */
-	const char **id_str;		/* (vocab_size) the token's string (mapped alphabet) or NULL */
-	uint32_t *id_len;		/* (vocab_size) */
-	char **id_bytes;		/* (vocab_size) decoded bytes */
-	uint32_t *id_nbytes;		/* (vocab_size) */
-	struct pair_map merges;
-	bool ignore_merges;
-	bool byte_level;		/* a ByteLevel pre-tokenizer maps bytes to the alphabet */
-	bool decoder_byte_level;
-	int32_t byte_id[256];		/* the id of each byte's alphabet character, or -1 */
-	char byte_chr[256][3];		/* bytes_to_unicode: each byte's character in UTF-8 */
-	uint8_t byte_chr_len[256];
-	int16_t chr_byte[512];		/* the inverse: character -> byte, or -1 */
-	int n_norm;
-	enum norm_kind norm[MAX_STEPS];
-	int n_pre;
-	struct pretok pre[MAX_STEPS];
-	int n_added;
-	struct added *added;
-	struct added_set raw_set, norm_set;
-	struct cache_stripe cache[CACHE_STRIPES];
-	uint64_t bpe_count;		/* atomic */
-};
 
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the rest for 256+k */
 static void build_byte_alphabet(struct sl_tokenizer *t)
@@ -321,20 +193,6 @@ static char *read_file(const char *path, size_t *n)
 out_close:
 	fclose(f);
 	return buf;
-}
-
-static const char *jstr(json_t *o, const char *key)
-{
-	json_t *j = json_object_get(o, key);
-
-	return json_is_string(j) ? json_string_value(j) : NULL;
-}
-
-static bool jbool(json_t *o, const char *key, bool dflt)
-{
-	json_t *j = json_object_get(o, key);
-
-	return json_is_boolean(j) ? json_is_true(j) : dflt;
 }
 
 static int load_normalizer(struct sl_tokenizer *t, json_t *n)
@@ -465,7 +323,7 @@ static int compile_regex(struct sl_tokenizer *t, struct pretok *p, const char *p
 static const char gpt2_pattern[] =
 	"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-static int load_pretok(struct sl_tokenizer *t, json_t *n)
+int load_pretok(struct sl_tokenizer *t, json_t *n)
 {
 	const char *type, *beh;
 	struct pretok *p;
@@ -579,9 +437,6 @@ static int build_added_set(struct sl_tokenizer *t, struct added_set *s, bool nor
 	}
 	return 0;
 }
-
-static int normalize(const struct sl_tokenizer *t, const char *s, size_t n, char **out,
-		     size_t *out_n);
 
 static int load_added(struct sl_tokenizer *t, json_t *arr)
 {
@@ -968,33 +823,6 @@ void sl_tokenizer_free(struct sl_tokenizer *t)
 	free(t);
 }
 
-/* ---- encoding ----------------------------------------------------------------------------- */
-
-struct out {
-	int32_t **ids;
-	size_t *cap;
-	size_t n;
-};
-
-static int out_push(struct out *o, const int32_t *ids, size_t n)
-{
-	if (o->n + n > *o->cap) {
-		size_t cap = *o->cap ? *o->cap : 256;
-		int32_t *p;
-
-		while (cap < o->n + n)
-			cap *= 2;
-		p = realloc(*o->ids, cap * sizeof(*p));
-		if (!p)
-			return -ENOMEM;
-		*o->ids = p;
-		*o->cap = cap;
-	}
-	memcpy(*o->ids + o->n, ids, n * sizeof(*ids));
-	o->n += n;
-	return 0;
-}
-
 struct sym {
 	int32_t id;
 	int32_t prev, next;		/* -1 = none */
@@ -1176,7 +1004,7 @@ out_free:
 	return rc;
 }
 
-static int word(struct sl_tokenizer *t, const char *w, size_t n, struct out *o)
+int word(struct sl_tokenizer *t, const char *w, size_t n, struct out *o)
 {
 	struct cache_stripe *cs;
 	struct cache_entry *e;
@@ -1246,9 +1074,6 @@ static int word(struct sl_tokenizer *t, const char *w, size_t n, struct out *o)
 	pthread_mutex_unlock(&cs->lock);
 	return 0;
 }
-
-static int pretokenize(struct sl_tokenizer *t, int step, const char *s, size_t n,
-		       struct out *o);
 
 /* a piece that a pre-tokenizer step produced goes to the next step */
 static int emit(struct sl_tokenizer *t, int step, const char *s, size_t n, struct out *o)
@@ -1423,8 +1248,7 @@ static int apply_split(struct sl_tokenizer *t, int step, const struct pretok *p,
 	return rc;
 }
 
-static int pretokenize(struct sl_tokenizer *t, int step, const char *s, size_t n,
-		       struct out *o)
+int pretokenize(struct sl_tokenizer *t, int step, const char *s, size_t n, struct out *o)
 {
 	const struct pretok *p;
 	struct span *sp = NULL;
@@ -1488,8 +1312,8 @@ static bool ascii_only(const char *s, size_t n)
 }
 
 /* *out = normalized copy (malloc'ed), or NULL when @s is already normal */
-static int normalize(const struct sl_tokenizer *t, const char *s, size_t n, char **out,
-		     size_t *out_n)
+int normalize(const struct sl_tokenizer *t, const char *s, size_t n, char **out,
+	      size_t *out_n)
 {
 	char *cur = NULL;
 	size_t cur_n = n;
