@@ -206,9 +206,9 @@ int str_map_put(struct str_map *m, const char *k, size_t n, int32_t v);
 int pair_map_init(struct pair_map *m, size_t expect);
 void pair_map_put(struct pair_map *m, int32_t a, int32_t b, uint32_t rank, int32_t id);
 
-/* a "pre_tokenizer" object of tokenizer.json, appended to t->pre (tokenizer.c) */
+/* a "pre_tokenizer" object of tokenizer.json, appended to t->pre (tokenizer_pretok.c) */
 int load_pretok(struct sl_tokenizer *t, json_t *n);
-/* pre-tokenizer @step and the ones after it over s[0, n), then BPE (tokenizer.c) */
+/* pre-tokenizer @step and the ones after it over s[0, n), then BPE (tokenizer_pretok.c) */
 int pretokenize(struct sl_tokenizer *t, int step, const char *s, size_t n, struct out *o);
 /* one pre-token's ids, from the cache or BPE (tokenizer.c) */
 int word(struct sl_tokenizer *t, const char *w, size_t n, struct out *o);
