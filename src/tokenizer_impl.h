@@ -212,7 +212,7 @@ int load_pretok(struct sl_tokenizer *t, json_t *n);
 int pretokenize(struct sl_tokenizer *t, int step, const char *s, size_t n, struct out *o);
 /* one pre-token's ids, from the cache or BPE (tokenizer_bpe.c) */
 int word(struct sl_tokenizer *t, const char *w, size_t n, struct out *o);
-/* *out = normalized copy (malloc'ed), or NULL when @s is already normal (tokenizer.c) */
+/* *out = normalized copy (malloc'ed), or NULL when @s is already normal (tokenizer_encode.c) */
 int normalize(const struct sl_tokenizer *t, const char *s, size_t n, char **out,
 	      size_t *out_n);
 
