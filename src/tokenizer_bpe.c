@@ -194,7 +194,7 @@ out_free:
 	return rc;
 }
 
-int word(struct sl_tokenizer *t, const char *w, size_t n, struct out *o)
+int tok_word(struct sl_tokenizer *t, const char *w, size_t n, struct out *o)
 {
 	struct cache_stripe *cs;
 	struct cache_entry *e;

@@ -44,8 +44,8 @@ static bool ascii_only(const char *s, size_t n)
 }
 
 /* *out = normalized copy (malloc'ed), or NULL when @s is already normal */
-int normalize(const struct sl_tokenizer *t, const char *s, size_t n, char **out,
-	      size_t *out_n)
+int tok_normalize(const struct sl_tokenizer *t, const char *s, size_t n, char **out,
+		  size_t *out_n)
 {
 	char *cur = NULL;
 	size_t cur_n = n;
@@ -222,9 +222,9 @@ static int text_piece(struct sl_tokenizer *t, const char *s, size_t n, bool spli
 	int rc;
 
 	if (normalized_stage)
-		return pretokenize(t, 0, s, n, o);
+		return tok_pretokenize(t, 0, s, n, o);
 	if (t->n_norm) {
-		rc = normalize(t, s, n, &norm, &nn);
+		rc = tok_normalize(t, s, n, &norm, &nn);
 		if (rc)
 			return rc;
 		if (norm) {

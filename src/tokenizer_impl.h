@@ -209,11 +209,11 @@ void pair_map_put(struct pair_map *m, int32_t a, int32_t b, uint32_t rank, int32
 /* a "pre_tokenizer" object of tokenizer.json, appended to t->pre (tokenizer_pretok.c) */
 int load_pretok(struct sl_tokenizer *t, json_t *n);
 /* pre-tokenizer @step and the ones after it over s[0, n), then BPE (tokenizer_pretok.c) */
-int pretokenize(struct sl_tokenizer *t, int step, const char *s, size_t n, struct out *o);
+int tok_pretokenize(struct sl_tokenizer *t, int step, const char *s, size_t n, struct out *o);
 /* one pre-token's ids, from the cache or BPE (tokenizer_bpe.c) */
-int word(struct sl_tokenizer *t, const char *w, size_t n, struct out *o);
+int tok_word(struct sl_tokenizer *t, const char *w, size_t n, struct out *o);
 /* *out = normalized copy (malloc'ed), or NULL when @s is already normal (tokenizer_encode.c) */
-int normalize(const struct sl_tokenizer *t, const char *s, size_t n, char **out,
-	      size_t *out_n);
+int tok_normalize(const struct sl_tokenizer *t, const char *s, size_t n, char **out,
+		  size_t *out_n);
 
 #endif

@@ -197,8 +197,8 @@ static int load_added(struct sl_tokenizer *t, json_t *arr)
 		}
 		/* normalized tokens are matched in their normalized form */
 		if (a->normalized && t->n_norm) {
-			if (normalize(t, json_string_value(c), json_string_length(c), &a->content,
-				      &a->len))
+			if (tok_normalize(t, json_string_value(c), json_string_length(c),
+					  &a->content, &a->len))
 				return -EINVAL;
 		}
 		if (!a->content) {

@@ -196,7 +196,7 @@ static int emit(struct sl_tokenizer *t, int step, const char *s, size_t n, struc
 {
 	if (!n)
 		return 0;
-	return pretokenize(t, step + 1, s, n, o);
+	return tok_pretokenize(t, step + 1, s, n, o);
 }
 
 struct span {
@@ -364,7 +364,7 @@ static int apply_split(struct sl_tokenizer *t, int step, const struct pretok *p,
 	return rc;
 }
 
-int pretokenize(struct sl_tokenizer *t, int step, const char *s, size_t n, struct out *o)
+int tok_pretokenize(struct sl_tokenizer *t, int step, const char *s, size_t n, struct out *o)
 {
 	const struct pretok *p;
 	struct span *sp = NULL;
@@ -374,7 +374,7 @@ int pretokenize(struct sl_tokenizer *t, int step, const char *s, size_t n, struc
 	int rc;
 
 	if (step == t->n_pre)
-		return word(t, s, n, o);
+		return tok_word(t, s, n, o);
 	p = &t->pre[step];
 	if (p->byte_level && p->add_prefix_space && s[0] != ' ') {
 		pre = malloc(n + 1);
