@@ -288,16 +288,4 @@ static inline json_t *export_config(const char *run, const char *arch, const cha
 	return cj;
 }
 
-/* the temporary directory goes when every check passed (kept to look at otherwise) */
-static inline void remove_tmp(const char *tmp)
-{
-	char cmd[8192];
-
-	if (test_failures)
-		return;
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp);
-	if (system(cmd))
-		fprintf(stderr, "could not remove %s\n", tmp);
-}
-
 #endif

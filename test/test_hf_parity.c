@@ -138,7 +138,7 @@ int main(void)
 
 	printf("largest relative difference from transformers (scores, losses, grad norms): "
 	       "%.3g\n", worst);
-	remove_tmp(tmp);
+	test_remove_dir(tmp);
 	json_decref(tm);
 	json_decref(ref);
 	unload(&cls);

@@ -228,7 +228,7 @@ int main(void)
 
 	printf("largest relative difference from transformers (scores, aux, losses, grad norms): "
 	       "%.3g\n", worst);
-	remove_tmp(tmp);
+	test_remove_dir(tmp);
 	json_decref(ref);
 	unload(&cls);
 	unload(&fused);

@@ -128,6 +128,6 @@ int main(void)
 	printf("largest relative difference from transformers (losses, grad norms): %.3g\n",
 	       worst);
 	json_decref(ref);
-	remove_tmp(tmp);
+	test_remove_dir(tmp);
 	return test_exit("test_q35moe_parity");
 }

@@ -136,6 +136,6 @@ int main(void)
 		run_case(&cases[i], fix, shardlm, tmp);
 	printf("largest relative difference from transformers (losses, grad norms): %.3g\n",
 	       worst);
-	remove_tmp(tmp);
+	test_remove_dir(tmp);
 	return test_exit("test_sft_parity");
 }
