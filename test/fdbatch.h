@@ -13,6 +13,21 @@
 #error "fdbatch.h: define VOCAB, MAXT and MAXB first"
 #endif
 
+/* the gradient checks' tiny Qwen3 (@model_type, @n_layers): hidden 12, 4 heads of 8, 2 kv */
+static inline void qwen3_config(struct sl_model_config *mc, const char *model_type, int n_layers,
+				bool bias)
+{
+	tiny_config(mc, model_type, n_layers);
+	mc->vocab = VOCAB;
+	mc->hidden = 12;
+	mc->n_heads = 4;
+	mc->n_kv_heads = 2;
+	mc->head_dim = 8;
+	mc->intermediate = 20;
+	mc->max_position = 64;
+	mc->attention_bias = bias;
+}
+
 /* random parameters: the same for every env made from the same seed */
 static inline void init_params(struct env *e, uint64_t seed)
 {

@@ -44,6 +44,20 @@ static inline void free_config(struct sl_model_config *mc)
 	free(mc->mlp_kind);
 }
 
+/* @text written as @dir/config.json and loaded into @mc; the loader's status */
+static inline int load_config_text(const char *dir, const char *text,
+				   struct sl_model_config *mc)
+{
+	char p[512];
+	FILE *f;
+
+	snprintf(p, sizeof(p), "%s/config.json", dir);
+	f = fopen(p, "w");
+	fputs(text, f);
+	fclose(f);
+	return sl_model_config_load(mc, p);
+}
+
 /* ---- an environment: parameters on the host in double, units on a backend -------------------- */
 
 struct env {
@@ -306,6 +320,19 @@ static inline int check_fd_sampled(struct env *e, const double *g, size_t whole,
 				t->name, off, g[i], f);
 	}
 	return n_fd;
+}
+
+/*
+ * Activation checkpointing changes nothing: loss @lc and gradients @gc (n) to the bit those of the
+ * plain step, @l and @g; *bad counts the differing gradients (the first 10 fail a check each).
+ */
+static inline void check_identical(double lc, double l, const double *gc, const double *g,
+				   size_t n, int *bad)
+{
+	CHECK(lc == l, "checkpointed loss %.17g vs %.17g", lc, l);
+	for (size_t i = 0; i < n; i++)
+		if (gc[i] != g[i] && (*bad)++ < 10)
+			CHECK(0, "checkpointed gradient %zu: %.17g vs %.17g", i, gc[i], g[i]);
 }
 
 /* @g against @ref (n) in norm: |g - ref| / |ref| < @tol (one check) */

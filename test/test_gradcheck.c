@@ -16,19 +16,6 @@
 
 #include "fdbatch.h"
 
-static void fill_config(struct sl_model_config *mc, bool bias)
-{
-	tiny_config(mc, "qwen3", 2);
-	mc->vocab = VOCAB;
-	mc->hidden = 12;
-	mc->n_heads = 4;
-	mc->n_kv_heads = 2;
-	mc->head_dim = 8;
-	mc->intermediate = 20;
-	mc->max_position = 64;
-	mc->attention_bias = bias;
-}
-
 static void check_same(const double *a, const double *b, size_t n, double rel, const char *what)
 {
 	double worst = 0;
@@ -58,7 +45,7 @@ static void run_config(bool bias)
 	size_t N;
 	char what[64];
 
-	fill_config(&mc, bias);
+	qwen3_config(&mc, "qwen3", 2, bias);
 	env_init(&e, &mc, sl_backend_cpu64_create(), false);
 	if (!e.m)
 		return;
@@ -197,7 +184,7 @@ static void run_sft(bool tied)
 	size_t N;
 	char what[64];
 
-	fill_config(&mc, true);
+	qwen3_config(&mc, "qwen3", 2, true);
 	mc.tie_word_embeddings = tied;
 	env_init_task(&e, &mc, sl_backend_cpu64_create(), false, 1);
 	CHECK(sl_model_is_lm(e.m), "%s", "");
@@ -249,7 +236,7 @@ static void check_layout(void)
 	struct sl_layout lay;
 	const struct sl_tensor_info *q, *k, *v, *gt, *up, *sc, *bq, *bk, *bv;
 
-	fill_config(&mc, true);
+	qwen3_config(&mc, "qwen3", 2, true);
 	CHECK(sl_model_layout(&mc, 0, &lay) == 0, "%s", "");
 	CHECK(lay.n_units == 4, "%s", "");
 	q = sl_layout_find(&lay, "model.layers.1.self_attn.q_proj.weight");

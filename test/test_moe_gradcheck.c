@@ -26,15 +26,7 @@
 
 static void fill_config(struct sl_model_config *mc, bool bias)
 {
-	tiny_config(mc, "qwen3_moe", 3);
-	mc->vocab = VOCAB;
-	mc->hidden = 12;
-	mc->n_heads = 4;
-	mc->n_kv_heads = 2;
-	mc->head_dim = 8;
-	mc->intermediate = 20;
-	mc->max_position = 64;
-	mc->attention_bias = bias;
+	qwen3_config(mc, "qwen3_moe", 3, bias);
 	/* MoE, dense, MoE: the aux loss pools two layers */
 	mc->mlp_kind[0] = mc->mlp_kind[2] = SL_MLP_MOE;
 	mc->n_experts = NEXP;

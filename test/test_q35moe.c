@@ -315,10 +315,7 @@ static void test_model(void)
 	env_init(&ec, &mc, sl_backend_cpu64_create(), true, NULL);
 	lossC = run(&ec, &hb);
 	take_grads(&ec, gC);
-	CHECK(lossC == lossA, "checkpointed loss %.17g vs %.17g", lossC, lossA);
-	for (size_t i = 0; i < N; i++)
-		if (gC[i] != gA[i] && bad++ < 10)
-			CHECK(0, "checkpointed gradient %zu: %.17g vs %.17g", i, gC[i], gA[i]);
+	check_identical(lossC, lossA, gC, gA, N, &bad);
 
 	/* the fp32 backend */
 	env_init(&e32, &mc, sl_backend_cpu_create(), false, NULL);
@@ -416,14 +413,7 @@ static char tmpdir[64];
 
 static int load_text(const char *text, struct sl_model_config *mc)
 {
-	char p[128];
-	FILE *f;
-
-	snprintf(p, sizeof(p), "%s/config.json", tmpdir);
-	f = fopen(p, "w");
-	fputs(text, f);
-	fclose(f);
-	return sl_model_config_load(mc, p);
+	return load_config_text(tmpdir, text, mc);
 }
 
 /* Qwen3.5-35B-A3B's text keys (no intermediate_size: Qwen3_5MoeTextConfig has none) */

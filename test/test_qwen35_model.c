@@ -184,10 +184,7 @@ static void test_model(void)
 	env_init(&ec, &mc, sl_backend_cpu64_create(), true);
 	lossC = run(&ec, &hb, true, sC);
 	take_grads(&ec, gC);
-	CHECK(lossC == lossA, "checkpointed loss %.17g vs %.17g", lossC, lossA);
-	for (size_t i = 0; i < N; i++)
-		if (gC[i] != gA[i] && bad++ < 10)
-			CHECK(0, "checkpointed gradient %zu: %.17g vs %.17g", i, gC[i], gA[i]);
+	check_identical(lossC, lossA, gC, gA, N, &bad);
 
 	/* the fp32 backend */
 	env_init(&e32, &mc, sl_backend_cpu_create(), false);
@@ -253,14 +250,7 @@ static char tmpdir[64];
 
 static int load_text(const char *text, struct sl_model_config *mc)
 {
-	char p[128];
-	FILE *f;
-
-	snprintf(p, sizeof(p), "%s/config.json", tmpdir);
-	f = fopen(p, "w");
-	fputs(text, f);
-	fclose(f);
-	return sl_model_config_load(mc, p);
+	return load_config_text(tmpdir, text, mc);
 }
 
 #define TEXT_KEYS                                                                            \
