@@ -49,7 +49,8 @@ struct loaded {
 	struct sl_model_config mc;
 	struct sl_layout lay;
 	float **units;		/* (n_units) each unit's parameters */
-	int n_init, n_unused;	/* tensors initialized (absent from the files), file tensors unused */
+	int n_init;		/* tensors initialized (absent from the files) */
+	int n_unused;		/* tensors of the files left unused */
 	bool *init;		/* (n_tensors) tensor i was initialized */
 };
 
@@ -174,7 +175,7 @@ static inline int run_lib(struct sl_backend *be, struct loaded *l, const struct 
 	return rc;
 }
 
-/* ---- the trainer ------------------------------------------------------------------------------ */
+/* ---- the trainer ----------------------------------------------------------------------------- */
 
 /* the config's optim line from the reference's "train" object @tr (the fixture's optimizer) */
 static inline void optim_yaml(char *buf, size_t n, json_t *tr)
@@ -206,13 +207,28 @@ static inline int run_train(const char *shardlm, const char *cfg, int np, const 
 	char cmd[24576];
 
 	if (np > 1)
-		snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s -np %d --oversubscribe %s train %s "
-			 "> %s 2>&1", getenv("MPIRUN") ? getenv("MPIRUN") : "mpirun", np, shardlm,
-			 cfg, log);
+		snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s -np %d --oversubscribe %s train "
+			 "%s > %s 2>&1", getenv("MPIRUN") ? getenv("MPIRUN") : "mpirun", np,
+			 shardlm, cfg, log);
 	else
 		snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s train %s > %s 2>&1", shardlm, cfg,
 			 log);
 	return system(cmd);
+}
+
+/* training_metrics.json of the run in @run (*tm, for the caller to json_decref): its 3 steps */
+static inline json_t *load_steps(const char *run, json_t **tm, const char *name)
+{
+	char p[8448];
+	json_error_t jerr;
+	json_t *steps;
+
+	snprintf(p, sizeof(p), "%s/training_metrics.json", run);
+	*tm = json_load_file(p, 0, &jerr);
+	CHECK(*tm, "%s: no %s", name, p);
+	steps = json_object_get(*tm, "steps");
+	CHECK(json_array_size(steps) == 3, "%s: %zu steps", name, json_array_size(steps));
+	return steps;
 }
 
 /*

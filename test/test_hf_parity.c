@@ -81,11 +81,9 @@ int main(void)
 	int rcode = run_train(shardlm, cfg, 1, p);
 	CHECK(rcode == 0, "shardlm train failed (%d); see %s/train.out", rcode, tmp);
 
-	snprintf(p, sizeof(p), "%s/run/training_metrics.json", tmp);
-	json_t *tm = json_load_file(p, 0, &jerr);
-	CHECK(tm, "no %s", p);
-	json_t *steps = json_object_get(tm, "steps");
-	CHECK(json_array_size(steps) == 3);
+	json_t *tm, *steps;
+	snprintf(p, sizeof(p), "%s/run", tmp);
+	steps = load_steps(p, &tm, "cls");
 	for (int i = 0; i < 3 && i < (int)json_array_size(steps); i++) {
 		json_t *st = json_array_get(steps, i);
 

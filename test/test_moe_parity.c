@@ -69,7 +69,6 @@ static void train_and_check(const char *name, const char *task, const char *mode
 {
 	json_t *tr = json_object_get(rc, "train"), *counts0 = json_object_get(rc, "expert_counts0");
 	char cfg[8192], yaml[16384], optim[1024], p[8192];
-	json_error_t jerr;
 	int rcode;
 
 	snprintf(cfg, sizeof(cfg), "%s/%s.yaml", tmp, name);
@@ -86,11 +85,9 @@ static void train_and_check(const char *name, const char *task, const char *mode
 	rcode = run_train(shardlm, cfg, 1, p);
 	CHECK(rcode == 0, "%s: shardlm train failed (%d); see %s/%s.out", name, rcode, tmp, name);
 
-	snprintf(p, sizeof(p), "%s/run-%s/training_metrics.json", tmp, name);
-	json_t *tm = json_load_file(p, 0, &jerr);
-	CHECK(tm, "no %s", p);
-	json_t *steps = json_object_get(tm, "steps");
-	CHECK(json_array_size(steps) == 3, "%s: %zu steps", name, json_array_size(steps));
+	json_t *tm, *steps;
+	snprintf(p, sizeof(p), "%s/run-%s", tmp, name);
+	steps = load_steps(p, &tm, name);
 	for (int i = 0; i < 3 && i < (int)json_array_size(steps); i++) {
 		json_t *st = json_array_get(steps, i);
 		json_t *et = json_object_get(st, "expert_tokens");

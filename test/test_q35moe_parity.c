@@ -51,7 +51,6 @@ static void run_case(const struct pcase *k, json_t *ref, const char *fix, const 
 {
 	char p[8448], cfg[256], yaml[16384], cmd[24576], run[192], optim[1024];
 	json_t *rc = json_object_get(ref, k->key), *tr, *tm, *steps;
-	json_error_t jerr;
 	int st;
 
 	if (!rc) {
@@ -78,11 +77,7 @@ static void run_case(const struct pcase *k, json_t *ref, const char *fix, const 
 	st = run_train(shardlm, cfg, k->np, p);
 	CHECK(st == 0, "%s: shardlm train failed (%d); see %s/%s.out", k->name, st, tmp, k->name);
 
-	snprintf(p, sizeof(p), "%s/training_metrics.json", run);
-	tm = json_load_file(p, 0, &jerr);
-	CHECK(tm, "%s: no %s", k->name, p);
-	steps = json_object_get(tm, "steps");
-	CHECK(json_array_size(steps) == 3, "%s: %zu steps", k->name, json_array_size(steps));
+	steps = load_steps(run, &tm, k->name);
 	for (int i = 0; i < 3 && i < (int)json_array_size(steps); i++) {
 		json_t *s = json_array_get(steps, i);
 

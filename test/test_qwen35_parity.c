@@ -205,11 +205,8 @@ int main(void)
 	snprintf(p, sizeof(p), "%s/train.out", tmp);
 	rcode = run_train(shardlm, cfg, 1, p);
 	CHECK(rcode == 0, "shardlm train failed (%d); see %s/train.out", rcode, tmp);
-	snprintf(p, sizeof(p), "%s/run/training_metrics.json", tmp);
-	tm = json_load_file(p, 0, &jerr);
-	CHECK(tm, "no %s", p);
-	json_t *steps = json_object_get(tm, "steps");
-	CHECK(json_array_size(steps) == 3, "3 steps");
+	snprintf(p, sizeof(p), "%s/run", tmp);
+	json_t *steps = load_steps(p, &tm, "cls");
 	for (int i = 0; i < 3 && i < (int)json_array_size(steps); i++) {
 		json_t *st = json_array_get(steps, i);
 

@@ -83,11 +83,7 @@ static void run_case(const struct sft_case *k, const char *fix, const char *shar
 	st = run_train(shardlm, cfg, k->np, p);
 	CHECK(st == 0, "%s: shardlm train failed (%d); see %s/%s.out", k->name, st, tmp, k->name);
 
-	snprintf(p, sizeof(p), "%s/training_metrics.json", run);
-	tm = json_load_file(p, 0, &jerr);
-	CHECK(tm, "%s: no %s", k->name, p);
-	steps = json_object_get(tm, "steps");
-	CHECK(json_array_size(steps) == 3, "%s: %zu steps", k->name, json_array_size(steps));
+	steps = load_steps(run, &tm, k->name);
 	for (int i = 0; i < 3 && i < (int)json_array_size(steps); i++) {
 		json_t *s = json_array_get(steps, i);
 
