@@ -201,10 +201,15 @@ static inline void write_text(const char *path, const char *text)
 	fclose(f);
 }
 
-/* `shardlm train @cfg` on one thread, on @np ranks (mpirun) if > 1, output in @log; its status */
-static inline int run_train(const char *shardlm, const char *cfg, int np, const char *log)
+/*
+ * `shardlm train @cfg` on one thread, on @np ranks (mpirun) if > 1, its output in @log: it must
+ * succeed (one check)
+ */
+static inline void run_train(const char *shardlm, const char *cfg, int np, const char *log,
+			     const char *name)
 {
 	char cmd[24576];
+	int st;
 
 	if (np > 1)
 		snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s -np %d --oversubscribe %s train "
@@ -213,7 +218,8 @@ static inline int run_train(const char *shardlm, const char *cfg, int np, const 
 	else
 		snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s train %s > %s 2>&1", shardlm, cfg,
 			 log);
-	return system(cmd);
+	st = system(cmd);
+	CHECK(st == 0, "%s: shardlm train failed (%d); see %s", name, st, log);
 }
 
 /* training_metrics.json of the run in @run (*tm, for the caller to json_decref): its 3 steps */
@@ -252,6 +258,15 @@ static inline void check_step(json_t *st, json_t *rc, int i, double rel, bool lr
 	if (lr)
 		CHECK_CLOSE(json_number_value(json_object_get(st, "lr")),
 			    num_at(json_object_get(rc, "lrs"), i), 1e-9, 0);
+}
+
+/* step @i (@st) of an sft run trained on as many targets as the reference's @rc */
+static inline void check_targets(json_t *st, json_t *rc, int i, const char *name)
+{
+	CHECK(json_integer_value(json_object_get(st, "targets")) ==
+	      json_integer_value(json_object_get(rc, "targets")),
+	      "%s step %d: %lld targets", name, i + 1,
+	      (long long)json_integer_value(json_object_get(st, "targets")));
 }
 
 /* the lines of `shardlm score` in @path against the reference logits @want (@n of them) */

@@ -78,8 +78,7 @@ int main(void)
 		 fix, fix, (int)json_integer_value(json_object_get(tr, "steps")), optim, tmp);
 	write_text(cfg, yaml);
 	snprintf(p, sizeof(p), "%s/train.out", tmp);
-	int rcode = run_train(shardlm, cfg, 1, p);
-	CHECK(rcode == 0, "shardlm train failed (%d); see %s/train.out", rcode, tmp);
+	run_train(shardlm, cfg, 1, p, "cls");
 
 	json_t *tm, *steps;
 	snprintf(p, sizeof(p), "%s/run", tmp);
@@ -94,7 +93,7 @@ int main(void)
 	/* 3. the exported model scores as transformers' model after the same 3 steps */
 	snprintf(cmd, sizeof(cmd), "%s score %s --data %s/records.jsonl > %s/scores.jsonl "
 		 "2> %s/score.err", shardlm, cfg, fix, tmp, tmp);
-	rcode = system(cmd);
+	int rcode = system(cmd);
 	CHECK(rcode == 0, "shardlm score failed (%d); see %s/score.err", rcode, tmp);
 	snprintf(p, sizeof(p), "%s/scores.jsonl", tmp);
 	check_score_file(p, json_object_get(rc, "scores3"), 4, REL, 1e-6, true,

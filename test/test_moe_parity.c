@@ -69,7 +69,6 @@ static void train_and_check(const char *name, const char *task, const char *mode
 {
 	json_t *tr = json_object_get(rc, "train"), *counts0 = json_object_get(rc, "expert_counts0");
 	char cfg[8192], yaml[16384], optim[1024], p[8192];
-	int rcode;
 
 	snprintf(cfg, sizeof(cfg), "%s/%s.yaml", tmp, name);
 	optim_yaml(optim, sizeof(optim), tr);
@@ -82,8 +81,7 @@ static void train_and_check(const char *name, const char *task, const char *mode
 		 optim, tmp, name);
 	write_text(cfg, yaml);
 	snprintf(p, sizeof(p), "%s/%s.out", tmp, name);
-	rcode = run_train(shardlm, cfg, 1, p);
-	CHECK(rcode == 0, "%s: shardlm train failed (%d); see %s/%s.out", name, rcode, tmp, name);
+	run_train(shardlm, cfg, 1, p, name);
 
 	json_t *tm, *steps;
 	snprintf(p, sizeof(p), "%s/run-%s", tmp, name);

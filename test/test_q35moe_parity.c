@@ -51,7 +51,6 @@ static void run_case(const struct pcase *k, json_t *ref, const char *fix, const 
 {
 	char p[8448], cfg[256], yaml[16384], cmd[24576], run[192], optim[1024];
 	json_t *rc = json_object_get(ref, k->key), *tr, *tm, *steps;
-	int st;
 
 	if (!rc) {
 		printf("%s: the reference has no \"%s\" (its generator failed there): skipped\n",
@@ -74,18 +73,14 @@ static void run_case(const struct pcase *k, json_t *ref, const char *fix, const 
 		 optim, run);
 	write_text(cfg, yaml);
 	snprintf(p, sizeof(p), "%s/%s.out", tmp, k->name);
-	st = run_train(shardlm, cfg, k->np, p);
-	CHECK(st == 0, "%s: shardlm train failed (%d); see %s/%s.out", k->name, st, tmp, k->name);
+	run_train(shardlm, cfg, k->np, p, k->name);
 
 	steps = load_steps(run, &tm, k->name);
 	for (int i = 0; i < 3 && i < (int)json_array_size(steps); i++) {
 		json_t *s = json_array_get(steps, i);
 
 		check_step(s, rc, i, REL, true, k->name);
-		CHECK(json_integer_value(json_object_get(s, "targets")) ==
-		      json_integer_value(json_object_get(rc, "targets")),
-		      "%s step %d: %lld targets", k->name, i + 1,
-		      (long long)json_integer_value(json_object_get(s, "targets")));
+		check_targets(s, rc, i, k->name);
 	}
 	printf("%s: losses %s\n", k->name, tm ? "compared" : "missing");
 	json_decref(export_config(run, k->arch, k->name));
