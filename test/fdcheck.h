@@ -2,8 +2,9 @@
  * fdcheck.h: the finite-difference gradient harness of the model tests (test_gradcheck,
  * test_moe_gradcheck, test_qwen35_model, test_q35moe): a tiny model's parameters on the host in
  * double, its units on a backend, a unit source over them, and the checks of analytic gradients
- * against central differences of the model's own loss.  The classifier micro-batches of
- * test_gradcheck and test_moe_gradcheck are in fdbatch.h.
+ * against central differences of the model's own loss; also the tiny configs and config.json
+ * text they load.  The classifier micro-batches of test_gradcheck and test_moe_gradcheck are in
+ * fdbatch.h.
  */
 #ifndef SL_FDCHECK_H
 #define SL_FDCHECK_H
@@ -21,8 +22,8 @@
 
 /*
  * What every tiny test model shares: @model_type, @n_layers (layer and MLP kinds all 0 until the
- * test sets them), rms_eps 1e-6, rope_theta 10000, no special tokens, one label.  The test sets
- * the sizes.
+ * test sets them), rms_eps 1e-6, rope_theta 10000, initializer_range 0.02, no special tokens,
+ * one label.  The test sets the sizes.
  */
 static inline void tiny_config(struct sl_model_config *mc, const char *model_type, int n_layers)
 {
