@@ -203,9 +203,9 @@ int sl_host_batch_pack(struct sl_host_batch *hb, const struct sl_dataset *ds, co
 		       int n, int32_t pad_id, int row_len);
 
 /*
- * data_chat.c, SFT records (for data.c).  sl_data_chat_record: a chat record's ids and loss
- * mask (*n tokens in *ids / *mask, capacity *cap, grown with realloc): 0, 1 when @record is no
- * chat record, negative with *err (malloc'ed).  sl_data_loss_mask: the "loss_mask" of a record
+ * data_chat.c, SFT records (for data_tokenize.c).  sl_data_chat_record: a chat record's ids
+ * and loss mask (*n tokens in *ids / *mask, capacity *cap, grown with realloc): 0, 1 when @record
+ * is no chat record, negative with *err (malloc'ed).  sl_data_loss_mask: the "loss_mask" of a record
  * whose @n ids are read, into @mask (without one: every token a target but the first); 0, or
  * negative with *err.  Both thread-safe.
  */

@@ -1,10 +1,10 @@
 /*
- * data_chat: the SFT side of records (task: sft), for data.c.
+ * data_chat: the SFT side of records (task: sft), for data.c and data_tokenize.c.
  *
  * Owns what a record means for SFT: a chat record rendered through the model's chat template
  * (chat.c) into ids and a loss mask, a pre-tokenized record's "loss_mask", and the default mask
  * of text (every token a target but the first, which nothing predicts).  Errors come back as
- * messages, since data.c tokenizes records on OpenMP threads and names FILE:LINE itself.
+ * messages, since data_tokenize.c tokenizes records on OpenMP threads and names FILE:LINE.
  */
 #define _GNU_SOURCE
 #include "data.h"

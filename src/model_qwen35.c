@@ -580,67 +580,42 @@ static void rule_bwd(const struct sl_model *m, const struct q35_acts *a,
 			 ds0);
 }
 
-/* the delta rule over the rank's rows; under context parallel, chunk by chunk in row order */
-static void gdn_rule(const struct sl_model *m, const struct q35_acts *a,
-		     const struct sl_batch_dev *b)
+/*
+ * The delta rule over the rank's rows (@bwd: its backward).  Under context parallel chunk by
+ * chunk: the state passes in row order (chunk A, chunk r, from rank r-1's chunk A and on to rank
+ * r+1's; then chunk B, chunk 2C-1-r, from rank r+1's chunk B and on to rank r-1's, rank C-1
+ * going on with its own chunk A's), its gradient the other way (chunk B first).  Both take the
+ * same steps: from rank r-1, the first chunk, to and from rank r+1, the second, to rank r-1.
+ */
+static void gdn_relay(const struct sl_model *m, const struct q35_acts *a,
+		      const struct sl_batch_dev *b, bool bwd)
 {
 	struct sl_q35 *q = m->q35;
+	void (*step)(const struct sl_model *, const struct q35_acts *, const struct sl_batch_dev *,
+		     int, const void *, void *) = bwd ? rule_bwd : rule_fwd;
 	const struct sl_context_comm *cc;
 	void *X = q->cp_s[0], *Y = q->cp_s[1];
+	const int first = bwd ? 1 : 0;
 	size_t bytes;
 	int r, C;
 
 	if (!b->cp) {
-		rule_fwd(m, a, b, 0, NULL, NULL);
+		step(m, a, b, 0, NULL, NULL);
 		return;
 	}
 	cc = b->cp->comm;
 	r = cc->rank;
 	C = cc->size;
 	bytes = (size_t)b->B * q->nv * q->dk * q->dv * m->be->stat_elt;
-	/* chunk A (chunk r) from rank r-1's chunk A; its end to rank r+1's chunk A */
 	cc->sendrecv(cc->ctx, NULL, -1, X, r - 1, bytes);
-	rule_fwd(m, a, b, 0, r > 0 ? X : NULL, Y);
-	if (r + 1 < C) {
-		/* chunk B (chunk 2C-1-r) from rank r+1's chunk B */
-		cc->sendrecv(cc->ctx, Y, r + 1, X, r + 1, bytes);
-		rule_fwd(m, a, b, 1, X, Y);
-		cc->sendrecv(cc->ctx, Y, r - 1, NULL, -1, bytes);
-	} else {	/* chunk C follows chunk C-1 on this rank */
-		rule_fwd(m, a, b, 1, Y, X);
-		cc->sendrecv(cc->ctx, X, r - 1, NULL, -1, bytes);
-	}
-}
-
-/* its backward: the state's gradient passes from the last chunk to the first */
-static void gdn_rule_grad(const struct sl_model *m, const struct q35_acts *a,
-			  const struct sl_batch_dev *b)
-{
-	struct sl_q35 *q = m->q35;
-	const struct sl_context_comm *cc;
-	void *X = q->cp_s[0], *Y = q->cp_s[1];
-	size_t bytes;
-	int r, C;
-
-	if (!b->cp) {
-		rule_bwd(m, a, b, 0, NULL, NULL);
-		return;
-	}
-	cc = b->cp->comm;
-	r = cc->rank;
-	C = cc->size;
-	bytes = (size_t)b->B * q->nv * q->dk * q->dv * m->be->stat_elt;
-	/* chunk B's end state went to rank r-1's chunk B: its gradient comes from there */
-	cc->sendrecv(cc->ctx, NULL, -1, X, r - 1, bytes);
-	rule_bwd(m, a, b, 1, r > 0 ? X : NULL, Y);
+	step(m, a, b, first, r > 0 ? X : NULL, Y);
 	if (r + 1 < C) {
 		cc->sendrecv(cc->ctx, Y, r + 1, X, r + 1, bytes);
-		rule_bwd(m, a, b, 0, X, Y);
-	} else {
-		rule_bwd(m, a, b, 0, Y, X);
+		step(m, a, b, 1 - first, X, Y);
+	} else {	/* chunks C-1 and C are both this rank's */
+		step(m, a, b, 1 - first, Y, X);
 		Y = X;
 	}
-	/* chunk A's start state came from rank r-1's chunk A */
 	cc->sendrecv(cc->ctx, Y, r - 1, NULL, -1, bytes);
 }
 
@@ -659,7 +634,7 @@ static void gdn_fwd(const struct sl_model *m, const struct q35_off *lo, const vo
 	be->gdn_prep_fwd(be, a->qn, a->kn, a->rqk, a->beta, a->g, a->c,
 			 proj + (size_t)(q->Cc + vd) * be->elt, q->P, at(m, w, lo->A_log),
 			 at(m, w, lo->dt_bias), T, q->nk, q->nv, q->dk, q->dv);
-	gdn_rule(m, a, b);
+	gdn_relay(m, a, b, false);
 	be->gated_rmsnorm_fwd(be, a->y, a->rstd_o, a->o, proj + (size_t)q->Cc * be->elt, q->P,
 			      at(m, w, lo->gnorm), T, q->nv, q->dv, m->eps);
 	be->matmul_fwd(be, a->h, a->y, at(m, w, lo->wout), NULL, T, vd, m->H);
@@ -744,7 +719,7 @@ static void gdn_bwd(struct sl_model *m, const struct q35_off *lo, const void *w,
 	be->gated_rmsnorm_bwd(be, q->go, gproj + (size_t)q->Cc * e, q->P, at(m, g, lo->gnorm),
 			      q->gy, a->o, proj + (size_t)q->Cc * e, at(m, w, lo->gnorm),
 			      a->rstd_o, T, q->nv, q->dv, m->eps);
-	gdn_rule_grad(m, a, b);
+	gdn_relay(m, a, b, true);
 	be->gdn_prep_bwd(be, q->gc, gproj + (size_t)(q->Cc + vd) * e, q->P,
 			 at(m, g, lo->A_log), at(m, g, lo->dt_bias), q->gqn, q->gkn, q->gbeta,
 			 q->gg, a->c, proj + (size_t)(q->Cc + vd) * e, a->rqk, a->beta, a->g,

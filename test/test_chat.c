@@ -26,6 +26,7 @@
 #include "data.h"
 #include "tokenizer.h"
 #include "testutil.h"
+#include "tmpfiles.h"
 
 #define IM_START 151644
 #define IM_END 151645
@@ -34,8 +35,6 @@
 static struct sl_tokenizer *tok;
 static struct sl_chat *chat;
 static const char *tokdir;
-static char tmpdir[256];
-static char errbuf[16384];
 
 static json_t *jparse(const char *s)
 {
@@ -47,22 +46,6 @@ static json_t *jparse(const char *s)
 		exit(2);
 	}
 	return j;
-}
-
-static const char *write_file(const char *name, const char *text)
-{
-	static char path[512];
-	FILE *f;
-
-	snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
-	f = fopen(path, "w");
-	if (!f) {
-		perror(path);
-		exit(2);
-	}
-	fputs(text, f);
-	fclose(f);
-	return path;
 }
 
 /* ---- tojson --------------------------------------------------------------------------------- */
@@ -542,33 +525,6 @@ static void test_bad_messages(void)
 
 /* ---- SFT records through the data module ---------------------------------------------------- */
 
-/* sl_data_load with stderr captured into errbuf */
-static int load(struct sl_dataset *ds, const char *path, const struct sl_data_opts *o)
-{
-	char capf[600];
-	int fd, saved, rc;
-	ssize_t n;
-
-	snprintf(capf, sizeof(capf), "%s/stderr.txt", tmpdir);
-	fflush(stderr);
-	saved = dup(2);
-	fd = open(capf, O_RDWR | O_CREAT | O_TRUNC, 0600);
-	if (fd < 0 || saved < 0) {
-		perror(capf);
-		exit(2);
-	}
-	dup2(fd, 2);
-	rc = sl_data_load(ds, path, o);
-	fflush(stderr);
-	dup2(saved, 2);
-	close(saved);
-	lseek(fd, 0, SEEK_SET);
-	n = read(fd, errbuf, sizeof(errbuf) - 1);
-	errbuf[n > 0 ? n : 0] = 0;
-	close(fd);
-	return rc;
-}
-
 static struct sl_data_opts sft_opts(void)
 {
 	static char cache[300];
@@ -730,7 +686,6 @@ static int goldens(void)
 
 int main(int argc, char **argv)
 {
-	char cmd[600];
 	int rc;
 
 	if (argc < 2) {
@@ -748,11 +703,8 @@ int main(int argc, char **argv)
 		rc = goldens();
 		goto out;
 	}
-	snprintf(tmpdir, sizeof(tmpdir), "tmp-chat-XXXXXX");
-	if (!mkdtemp(tmpdir)) {
-		perror("mkdtemp");
+	if (tmpdir_make("tmp-chat-XXXXXX"))
 		return 2;
-	}
 	test_tojson();
 	test_templates();
 	test_corpus("rendered.jsonl", false);
@@ -762,11 +714,7 @@ int main(int argc, char **argv)
 	test_bad_messages();
 	test_data_records();
 	test_data_errors();
-	if (!test_failures) {
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "could not remove %s\n", tmpdir);
-	}
+	test_remove_dir(tmpdir);
 	rc = test_exit("test_chat");
 out:
 	sl_chat_free(chat);

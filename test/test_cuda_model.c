@@ -22,46 +22,10 @@
 #include <time.h>
 
 #include "backend.h"
+#include "bf16.h"
 #include "model.h"
+#include "testrng.h"
 #include "testutil.h"
-
-static uint64_t rng = 1;
-
-static uint64_t rnext(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
-}
-
-static double runif(void)
-{
-	return ((rnext() >> 11) + 0.5) / 9007199254740992.0;
-}
-
-static double rnorm(void)
-{
-	return sqrt(-2 * log(runif())) * cos(2 * M_PI * runif());
-}
-
-static uint16_t f2bf(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, 4);
-	u += 0x7fff + ((u >> 16) & 1);
-	return (uint16_t)(u >> 16);
-}
-
-static float bf2f(uint16_t h)
-{
-	uint32_t u = (uint32_t)h << 16;
-	float f;
-
-	memcpy(&f, &u, 4);
-	return f;
-}
 
 /* ---- cpu-bf16: the cpu backend with each op's compute outputs rounded to bf16 ---------------- */
 
@@ -72,7 +36,7 @@ static void rb(void *p, size_t n)
 	float *f = p;
 
 	for (size_t i = 0; i < n; i++)
-		f[i] = bf2f(f2bf(f[i]));
+		f[i] = round_bf(f[i]);
 }
 
 static void e_emb_bwd(struct sl_backend *be, void *dt, const int32_t *ids, const void *g, int T,
@@ -312,18 +276,18 @@ static void run(const char *name, int V, int H, int nh, int nkv, int hd, int I, 
 		double sd = t->ndim == 2 ? (t->unit == 0 ? 1 : 1 / sqrt((double)t->shape[1])) : 0.2;
 
 		for (size_t k = 0; k < t->numel; k++) {
-			double v = (t->init == SL_INIT_ONES ? 1 : 0) + sd * rnorm();
+			double v = (t->init == SL_INIT_ONES ? 1 : 0) + sd * rng_normal();
 
-			params[ubase[t->unit] + t->offset + k] = bf2f(f2bf((float)v));
+			params[ubase[t->unit] + t->offset + k] = round_bf((float)v);
 		}
 	}
 	for (int b = 0; b < B; b++) {
-		lens[b] = b == 0 ? L : b == B - 1 ? 1 : 1 + (int)(rnext() % L);
+		lens[b] = b == 0 ? L : b == B - 1 ? 1 : 1 + (int)(rng_next() % L);
 		last[b] = b * L + lens[b] - 1;
-		labels[b] = (float)runif();
+		labels[b] = (float)rng_unif();
 	}
 	for (int t = 0; t < T; t++)
-		ids[t] = (int32_t)(rnext() % V);
+		ids[t] = (int32_t)(rng_next() % V);
 
 	for (int s = 0; s < 3; s++) {
 		struct side *sd = &e.s[s];
@@ -459,7 +423,7 @@ int main(int argc, char **argv)
 	uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) :
 				   (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
 
-	rng = seed ? seed : 1;
+	rng_state = seed ? seed : 1;
 	printf("test_cuda_model: seed %llu\n", (unsigned long long)seed);
 	printf("%-34s %-26s %10s %10s\n", "model", "what", "cpu", "rel.err");
 	/*   name                                  V   H    nh nkv hd  I    bias  ckpt   B  L */

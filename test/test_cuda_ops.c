@@ -15,56 +15,11 @@
 #include <time.h>
 
 #include "backend.h"
+#include "bf16.h"
+#include "testrng.h"
 #include "testutil.h"
 
 static struct sl_backend *cpu, *gpu;
-
-/* ---- random numbers and bf16 on the host --------------------------------------------------- */
-
-static uint64_t rng = 1;
-
-static uint64_t rnext(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
-}
-
-static double runif(void)
-{
-	return ((rnext() >> 11) + 0.5) / 9007199254740992.0;
-}
-
-static double rnorm(void)
-{
-	return sqrt(-2 * log(runif())) * cos(2 * M_PI * runif());
-}
-
-static uint16_t f2bf(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, 4);
-	if ((u & 0x7fffffff) > 0x7f800000)
-		return 0x7fc0;
-	u += 0x7fff + ((u >> 16) & 1);	/* round to nearest even */
-	return (uint16_t)(u >> 16);
-}
-
-static float bf2f(uint16_t h)
-{
-	uint32_t u = (uint32_t)h << 16;
-	float f;
-
-	memcpy(&f, &u, 4);
-	return f;
-}
-
-static float round_bf(float f)
-{
-	return bf2f(f2bf(f));
-}
 
 /* ---- paired buffers: the same values on both backends -------------------------------------- */
 
@@ -122,7 +77,7 @@ static struct buf *rnd(enum kind k, size_t n, double s)
 	struct buf *b = mk(k, n);
 
 	for (size_t i = 0; i < n; i++)
-		b->h[i] = k == BF ? round_bf((float)(s * rnorm())) : (float)(s * rnorm());
+		b->h[i] = k == BF ? round_bf((float)(s * rng_normal())) : (float)(s * rng_normal());
 	put(b);
 	return b;
 }
@@ -143,7 +98,7 @@ static struct buf *ints(size_t n, int lo, int hi)
 	struct buf *b = mk(I32, n);
 
 	for (size_t i = 0; i < n; i++)
-		b->hi[i] = lo + (int)(rnext() % (uint64_t)(hi - lo + 1));
+		b->hi[i] = lo + (int)(rng_next() % (uint64_t)(hi - lo + 1));
 	put(b);
 	return b;
 }
@@ -389,7 +344,7 @@ static struct buf *mk_lens(int B, int L)
 	struct buf *l = mk(I32, B);
 
 	for (int b = 0; b < B; b++)
-		l->hi[b] = b == 0 ? L : 1 + (int)(rnext() % (uint64_t)L);
+		l->hi[b] = b == 0 ? L : 1 + (int)(rng_next() % (uint64_t)L);
 	if (B > 2)
 		l->hi[B - 1] = 1;	/* a one-token record */
 	put(l);
@@ -408,12 +363,12 @@ static struct buf *mk_pos(int B, int L, const struct buf *lens, bool packed)
 		return NULL;
 	p = mk(I32, (size_t)B * L);
 	for (int b = 0; b < B; b++) {
-		int start = 0, dlen = 1 + (int)(rnext() % (uint64_t)(L / 3 + 1));
+		int start = 0, dlen = 1 + (int)(rng_next() % (uint64_t)(L / 3 + 1));
 
 		for (int i = 0; i < L; i++) {
 			if (i - start >= dlen) {
 				start = i;
-				dlen = 1 + (int)(rnext() % (uint64_t)(L / 3 + 1));
+				dlen = 1 + (int)(rng_next() % (uint64_t)(L / 3 + 1));
 			}
 			p->hi[(size_t)b * L + i] = lens && i >= lens->hi[b] ? 0 : i - start;
 		}
@@ -579,7 +534,7 @@ static void t_bce(int n)
 	double *lg = gpu->alloc(gpu, 8), lc = NAN, lgh = NAN;
 
 	for (int i = 0; i < n; i++)
-		y->h[i] = (float)runif();
+		y->h[i] = (float)rng_unif();
 	put(y);
 	snprintf(sh, sizeof(sh), "n=%d", n);
 	cpu->bce_fwd_bwd(cpu, &lc, dz->c, z->c, y->c, n, 0.25f);
@@ -647,7 +602,7 @@ static void t_adamw(size_t n, bool wout)
 				   .bc2 = 1 - powf(0.95f, 7), .grad_scale = 0.7f };
 
 	for (size_t i = 0; i < n; i++)
-		v->h[i] = (float)(0.01 * runif());
+		v->h[i] = (float)(0.01 * rng_unif());
 	put(v);
 	snprintf(sh, sizeof(sh), "n=%zu%s", n, wout ? " w_out" : "");
 	cpu->adamw_f32(cpu, p->c, m->c, v->c, gr->c, wo ? wo->c : NULL, n, &a);
@@ -686,7 +641,7 @@ static void bench(void)
 		uint16_t *hbuf = malloc(big * 2);
 
 		for (size_t i = 0; i < big; i++)
-			hbuf[i] = f2bf((float)(rnorm() * 0.05));
+			hbuf[i] = f2bf((float)(rng_normal() * 0.05));
 		gpu->upload(gpu, r ? o : x, hbuf, (r ? big : (size_t)T * I) * 2);
 		gpu->upload(gpu, w, hbuf, (size_t)2 * I * H * 2);
 		free(hbuf);
@@ -754,7 +709,7 @@ int main(int argc, char **argv)
 			(uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
 	bool do_bench = argc > 1 && !strcmp(argv[argc - 1], "--bench");
 
-	rng = seed ? seed : 1;
+	rng_state = seed ? seed : 1;
 	printf("test_cuda_ops: seed %llu\n", (unsigned long long)seed);
 	cpu = sl_backend_cpu_create();
 	gpu = sl_backend_cuda_create(0);

@@ -13,58 +13,13 @@
 
 #include "data.h"
 #include "testutil.h"
-
-static char tmpdir[256];
-static char errbuf[16384];	/* stderr of the last captured load */
-
-static const char *write_file(const char *name, const char *text)
-{
-	static char path[512];
-	FILE *f;
-
-	snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
-	f = fopen(path, "w");
-	if (!f) {
-		perror(path);
-		exit(2);
-	}
-	fputs(text, f);
-	fclose(f);
-	return path;
-}
+#include "tmpfiles.h"
 
 static struct sl_data_opts opts(void)
 {
 	return (struct sl_data_opts){
 		.text_field = "text", .label_field = "label", .need_label = true, .vocab = 512,
 	};
-}
-
-/* sl_data_load with stderr captured into errbuf */
-static int load(struct sl_dataset *ds, const char *path, const struct sl_data_opts *o)
-{
-	char cap[600];
-	int fd, saved, rc;
-	ssize_t n;
-
-	snprintf(cap, sizeof(cap), "%s/stderr.txt", tmpdir);
-	fflush(stderr);
-	saved = dup(2);
-	fd = open(cap, O_RDWR | O_CREAT | O_TRUNC, 0600);
-	if (fd < 0 || saved < 0) {
-		perror(cap);
-		exit(2);
-	}
-	dup2(fd, 2);
-	rc = sl_data_load(ds, path, o);
-	fflush(stderr);
-	dup2(saved, 2);
-	close(saved);
-	lseek(fd, 0, SEEK_SET);
-	n = read(fd, errbuf, sizeof(errbuf) - 1);
-	errbuf[n > 0 ? n : 0] = 0;
-	close(fd);
-	return rc;
 }
 
 /* stderr to /dev/null around calls whose errors are expected */
@@ -831,13 +786,8 @@ static void test_large(void)
 
 int main(void)
 {
-	char cmd[600];
-
-	snprintf(tmpdir, sizeof(tmpdir), "tmp-data-XXXXXX");
-	if (!mkdtemp(tmpdir)) {
-		perror("mkdtemp");
+	if (tmpdir_make("tmp-data-XXXXXX"))
 		return 2;
-	}
 	test_load_ok();
 	test_load_errors();
 	test_skip();
@@ -847,10 +797,6 @@ int main(void)
 	test_host_batch();
 	test_large();
 
-	if (!test_failures) {
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "could not remove %s\n", tmpdir);
-	}
+	test_remove_dir(tmpdir);
 	return test_exit("test_data");
 }

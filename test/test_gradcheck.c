@@ -10,371 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "model.h"
-#include "testutil.h"
-
 #define VOCAB 23
 #define MAXT 32
 #define MAXB 4
 
-/* ---- deterministic random numbers ---------------------------------------------------------- */
-
-static uint64_t rng_state = 88172645463325252ull;
-
-static uint64_t rng_next(void)
-{
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return rng_state;
-}
-
-static double rng_unif(void)
-{
-	return ((rng_next() >> 11) + 0.5) / 9007199254740992.0;
-}
-
-static double rng_normal(void)
-{
-	return sqrt(-2 * log(rng_unif())) * cos(2 * M_PI * rng_unif());
-}
-
-/* ---- a unit source over host-side double parameters ---------------------------------------- */
-
-struct env {
-	struct sl_backend *be;
-	struct sl_layout lay;
-	struct sl_model *m;
-	size_t *ubase;		/* (n_units) offset of each unit in params */
-	double *params;		/* (total_numel) the parameters, padding 0 */
-	void **w;		/* (n_units) device weights */
-	void **g;		/* (n_units) device grads */
-	void **gsink;		/* (n_units) grads nobody reads (finite differences) */
-	bool sink;
-	int n_fwd_release, n_bwd_release;
-};
-
-static const void *src_weights(void *ctx, int u)
-{
-	return ((struct env *)ctx)->w[u];
-}
-
-static void *src_grads(void *ctx, int u)
-{
-	struct env *e = ctx;
-
-	return e->sink ? e->gsink[u] : e->g[u];
-}
-
-static void src_release_fwd(void *ctx, int u)
-{
-	((struct env *)ctx)->n_fwd_release++;
-}
-
-static void src_release_bwd(void *ctx, int u)
-{
-	((struct env *)ctx)->n_bwd_release++;
-}
-
-static void put_elt(struct env *e, int u, size_t off, double v)
-{
-	float f = (float)v;
-
-	e->be->upload(e->be, (char *)e->w[u] + off * e->be->elt,
-		      e->be->elt == sizeof(double) ? (const void *)&v : (const void *)&f,
-		      e->be->elt);
-}
-
-static void upload_all(struct env *e)
-{
-	for (int u = 0; u < e->lay.n_units; u++)
-		for (size_t i = 0; i < e->lay.unit_numel[u]; i++)
-			put_elt(e, u, i, e->params[e->ubase[u] + i]);
-}
-
-static void zero_grads(struct env *e)
-{
-	for (int u = 0; u < e->lay.n_units; u++)
-		e->be->zero(e->be, e->g[u], e->lay.unit_numel[u] * e->be->elt);
-}
-
-/* all gradients as one double vector (total_numel) */
-static void get_grads(struct env *e, double *out)
-{
-	size_t elt = e->be->elt;
-
-	for (int u = 0; u < e->lay.n_units; u++) {
-		size_t n = e->lay.unit_numel[u];
-		char *h = malloc(n * elt);
-
-		e->be->download(e->be, h, e->g[u], n * elt);
-		for (size_t i = 0; i < n; i++)
-			out[e->ubase[u] + i] = elt == sizeof(double) ? ((double *)h)[i] :
-								       ((float *)h)[i];
-		free(h);
-	}
-}
-
-static void fill_config(struct sl_model_config *mc, bool bias)
-{
-	memset(mc, 0, sizeof(*mc));
-	strcpy(mc->model_type, "qwen3");
-	mc->vocab = VOCAB;
-	mc->hidden = 12;
-	mc->n_layers = 2;
-	mc->n_heads = 4;
-	mc->n_kv_heads = 2;
-	mc->head_dim = 8;
-	mc->intermediate = 20;
-	mc->max_position = 64;
-	mc->rms_eps = 1e-6;
-	mc->rope_theta = 10000;
-	mc->attention_bias = bias;
-	mc->initializer_range = 0.02;
-	mc->pad_token_id = -1;
-	mc->bos_token_id = -1;
-	mc->eos_token_id = -1;
-	mc->num_labels = 1;
-	mc->layer_kind = calloc(mc->n_layers, sizeof(*mc->layer_kind));
-	mc->mlp_kind = calloc(mc->n_layers, sizeof(*mc->mlp_kind));
-}
-
-static void free_config(struct sl_model_config *mc)
-{
-	free(mc->layer_kind);
-	free(mc->mlp_kind);
-}
-
-/* random parameters: the same for every env made from the same seed */
-static void init_params(struct sl_layout *lay, size_t *ubase, double *p, uint64_t seed)
-{
-	rng_state = seed;
-	for (int i = 0; i < lay->n_tensors; i++) {
-		const struct sl_tensor_info *t = &lay->t[i];
-		double *q = p + ubase[t->unit] + t->offset;
-
-		for (size_t k = 0; k < t->numel; k++)
-			q[k] = t->init == SL_INIT_ONES ? 1 + 0.2 * rng_normal() :
-							 0.3 * rng_normal();
-	}
-}
-
-static void env_init_task(struct env *e, const struct sl_model_config *mc,
-			  struct sl_backend *be, bool ckpt, int task)
-{
-	int rc;
-
-	memset(e, 0, sizeof(*e));
-	e->be = be;
-	rc = sl_model_layout(mc, task, &e->lay);
-	CHECK(rc == 0, "layout: %d", rc);
-	e->ubase = calloc(e->lay.n_units, sizeof(*e->ubase));
-	for (int u = 1; u < e->lay.n_units; u++)
-		e->ubase[u] = e->ubase[u - 1] + e->lay.unit_numel[u - 1];
-	e->params = calloc(e->lay.total_numel, sizeof(double));
-	init_params(&e->lay, e->ubase, e->params, 12345);
-	e->w = calloc(e->lay.n_units, sizeof(void *));
-	e->g = calloc(e->lay.n_units, sizeof(void *));
-	e->gsink = calloc(e->lay.n_units, sizeof(void *));
-	for (int u = 0; u < e->lay.n_units; u++) {
-		e->w[u] = be->alloc(be, e->lay.unit_numel[u] * be->elt);
-		e->g[u] = be->alloc(be, e->lay.unit_numel[u] * be->elt);
-		e->gsink[u] = be->alloc(be, e->lay.unit_numel[u] * be->elt);
-	}
-	upload_all(e);
-	e->m = sl_model_create(mc, &e->lay, be, MAXT, MAXB, ckpt);
-	CHECK(e->m != NULL, "%s", "");
-}
-
-static void env_init(struct env *e, const struct sl_model_config *mc, struct sl_backend *be,
-		     bool ckpt)
-{
-	env_init_task(e, mc, be, ckpt, 0);
-}
-
-static void env_free(struct env *e)
-{
-	sl_model_destroy(e->m);
-	for (int u = 0; u < e->lay.n_units; u++) {
-		e->be->free(e->be, e->w[u]);
-		e->be->free(e->be, e->g[u]);
-		e->be->free(e->be, e->gsink[u]);
-	}
-	free(e->w);
-	free(e->g);
-	free(e->gsink);
-	free(e->params);
-	free(e->ubase);
-	sl_layout_free(&e->lay);
-}
-
-/* ---- micro-batches ------------------------------------------------------------------------- */
-
-struct hbatch {
-	int B, L;
-	int32_t ids[MAXT], lens[MAXB], last[MAXB];
-	float labels[MAXB];
-	int n_tgt;			/* sft */
-	int32_t tgt_pos[MAXT], tgt_ids[MAXT];
-};
-
-static void make_batch(struct hbatch *hb, int B, const int *lens, const float *labels)
-{
-	hb->B = B;
-	hb->L = 0;
-	for (int b = 0; b < B; b++)
-		if (lens[b] > hb->L)
-			hb->L = lens[b];
-	for (int b = 0; b < B; b++) {
-		hb->lens[b] = lens[b];
-		hb->last[b] = b * hb->L + lens[b] - 1;
-		hb->labels[b] = labels[b];
-	}
-	for (int t = 0; t < B * hb->L; t++)
-		hb->ids[t] = (int32_t)(rng_next() % VOCAB);
-	hb->n_tgt = 0;
-}
-
-/* sft targets: token p + 1 of record b is a target when (b + p) % 3 != 0 (p + 1 < len) */
-static void make_targets(struct hbatch *hb)
-{
-	hb->n_tgt = 0;
-	for (int b = 0; b < hb->B; b++)
-		for (int p = 0; p + 1 < hb->lens[b]; p++)
-			if ((b + p) % 3) {
-				hb->tgt_pos[hb->n_tgt] = b * hb->L + p;
-				hb->tgt_ids[hb->n_tgt++] = hb->ids[b * hb->L + p + 1];
-			}
-}
-
-/* forward + backward; returns loss_scale * loss_sum */
-static double run_step(struct env *e, const struct hbatch *hb, float loss_scale, float *scores)
-{
-	struct sl_backend *be = e->be;
-	size_t T = (size_t)hb->B * hb->L;
-	int32_t *ids = be->alloc(be, T * 4), *lens = be->alloc(be, hb->B * 4);
-	int32_t *last = be->alloc(be, hb->B * 4);
-	float *labels = be->alloc(be, hb->B * 4);
-	struct sl_batch_dev b = { .B = hb->B, .L = hb->L, .ids = ids, .lens = lens, .last = last,
-				  .labels = labels, .h_lens = hb->lens };
-	struct sl_unit_source src = { e, src_weights, src_grads, src_release_fwd,
-				      src_release_bwd };
-	int32_t *tpos = be->alloc(be, MAXT * 4), *tids = be->alloc(be, MAXT * 4);
-	double loss = NAN;
-	int rc;
-
-	be->upload(be, ids, hb->ids, T * 4);
-	be->upload(be, lens, hb->lens, hb->B * 4);
-	be->upload(be, last, hb->last, hb->B * 4);
-	be->upload(be, labels, hb->labels, hb->B * 4);
-	if (hb->n_tgt) {
-		be->upload(be, tpos, hb->tgt_pos, hb->n_tgt * 4);
-		be->upload(be, tids, hb->tgt_ids, hb->n_tgt * 4);
-		b.n_tgt = hb->n_tgt;
-		b.tgt_pos = tpos;
-		b.tgt_ids = tids;
-	}
-	rc = sl_model_train_step(e->m, &src, &b, loss_scale, &loss, scores);
-	CHECK(rc == 0, "train_step: %d", rc);
-	be->free(be, tpos);
-	be->free(be, tids);
-	be->free(be, ids);
-	be->free(be, lens);
-	be->free(be, last);
-	be->free(be, labels);
-	return loss_scale * loss;
-}
-
-static int score_only(struct env *e, const struct hbatch *hb, float *scores)
-{
-	struct sl_backend *be = e->be;
-	size_t T = (size_t)hb->B * hb->L;
-	int32_t *ids = be->alloc(be, T * 4), *lens = be->alloc(be, hb->B * 4);
-	int32_t *last = be->alloc(be, hb->B * 4);
-	struct sl_batch_dev b = { .B = hb->B, .L = hb->L, .ids = ids, .lens = lens, .last = last,
-				  .h_lens = hb->lens };
-	struct sl_unit_source src = { e, src_weights, src_grads, NULL, NULL };
-	int rc;
-
-	be->upload(be, ids, hb->ids, T * 4);
-	be->upload(be, lens, hb->lens, hb->B * 4);
-	be->upload(be, last, hb->last, hb->B * 4);
-	rc = sl_model_score(e->m, &src, &b, scores);
-	be->free(be, ids);
-	be->free(be, lens);
-	be->free(be, last);
-	return rc;
-}
-
-/* ---- checks -------------------------------------------------------------------------------- */
-
-/* where parameter i lives: unit and element; false for padding */
-static bool param_at(const struct env *e, size_t i, int *unit, size_t *off, const char **name)
-{
-	for (int k = 0; k < e->lay.n_tensors; k++) {
-		const struct sl_tensor_info *t = &e->lay.t[k];
-		size_t base = e->ubase[t->unit] + t->offset;
-
-		if (i >= base && i < base + t->numel) {
-			*unit = t->unit;
-			*off = t->offset + (i - base);
-			*name = t->name;
-			return true;
-		}
-	}
-	return false;
-}
-
-/* d(sum of the batches' scaled losses)/d(param i) by central differences */
-static double fd_grad(struct env *e, const struct hbatch *hbs, int nb, float scale, size_t i)
-{
-	const double h = 1e-5;
-	double p0 = e->params[i], lp = 0, lm = 0;
-	int u;
-	size_t off;
-	const char *name;
-
-	if (!param_at(e, i, &u, &off, &name))
-		return 0;
-	e->sink = true;
-	put_elt(e, u, off, p0 + h);
-	for (int k = 0; k < nb; k++)
-		lp += run_step(e, &hbs[k], scale, NULL);
-	put_elt(e, u, off, p0 - h);
-	for (int k = 0; k < nb; k++)
-		lm += run_step(e, &hbs[k], scale, NULL);
-	put_elt(e, u, off, p0);
-	e->sink = false;
-	return (lp - lm) / (2 * h);
-}
-
-/* analytic gradient g against finite differences at every @stride-th parameter */
-static void check_fd(struct env *e, const struct hbatch *hbs, int nb, float scale,
-		     const double *g, size_t stride, const char *what)
-{
-	double worst = 0;
-	size_t n = 0;
-
-	for (size_t i = 0; i < e->lay.total_numel; i += stride) {
-		int u;
-		size_t off;
-		const char *name;
-		double fd = fd_grad(e, hbs, nb, scale, i), d = fabs(g[i] - fd);
-
-		if (!param_at(e, i, &u, &off, &name)) {
-			CHECK(g[i] == 0, "%s: padding element %zu has gradient %g", what, i, g[i]);
-			continue;
-		}
-		n++;
-		if (d / (fabs(fd) + 1e-6) > worst)
-			worst = d / (fabs(fd) + 1e-6);
-		CHECK(d <= 1e-6 * fabs(fd) + 1e-9, "%s: %s[%zu]: analytic %.10g, finite diff "
-		      "%.10g", what, name, off, g[i], fd);
-	}
-	printf("%s: %zu parameters, worst |analytic - fd| / (|fd| + 1e-6) = %.2e\n", what, n,
-	       worst);
-}
+#include "fdbatch.h"
 
 static void check_same(const double *a, const double *b, size_t n, double rel, const char *what)
 {
@@ -405,7 +45,7 @@ static void run_config(bool bias)
 	size_t N;
 	char what[64];
 
-	fill_config(&mc, bias);
+	qwen3_config(&mc, "qwen3", 2, bias);
 	env_init(&e, &mc, sl_backend_cpu64_create(), false);
 	if (!e.m)
 		return;
@@ -467,12 +107,7 @@ static void run_config(bool bias)
 		CHECK(sC[b] == sA[b], "checkpointed score %d: %.9g vs %.9g", b, sC[b], sA[b]);
 	snprintf(what, sizeof(what), "bias=%d checkpointing", bias);
 	check_same(gC, gA, N, 0, what);
-	{
-		struct sl_backend *bc = ec.be;
-
-		env_free(&ec);
-		bc->destroy(bc);
-	}
+	env_destroy(&ec);
 
 	/* padding: each record alone scores as inside the batch */
 	for (int b = 0; b < 3; b++) {
@@ -521,19 +156,8 @@ static void run_config(bool bias)
 		printf("bias=%d fp32 vs fp64: worst grad |d| / (|g| + 1e-3 max|g|) = %.2e\n", bias,
 		       worst);
 	}
-	{
-		struct sl_backend *b32 = e32.be;
-
-		env_free(&e32);
-		b32->destroy(b32);
-	}
-
-	{
-		struct sl_backend *b64 = e.be;
-
-		env_free(&e);
-		b64->destroy(b64);
-	}
+	env_destroy(&e32);
+	env_destroy(&e);
 	free(gA);
 	free(gB);
 	free(gAB);
@@ -560,7 +184,7 @@ static void run_sft(bool tied)
 	size_t N;
 	char what[64];
 
-	fill_config(&mc, true);
+	qwen3_config(&mc, "qwen3", 2, true);
 	mc.tie_word_embeddings = tied;
 	env_init_task(&e, &mc, sl_backend_cpu64_create(), false, 1);
 	CHECK(sl_model_is_lm(e.m), "%s", "");
@@ -599,12 +223,7 @@ static void run_sft(bool tied)
 	CHECK_CLOSE(l2, l1, 1e-13, 1e-15);
 	snprintf(what, sizeof(what), "sft tied=%d chunked", tied);
 	check_same(g2, g1, N, 1e-11, what);
-	{
-		struct sl_backend *b64 = e.be;
-
-		env_free(&e);
-		b64->destroy(b64);
-	}
+	env_destroy(&e);
 	free(g1);
 	free(g2);
 	free_config(&mc);
@@ -617,7 +236,7 @@ static void check_layout(void)
 	struct sl_layout lay;
 	const struct sl_tensor_info *q, *k, *v, *gt, *up, *sc, *bq, *bk, *bv;
 
-	fill_config(&mc, true);
+	qwen3_config(&mc, "qwen3", 2, true);
 	CHECK(sl_model_layout(&mc, 0, &lay) == 0, "%s", "");
 	CHECK(lay.n_units == 4, "%s", "");
 	q = sl_layout_find(&lay, "model.layers.1.self_attn.q_proj.weight");

@@ -26,131 +26,37 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "data.h"
-#include "model.h"
-#include "safetensors.h"
-#include "testutil.h"
+#include "parity_util.h"
 
 #define REL_LOSS 5e-4
 #define REL_SCORE 1e-4
 
-static double worst;
-
-static double track(double got, double want)
-{
-	double r = fabs(got - want) / fmax(fabs(want), 1e-12);
-
-	if (r > worst)
-		worst = r;
-	return got;
-}
-
 static char fix[4096], tmp[4096], shardlm[4096];
 
-struct loaded {
-	struct sl_model_config mc;
-	struct sl_layout lay;
-	float **units;
-	int n_init, n_unused;
+struct counts {
+	int64_t *counts;	/* (2 x 8) */
+	double *aux;
 };
 
-static void unload(struct loaded *l)
+/* the scoring batch's expert counts (n_moe x E) and aux loss */
+static void expert_counts(struct sl_model *m, void *arg)
 {
-	for (int u = 0; u < l->lay.n_units; u++)
-		free(l->units[u]);
-	free(l->units);
-	sl_layout_free(&l->lay);
-	sl_model_config_free(&l->mc);
-}
+	struct counts *k = arg;
+	int nl = 0, ne = 0;
+	const int64_t *c = m ? sl_model_expert_counts(m, &nl, &ne, k->aux) : NULL;
 
-static int load(struct loaded *l, const char *dir)
-{
-	struct sl_weights w;
-	char p[8192];
-
-	snprintf(p, sizeof(p), "%s/config.json", dir);
-	if (sl_model_config_load(&l->mc, p) || sl_model_layout(&l->mc, 0, &l->lay) ||
-	    sl_weights_open(&w, dir))
-		return -1;
-	l->units = calloc(l->lay.n_units, sizeof(float *));
-	for (int u = 0; u < l->lay.n_units; u++)
-		l->units[u] = calloc(l->lay.unit_numel[u], sizeof(float));
-	if (sl_weights_load_layout(&w, &l->lay, l->units, l->mc.initializer_range, 1234, NULL,
-				   &l->n_init, &l->n_unused))
-		return -1;
-	sl_weights_close(&w);
-	return 0;
-}
-
-struct src_ctx {
-	void **w, **g;
-};
-
-static const void *src_w(void *ctx, int u)
-{
-	return ((struct src_ctx *)ctx)->w[u];
-}
-
-static void *src_g(void *ctx, int u)
-{
-	return ((struct src_ctx *)ctx)->g[u];
+	CHECK(c && nl == 2 && ne == 8, "expert counts of %d layers x %d experts", nl, ne);
+	if (c && nl == 2 && ne == 8)
+		memcpy(k->counts, c, 16 * sizeof(*c));
 }
 
 /* scores of all records in one padded micro-batch; counts (n_moe x E) and aux of that batch */
 static void scores_of(struct loaded *l, const struct sl_dataset *ds, float *out, int64_t *counts,
 		      double *aux)
 {
-	struct sl_backend *be = sl_backend_cpu_create();
-	struct src_ctx ctx = { calloc(l->lay.n_units, sizeof(void *)), NULL };
-	struct sl_unit_source src = { .ctx = &ctx, .weights = src_w, .grads = src_g };
-	struct sl_host_batch hb;
-	int idx[16], L = 0, nl = 0, ne = 0;
-	const int64_t *c;
+	struct counts k = { counts, aux };
 
-	for (int u = 0; u < l->lay.n_units; u++) {
-		ctx.w[u] = be->alloc(be, l->lay.unit_numel[u] * be->elt);
-		be->upload(be, ctx.w[u], l->units[u], l->lay.unit_numel[u] * sizeof(float));
-	}
-	for (int i = 0; i < ds->n; i++) {
-		idx[i] = i;
-		if (ds->rec[i].len > L)
-			L = ds->rec[i].len;
-	}
-	sl_host_batch_alloc(&hb, ds->n, L);
-	sl_host_batch_fill(&hb, ds, idx, ds->n, 0);
-	struct sl_model *m = sl_model_create(&l->mc, &l->lay, be, ds->n * L, ds->n, false);
-	int32_t *d_ids = be->alloc(be, ds->n * L * 4), *d_lens = be->alloc(be, ds->n * 4);
-	int32_t *d_last = be->alloc(be, ds->n * 4);
-	be->upload(be, d_ids, hb.ids, ds->n * L * 4);
-	be->upload(be, d_lens, hb.lens, ds->n * 4);
-	be->upload(be, d_last, hb.last, ds->n * 4);
-	struct sl_batch_dev b = { .B = ds->n, .L = L, .ids = d_ids, .lens = d_lens,
-				  .last = d_last, .labels = NULL, .h_lens = hb.lens };
-	CHECK(m && sl_model_score(m, &src, &b, out) == 0);
-	c = m ? sl_model_expert_counts(m, &nl, &ne, aux) : NULL;
-	CHECK(c && nl == 2 && ne == 8, "expert counts of %d layers x %d experts", nl, ne);
-	if (c && nl == 2 && ne == 8)
-		memcpy(counts, c, 16 * sizeof(*c));
-	sl_model_destroy(m);
-	be->free(be, d_ids);
-	be->free(be, d_lens);
-	be->free(be, d_last);
-	for (int u = 0; u < l->lay.n_units; u++)
-		be->free(be, ctx.w[u]);
-	free(ctx.w);
-	sl_host_batch_free(&hb);
-	be->destroy(be);
-}
-
-static double num_at(json_t *arr, int i)
-{
-	return json_number_value(json_array_get(arr, i));
-}
-
-static double bce(double z, double y)
-{
-	return fmax(z, 0) - z * y + log1p(exp(-fabs(z)));
+	CHECK(run_lib(sl_backend_cpu_create(), l, ds, out, NULL, expert_counts, &k) == 0);
 }
 
 /*
@@ -162,53 +68,29 @@ static void train_and_check(const char *name, const char *task, const char *mode
 			    const char *records, json_t *rc)
 {
 	json_t *tr = json_object_get(rc, "train"), *counts0 = json_object_get(rc, "expert_counts0");
-	char cfg[8192], yaml[16384], cmd[65536], p[8192];
-	json_error_t jerr;
-	FILE *f;
-	int rcode;
+	char cfg[8192], yaml[16384], optim[1024], p[8192];
 
 	snprintf(cfg, sizeof(cfg), "%s/%s.yaml", tmp, name);
+	optim_yaml(optim, sizeof(optim), tr);
 	snprintf(yaml, sizeof(yaml),
 		 "model: {path: %s/%s}\ntask: %s\nbackend: cpu\n"
 		 "data: {train: %s/%s, shuffle: false, length_sort: false, max_state: 64}\n"
-		 "train: {batch: 4, accum: 1, steps: %d, eval_every: 0}\n"
-		 "optim: {lr: %.17g, schedule: cosine, warmup: %d, min_lr: %.17g, betas: [%.17g, %.17g],"
-		 " eps: %.17g, weight_decay: %.17g, clip: %.17g, head_lr_mult: %.17g}\n"
+		 "train: {batch: 4, accum: 1, steps: %d, eval_every: 0}\n%s"
 		 "checkpoint: {every: 0}\nexport: {dtype: fp32}\nrun: {dir: %s/run-%s, log_every: 1}\n",
 		 fix, model, task, fix, records, (int)json_integer_value(json_object_get(tr, "steps")),
-		 json_number_value(json_object_get(tr, "lr")),
-		 (int)json_integer_value(json_object_get(tr, "warmup")),
-		 json_number_value(json_object_get(tr, "min_lr")),
-		 num_at(json_object_get(tr, "betas"), 0), num_at(json_object_get(tr, "betas"), 1),
-		 json_number_value(json_object_get(tr, "eps")),
-		 json_number_value(json_object_get(tr, "weight_decay")),
-		 json_number_value(json_object_get(tr, "clip")),
-		 json_number_value(json_object_get(tr, "head_lr_mult")), tmp, name);
-	f = fopen(cfg, "w");
-	fputs(yaml, f);
-	fclose(f);
-	snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s train %s > %s/%s.out 2>&1", shardlm, cfg,
-		 tmp, name);
-	rcode = system(cmd);
-	CHECK(rcode == 0, "%s: shardlm train failed (%d); see %s/%s.out", name, rcode, tmp, name);
+		 optim, tmp, name);
+	write_text(cfg, yaml);
+	snprintf(p, sizeof(p), "%s/%s.out", tmp, name);
+	run_train(shardlm, cfg, 1, p, name);
 
-	snprintf(p, sizeof(p), "%s/run-%s/training_metrics.json", tmp, name);
-	json_t *tm = json_load_file(p, 0, &jerr);
-	CHECK(tm, "no %s", p);
-	json_t *steps = json_object_get(tm, "steps");
-	CHECK(json_array_size(steps) == 3, "%s: %zu steps", name, json_array_size(steps));
+	json_t *tm, *steps;
+	snprintf(p, sizeof(p), "%s/run-%s", tmp, name);
+	steps = load_steps(p, &tm, name);
 	for (int i = 0; i < 3 && i < (int)json_array_size(steps); i++) {
 		json_t *st = json_array_get(steps, i);
 		json_t *et = json_object_get(st, "expert_tokens");
 
-		track(json_number_value(json_object_get(st, "loss")),
-		      num_at(json_object_get(rc, "losses"), i));
-		track(json_number_value(json_object_get(st, "grad_norm")),
-		      num_at(json_object_get(rc, "grad_norms"), i));
-		CHECK_CLOSE(json_number_value(json_object_get(st, "loss")),
-			    num_at(json_object_get(rc, "losses"), i), REL_LOSS, 0);
-		CHECK_CLOSE(json_number_value(json_object_get(st, "grad_norm")),
-			    num_at(json_object_get(rc, "grad_norms"), i), REL_LOSS, 0);
+		check_step(st, rc, i, REL_LOSS, false, name);
 		CHECK(json_integer_value(json_object_get(st, "records")) == 4);
 		CHECK(json_is_object(et) && json_array_size(json_object_get(et, "min")) == 2 &&
 		      json_array_size(json_object_get(et, "max")) == 2 &&
@@ -326,7 +208,6 @@ int main(void)
 	train_and_check("sft_fused", "sft", "sft_fused", "sft_records.jsonl",
 			json_object_get(ref, "sft"));
 	char cfg[8192];
-	FILE *f;
 	int rcode;
 
 	snprintf(cfg, sizeof(cfg), "%s/cls.yaml", tmp);
@@ -337,32 +218,12 @@ int main(void)
 	rcode = system(cmd);
 	CHECK(rcode == 0, "shardlm score failed (%d); see %s/score.err", rcode, tmp);
 	snprintf(p, sizeof(p), "%s/scores.jsonl", tmp);
-	f = fopen(p, "r");
-	int n = 0;
-	char line[4096];
-	while (f && fgets(line, sizeof(line), f)) {
-		json_t *j = json_loads(line, 0, &jerr);
-		CHECK(j, "bad score line: %s", line);
-		if (!j)
-			continue;
-		int i = json_integer_value(json_object_get(j, "index"));
-		double z = json_number_value(json_object_get(j, "score"));
-		CHECK(i == n);
-		CHECK_CLOSE(track(z, num_at(json_object_get(rc, "scores3"), i)),
-			    num_at(json_object_get(rc, "scores3"), i), REL_LOSS, 1e-5);
-		json_decref(j);
-		n++;
-	}
-	if (f)
-		fclose(f);
-	CHECK(n == 4, "%d score lines", n);
+	check_score_file(p, json_object_get(rc, "scores3"), 4, REL_LOSS, 1e-5, false,
+			 "scores after 3 steps");
 
 	printf("largest relative difference from transformers (scores, aux, losses, grad norms): "
 	       "%.3g\n", worst);
-	if (!test_failures) {
-		snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp);
-		system(cmd);
-	}
+	test_remove_dir(tmp);
 	json_decref(ref);
 	unload(&cls);
 	unload(&fused);

@@ -18,7 +18,8 @@
 #    activation checkpointing and on 4 ranks without (the Gated DeltaNet state and the
 #    convolution's edge rows passed from chunk to chunk, the middle ranks' from both sides, the
 #    records' 5 tokens padded to 4 a chunk; the gated attention's queries by their position in
-#    the row against whole rows' keys: model_qwen35.c);
+#    the row against whole rows' keys: model_qwen35.c); and task classify on the Qwen3.5 parity
+#    fixture on 2 ranks (the head on the rank holding each record's last token);
 #  - the log says the vision tower is not loaded; the export is a Qwen3_5MoeForCausalLM
 #    (qwen3_5_moe_text config) that trains again;
 #  - data.pack is refused with its reason (the Gated DeltaNet state would cross documents).
@@ -79,6 +80,29 @@ frun dc2 2 4 1 --set model.path="$FIX/dense" --set train.activation_checkpointin
 	--set parallel.context=2
 # 4 context ranks: the middle ones take the DeltaNet state and edge rows from both neighbours
 frun dc4 4 4 1 --set model.path="$FIX/dense" --set parallel.context=4
+# task classify on test_qwen35_parity's fixture (the head on the rank holding a record's last token)
+QFIX="$top_srcdir/test/fixtures/qwen35"
+krun() {
+	name=$1 np=$2
+	ok
+	if ! timeout 300 "$MPIRUN" -np "$np" --oversubscribe "$SHARDLM" train "$T/base.yaml" \
+		--set model.path="$QFIX/cls" --set task=classify --set data.train="$QFIX/records.jsonl" \
+		--set data.max_state=256 --set train.batch=2 --set train.steps=1 \
+		--set optim.lr=1e-4 --set parallel.context="$np" --set checkpoint.every=0 \
+		--set export.final=false --set run.dir="$T/$name" >"$T/$name.out" 2>&1; then
+		fail "$name: exited non-zero (or hung)"; tail -n 20 "$T/$name.out" >&2
+	fi
+}
+krun k1 1
+krun kc2 2
+ok
+python3 - "$T/k1/training_metrics.json" "$T/kc2/training_metrics.json" <<'PY' ||
+import json, sys
+a, b = (json.load(open(p))["steps"][0] for p in sys.argv[1:3])
+assert abs(a["loss"] - b["loss"]) <= 1e-6 * a["loss"], (a["loss"], b["loss"])
+assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"], (a["grad_norm"], b["grad_norm"])
+PY
+fail "classify on context 2 differs from 1 rank"
 for r in fe2 fc2 fc2e2 dc2 dc4; do
 	ref=f1
 	case $r in dc*) ref=d1 ;; esac

@@ -25,7 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "testutil.h"
+#include "parity_util.h"
 
 #define REL 1e-4
 
@@ -46,21 +46,11 @@ static const struct pcase cases[] = {
 	{ "dense-2ranks", "dense", "dense", "Qwen3_5ForCausalLM", 2, 1, 2, false },
 };
 
-static double worst;
-
-static double num_at(json_t *arr, int i)
-{
-	return json_number_value(json_array_get(arr, i));
-}
-
 static void run_case(const struct pcase *k, json_t *ref, const char *fix, const char *shardlm,
 		     const char *tmp)
 {
-	char p[8448], cfg[256], yaml[16384], cmd[24576], run[192];
-	json_t *rc = json_object_get(ref, k->key), *tr, *tm, *steps, *cj;
-	json_error_t jerr;
-	FILE *f;
-	int st;
+	char p[8448], cfg[256], yaml[16384], cmd[24576], run[192], optim[1024];
+	json_t *rc = json_object_get(ref, k->key), *tr, *tm, *steps;
 
 	if (!rc) {
 		printf("%s: the reference has no \"%s\" (its generator failed there): skipped\n",
@@ -70,74 +60,30 @@ static void run_case(const struct pcase *k, json_t *ref, const char *fix, const 
 	tr = json_object_get(rc, "train");
 	snprintf(run, sizeof(run), "%s/run-%s", tmp, k->name);
 	snprintf(cfg, sizeof(cfg), "%s/%s.yaml", tmp, k->name);
+	optim_yaml(optim, sizeof(optim), tr);
 	snprintf(yaml, sizeof(yaml),
 		 "model: {path: %s/%s}\ntask: sft\nbackend: cpu\n"
 		 "data: {train: %s/records.jsonl, shuffle: false, length_sort: false, "
 		 "max_state: 256}\n"
 		 "train: {batch: %d, accum: %d, steps: %d, eval_every: 0, "
-		 "activation_checkpointing: %s}\n"
-		 "optim: {lr: %.17g, schedule: cosine, warmup: %d, min_lr: %.17g, "
-		 "betas: [%.17g, %.17g], eps: %.17g, weight_decay: %.17g, clip: %.17g, head_lr_mult: %.17g}\n"
+		 "activation_checkpointing: %s}\n%s"
 		 "checkpoint: {every: 0}\nexport: {dtype: fp32}\nrun: {dir: %s, log_every: 1}\n",
 		 fix, k->model, fix, k->batch, k->accum,
 		 (int)json_integer_value(json_object_get(tr, "steps")), k->ckpt ? "true" : "false",
-		 json_number_value(json_object_get(tr, "lr")),
-		 (int)json_integer_value(json_object_get(tr, "warmup")),
-		 json_number_value(json_object_get(tr, "min_lr")),
-		 num_at(json_object_get(tr, "betas"), 0), num_at(json_object_get(tr, "betas"), 1),
-		 json_number_value(json_object_get(tr, "eps")),
-		 json_number_value(json_object_get(tr, "weight_decay")),
-		 json_number_value(json_object_get(tr, "clip")),
-		 json_number_value(json_object_get(tr, "head_lr_mult")), run);
-	f = fopen(cfg, "w");
-	fputs(yaml, f);
-	fclose(f);
-	if (k->np > 1)
-		snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s -np %d --oversubscribe %s train "
-			 "%s > %s/%s.out 2>&1", getenv("MPIRUN") ? getenv("MPIRUN") : "mpirun", k->np,
-			 shardlm, cfg, tmp, k->name);
-	else
-		snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s train %s > %s/%s.out 2>&1",
-			 shardlm, cfg, tmp, k->name);
-	st = system(cmd);
-	CHECK(st == 0, "%s: shardlm train failed (%d); see %s/%s.out", k->name, st, tmp, k->name);
+		 optim, run);
+	write_text(cfg, yaml);
+	snprintf(p, sizeof(p), "%s/%s.out", tmp, k->name);
+	run_train(shardlm, cfg, k->np, p, k->name);
 
-	snprintf(p, sizeof(p), "%s/training_metrics.json", run);
-	tm = json_load_file(p, 0, &jerr);
-	CHECK(tm, "%s: no %s", k->name, p);
-	steps = json_object_get(tm, "steps");
-	CHECK(json_array_size(steps) == 3, "%s: %zu steps", k->name, json_array_size(steps));
+	steps = load_steps(run, &tm, k->name);
 	for (int i = 0; i < 3 && i < (int)json_array_size(steps); i++) {
 		json_t *s = json_array_get(steps, i);
-		double loss = json_number_value(json_object_get(s, "loss"));
-		double gn = json_number_value(json_object_get(s, "grad_norm"));
-		double wl = num_at(json_object_get(rc, "losses"), i);
-		double wg = num_at(json_object_get(rc, "grad_norms"), i);
 
-		worst = fmax(worst, fmax(fabs(loss - wl) / wl, fabs(gn - wg) / wg));
-		CHECK(fabs(loss - wl) <= REL * wl, "%s step %d: loss %.9g, transformers %.9g",
-		      k->name, i + 1, loss, wl);
-		CHECK(fabs(gn - wg) <= REL * wg, "%s step %d: grad norm %.9g, transformers %.9g",
-		      k->name, i + 1, gn, wg);
-		CHECK_CLOSE(json_number_value(json_object_get(s, "lr")),
-			    num_at(json_object_get(rc, "lrs"), i), 1e-9, 0);
-		CHECK(json_integer_value(json_object_get(s, "targets")) ==
-		      json_integer_value(json_object_get(rc, "targets")),
-		      "%s step %d: %lld targets", k->name, i + 1,
-		      (long long)json_integer_value(json_object_get(s, "targets")));
+		check_step(s, rc, i, REL, true, k->name);
+		check_targets(s, rc, i, k->name);
 	}
 	printf("%s: losses %s\n", k->name, tm ? "compared" : "missing");
-	snprintf(p, sizeof(p), "%s/model/config.json", run);
-	cj = json_load_file(p, 0, &jerr);
-	CHECK(cj, "%s: no exported %s", k->name, p);
-	if (cj) {
-		const char *arch = json_string_value(
-			json_array_get(json_object_get(cj, "architectures"), 0));
-
-		CHECK(arch && !strcmp(arch, k->arch), "%s: exported as %s", k->name,
-		      arch ? arch : "?");
-		json_decref(cj);
-	}
+	json_decref(export_config(run, k->arch, k->name));
 	if (!strcmp(k->model, "pub")) {
 		snprintf(cmd, sizeof(cmd), "grep -q 'vision tower' %s/%s.out", tmp, k->name);
 		CHECK(system(cmd) == 0, "%s: the log does not say the vision tower is left out",
@@ -148,7 +94,7 @@ static void run_case(const struct pcase *k, json_t *ref, const char *fix, const 
 
 int main(void)
 {
-	char fix[4096], shardlm[4096], tmp[64], p[8192], cmd[8300];
+	char fix[4096], shardlm[4096], tmp[64], p[8192];
 	json_error_t jerr;
 	json_t *ref;
 
@@ -172,9 +118,6 @@ int main(void)
 	printf("largest relative difference from transformers (losses, grad norms): %.3g\n",
 	       worst);
 	json_decref(ref);
-	if (!test_failures) {
-		snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp);
-		system(cmd);
-	}
+	test_remove_dir(tmp);
 	return test_exit("test_q35moe_parity");
 }

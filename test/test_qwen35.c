@@ -14,24 +14,10 @@
 
 #include "backend.h"
 #include "model.h"
+#include "testrng.h"
 #include "testutil.h"
 
 /* ---- random numbers --------------------------------------------------------------------------- */
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static double rng_unif(void)
-{
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return ((rng_state >> 11) + 0.5) / 9007199254740992.0;
-}
-
-static double rng_normal(void)
-{
-	return sqrt(-2 * log(rng_unif())) * cos(2 * M_PI * rng_unif());
-}
 
 static double *randn(size_t n, double scale)
 {
@@ -623,6 +609,7 @@ static void test_gattn(void)
 
 int main(void)
 {
+	rng_state = 0x9e3779b97f4a7c15ull;
 	be = sl_backend_cpu64_create();
 	CHECK(be && be->gdn_rule_fwd, "cpu64 backend with the Qwen3.5 ops");
 	if (!be || !be->gdn_rule_fwd)

@@ -17,28 +17,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "model.h"
-#include "testutil.h"
+#include "fdcheck.h"
 
 #define VOCAB 11
 #define MAXB 3
 #define MAXL 70
-
-static uint64_t rng_state = 424242;
-
-static double rng_unif(void)
-{
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return ((rng_state >> 11) + 0.5) / 9007199254740992.0;
-}
-
-static double rng_normal(void)
-{
-	return sqrt(-2 * log(rng_unif())) * cos(2 * M_PI * rng_unif());
-}
 
 static void fill_config(struct sl_model_config *mc)
 {
@@ -47,21 +30,14 @@ static void fill_config(struct sl_model_config *mc)
 		SL_LAYER_LINEAR_ATTENTION
 	};
 
-	memset(mc, 0, sizeof(*mc));
-	strcpy(mc->model_type, "qwen3_5_text");
+	tiny_config(mc, "qwen3_5_text", 4);
 	mc->vocab = VOCAB;
 	mc->hidden = 8;
-	mc->n_layers = 4;
 	mc->n_heads = 2;
 	mc->n_kv_heads = 1;
 	mc->head_dim = 8;
 	mc->intermediate = 12;
 	mc->max_position = 256;
-	mc->rms_eps = 1e-6;
-	mc->rope_theta = 10000;
-	mc->initializer_range = 0.02;
-	mc->pad_token_id = mc->bos_token_id = mc->eos_token_id = -1;
-	mc->num_labels = 1;
 	mc->norm_offset = true;
 	mc->rot_dim = 4;
 	mc->lin_nk = 1;
@@ -69,108 +45,13 @@ static void fill_config(struct sl_model_config *mc)
 	mc->lin_dk = 4;
 	mc->lin_dv = 3;
 	mc->lin_conv = 3;
-	mc->layer_kind = calloc(4, sizeof(*mc->layer_kind));
-	mc->mlp_kind = calloc(4, sizeof(*mc->mlp_kind));
 	memcpy(mc->layer_kind, kinds, sizeof(kinds));
-}
-
-/* ---- an environment: parameters on the host in double, units on a backend -------------------- */
-
-struct env {
-	struct sl_backend *be;
-	struct sl_layout lay;
-	struct sl_model *m;
-	size_t *ubase;
-	double *params;
-	void **w, **g;
-};
-
-static const void *src_w(void *ctx, int u)
-{
-	return ((struct env *)ctx)->w[u];
-}
-
-static void *src_g(void *ctx, int u)
-{
-	return ((struct env *)ctx)->g[u];
-}
-
-static void upload_all(struct env *e)
-{
-	for (int u = 0; u < e->lay.n_units; u++) {
-		size_t n = e->lay.unit_numel[u];
-		char *h = malloc(n * e->be->elt);
-
-		for (size_t i = 0; i < n; i++) {
-			double v = e->params[e->ubase[u] + i];
-
-			if (e->be->elt == sizeof(double))
-				((double *)h)[i] = v;
-			else
-				((float *)h)[i] = (float)v;
-		}
-		e->be->upload(e->be, e->w[u], h, n * e->be->elt);
-		free(h);
-	}
-}
-
-static void get_grads(struct env *e, double *out)
-{
-	for (int u = 0; u < e->lay.n_units; u++) {
-		size_t n = e->lay.unit_numel[u];
-		char *h = malloc(n * e->be->elt);
-
-		e->be->download(e->be, h, e->g[u], n * e->be->elt);
-		for (size_t i = 0; i < n; i++)
-			out[e->ubase[u] + i] = e->be->elt == sizeof(double) ? ((double *)h)[i] :
-									      ((float *)h)[i];
-		e->be->zero(e->be, e->g[u], n * e->be->elt);
-		free(h);
-	}
 }
 
 static void env_init(struct env *e, const struct sl_model_config *mc, struct sl_backend *be,
 		     bool ckpt)
 {
-	memset(e, 0, sizeof(*e));
-	e->be = be;
-	CHECK(sl_model_layout(mc, 0, &e->lay) == 0, "layout");
-	e->ubase = calloc(e->lay.n_units, sizeof(*e->ubase));
-	for (int u = 1; u < e->lay.n_units; u++)
-		e->ubase[u] = e->ubase[u - 1] + e->lay.unit_numel[u - 1];
-	e->params = calloc(e->lay.total_numel, sizeof(double));
-	rng_state = 12345;
-	for (int i = 0; i < e->lay.n_tensors; i++) {
-		const struct sl_tensor_info *t = &e->lay.t[i];
-		double *q = e->params + e->ubase[t->unit] + t->offset;
-		bool alog = strstr(t->name, "A_log") != NULL;
-
-		for (size_t k = 0; k < t->numel; k++)
-			q[k] = alog ? log(0.2 + rng_unif()) :
-			       t->init == SL_INIT_ONES ? 1 + 0.2 * rng_normal() :
-			       t->init == SL_INIT_ZEROS ? 0.2 * rng_normal() : 0.4 * rng_normal();
-	}
-	e->w = calloc(e->lay.n_units, sizeof(void *));
-	e->g = calloc(e->lay.n_units, sizeof(void *));
-	for (int u = 0; u < e->lay.n_units; u++) {
-		e->w[u] = be->alloc(be, e->lay.unit_numel[u] * be->elt);
-		e->g[u] = be->alloc(be, e->lay.unit_numel[u] * be->elt);
-	}
-	upload_all(e);
-	e->m = sl_model_create(mc, &e->lay, be, MAXB * MAXL, MAXB, ckpt);
-	CHECK(e->m != NULL, "model");
-}
-
-static void env_free(struct env *e)
-{
-	sl_model_destroy(e->m);
-	for (int u = 0; u < e->lay.n_units; u++) {
-		e->be->free(e->be, e->w[u]);
-		e->be->free(e->be, e->g[u]);
-	}
-	free(e->w), free(e->g), free(e->params), free(e->ubase);
-	sl_layout_free(&e->lay);
-	e->be->destroy(e->be);
+	env_init_q35(e, mc, be, 0, ckpt, MAXB * MAXL, MAXB, NULL);
 }
 
 struct hbatch {
@@ -207,7 +88,7 @@ static double run(struct env *e, const struct hbatch *hb, bool train, float *sco
 	float *labels = be->alloc(be, hb->B * 4);
 	struct sl_batch_dev b = { .B = hb->B, .L = hb->L, .ids = ids, .lens = lens, .last = last,
 				  .labels = labels, .h_lens = hb->lens };
-	struct sl_unit_source src = { .ctx = e, .weights = src_w, .grads = src_g };
+	struct sl_unit_source src = env_source(e, false);
 	double loss = 0;
 	int rc;
 
@@ -224,19 +105,6 @@ static double run(struct env *e, const struct hbatch *hb, bool train, float *sco
 	return 0.5 * loss;
 }
 
-/* element i of the parameters set to v on the backend (its unit only) */
-static void put(struct env *e, size_t i, double v)
-{
-	int u = 0;
-	float f = (float)v;
-
-	while (u + 1 < e->lay.n_units && e->ubase[u + 1] <= i)
-		u++;
-	e->be->upload(e->be, (char *)e->w[u] + (i - e->ubase[u]) * e->be->elt,
-		      e->be->elt == sizeof(double) ? (const void *)&v : (const void *)&f,
-		      e->be->elt);
-}
-
 /* the loss (double, from the train step: the scores come back as float) with parameter i at v */
 static double loss_at(struct env *e, const struct hbatch *hb, size_t i, double v)
 {
@@ -246,32 +114,17 @@ static double loss_at(struct env *e, const struct hbatch *hb, size_t i, double v
 	put(e, i, v);
 	l = run(e, hb, true, s);
 	put(e, i, e->params[i]);
-	for (int u = 0; u < e->lay.n_units; u++)
-		e->be->zero(e->be, e->g[u], e->lay.unit_numel[u] * e->be->elt);
+	zero_grads(e);
 	return l;
 }
 
 /* fourth-order central difference: the layers' curvature makes the plain one too coarse */
-static double fd_grad(struct env *e, const struct hbatch *hb, size_t i)
+static double fd_grad(struct env *e, const void *hb, const struct sl_tensor_info *t, size_t i)
 {
 	const double h = 1e-6, x = e->params[i];
 
 	return (-loss_at(e, hb, i, x + 2 * h) + 8 * loss_at(e, hb, i, x + h) -
 		8 * loss_at(e, hb, i, x - h) + loss_at(e, hb, i, x - 2 * h)) / (12 * h);
-}
-
-static const char *name_of(const struct env *e, size_t i, size_t *off)
-{
-	for (int k = 0; k < e->lay.n_tensors; k++) {
-		const struct sl_tensor_info *t = &e->lay.t[k];
-		size_t s = e->ubase[t->unit] + t->offset;
-
-		if (i >= s && i < s + t->numel) {
-			*off = i - s;
-			return t->name;
-		}
-	}
-	return NULL;
 }
 
 static void test_model(void)
@@ -301,7 +154,7 @@ static void test_model(void)
 	g32 = calloc(N, sizeof(double));
 
 	lossA = run(&e, &hb, true, sA);
-	get_grads(&e, gA);
+	take_grads(&e, gA);
 	{
 		double ref = 0;
 
@@ -314,25 +167,7 @@ static void test_model(void)
 	 * Every tensor: small ones (norms, A_log, dt_bias, ...) entirely, larger ones at about 8
 	 * elements spread over them; the padding between tensors must have no gradient.
 	 */
-	for (size_t i = 0; i < N; i++) {
-		size_t off = 0, numel = 0;
-		const char *nm = name_of(&e, i, &off);
-		double fd, d;
-
-		if (!nm) {
-			CHECK(gA[i] == 0, "padding element %zu has gradient %g", i, gA[i]);
-			continue;
-		}
-		numel = sl_layout_find(&e.lay, nm)->numel;
-		if (numel > 24 && off % (numel / 8) != (size_t)(numel / 8) / 2)
-			continue;
-		fd = fd_grad(&e, &hb, i);
-		n_fd++;
-		d = fabs(fd - gA[i]);
-		if (d > 1e-6 * fabs(fd) + 1e-8 && bad++ < 10)
-			fprintf(stderr, "%s[%zu]: analytic %.10g, finite difference %.10g\n", nm, off,
-				gA[i], fd);
-	}
+	n_fd = check_fd_sampled(&e, gA, 24, 8, 1e-6, fd_grad, &hb, &bad);
 	CHECK(bad == 0, "%d of %d parameters' gradients differ from finite differences", bad,
 	      n_fd);
 
@@ -348,31 +183,19 @@ static void test_model(void)
 	/* activation checkpointing: identical */
 	env_init(&ec, &mc, sl_backend_cpu64_create(), true);
 	lossC = run(&ec, &hb, true, sC);
-	get_grads(&ec, gC);
-	CHECK(lossC == lossA, "checkpointed loss %.17g vs %.17g", lossC, lossA);
-	for (size_t i = 0; i < N; i++)
-		if (gC[i] != gA[i] && bad++ < 10)
-			CHECK(0, "checkpointed gradient %zu: %.17g vs %.17g", i, gC[i], gA[i]);
+	take_grads(&ec, gC);
+	check_identical(lossC, lossA, gC, gA, N, &bad);
 
 	/* the fp32 backend */
 	env_init(&e32, &mc, sl_backend_cpu_create(), false);
 	loss32 = run(&e32, &hb, true, s32);
-	get_grads(&e32, g32);
+	take_grads(&e32, g32);
 	CHECK_CLOSE(loss32, lossA, 1e-5, 1e-6);
-	{
-		double num = 0, den = 0;
-
-		for (size_t i = 0; i < N; i++) {
-			num += (g32[i] - gA[i]) * (g32[i] - gA[i]);
-			den += gA[i] * gA[i];
-		}
-		CHECK(sqrt(num / den) < 1e-4, "fp32 gradients off by %g (relative norm)",
-		      sqrt(num / den));
-	}
+	check_rel_norm(g32, gA, N, 1e-4, "fp32");
 	printf("hybrid model: %d parameters checked against finite differences\n", n_fd);
-	env_free(&e), env_free(&ec), env_free(&e32);
+	env_destroy(&e), env_destroy(&ec), env_destroy(&e32);
 	free(gA), free(gC), free(g32);
-	free(mc.layer_kind), free(mc.mlp_kind);
+	free_config(&mc);
 }
 
 static void test_layout(void)
@@ -418,7 +241,7 @@ static void test_layout(void)
 	CHECK(sl_model_mixer_flops(&mc, 10) == 3 * 18.0 * 4 * 3 * 2 * 10 +
 					       12.0 * 8 * 2 * 10 * 11 / 2, "mixer flops");
 	sl_layout_free(&lay);
-	free(mc.layer_kind), free(mc.mlp_kind);
+	free_config(&mc);
 }
 
 /* ---- config.json ----------------------------------------------------------------------------- */
@@ -427,14 +250,7 @@ static char tmpdir[64];
 
 static int load_text(const char *text, struct sl_model_config *mc)
 {
-	char p[128];
-	FILE *f;
-
-	snprintf(p, sizeof(p), "%s/config.json", tmpdir);
-	f = fopen(p, "w");
-	fputs(text, f);
-	fclose(f);
-	return sl_model_config_load(mc, p);
+	return load_config_text(tmpdir, text, mc);
 }
 
 #define TEXT_KEYS                                                                            \

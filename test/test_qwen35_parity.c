@@ -24,198 +24,24 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "data.h"
-#include "model.h"
-#include "safetensors.h"
-#include "testutil.h"
+#include "parity_util.h"
 
 #define REL 1e-4
 #define NREC 4
 
-static double worst;
-
-static double track(double got, double want)
-{
-	double r = fabs(got - want) / fmax(fabs(want), 1e-12);
-
-	if (r > worst)
-		worst = r;
-	return got;
-}
-
 static char fix[4096], tmp[4096], shardlm[4096];
 
-struct loaded {
-	struct sl_model_config mc;
-	struct sl_layout lay;
-	float **units;
-	int n_init;
-};
-
-static void unload(struct loaded *l)
+/* run_lib (@be: the fp32 cpu backend or its double build), the model's creation checked */
+static void run_model(struct sl_backend *be, struct loaded *l, const struct sl_dataset *ds,
+		      float *out, float **grads)
 {
-	for (int u = 0; u < l->lay.n_units; u++)
-		free(l->units[u]);
-	free(l->units);
-	sl_layout_free(&l->lay);
-	sl_model_config_free(&l->mc);
-}
-
-static int load(struct loaded *l, const char *dir)
-{
-	struct sl_weights w;
-	char p[8192];
-
-	snprintf(p, sizeof(p), "%s/config.json", dir);
-	if (sl_model_config_load(&l->mc, p) || sl_model_layout(&l->mc, 0, &l->lay) ||
-	    sl_weights_open(&w, dir))
-		return -1;
-	l->units = calloc(l->lay.n_units, sizeof(float *));
-	for (int u = 0; u < l->lay.n_units; u++)
-		l->units[u] = calloc(l->lay.unit_numel[u], sizeof(float));
-	if (sl_weights_load_layout(&w, &l->lay, l->units, l->mc.initializer_range, 1234, NULL,
-				   &l->n_init, NULL))
-		return -1;
-	sl_weights_close(&w);
-	return 0;
-}
-
-/* float host data <-> compute-type device buffers (float or double) */
-static void to_dev(struct sl_backend *be, void *dst, const float *src, size_t n)
-{
-	float *f = be->alloc(be, n * sizeof(float));
-
-	be->upload(be, f, src, n * sizeof(float));
-	be->to_compute(be, dst, f, n);
-	be->free(be, f);
-}
-
-static void from_dev(struct sl_backend *be, float *dst, const void *src, size_t n)
-{
-	float *f = be->alloc(be, n * sizeof(float));
-
-	be->to_f32(be, f, src, n);
-	be->download(be, dst, f, n * sizeof(float));
-	be->free(be, f);
-}
-
-struct src_ctx {
-	void **w, **g;
-};
-
-static const void *src_w(void *ctx, int u)
-{
-	return ((struct src_ctx *)ctx)->w[u];
-}
-
-static void *src_g(void *ctx, int u)
-{
-	return ((struct src_ctx *)ctx)->g[u];
-}
-
-/*
- * Logits of the fixture's records, all in one padded micro-batch (forward only), and with
- * @grads non-NULL one training step over them (mean BCE): the gradients, unit by unit (float).
- * @be (destroyed here): the fp32 cpu backend or its double build.
- */
-static void run_lib(struct sl_backend *be, struct loaded *l, const struct sl_dataset *ds,
-		    float *out, float **grads)
-{
-	struct src_ctx ctx = { calloc(l->lay.n_units, sizeof(void *)),
-			       calloc(l->lay.n_units, sizeof(void *)) };
-	struct sl_unit_source src = { .ctx = &ctx, .weights = src_w, .grads = src_g };
-	struct sl_host_batch hb;
-	int idx[NREC], L = 0, n = ds->n;
-	float labels[NREC];
-	double loss;
-
-	for (int u = 0; u < l->lay.n_units; u++) {
-		ctx.w[u] = be->alloc(be, l->lay.unit_numel[u] * be->elt);
-		ctx.g[u] = be->alloc(be, l->lay.unit_numel[u] * be->elt);
-		to_dev(be, ctx.w[u], l->units[u], l->lay.unit_numel[u]);
-	}
-	for (int i = 0; i < n; i++) {
-		idx[i] = i;
-		labels[i] = ds->rec[i].label;
-		if (ds->rec[i].len > L)
-			L = ds->rec[i].len;
-	}
-	sl_host_batch_alloc(&hb, n, L);
-	sl_host_batch_fill(&hb, ds, idx, n, 0);
-	struct sl_model *m = sl_model_create(&l->mc, &l->lay, be, n * L, n, false);
-	int32_t *d_ids = be->alloc(be, n * L * 4), *d_lens = be->alloc(be, n * 4);
-	int32_t *d_last = be->alloc(be, n * 4);
-	float *d_lab = be->alloc(be, n * 4);
-
-	CHECK(m, "model");
-	be->upload(be, d_ids, hb.ids, n * L * 4);
-	be->upload(be, d_lens, hb.lens, n * 4);
-	be->upload(be, d_last, hb.last, n * 4);
-	be->upload(be, d_lab, labels, n * 4);
-	struct sl_batch_dev b = { .B = n, .L = L, .ids = d_ids, .lens = d_lens, .last = d_last,
-				  .labels = grads ? d_lab : NULL, .h_lens = hb.lens };
-	if (m && grads)
-		sl_model_train_step(m, &src, &b, 1.0f / n, &loss, out);
-	else if (m)
-		sl_model_score(m, &src, &b, out);
-	for (int u = 0; grads && u < l->lay.n_units; u++) {
-		grads[u] = malloc(l->lay.unit_numel[u] * sizeof(float));
-		from_dev(be, grads[u], ctx.g[u], l->lay.unit_numel[u]);
-	}
-	sl_model_destroy(m);
-	be->free(be, d_ids), be->free(be, d_lens), be->free(be, d_last), be->free(be, d_lab);
-	for (int u = 0; u < l->lay.n_units; u++) {
-		be->free(be, ctx.w[u]);
-		be->free(be, ctx.g[u]);
-	}
-	free(ctx.w);
-	free(ctx.g);
-	sl_host_batch_free(&hb);
-	be->destroy(be);
-}
-
-static double num_at(json_t *arr, int i)
-{
-	return json_number_value(json_array_get(arr, i));
-}
-
-static double bce(double z, double y)
-{
-	return fmax(z, 0) - z * y + log1p(exp(-fabs(z)));
+	CHECK(run_lib(be, l, ds, out, grads, NULL, NULL) != 1, "model");
 }
 
 /* runs @cmd; its output in @out (a file under tmp) */
 static int sh(const char *cmd)
 {
 	return system(cmd);
-}
-
-/* the score lines of @path against @want (NREC) */
-static void check_score_file(const char *path, json_t *want, const char *what)
-{
-	json_error_t jerr;
-	char line[4096];
-	FILE *f = fopen(path, "r");
-	int n = 0;
-
-	while (f && fgets(line, sizeof(line), f)) {
-		json_t *j = json_loads(line, 0, &jerr);
-		int i;
-
-		CHECK(j, "%s: bad score line: %s", what, line);
-		if (!j)
-			continue;
-		i = json_integer_value(json_object_get(j, "index"));
-		CHECK(i == n, "%s: index", what);
-		CHECK_CLOSE(track(json_number_value(json_object_get(j, "score")), num_at(want, i)),
-			    num_at(want, i), REL, 1e-6);
-		json_decref(j);
-		n++;
-	}
-	if (f)
-		fclose(f);
-	CHECK(n == NREC, "%s: %d score lines", what, n);
 }
 
 /*
@@ -233,7 +59,7 @@ static void check_grads(struct sl_backend *be, struct loaded *l, const struct sl
 	json_t *v;
 	int n = 0;
 
-	run_lib(be, l, ds, s, grads);
+	run_model(be, l, ds, s, grads);
 	json_object_foreach(gn, name, v) {
 		const struct sl_tensor_info *ti = sl_layout_find(&l->lay, name);
 		double ss = 0, want = json_number_value(v), big = 0;
@@ -269,7 +95,7 @@ static void check_grads(struct sl_backend *be, struct loaded *l, const struct sl
 int main(void)
 {
 	json_error_t jerr;
-	char p[8192], cmd[32768], cfg[8192], yaml[16384];
+	char p[8192], cmd[32768], cfg[8192], yaml[16384], optim[1024];
 	struct sl_dataset ds = { 0 };
 	struct sl_data_opts o = { .text_field = "text", .label_field = "label", .need_label = true,
 				  .vocab = 128 };
@@ -309,7 +135,7 @@ int main(void)
 	CHECK(load(&cls, p) == 0, "load cls");
 	CHECK(cls.n_init == 0, "cls has score.weight: nothing should be initialized");
 	CHECK(!strcmp(cls.mc.model_type, "qwen3_5_text") && cls.mc.norm_offset, "qwen3_5_text");
-	run_lib(sl_backend_cpu_create(), &cls, &ds, s, NULL);
+	run_model(sl_backend_cpu_create(), &cls, &ds, s, NULL);
 	for (int i = 0; i < NREC; i++) {
 		double want = num_at(json_object_get(rc, "scores0"), i);
 
@@ -332,7 +158,7 @@ int main(void)
 
 		double w64 = 0;
 
-		run_lib(sl_backend_cpu64_create(), &cls, &ds, s64, NULL);
+		run_model(sl_backend_cpu64_create(), &cls, &ds, s64, NULL);
 		for (int i = 0; i < NREC; i++) {
 			double want = num_at(json_object_get(rc, "scores0"), i);
 
@@ -349,32 +175,21 @@ int main(void)
 	snprintf(p, sizeof(p), "%s/pub", fix);
 	CHECK(load(&pub, p) == 0, "load pub");
 	CHECK(!strcmp(pub.mc.model_type, "qwen3_5") && pub.n_init == 0, "qwen3_5, complete");
-	run_lib(sl_backend_cpu_create(), &pub, &ds, sp, NULL);
+	run_model(sl_backend_cpu_create(), &pub, &ds, sp, NULL);
 	for (int i = 0; i < NREC; i++)
 		CHECK_CLOSE(sp[i], s[i], 1e-6, 1e-7);
 
 	/* 3. three AdamW steps through `shardlm train`, then the exported model */
 	snprintf(cfg, sizeof(cfg), "%s/parity.yaml", tmp);
+	optim_yaml(optim, sizeof(optim), tr);
 	snprintf(yaml, sizeof(yaml),
 		 "model: {path: %s/cls}\ntask: classify\nbackend: cpu\n"
 		 "data: {train: %s/records.jsonl, shuffle: false, length_sort: false, "
 		 "max_state: 256}\n"
-		 "train: {batch: 2, accum: 2, steps: %d, eval_every: 0}\n"
-		 "optim: {lr: %.17g, schedule: cosine, warmup: %d, min_lr: %.17g, betas: [%.17g, "
-		 "%.17g], eps: %.17g, weight_decay: %.17g, clip: %.17g, head_lr_mult: %.17g}\n"
+		 "train: {batch: 2, accum: 2, steps: %d, eval_every: 0}\n%s"
 		 "checkpoint: {every: 0}\nexport: {dtype: fp32}\nrun: {dir: %s/run, log_every: 1}\n",
-		 fix, fix, (int)json_integer_value(json_object_get(tr, "steps")),
-		 json_number_value(json_object_get(tr, "lr")),
-		 (int)json_integer_value(json_object_get(tr, "warmup")),
-		 json_number_value(json_object_get(tr, "min_lr")),
-		 num_at(json_object_get(tr, "betas"), 0), num_at(json_object_get(tr, "betas"), 1),
-		 json_number_value(json_object_get(tr, "eps")),
-		 json_number_value(json_object_get(tr, "weight_decay")),
-		 json_number_value(json_object_get(tr, "clip")),
-		 json_number_value(json_object_get(tr, "head_lr_mult")), tmp);
-	FILE *f = fopen(cfg, "w");
-	fputs(yaml, f);
-	fclose(f);
+		 fix, fix, (int)json_integer_value(json_object_get(tr, "steps")), optim, tmp);
+	write_text(cfg, yaml);
 
 	/* pub/ through `shardlm score --model`: the same scores, the vision tower logged */
 	snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s score %s --data %s/records.jsonl "
@@ -382,30 +197,19 @@ int main(void)
 	rcode = sh(cmd);
 	CHECK(rcode == 0, "shardlm score --model pub failed (%d); see %s/pub.err", rcode, tmp);
 	snprintf(p, sizeof(p), "%s/pub.jsonl", tmp);
-	check_score_file(p, json_object_get(rc, "scores0"), "pub scores");
+	check_score_file(p, json_object_get(rc, "scores0"), NREC, REL, 1e-6, false,
+			 "pub scores");
 	snprintf(cmd, sizeof(cmd), "grep -q 'vision tower' %s/pub.err %s/pub.jsonl", tmp, tmp);
 	CHECK(sh(cmd) == 0, "the log says the vision tower is not loaded (see %s/pub.err)", tmp);
 
-	snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s train %s > %s/train.out 2>&1", shardlm,
-		 cfg, tmp);
-	rcode = sh(cmd);
-	CHECK(rcode == 0, "shardlm train failed (%d); see %s/train.out", rcode, tmp);
-	snprintf(p, sizeof(p), "%s/run/training_metrics.json", tmp);
-	tm = json_load_file(p, 0, &jerr);
-	CHECK(tm, "no %s", p);
-	json_t *steps = json_object_get(tm, "steps");
-	CHECK(json_array_size(steps) == 3, "3 steps");
+	snprintf(p, sizeof(p), "%s/train.out", tmp);
+	run_train(shardlm, cfg, 1, p, "cls");
+	snprintf(p, sizeof(p), "%s/run", tmp);
+	json_t *steps = load_steps(p, &tm, "cls");
 	for (int i = 0; i < 3 && i < (int)json_array_size(steps); i++) {
 		json_t *st = json_array_get(steps, i);
-		double l = json_number_value(json_object_get(st, "loss"));
-		double g = json_number_value(json_object_get(st, "grad_norm"));
 
-		CHECK_CLOSE(track(l, num_at(json_object_get(rc, "losses"), i)),
-			    num_at(json_object_get(rc, "losses"), i), REL, 0);
-		CHECK_CLOSE(track(g, num_at(json_object_get(rc, "grad_norms"), i)),
-			    num_at(json_object_get(rc, "grad_norms"), i), REL, 0);
-		CHECK_CLOSE(json_number_value(json_object_get(st, "lr")),
-			    num_at(json_object_get(rc, "lrs"), i), 1e-9, 0);
+		check_step(st, rc, i, REL, true, "cls");
 		CHECK(json_integer_value(json_object_get(st, "records")) == NREC, "records");
 	}
 	snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s score %s --data %s/records.jsonl > "
@@ -413,7 +217,8 @@ int main(void)
 	rcode = sh(cmd);
 	CHECK(rcode == 0, "shardlm score failed (%d); see %s/score.err", rcode, tmp);
 	snprintf(p, sizeof(p), "%s/scores.jsonl", tmp);
-	check_score_file(p, json_object_get(rc, "scores3"), "scores after 3 steps");
+	check_score_file(p, json_object_get(rc, "scores3"), NREC, REL, 1e-6, false,
+			 "scores after 3 steps");
 
 	/* the export: a Qwen3_5TextForSequenceClassification with HF's (C, 1, K) conv weights */
 	{
@@ -439,10 +244,7 @@ int main(void)
 
 	printf("largest relative difference from transformers (scores, losses, grad norms): "
 	       "%.3g\n", worst);
-	if (!test_failures) {
-		snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp);
-		sh(cmd);
-	}
+	test_remove_dir(tmp);
 	json_decref(tm);
 	json_decref(ref);
 	unload(&cls);

@@ -53,4 +53,16 @@ static inline const char *test_builddir(void)
 	return s && *s ? s : ".";
 }
 
+/* rm -rf @dir when every check passed (kept to look at otherwise) */
+static inline void test_remove_dir(const char *dir)
+{
+	char cmd[8300];
+
+	if (test_failures)
+		return;
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", dir);
+}
+
 #endif

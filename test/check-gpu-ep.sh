@@ -1,0 +1,87 @@
+#!/bin/sh
+# check-gpu-ep.sh (check-gpu.sh runs it on the GPU machine): expert parallelism and the expert
+# capacity on the cuda backend, which refuses both until this check has passed on a GPU
+# (SHARDLM_TEST_CUDA_EP=1 lets it through).  Two ranks share the one GPU (the host-staged
+# communicator carries the rows' all-to-all).
+#  - the tiny Qwen3-MoE of test/fixtures/moe/sft (8 experts, top 2) and the Qwen3.5-MoE of
+#    test/fixtures/q35moe/text: parallel.expert 2 on 2 ranks against 1 rank with the same
+#    micro-batches (accum 2), both cuda, 6 AdamW steps: every loss within 1% (bf16 GEMMs over
+#    other row counts round differently) and the same tokens per step;
+#  - the same cuda runs against the cpu backend's single rank: within 3% (bf16);
+#  - parallel.capacity_factor 1 on cuda against cpu, 1 rank: the dropped choices of step 1 within
+#    10% of the cpu's (a near-tie in bf16 may route one choice elsewhere) and above zero.
+. "${top_srcdir:-$(dirname "$0")/..}/test/lib.sh"
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export SHARDLM_TEST_CUDA_EP=1
+[ -x "$SHARDLM" ] || SHARDLM=$(command -v shardlm)
+MPIRUN=${MPIRUN:-mpirun}
+
+# run NAME NP BACKEND MODEL DATA ACCUM [--set ...]
+run() {
+	name=$1 np=$2 backend=$3 model=$4 data=$5 acc=$6
+	shift 6
+	ok
+	cat >"$T/$name.yaml" <<YAML
+model: {path: $model}
+task: sft
+backend: $backend
+data: {train: $data, max_state: 256, shuffle: false, length_sort: false}
+train: {batch: 1, accum: $acc, steps: 6, eval_every: 0}
+optim: {lr: 1.0e-3, warmup: 1, weight_decay: 0.1, clip: 1.0}
+checkpoint: {every: 0}
+export: {final: false}
+run: {dir: $T/$name, log_every: 1}
+YAML
+	if ! OMP_NUM_THREADS=4 timeout 300 "$MPIRUN" -np "$np" --oversubscribe "$SHARDLM" train \
+		"$T/$name.yaml" "$@" >"$T/$name.out" 2>&1; then
+		fail "$name: exited non-zero"; tail -n 20 "$T/$name.out" >&2
+	fi
+}
+
+# close A B TOL: every loss of B within TOL (relative) of A's, the same tokens per step
+close() {
+	ok
+	python3 - "$T/$1/training_metrics.json" "$T/$2/training_metrics.json" "$3" <<'PY' ||
+import json, sys
+a, b = (json.load(open(p))["steps"] for p in sys.argv[1:3])
+tol = float(sys.argv[3])
+assert len(a) == len(b) == 6, (len(a), len(b))
+worst = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
+print(f"{sys.argv[2].split('/')[-2]} vs {sys.argv[1].split('/')[-2]}: worst relative loss "
+      f"difference {worst:.2e}")
+assert worst <= tol, ([x["loss"] for x in a], [y["loss"] for y in b])
+assert all(x["tokens"] == y["tokens"] for x, y in zip(a, b))
+PY
+	fail "losses of $2 differ from $1 by more than $3"
+}
+
+for fx in moe q35moe; do
+	if [ $fx = moe ]; then
+		M="$top_srcdir/test/fixtures/moe/sft" D="$top_srcdir/test/fixtures/moe/sft_records.jsonl"
+	else
+		M="$top_srcdir/test/fixtures/q35moe/text" D="$top_srcdir/test/fixtures/q35moe/records.jsonl"
+	fi
+	run $fx-cpu 1 cpu "$M" "$D" 2
+	run $fx-cuda 1 cuda "$M" "$D" 2
+	run $fx-cuda-ep2 2 cuda "$M" "$D" 1 --set parallel.expert=2
+	grep -q "each rank holds" "$T/$fx-cuda-ep2.out" ||
+		fail "$fx-cuda-ep2: the log does not say how many experts a rank holds"
+	close $fx-cuda $fx-cuda-ep2 0.01
+	close $fx-cpu $fx-cuda-ep2 0.03
+done
+
+# the expert capacity: dropped choices on cuda as on cpu
+M="$top_srcdir/test/fixtures/moe/sft" D="$top_srcdir/test/fixtures/moe/sft_records.jsonl"
+run cap-cpu 1 cpu "$M" "$D" 2 --set parallel.capacity_factor=1
+run cap-cuda 1 cuda "$M" "$D" 2 --set parallel.capacity_factor=1
+ok
+python3 - "$T/cap-cpu/training_metrics.json" "$T/cap-cuda/training_metrics.json" <<'PY' ||
+import json, sys
+a, b = (json.load(open(p))["steps"][0] for p in sys.argv[1:3])
+da, db = a.get("dropped_tokens", 0), b.get("dropped_tokens", 0)
+print(f"step 1 dropped choices: cpu {da}, cuda {db}")
+assert da > 0 and abs(da - db) <= 0.1 * da, (da, db)
+assert abs(a["loss"] - b["loss"]) <= 0.03 * a["loss"], (a["loss"], b["loss"])
+PY
+fail "capacity: the cuda backend drops other choices than the cpu backend"
+finish
