@@ -9,7 +9,7 @@
  */
 #define _GNU_SOURCE
 #include "sl_build.h"
-#include "train.h"
+#include "train_impl.h"
 
 #include <errno.h>
 #include <math.h>
@@ -182,96 +182,6 @@ static int load_data(struct sl_dataset *ds, const char *path, const struct sl_co
 		return -1;
 	}
 	return 0;
-}
-
-/* Device-side copy of a host batch (and, for sft, its targets). */
-struct dev_batch {
-	int32_t *ids, *lens, *last;
-	float *labels;
-	int32_t *tgt_pos, *tgt_ids;	/* (max_B * max_L) sft */
-	int32_t *pos;			/* (max_B * max_L) packed rows */
-	int32_t *h_tgt;			/* (2 * max_B * max_L) host: positions, then ids */
-	struct sl_batch_dev view;
-};
-
-static void dev_batch_alloc(struct sl_backend *be, struct dev_batch *d, int max_B, int max_L)
-{
-	size_t T = (size_t)max_B * max_L;
-
-	d->ids = be->alloc(be, T * sizeof(int32_t));
-	d->lens = be->alloc(be, max_B * sizeof(int32_t));
-	d->last = be->alloc(be, max_B * sizeof(int32_t));
-	d->labels = be->alloc(be, max_B * sizeof(float));
-	d->tgt_pos = be->alloc(be, T * sizeof(int32_t));
-	d->tgt_ids = be->alloc(be, T * sizeof(int32_t));
-	d->pos = be->alloc(be, T * sizeof(int32_t));
-	d->h_tgt = malloc(2 * T * sizeof(int32_t));
-	if (!d->h_tgt)
-		sl_dist_abort("out of host memory for a micro-batch's targets");
-}
-
-static void dev_batch_free(struct sl_backend *be, struct dev_batch *d)
-{
-	if (!d->ids)
-		return;
-	be->free(be, d->ids);
-	be->free(be, d->lens);
-	be->free(be, d->last);
-	be->free(be, d->labels);
-	be->free(be, d->tgt_pos);
-	be->free(be, d->tgt_ids);
-	be->free(be, d->pos);
-	free(d->h_tgt);
-	d->ids = NULL;
-}
-
-static const struct sl_batch_dev *dev_batch_upload(struct sl_backend *be, struct dev_batch *d,
-						   const struct sl_host_batch *hb)
-{
-	be->upload(be, d->ids, hb->ids, (size_t)hb->B * hb->L * sizeof(int32_t));
-	be->upload(be, d->lens, hb->lens, hb->B * sizeof(int32_t));
-	be->upload(be, d->last, hb->last, hb->B * sizeof(int32_t));
-	be->upload(be, d->labels, hb->labels, hb->B * sizeof(float));
-	d->view = (struct sl_batch_dev){ .B = hb->B, .L = hb->L, .ids = d->ids, .lens = d->lens,
-					 .last = d->last, .labels = d->labels,
-					 .h_lens = hb->lens };
-	if (hb->packed) {
-		be->upload(be, d->pos, hb->pos, (size_t)hb->B * hb->L * sizeof(int32_t));
-		d->view.pos = d->pos;
-	}
-	return &d->view;
-}
-
-/*
- * sft: the batch's targets from its mask: token t of the batch (rows of L tokens, packed or not)
- * is a target when its mask says so, predicted from the logits at t - 1 (a record's first token
- * never is one, so t - 1 is in the same record).  Uploads them into the device batch; returns
- * their number.
- */
-static int dev_batch_targets(struct sl_backend *be, struct dev_batch *d,
-			     const struct sl_host_batch *hb)
-{
-	size_t T = (size_t)hb->max_B * hb->max_L;
-	int32_t *pos = d->h_tgt, *ids = d->h_tgt + T;
-	int k = 0;
-
-	for (int b = 0; b < hb->B; b++)
-		for (int p = 1; p < hb->lens[b]; p++) {
-			size_t t = (size_t)b * hb->L + p;
-
-			if (hb->mask[t]) {
-				pos[k] = (int32_t)t - 1;
-				ids[k++] = hb->ids[t];
-			}
-		}
-	if (k) {
-		be->upload(be, d->tgt_pos, pos, k * sizeof(int32_t));
-		be->upload(be, d->tgt_ids, ids, k * sizeof(int32_t));
-	}
-	d->view.n_tgt = k;
-	d->view.tgt_pos = d->tgt_pos;
-	d->view.tgt_ids = d->tgt_ids;
-	return k;
 }
 
 /* sft: the target tokens of record i */
@@ -450,47 +360,6 @@ static char *config_yaml(const struct sl_config *c)
 	fclose(f);
 	return buf;
 }
-
-struct job {
-	struct sl_cmd_args a;
-	struct sl_config *c;
-	struct sl_dist d;
-	struct sl_groups g;
-	bool have_groups;
-	struct sl_comm xcomm;		/* parallel.expert > 1: the ranks holding the same experts */
-	bool have_xcomm;
-	int xq;				/* this rank's index in its expert group */
-	struct sl_model_files mf;
-	bool have_mf;
-	struct sl_dataset train, valid;
-	struct sl_backend *be;
-	struct sl_shard sh;
-	bool have_shard;
-	struct sl_model *model;
-	struct sl_sampler smp;
-	struct sl_metrics *met;
-	struct sl_host_batch hb;
-	struct dev_batch db;
-	char *yaml;
-	struct sl_gpulog *gpulog;	/* node's local rank 0 */
-	struct sl_tb *tb;		/* rank 0 */
-	struct sl_tokenizer *tok;	/* the model's, NULL without tokenizer.json */
-	struct sl_chat *chat;		/* sft: its chat template, NULL without one */
-	char tok_path[SL_PATH_MAX + 32];
-	bool cuda;			/* the cuda backend */
-	int device;			/* its GPU */
-	enum sl_comm_kind comm_kind;
-	struct sl_comm_copy copy;	/* staged collectives: the backend's copies */
-	int R, steps, max_L, first_step;
-	char ckpt_root[SL_PATH_MAX + 64];
-	int last_ckpt_step;		/* newest complete checkpoint of this run, 0 = none */
-	double last_ckpt_s;		/* its write time, 0 = none written by this job */
-	long skipped_steps;		/* non-finite steps skipped in this job */
-	struct sl_moe_dist md;		/* expert group (parallel.expert, capacity_factor) */
-	bool have_md;
-	int C;				/* parallel.context: ranks sharing each micro-batch */
-	struct sl_cp cp;		/* C > 1: this rank's part of the rows (context.h) */
-};
 
 static struct sl_ckpt_geom geom_of(struct job *j)
 {
