@@ -79,6 +79,15 @@ struct job {
 	struct sl_cp cp;		/* C > 1: this rank's part of the rows (context.h) */
 };
 
+/* train.c */
+bool all_ok(bool ok);
+
+/* train_run.c */
+int prepare_run_dir(const struct sl_config *c, bool fresh, char *ckpt_dir, size_t n);
+int write_checkpoint(struct job *j, int step);
+int resume_from(struct job *j, const char *dir);
+int export_final(struct job *j);
+
 /* train_batch.c */
 void dev_batch_alloc(struct sl_backend *be, struct dev_batch *d, int max_B, int max_L);
 void dev_batch_free(struct sl_backend *be, struct dev_batch *d);
