@@ -95,4 +95,7 @@ const struct sl_batch_dev *dev_batch_upload(struct sl_backend *be, struct dev_ba
 					    const struct sl_host_batch *hb);
 int dev_batch_targets(struct sl_backend *be, struct dev_batch *d, const struct sl_host_batch *hb);
 
+/* train_eval.c */
+void run_eval(struct job *j, int step, int32_t pad);
+
 #endif
