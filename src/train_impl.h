@@ -98,4 +98,13 @@ int dev_batch_targets(struct sl_backend *be, struct dev_batch *d, const struct s
 /* train_eval.c */
 void run_eval(struct job *j, int step, int32_t pad);
 
+/* train_backend.c */
+void gpu_reset_peak(struct job *j);
+double gpu_peak(struct job *j);
+void gpu_reserved(struct job *j, double *reserved, double *used);
+void *gpu_stream(struct job *j);
+double gpu_memory(struct job *j);
+int create_backend(struct job *j);
+void start_gpu_log(struct job *j);
+
 #endif
