@@ -81,6 +81,7 @@ struct job {
 
 /* train.c */
 bool all_ok(bool ok);
+void format_duration(double s, char *buf, size_t n);
 
 /* train_run.c */
 int prepare_run_dir(const struct sl_config *c, bool fresh, char *ckpt_dir, size_t n);
@@ -97,6 +98,9 @@ int dev_batch_targets(struct sl_backend *be, struct dev_batch *d, const struct s
 
 /* train_eval.c */
 void run_eval(struct job *j, int step, int32_t pad);
+
+/* train_step.c */
+int run_steps(struct job *j);
 
 /* train_backend.c */
 void gpu_reset_peak(struct job *j);
