@@ -23,15 +23,6 @@
 #include "plan.h"
 #include "signals.h"
 
-/* Every rank passes its verdict; all get true only if every rank's was true. */
-bool all_ok(bool ok)
-{
-	int mine = ok, all = 0;
-
-	MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-	return all;
-}
-
 /*
  * Text records are tokenized once into the cache, the lines split over the ranks (and threads);
  * then every rank loads the whole cache (the sampler orders all records by length).
@@ -69,7 +60,7 @@ static int load_data(struct sl_dataset *ds, const char *path, const struct sl_co
 	return 0;
 }
 
-void format_duration(double s, char *buf, size_t n)
+void train_format_duration(double s, char *buf, size_t n)
 {
 	long t = (long)(s + 0.5);
 
@@ -235,15 +226,15 @@ int sl_cmd_train(int argc, char **argv)
 	if (sl_watchdog_start())
 		goto out;
 	/* the backend first: a GPU that cannot be used stops the job before the run directory */
-	if (!all_ok(create_backend(j) == 0))
+	if (!all_ok(train_create_backend(j) == 0))
 		goto out;
 	/* the memory plan before anything is loaded (GPU size 0: the cpu backend, host only) */
-	if (!all_ok(sl_plan_check_job(j->c, j->d.world, j->d.local_size, gpu_memory(j),
+	if (!all_ok(sl_plan_check_job(j->c, j->d.world, j->d.local_size, train_gpu_memory(j),
 				      &accum_dev, &lean) == 0))
 		goto out;
 	sl_checkpoint_root(j->c, j->ckpt_root, sizeof(j->ckpt_root));
 	if (j->d.rank == 0)
-		verdict = prepare_run_dir(j->c, j->a.fresh, ckpt_dir, sizeof(ckpt_dir));
+		verdict = train_prepare_run_dir(j->c, j->a.fresh, ckpt_dir, sizeof(ckpt_dir));
 	MPI_Bcast(&verdict, 1, MPI_INT, 0, MPI_COMM_WORLD);
 	MPI_Bcast(ckpt_dir, sizeof(ckpt_dir), MPI_CHAR, 0, MPI_COMM_WORLD);
 	if (verdict < 0)
@@ -343,7 +334,7 @@ int sl_cmd_train(int argc, char **argv)
 	       "+ context index)", j->d.world, j->d.world / j->C, j->C, j->C);
 	if (j->cuda) {
 		/* collectives run in order with the compute on the backend's stream */
-		j->g.world.stream = j->g.shard.stream = j->g.replica.stream = gpu_stream(j);
+		j->g.world.stream = j->g.shard.stream = j->g.replica.stream = train_gpu_stream(j);
 	}
 	{
 		int rc = sl_moe_dist_expert_comm(j->c, &j->mf.mc, j->d.rank, j->d.world,
@@ -355,7 +346,7 @@ int sl_cmd_train(int argc, char **argv)
 		if (!all_ok(rc >= 0))
 			goto out;
 		if (j->have_xcomm && j->cuda)
-			j->xcomm.stream = gpu_stream(j);
+			j->xcomm.stream = train_gpu_stream(j);
 	}
 	{
 		struct sl_shard_opts so = {
@@ -395,7 +386,7 @@ int sl_cmd_train(int argc, char **argv)
 		       "(host accumulation: the GPU has no room for fp32 gradients)");
 	j->first_step = 1;
 	if (resume) {
-		if (!all_ok(resume_from(j, ckpt_dir) == 0))
+		if (!all_ok(train_resume_from(j, ckpt_dir) == 0))
 			goto out;
 	} else {
 		if (!all_ok(sl_model_files_load_shard(&j->mf, &j->sh, (uint64_t)j->c->data.seed,
@@ -420,7 +411,7 @@ int sl_cmd_train(int argc, char **argv)
 		if (!all_ok(rc >= 0))
 			goto out;
 		if (j->have_md && j->md.have_rows_comm && j->cuda)
-			j->md.rows_comm.stream = gpu_stream(j);
+			j->md.rows_comm.stream = train_gpu_stream(j);
 	}
 	sl_host_batch_alloc(&j->hb, j->c->train.batch, j->max_L);
 	dev_batch_alloc(j->be, &j->db, j->c->train.batch, j->max_L);
@@ -441,9 +432,9 @@ int sl_cmd_train(int argc, char **argv)
 		snprintf(path, sizeof(path), "%s/tb", j->c->run.dir);
 		j->tb = sl_tb_open(path);
 	}
-	start_gpu_log(j);
+	train_start_gpu_log(j);
 
-	verdict = run_steps(j);
+	verdict = train_run_steps(j);
 	log_offload(j);
 	if (verdict) {
 		ret = verdict > 0 ? verdict : 2;	/* > 0: a stop's exit status */
@@ -451,13 +442,13 @@ int sl_cmd_train(int argc, char **argv)
 	}
 	if (!j->c->export_.final)
 		sl_log("export.final is false: no final model export");
-	else if (export_final(j))
+	else if (train_export_final(j))
 		goto out;
 	ret = 0;
 out:
 	sl_signals_restore();
 	job_free(j);
-	format_duration(sl_log_elapsed(), dur, sizeof(dur));
+	train_format_duration(sl_log_elapsed(), dur, sizeof(dur));
 	if (ret == 0)
 		sl_log("done: the job ran %s", dur);
 	else

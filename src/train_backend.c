@@ -16,7 +16,7 @@
 #endif
 
 /* The cuda backend's extras; a build without CUDA has none of them. */
-void gpu_reset_peak(struct job *j)
+void train_gpu_reset_peak(struct job *j)
 {
 #ifdef SL_HAVE_CUDA
 	if (j->cuda)
@@ -24,7 +24,7 @@ void gpu_reset_peak(struct job *j)
 #endif
 }
 
-double gpu_peak(struct job *j)
+double train_gpu_peak(struct job *j)
 {
 #ifdef SL_HAVE_CUDA
 	if (j->cuda)
@@ -34,7 +34,7 @@ double gpu_peak(struct job *j)
 }
 
 /* the arena's reserved bytes and the device's used bytes (what the driver reports) */
-void gpu_reserved(struct job *j, double *reserved, double *used)
+void train_gpu_reserved(struct job *j, double *reserved, double *used)
 {
 	*reserved = *used = 0;
 #ifdef SL_HAVE_CUDA
@@ -45,7 +45,7 @@ void gpu_reserved(struct job *j, double *reserved, double *used)
 #endif
 }
 
-void *gpu_stream(struct job *j)
+void *train_gpu_stream(struct job *j)
 {
 #ifdef SL_HAVE_CUDA
 	if (j->cuda)
@@ -54,7 +54,7 @@ void *gpu_stream(struct job *j)
 	return NULL;
 }
 
-double gpu_memory(struct job *j)
+double train_gpu_memory(struct job *j)
 {
 #ifdef SL_HAVE_CUDA
 	if (j->cuda)
@@ -91,7 +91,7 @@ static void staged_sync(void *ctx)
  * for cuda, NCCL when every rank of the node has a GPU of its own, else (several ranks sharing
  * a GPU, as in tests) MPI staged through host memory, since NCCL refuses two ranks on one device.
  */
-int create_backend(struct job *j)
+int train_create_backend(struct job *j)
 {
 	j->comm_kind = SL_COMM_MPI;
 	if (j->c->backend == SL_BACKEND_CPU) {
@@ -124,7 +124,7 @@ int create_backend(struct job *j)
 }
 
 /* The GPU log on each node's first rank: the GPUs this node's ranks use, by PCI bus id. */
-void start_gpu_log(struct job *j)
+void train_start_gpu_log(struct job *j)
 {
 	char mine[64] = "", *all = NULL;
 	const char **ids = NULL;

@@ -177,7 +177,7 @@ static void eval_once(struct job *j, int step, int32_t pad)
 }
 
 /* evaluation drops no token (every rank runs the same forwards: eval_rounds) */
-void run_eval(struct job *j, int step, int32_t pad)
+void train_run_eval(struct job *j, int step, int32_t pad)
 {
 	sl_model_moe_dispatch_pause(j->model, true);
 	eval_once(j, step, pad);

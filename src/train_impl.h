@@ -7,6 +7,7 @@
 #ifndef SL_TRAIN_IMPL_H
 #define SL_TRAIN_IMPL_H
 
+#include <mpi.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -79,15 +80,23 @@ struct job {
 	struct sl_cp cp;		/* C > 1: this rank's part of the rows (context.h) */
 };
 
+/* Every rank passes its verdict; all get true only if every rank's was true. */
+static inline bool all_ok(bool ok)
+{
+	int mine = ok, all = 0;
+
+	MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+	return all;
+}
+
 /* train.c */
-bool all_ok(bool ok);
-void format_duration(double s, char *buf, size_t n);
+void train_format_duration(double s, char *buf, size_t n);
 
 /* train_run.c */
-int prepare_run_dir(const struct sl_config *c, bool fresh, char *ckpt_dir, size_t n);
-int write_checkpoint(struct job *j, int step);
-int resume_from(struct job *j, const char *dir);
-int export_final(struct job *j);
+int train_prepare_run_dir(const struct sl_config *c, bool fresh, char *ckpt_dir, size_t n);
+int train_write_checkpoint(struct job *j, int step);
+int train_resume_from(struct job *j, const char *dir);
+int train_export_final(struct job *j);
 
 /* train_batch.c */
 void dev_batch_alloc(struct sl_backend *be, struct dev_batch *d, int max_B, int max_L);
@@ -97,18 +106,18 @@ const struct sl_batch_dev *dev_batch_upload(struct sl_backend *be, struct dev_ba
 int dev_batch_targets(struct sl_backend *be, struct dev_batch *d, const struct sl_host_batch *hb);
 
 /* train_eval.c */
-void run_eval(struct job *j, int step, int32_t pad);
+void train_run_eval(struct job *j, int step, int32_t pad);
 
 /* train_step.c */
-int run_steps(struct job *j);
+int train_run_steps(struct job *j);
 
 /* train_backend.c */
-void gpu_reset_peak(struct job *j);
-double gpu_peak(struct job *j);
-void gpu_reserved(struct job *j, double *reserved, double *used);
-void *gpu_stream(struct job *j);
-double gpu_memory(struct job *j);
-int create_backend(struct job *j);
-void start_gpu_log(struct job *j);
+void train_gpu_reset_peak(struct job *j);
+double train_gpu_peak(struct job *j);
+void train_gpu_reserved(struct job *j, double *reserved, double *used);
+void *train_gpu_stream(struct job *j);
+double train_gpu_memory(struct job *j);
+int train_create_backend(struct job *j);
+void train_start_gpu_log(struct job *j);
 
 #endif

@@ -37,7 +37,7 @@ static bool dir_has_run(const char *path)
  * complete checkpoint (1, its dir in @ckpt_dir), or refuses (-1).  A directory that holds a run
  * is never overwritten: --fresh moves it aside to RUN.old-N.
  */
-int prepare_run_dir(const struct sl_config *c, bool fresh, char *ckpt_dir, size_t n)
+int train_prepare_run_dir(const struct sl_config *c, bool fresh, char *ckpt_dir, size_t n)
 {
 	const char *dir = c->run.dir;
 	char root[SL_PATH_MAX + 64], aside[SL_PATH_MAX + 32];
@@ -142,7 +142,7 @@ static void free_host_state(int n, float **ma, float **mm, float **mv)
 	sl_model_free_units(mv, n);
 }
 
-int write_checkpoint(struct job *j, int step)
+int train_write_checkpoint(struct job *j, int step)
 {
 	struct sl_ckpt_geom g = geom_of(j);
 	struct sl_ckpt_state st = { .step = step, .seed = (uint64_t)j->c->data.seed,
@@ -179,7 +179,7 @@ int write_checkpoint(struct job *j, int step)
 	return ret;
 }
 
-int resume_from(struct job *j, const char *dir)
+int train_resume_from(struct job *j, const char *dir)
 {
 	struct sl_ckpt_geom g = geom_of(j);
 	struct sl_ckpt_state st = { 0 };
@@ -210,7 +210,7 @@ out:
 	return ret;
 }
 
-int export_final(struct job *j)
+int train_export_final(struct job *j)
 {
 	char path[SL_PATH_MAX + 16];
 	float **units = NULL;

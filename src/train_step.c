@@ -96,7 +96,7 @@ static int bad_steps_stop(struct job *j, int step, int bad)
 	sl_error("%d steps in a row with a non-finite loss or gradient (train.max_bad_steps %d); "
 		 "stopping after step %d. Lower optim.lr or check the records logged above",
 		 bad, j->c->train.max_bad_steps, step);
-	if (good > j->last_ckpt_step && write_checkpoint(j, good))
+	if (good > j->last_ckpt_step && train_write_checkpoint(j, good))
 		return SL_EXIT_ERROR;
 	if (j->last_ckpt_step)
 		sl_log("the last good step's state is checkpoint step-%06d", j->last_ckpt_step);
@@ -125,7 +125,7 @@ static int signal_stop(struct job *j, int step)
 		       j->last_ckpt_s, step, j->last_ckpt_step);
 		return 128 + sig;
 	}
-	if (j->last_ckpt_step != step && write_checkpoint(j, step))
+	if (j->last_ckpt_step != step && train_write_checkpoint(j, step))
 		return SL_EXIT_ERROR;
 	sl_log("%s: stopped after step %d with checkpoint step-%06d; resubmit to resume "
 	       "(exit status %d)", sl_signals_name(sig), step, step, SL_EXIT_STOPPED);
@@ -196,7 +196,7 @@ static double model_flops(const struct job *j, const struct sl_host_batch *hb)
 	return f + 6 * head * rows;
 }
 
-int run_steps(struct job *j)
+int train_run_steps(struct job *j)
 {
 	const struct sl_config *c = j->c;
 	int *idx = malloc(c->train.batch * sizeof(int)), bad_steps = 0, ret = -1;
@@ -210,7 +210,7 @@ int run_steps(struct job *j)
 
 	if (do_eval0) {
 		sl_watchdog_arm(c->parallel.timeout_s, "evaluation before step 1");
-		run_eval(j, 0, pad);
+		train_run_eval(j, 0, pad);
 		sl_watchdog_disarm();
 	}
 	for (int step = j->first_step; step <= j->steps; step++) {
@@ -220,7 +220,7 @@ int run_steps(struct job *j)
 		int status, stop;
 
 		sl_watchdog_arm(c->parallel.timeout_s, "step %d", step);
-		gpu_reset_peak(j);
+		train_gpu_reset_peak(j);
 		sl_shard_begin_step(&j->sh);
 		if (lm) {
 			/* the loss is per target token of the whole step: every rank counts them */
@@ -283,8 +283,8 @@ int run_steps(struct job *j)
 		{
 			double mem[3];
 
-			mem[0] = gpu_peak(j);
-			gpu_reserved(j, &mem[1], &mem[2]);
+			mem[0] = train_gpu_peak(j);
+			train_gpu_reserved(j, &mem[1], &mem[2]);
 			MPI_Allreduce(MPI_IN_PLACE, mem, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 			peak = mem[0];
 			sm.peak_gpu_bytes = (long long)mem[0];
@@ -353,7 +353,7 @@ int run_steps(struct job *j)
 		if (j->valid.n && ((c->train.eval_every && step % c->train.eval_every == 0) ||
 				   step == j->steps)) {
 			sl_watchdog_arm(c->parallel.timeout_s, "evaluation after step %d", step);
-			run_eval(j, step, pad);
+			train_run_eval(j, step, pad);
 		}
 		if (j->tb && (step % c->run.log_every == 0 || step == j->steps))
 			sl_tb_flush(j->tb);
@@ -362,7 +362,7 @@ int run_steps(struct job *j)
 		sl_watchdog_disarm();
 		if (c->checkpoint.every > 0 && !status &&
 		    (step % c->checkpoint.every == 0 || step == j->steps) &&
-		    write_checkpoint(j, step))
+		    train_write_checkpoint(j, step))
 			goto out;
 		stop = signal_stop(j, step);
 		if (stop) {
@@ -370,7 +370,7 @@ int run_steps(struct job *j)
 			goto out;
 		}
 	}
-	format_duration(sl_now() - t_train0, dur, sizeof(dur));
+	train_format_duration(sl_now() - t_train0, dur, sizeof(dur));
 	sl_log("trained steps %d to %d in %s", j->first_step, j->steps, dur);
 	ret = 0;
 out:
