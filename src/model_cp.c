@@ -45,7 +45,7 @@ int sl_cp_check(struct sl_model *m, const struct sl_batch_dev *b)
 	}
 	m->cp_kv_C = C;
 	/* the Qwen3.5 family runs its mixers on whole rows (model_qwen35.c) */
-	if (m->q35 && sl_q35_cp_init(m, C))
+	if (m->q35 && sl_q35_cp_init(m))
 		return -ENOMEM;
 	for (int i = 0; i < 3; i++)
 		if (!m->cp_kv[i] &&

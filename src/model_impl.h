@@ -166,7 +166,7 @@ int sl_q35_init(struct sl_model *m, const struct sl_model_config *mc,
 		const struct sl_layout *lay);
 void sl_q35_free(struct sl_model *m);
 /* context parallel: the whole rows' mixer state for C ranks (model_qwen35.c) */
-int sl_q35_cp_init(struct sl_model *m, int C);
+int sl_q35_cp_init(struct sl_model *m);
 /* layer l of input x (T, H) into xout (T, H); @keep: keep what the backward needs */
 void sl_q35_layer_fwd(struct sl_model *m, int l, const void *w, const void *x, void *xout,
 		      const struct sl_batch_dev *b, bool keep);

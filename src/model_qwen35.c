@@ -361,12 +361,11 @@ void sl_q35_free(struct sl_model *m)
  * gated attention layers attend with model_cp.c's whole rows' k|v buffers; the Gated DeltaNet
  * layers pass their states and convolution edge rows from chunk to chunk through these.
  */
-int sl_q35_cp_init(struct sl_model *m, int C)
+int sl_q35_cp_init(struct sl_model *m)
 {
 	struct sl_q35 *q = m->q35;
 	const size_t e = m->be->elt, s = m->be->stat_elt, B = m->max_records;
 
-	(void)C;
 	if (q->cp_s[0])
 		return 0;
 	for (int i = 0; i < 2; i++)

@@ -297,7 +297,7 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 
 	/*
 	 * model.c at the configured batch and length (context parallel: 1/C of the rows, padded
-	 * to a multiple of 2C, as train.c sizes the model); train.c's device batch (whole rows)
+	 * to a multiple of 2C, as train.c sizes the model); train_batch.c's device batch (whole rows)
 	 */
 	B = (size_t)p->batch;
 	L = (size_t)p->seq;
@@ -337,7 +337,7 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	p->host[SL_PLAN_WEIGHTS] = p->lean ? 2 * A(&hk, p->max_shard * e) :
 		host_state ? sum_hw : 0;
 	/*
-	 * Transient: a checkpoint copies master, m and v of every unit to host buffers (train.c);
+	 * Transient: a checkpoint copies master, m and v of every unit to host buffers (train_run.c);
 	 * loading holds one whole unit in fp32 at a time.  They never overlap: count the larger.
 	 */
 	load = 0;

@@ -1,7 +1,8 @@
 /*
- * train: the commands that run a model: `train` and `config` (train.c), `score` and `export`
- * (score.c).  They tie the modules together in the order data flows (config -> data -> model over
- * a backend -> shard -> optim -> ckpt/metrics) and hold no numerics of their own.
+ * train: the commands that run a model: `train` (train.c, its parts in train_*.c), `config`
+ * (train_cmd.c), `score` and `export` (score.c).  They tie the modules together in the order data
+ * flows (config -> data -> model over a backend -> shard -> optim -> ckpt/metrics) and hold no
+ * numerics of their own.
  */
 #ifndef SL_TRAIN_H
 #define SL_TRAIN_H
@@ -15,7 +16,7 @@ int sl_cmd_score(int argc, char **argv);
 int sl_cmd_export(int argc, char **argv);
 int sl_cmd_config(int argc, char **argv);
 
-/* shared by the commands (train.c) */
+/* shared by the commands (train_cmd.c) */
 #define SL_MAX_SET 256
 struct sl_cmd_args {
 	const char *config;		/* train, score, config */

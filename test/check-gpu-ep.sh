@@ -55,11 +55,12 @@ PY
 	fail "losses of $2 differ from $1 by more than $3"
 }
 
+F="$top_srcdir/test/fixtures"
 for fx in moe q35moe; do
 	if [ $fx = moe ]; then
-		M="$top_srcdir/test/fixtures/moe/sft" D="$top_srcdir/test/fixtures/moe/sft_records.jsonl"
+		M="$F/moe/sft" D="$F/moe/sft_records.jsonl"
 	else
-		M="$top_srcdir/test/fixtures/q35moe/text" D="$top_srcdir/test/fixtures/q35moe/records.jsonl"
+		M="$F/q35moe/text" D="$F/q35moe/records.jsonl"
 	fi
 	run $fx-cpu 1 cpu "$M" "$D" 2
 	run $fx-cuda 1 cuda "$M" "$D" 2
@@ -71,7 +72,7 @@ for fx in moe q35moe; do
 done
 
 # the expert capacity: dropped choices on cuda as on cpu
-M="$top_srcdir/test/fixtures/moe/sft" D="$top_srcdir/test/fixtures/moe/sft_records.jsonl"
+M="$F/moe/sft" D="$F/moe/sft_records.jsonl"
 run cap-cpu 1 cpu "$M" "$D" 2 --set parallel.capacity_factor=1
 run cap-cuda 1 cuda "$M" "$D" 2 --set parallel.capacity_factor=1
 ok

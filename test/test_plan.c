@@ -462,7 +462,7 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 					cpbuf[i] = k.be.alloc(&k.be, (size_t)B * 4);
 				cpbuf[10] = k.be.alloc(&k.be, (size_t)2 * B * 4);
 			}
-			/* train.c's device batch: ids, lens, last, labels, tgt_pos, tgt_ids, pos */
+			/* train_batch.c's device batch: ids, lens, last, labels, tgt_pos, tgt_ids, pos */
 			batch[0] = k.be.alloc(&k.be, (size_t)B * L * 4);
 			for (int i = 1; i < 4; i++)
 				batch[i] = k.be.alloc(&k.be, (size_t)B * 4);

@@ -16,7 +16,8 @@ dump_and_kill() {
 		case $(cat "/proc/$p/comm" 2>/dev/null) in
 		''|sh|bash|dash|sleep|ps|timeout|python3) continue ;;
 		esac
-		echo "---- stacks of process $p: $(tr '\0' ' ' <"/proc/$p/cmdline" | cut -c1-200)" >&2
+		echo "---- stacks of process $p: $(tr '\0' ' ' <"/proc/$p/cmdline" |
+			cut -c1-200)" >&2
 		if command -v gdb >/dev/null 2>&1; then
 			timeout 60 gdb -p "$p" -batch -nx -ex "thread apply all bt 30" 2>&1 |
 				grep -E '^(#|Thread)' | head -n 120 >&2
