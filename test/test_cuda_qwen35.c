@@ -8,7 +8,8 @@
  * and gradients, cuda against cpu.  The gated delta rule's cases and the model run with both
  * delta-rule kernels (gdn.cu's recurrence, gdn_chunk.cu's chunked form: a cuda backend each,
  * made under SHARDLM_GDN_KERNEL), then the two kernels at the Qwen3.5 4B layer's shape against
- * each other, timed.  SL_TEST_RULE_ONLY=1: the delta rule's cases alone (for compute-sanitizer).
+ * each other, timed.  SL_TEST_RULE_ONLY=1: the delta rule's cases alone (for compute-sanitizer);
+ * SL_TEST_RULE_ONLY=chunked: three small cases of the chunked kernel alone (racecheck).
  */
 #include <math.h>
 #include <stdint.h>
@@ -919,6 +920,7 @@ static void t_model(const char *name, bool sft, int experts, int shared)
 
 int main(int argc, char **argv)
 {
+	const char *rule_only;
 	uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) :
 			(uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
 
@@ -944,6 +946,15 @@ int main(int argc, char **argv)
 		return test_exit("test_cuda_qwen35");
 	printf("%-18s %-28s %-8s %10s %10s %8s\n", "op", "shape", "output", "rel.err", "max/scale",
 	       "gpu ms");
+	/* SL_TEST_RULE_ONLY=chunked: the chunked kernel's cases alone, small (racecheck is slow) */
+	rule_only = getenv("SL_TEST_RULE_ONLY");
+	if (rule_only && !strcmp(rule_only, "chunked")) {
+		gpu = gpu_chk;
+		t_rule(2, 9, 1, 2, 4, 3);
+		t_rule(2, 150, 2, 4, 16, 24);
+		t_rule(1, 130, 1, 2, 128, 128);
+		goto out;
+	}
 	t_conv(2, 9, 7, 4, 11);
 	t_conv(3, 70, 160, 4, 200);
 	t_conv(2, 300, 1000, 4, 1100);
@@ -966,7 +977,7 @@ int main(int argc, char **argv)
 		t_rule_chunk(2, 130, 2, 6, 128, 128);
 	}
 	gpu = gpu_rec;
-	if (getenv("SL_TEST_RULE_ONLY"))	/* the delta rule alone (under compute-sanitizer) */
+	if (rule_only)	/* the delta rule alone (under compute-sanitizer) */
 		goto out;
 	t_gnorm(7, 2, 3, 11);
 	t_gnorm(140, 4, 24, 200);
