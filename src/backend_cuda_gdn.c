@@ -56,7 +56,7 @@ static void cuda_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void 
 
 /*
  * The chunked kernels (cuda/gdn_chunk.cu), chosen per backend at its creation by
- * SHARDLM_GDN_KERNEL=chunked (default: recurrent, gdn.cu's per-token walk).  A shape they do not
+ * SHARDLM_GDN_KERNEL=chunked (the default; recurrent: gdn.cu's per-token walk).  A shape they do not
  * take (key dim over 128, a group's dS over the scratch), or a chunk of rows with a start or end
  * state (context parallel), runs the recurrence.
  */
@@ -136,7 +136,7 @@ static void cuda_sigmoid_mul_bwd(struct sl_backend *be, void *dx, void *dgate, c
 static int cuda_gdn_init(struct sl_backend *be)
 {
 	const char *k = getenv("SHARDLM_GDN_KERNEL");
-	bool chunked = k && !strcmp(k, "chunked");
+	bool chunked = !k || !*k || !strcmp(k, "chunked");	/* the default */
 
 	if (k && *k && !chunked && strcmp(k, "recurrent")) {
 		fprintf(stderr,

@@ -103,20 +103,6 @@ int sl_cmd_parse(const char *cmd, int argc, char **argv, struct sl_cmd_args *a)
 
 int sl_check_supported(const struct sl_config *c, bool training)
 {
-	/*
-	 * The expert dispatch (model_moe_ep.c) keeps its rows in backend buffers and its counts on
-	 * the host, and the rows' all-to-all runs on NCCL or host-staged; but it has not run on a
-	 * GPU yet, so the cuda backend refuses it until test/check-gpu-ep.sh has passed there
-	 * (SHARDLM_TEST_CUDA_EP=1 lets that test through).
-	 */
-	if (c->backend == SL_BACKEND_CUDA && training &&
-	    (c->parallel.expert != 1 || c->parallel.capacity_factor > 0) &&
-	    !(getenv("SHARDLM_TEST_CUDA_EP") && !strcmp(getenv("SHARDLM_TEST_CUDA_EP"), "1"))) {
-		sl_error("%s: parallel.expert > 1 and parallel.capacity_factor > 0 need the cpu "
-			 "backend in this version (the cuda path is not yet checked on a GPU)",
-			 c->source);
-		return -1;
-	}
 	if (c->parallel.expert > 1 && c->parallel.offload != SL_OFFLOAD_NONE && training) {
 		sl_error("%s: parallel.offload with parallel.expert > 1 is not in this version; set "
 			 "parallel.offload: none or parallel.expert: 1", c->source);

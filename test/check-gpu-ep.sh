@@ -1,8 +1,7 @@
 #!/bin/sh
 # check-gpu-ep.sh (check-gpu.sh runs it on the GPU machine): expert parallelism and the expert
-# capacity on the cuda backend, which refuses both until this check has passed on a GPU
-# (SHARDLM_TEST_CUDA_EP=1 lets it through).  Two ranks share the one GPU (the host-staged
-# communicator carries the rows' all-to-all).
+# capacity on the cuda backend.  Two ranks share the one GPU (the host-staged communicator
+# carries the rows' all-to-all).
 #  - the tiny Qwen3-MoE of test/fixtures/moe/sft (8 experts, top 2) and the Qwen3.5-MoE of
 #    test/fixtures/q35moe/text: parallel.expert 2 on 2 ranks against 1 rank with the same
 #    micro-batches (accum 2), both cuda, 6 AdamW steps: every loss within 1% (bf16 GEMMs over
@@ -12,7 +11,6 @@
 #    10% of the cpu's (a near-tie in bf16 may route one choice elsewhere) and above zero.
 . "${top_srcdir:-$(dirname "$0")/..}/test/lib.sh"
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export SHARDLM_TEST_CUDA_EP=1
 [ -x "$SHARDLM" ] || SHARDLM=$(command -v shardlm)
 MPIRUN=${MPIRUN:-mpirun}
 

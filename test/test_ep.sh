@@ -204,9 +204,6 @@ expect_fail "experts % expert" "parallel.expert 3 must divide the model's 8 expe
 	"$SHARDLM" train "$T/cls.yaml" --set run.dir="$T/bad1" --set parallel.expert=3
 expect_fail "dp % expert" "parallel.expert 2 must divide the 1 data-parallel ranks" \
 	"$SHARDLM" train "$T/cls.yaml" --set run.dir="$T/bad2" --set parallel.expert=2
-expect_fail "cuda" "parallel.expert > 1 and parallel.capacity_factor > 0 need the cpu backend" \
-	"$SHARDLM" train "$T/cls.yaml" --set run.dir="$T/bad3" --set backend=cuda \
-	--set parallel.expert=2
 "$top_builddir/test/mkmodel" --out "$T/dense" --vocab 96 --hidden 16 --layers 1 --heads 2 \
 	--kv-heads 1 --head-dim 8 --intermediate 24 --seed 5 >/dev/null || fail "mkmodel"
 expect_fail "dense" "parallel.capacity_factor applies to mixture-of-experts models" \
