@@ -120,32 +120,45 @@ __global__ void k_gattn_bwd(bf16 *din, const bf16 *dout, const bf16 *dgate, cons
 		din[io + hd + i] = dgate[(size_t)t * nh * hd + (size_t)j * hd + i];
 }
 
-// thread per (q|k, element i): the sum over tokens and heads, in a fixed order
-__global__ void k_gattn_dw(bf16 *dqw, bf16 *dkw, const bf16 *dout, const bf16 *in,
-			   const float *rstd, const float *cs, int T, int L, const int *pos, int nh,
-			   int nkv, int hd, int rot)
+// the q and k norm weights' gradients in two passes, in a fixed order (no atomics): block (token
+// chunk, q|k), thread (element i, token lane): partial sums over the chunk's tokens and the heads
+// into part(2, nchunk, hd); then k_gattn_dw_final adds the chunks' partials in order
+__global__ void k_gattn_dw_partial(float *part, const bf16 *dout, const bf16 *in,
+				   const float *rstd, const float *cs, int T, int L, const int *pos,
+				   int nh, int nkv, int hd, int rot, int tpc)
 {
-	int nq = nh + nkv, Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd;
-	int half = rot / 2;
+	extern __shared__ float red[];	// (R, hd)
+	const int nq = nh + nkv, Win = (2 * nh + 2 * nkv) * hd, Wout = (nh + 2 * nkv) * hd;
+	const int half = rot / 2, kind = blockIdx.y, i = threadIdx.x, R = blockDim.y;
+	const int j0 = kind ? nh : 0, j1 = kind ? nq : nh;
+	const int t0 = blockIdx.x * tpc, t1 = min(T, t0 + tpc);
+	float acc = 0.f;
 
-	GRID_LOOP(k, (size_t)2 * hd)
-	{
-		int kind = k / hd, i = k % hd, j0 = kind ? nh : 0, j1 = kind ? nq : nh;
-		float acc = 0.f;
+	for (int t = t0 + threadIdx.y; t < t1; t += R) {
+		const float *c = cs + (size_t)(pos ? pos[t] : t % L) * rot, *s = c + half;
 
-		for (int t = 0; t < T; t++) {
-			const float *c = cs + (size_t)(pos ? pos[t] : t % L) * rot, *s = c + half;
-
-			for (int j = j0; j < j1; j++)
-				acc += prope_back(dout + (size_t)t * Wout + (size_t)j * hd, c, s, i,
-						  half, rot) *
-				       bf(in[gq_in_off(t, j, nh, hd, Win) + i]) * rstd[(size_t)t * nq + j];
-		}
-		if (kind)
-			dkw[i] = tobf(bf(dkw[i]) + acc);
-		else
-			dqw[i] = tobf(bf(dqw[i]) + acc);
+		for (int j = j0; j < j1; j++)
+			acc += prope_back(dout + (size_t)t * Wout + (size_t)j * hd, c, s, i, half, rot) *
+			       bf(in[gq_in_off(t, j, nh, hd, Win) + i]) * rstd[(size_t)t * nq + j];
 	}
+	red[threadIdx.y * hd + i] = acc;
+	__syncthreads();
+	if (!threadIdx.y) {
+		for (int k = 1; k < R; k++)
+			acc += red[k * hd + i];
+		part[((size_t)kind * gridDim.x + blockIdx.x) * hd + i] = acc;
+	}
+}
+
+__global__ void k_gattn_dw_final(bf16 *dqw, bf16 *dkw, const float *part, int nchunk, int hd)
+{
+	const int i = threadIdx.x, kind = blockIdx.x;
+	bf16 *d = kind ? dkw : dqw;
+	float acc = 0.f;
+
+	for (int k = 0; k < nchunk; k++)
+		acc += part[((size_t)kind * nchunk + k) * hd + i];
+	d[i] = tobf(bf(d[i]) + acc);
 }
 
 static float *prope_table(struct sl_cuda *c, int L, int rot, float theta)
@@ -194,9 +207,23 @@ extern "C" void sl_cuda_gattn_qk_bwd(struct sl_cuda *c, void *dqgkv, void *dqw, 
 	k_gattn_v<<<grid_for((size_t)T * nkv * hd, NT), NT, 0, c->stream>>>(
 		(bf16 *)dqgkv, (const bf16 *)dout, T, nh, nkv, hd, 0);
 	CUDA_LAUNCHED();
-	k_gattn_dw<<<grid_for((size_t)2 * hd, 64), 64, 0, c->stream>>>(
-		(bf16 *)dqw, (bf16 *)dkw, (const bf16 *)dout, (const bf16 *)qgkv, rstd, cs, T, L,
-		pos, nh, nkv, hd, rot);
+	// the partials after the rotary table in the scratch (256-byte aligned)
+	const size_t cs_floats = ((size_t)L * rot + 63) / 64 * 64;
+	const int R = 256 / hd > 0 ? 256 / hd : 1;
+	int tpc = 8, nchunk = (T + tpc - 1) / tpc;
+
+	if (nchunk > 1024) {
+		tpc = (T + 1023) / 1024;
+		nchunk = (T + tpc - 1) / tpc;
+	}
+	float *part = sl_cuda_scratch(c, (cs_floats + (size_t)2 * nchunk * hd) * sizeof(float),
+				      "gated attention norm dw") + cs_floats;
+
+	k_gattn_dw_partial<<<dim3(nchunk, 2), dim3(hd, R), (size_t)R * hd * sizeof(float),
+			     c->stream>>>(part, (const bf16 *)dout, (const bf16 *)qgkv, rstd, cs, T,
+					  L, pos, nh, nkv, hd, rot, tpc);
+	CUDA_LAUNCHED();
+	k_gattn_dw_final<<<2, hd, 0, c->stream>>>((bf16 *)dqw, (bf16 *)dkw, part, nchunk, hd);
 	CUDA_LAUNCHED();
 }
 

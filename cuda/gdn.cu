@@ -8,7 +8,7 @@
 // column by column), so the forward needs no communication between threads beyond loading k and
 // q.  The backward recomputes each 64-position chunk's states from the saved chunk start into
 // scratch and walks it backwards.  gdn_chunk.cu has the chunked form of the same ops
-// (SHARDLM_GDN_KERNEL=chunked picks it).
+// (the default; SHARDLM_GDN_KERNEL=recurrent picks this file's).
 #include <cmath>
 
 #include "common.cuh"
@@ -80,6 +80,53 @@ __global__ void k_conv_bwd_dx(bf16 *dx, int xs, const bf16 *g, const bf16 *pre, 
 	}
 }
 
+// dw in two passes, in a fixed order (no atomics): thread (channel c, token chunk) sums its
+// chunk's tokens for each of the K taps into part(nchunk, C, K); k_conv_bwd_dw_final adds the
+// chunks in order.  K <= CONV_KMAX (the models' 4); a larger K takes the one-pass kernel.
+#define CONV_KMAX 8
+__global__ void k_conv_bwd_dw_partial(float *part, const bf16 *g, const bf16 *x, int xs,
+				      const bf16 *pre, int T, int L, int C, int K, const bf16 *halo,
+				      int tpc)
+{
+	const int c = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * tpc;
+	const int t1 = min(T, t0 + tpc);
+	float acc[CONV_KMAX];
+
+	if (c >= C)
+		return;
+#pragma unroll
+	for (int j = 0; j < CONV_KMAX; j++)
+		acc[j] = 0.f;
+	for (int t = t0; t < t1; t++) {
+		const float d = dsilu_g(g, pre, (size_t)t * C + c);
+
+#pragma unroll
+		for (int j = 0; j < CONV_KMAX; j++) {
+			const int back = K - 1 - j;
+
+			if (j < K && (t % L - back >= 0 || halo))
+				acc[j] += d * conv_in(x, halo, xs, t, t % L, back, L, K, c);
+		}
+	}
+#pragma unroll
+	for (int j = 0; j < CONV_KMAX; j++)
+		if (j < K)
+			part[((size_t)blockIdx.y * C + c) * K + j] = acc[j];
+}
+
+__global__ void k_conv_bwd_dw_final(bf16 *dw, const float *part, int nchunk, int CK)
+{
+	GRID_LOOP(i, (size_t)CK)
+	{
+		float acc = 0.f;
+
+		for (int k = 0; k < nchunk; k++)
+			acc += part[(size_t)k * CK + i];
+		dw[i] = tobf(bf(dw[i]) + acc);
+	}
+}
+
+// one pass, thread per (channel, tap): a kernel size above CONV_KMAX, or no room in the scratch
 __global__ void k_conv_bwd_dw(bf16 *dw, const bf16 *g, const bf16 *x, int xs, const bf16 *pre,
 			      int T, int L, int C, int K, const bf16 *halo)
 {
@@ -134,9 +181,29 @@ extern "C" void sl_cuda_conv1d_silu_bwd(struct sl_cuda *c, void *dx, int xs, voi
 	k_conv_bwd_dx<<<grid_for((size_t)T * C, NT), NT, 0, c->stream>>>(
 		(bf16 *)dx, xs, (const bf16 *)dout, (const bf16 *)pre, (const bf16 *)w, T, L, C, K);
 	CUDA_LAUNCHED();
-	k_conv_bwd_dw<<<grid_for((size_t)C * K, 128), 128, 0, c->stream>>>(
-		(bf16 *)dw, (const bf16 *)dout, (const bf16 *)x, xs, (const bf16 *)pre, T, L, C, K,
-		(const bf16 *)halo);
+	// chunks of 64 tokens, or longer ones where the scratch holds fewer partials
+	const size_t row = (size_t)C * K * sizeof(float), cap = c->scratch_bytes / row;
+	int nchunk = (T + 63) / 64;
+
+	if ((size_t)nchunk > cap)
+		nchunk = (int)cap;
+	const int tpc = nchunk > 0 ? (T + nchunk - 1) / nchunk : T;
+
+	if (K <= CONV_KMAX && nchunk > 0) {
+		nchunk = (T + tpc - 1) / tpc;
+		float *part = sl_cuda_scratch(c, (size_t)nchunk * row, "conv1d dw");
+
+		k_conv_bwd_dw_partial<<<dim3((C + 127) / 128, nchunk), 128, 0, c->stream>>>(
+			part, (const bf16 *)dout, (const bf16 *)x, xs, (const bf16 *)pre, T, L, C, K,
+			(const bf16 *)halo, tpc);
+		CUDA_LAUNCHED();
+		k_conv_bwd_dw_final<<<grid_for((size_t)C * K, NT), NT, 0, c->stream>>>(
+			(bf16 *)dw, part, nchunk, C * K);
+	} else {
+		k_conv_bwd_dw<<<grid_for((size_t)C * K, 128), 128, 0, c->stream>>>(
+			(bf16 *)dw, (const bf16 *)dout, (const bf16 *)x, xs, (const bf16 *)pre, T, L,
+			C, K, (const bf16 *)halo);
+	}
 	CUDA_LAUNCHED();
 	if (dhalo && K > 1) {
 		k_conv_bwd_dhalo<<<grid_for((size_t)(T / L) * (K - 1) * C, NT), NT, 0, c->stream>>>(
