@@ -46,6 +46,16 @@ PRESETS = {
                num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
                linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
                intermediate_size=9216, vocab_size=248320),
+    # the 4B's widths over one 3:1 block of layers (bench/kernel_profile.sh: per-kernel times)
+    "4b-block": dict(hidden_size=2560, num_hidden_layers=4, num_attention_heads=16,
+                     num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+                     linear_num_value_heads=32, linear_key_head_dim=128,
+                     linear_value_head_dim=128, intermediate_size=9216, vocab_size=248320),
+    # test/check-gpu-cp.sh: tiny, with a head_dim the cuda context-parallel attention takes
+    "cp-tiny": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+                    num_key_value_heads=1, head_dim=64, linear_num_key_heads=2,
+                    linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=24,
+                    intermediate_size=96, vocab_size=512),
     # the CPU smoke run: the same structure, tiny (the shape of test/fixtures/qwen35/cls)
     "smoke": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,

@@ -615,6 +615,35 @@ extern "C" void sl_cuda_scatter_add_rows(struct sl_cuda *c, void *dx, const void
 	CUDA_LAUNCHED();
 }
 
+// dst(T, dst_w) columns [dst_off, dst_off + n) = (or +=) src(T, src_w) columns [src_off, +n)
+__global__ void k_copy_cols(bf16 *dst, int dst_w, int dst_off, const bf16 *src, int src_w,
+			    int src_off, int T, int n, bool add)
+{
+	const size_t total = (size_t)T * n;
+
+	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
+	     e += (size_t)gridDim.x * blockDim.x) {
+		const size_t t = e / n, i = e % n;
+		const float v = bf(src[t * src_w + src_off + i]);
+		bf16 *d = dst + t * dst_w + dst_off + i;
+
+		*d = tobf(add ? bf(*d) + v : v);
+	}
+}
+
+extern "C" void sl_cuda_copy_cols(struct sl_cuda *c, void *dst, int dst_w, int dst_off,
+				  const void *src, int src_w, int src_off, int T, int n, bool add)
+{
+	const size_t total = (size_t)T * n;
+
+	if (!total)
+		return;
+	k_copy_cols<<<grid_for(total, NT), NT, 0, c->stream>>>((bf16 *)dst, dst_w, dst_off,
+							       (const bf16 *)src, src_w, src_off,
+							       T, n, add);
+	CUDA_LAUNCHED();
+}
+
 // ---- BCE ---------------------------------------------------------------------------------
 
 // one block; per-thread sums in double, then a fixed-order tree

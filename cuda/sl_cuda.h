@@ -8,6 +8,7 @@
 #ifndef SL_CUDA_H
 #define SL_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -83,6 +84,18 @@ void sl_cuda_attention_fwd(struct sl_cuda *c, void *out, float *lse, const void 
 void sl_cuda_attention_bwd(struct sl_cuda *c, void *dqkv, const void *dout, const void *out,
 			   const float *lse, const void *qkv, const int *lens, const int *pos, int B,
 			   int L, int nh, int nkv, int hd);
+/* context parallel (backend.h's cp_attention_fwd / _bwd): head_dim 64, 128 or 256 only */
+int sl_cuda_cp_attention_supported(int hd);
+void sl_cuda_cp_attention_fwd(struct sl_cuda *c, void *out, float *lse, const void *qkv,
+			      const void *kv, const int *gidx, const int *pos, const int *lens,
+			      int B, int Lc, int L, int nh, int nkv, int hd, int me, int C,
+			      int part);
+void sl_cuda_cp_attention_bwd(struct sl_cuda *c, void *dqkv, void *dkv, const void *dout,
+			      const void *out, const float *lse, const void *qkv, const void *kv,
+			      const int *gidx, const int *pos, const int *lens, int B, int Lc,
+			      int L, int nh, int nkv, int hd);
+void sl_cuda_copy_cols(struct sl_cuda *c, void *dst, int dst_w, int dst_off, const void *src,
+		       int src_w, int src_off, int T, int n, bool add);
 void sl_cuda_swiglu_fwd(struct sl_cuda *c, void *h, const void *gu, int T, int I);
 void sl_cuda_swiglu_bwd(struct sl_cuda *c, void *dgu, const void *dh, const void *gu, int T,
 			int I);

@@ -387,6 +387,8 @@ struct sl_backend {
 				 const void *out, const void *lse, const void *qkv, const void *kv,
 				 const int32_t *gidx, const int32_t *pos, const int32_t *lens, int B,
 				 int Lc, int L, int nh, int nkv, int hd);
+	/* whether cp_attention_fwd / _bwd take head_dim @hd (NULL: every head_dim) */
+	bool (*cp_attention_takes)(int hd);
 
 	/*
 	 * ---- Qwen3.5-MoE shared expert (model_moe.c); NULL: not supported ----

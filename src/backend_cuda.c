@@ -271,6 +271,36 @@ static void cuda_scatter_add_rows(struct sl_backend *be, void *dx, const void *d
 	sl_cuda_scatter_add_rows(C(be), dx, dout, idx, n, H);
 }
 
+static void cuda_copy_cols(struct sl_backend *be, void *dst, int dst_w, int dst_off,
+			   const void *src, int src_w, int src_off, int T, int n, bool add)
+{
+	sl_cuda_copy_cols(C(be), dst, dst_w, dst_off, src, src_w, src_off, T, n, add);
+}
+
+static void cuda_cp_attention_fwd(struct sl_backend *be, void *out, void *lse, const void *qkv,
+				  const void *kv, const int32_t *gidx, const int32_t *pos,
+				  const int32_t *lens, int B, int Lc, int L, int nh, int nkv,
+				  int hd, int me, int ncp, int part)
+{
+	sl_cuda_cp_attention_fwd(C(be), out, lse, qkv, kv, gidx, pos, lens, B, Lc, L, nh, nkv, hd,
+				 me, ncp, part);
+}
+
+static void cuda_cp_attention_bwd(struct sl_backend *be, void *dqkv, void *dkv, const void *dout,
+				  const void *out, const void *lse, const void *qkv,
+				  const void *kv, const int32_t *gidx, const int32_t *pos,
+				  const int32_t *lens, int B, int Lc, int L, int nh, int nkv,
+				  int hd)
+{
+	sl_cuda_cp_attention_bwd(C(be), dqkv, dkv, dout, out, lse, qkv, kv, gidx, pos, lens, B,
+				 Lc, L, nh, nkv, hd);
+}
+
+static bool cuda_cp_attention_takes(int hd)
+{
+	return sl_cuda_cp_attention_supported(hd);
+}
+
 static void cuda_bce_fwd_bwd(struct sl_backend *be, double *loss_sum, void *dlogits,
 			     const void *logits, const float *labels, int n, float scale)
 {
@@ -408,6 +438,10 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	be->swiglu_bwd = cuda_swiglu_bwd;
 	be->gather_rows = cuda_gather_rows;
 	be->scatter_add_rows = cuda_scatter_add_rows;
+	be->copy_cols = cuda_copy_cols;
+	be->cp_attention_fwd = cuda_cp_attention_fwd;
+	be->cp_attention_bwd = cuda_cp_attention_bwd;
+	be->cp_attention_takes = cuda_cp_attention_takes;
 	be->bce_fwd_bwd = cuda_bce_fwd_bwd;
 	be->ce_fwd_bwd = cuda_ce_fwd_bwd;
 	be->sumsq_f32 = cuda_sumsq_f32;

@@ -16,12 +16,6 @@ int sl_cp_check_config(const struct sl_config *c, int world)
 
 	if (C <= 1)
 		return 0;
-	if (c->backend != SL_BACKEND_CPU) {
-		sl_error("%s: parallel.context %d needs backend: cpu in this version (the cuda "
-			 "backend has no context-parallel attention yet); set parallel.context: 1",
-			 c->source, C);
-		return -ENOTSUP;
-	}
 	if (world % C) {
 		sl_error("%s: parallel.context %d does not divide the %d rank(s) of the job; the "
 			 "world must be a multiple of it (data-parallel ranks = world / context)",
@@ -90,21 +84,9 @@ static void cp_sum_f64(void *ctx, double *buf, size_t n)
 static void cp_sendrecv(void *ctx, const void *send, int to, void *recv, int from, size_t bytes)
 {
 	struct sl_cp *cp = ctx;
-	const size_t piece = (size_t)1 << 30;
 
-	/* sl_cp_check_config: the cpu backend, so the MPI kind and host buffers */
-	if (cp->comm.kind != SL_COMM_MPI)
-		sl_dist_abort("internal error: context-parallel sendrecv needs the MPI kind");
-	for (size_t off = 0; off < bytes; off += piece) {
-		int n = (int)(bytes - off < piece ? bytes - off : piece);
-
-		if (MPI_Sendrecv(to < 0 ? NULL : (const char *)send + off, to < 0 ? 0 : n, MPI_BYTE,
-				 to < 0 ? MPI_PROC_NULL : to, 71,
-				 from < 0 ? NULL : (char *)recv + off, from < 0 ? 0 : n, MPI_BYTE,
-				 from < 0 ? MPI_PROC_NULL : from, 71, cp->comm.mpi,
-				 MPI_STATUS_IGNORE) != MPI_SUCCESS)
-			sl_dist_abort("context parallel: passing rows between chunks failed");
-	}
+	if (sl_comm_sendrecv(&cp->comm, send, to, recv, from, bytes))
+		sl_dist_abort("context parallel: passing rows between chunks failed");
 }
 
 int sl_cp_create(struct sl_cp *cp, struct sl_backend *be, const struct sl_dist *d, int C,

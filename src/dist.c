@@ -615,6 +615,65 @@ int sl_comm_all_to_all_rows(struct sl_comm *c, const void *send, const int *scou
 	return 0;
 }
 
+/* MPI_Sendrecv of host buffers in pieces below an int of bytes */
+static int mpi_sendrecv(MPI_Comm comm, const char *send, int to, char *recv, int from,
+			size_t bytes)
+{
+	const size_t piece = (size_t)1 << 30;
+
+	for (size_t off = 0; off < bytes; off += piece) {
+		int n = (int)(bytes - off < piece ? bytes - off : piece);
+
+		if (MPI_Sendrecv(to < 0 ? NULL : send + off, to < 0 ? 0 : n, MPI_BYTE,
+				 to < 0 ? MPI_PROC_NULL : to, 71, from < 0 ? NULL : recv + off,
+				 from < 0 ? 0 : n, MPI_BYTE, from < 0 ? MPI_PROC_NULL : from, 71,
+				 comm, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+			sl_error("sendrecv of %zu bytes (to rank %d, from rank %d) failed", bytes,
+				 to, from);
+			return -EIO;
+		}
+	}
+	return 0;
+}
+
+int sl_comm_sendrecv(struct sl_comm *c, const void *send, int to, void *recv, int from,
+		     size_t bytes)
+{
+	int rc = 0;
+
+	if (!bytes || (to < 0 && from < 0))
+		return 0;
+	switch (c->kind) {
+	case SL_COMM_MPI:
+		rc = mpi_sendrecv(c->mpi, send, to, recv, from, bytes);
+		break;
+	case SL_COMM_MPI_STAGED:
+		rc = stage_reserve(c, 2 * bytes);
+		if (rc)
+			break;
+		stage_sync(c);
+		if (to >= 0)
+			c->copy.to_host(c->copy.ctx, c->stage, send, bytes);
+		rc = mpi_sendrecv(c->mpi, c->stage, to, (char *)c->stage + bytes, from, bytes);
+		if (!rc && from >= 0)
+			c->copy.to_device(c->copy.ctx, recv, (char *)c->stage + bytes, bytes);
+		break;
+	case SL_COMM_NCCL:
+#ifdef SL_DIST_NCCL
+		NCCL_CHECK(ncclGroupStart());
+		if (to >= 0)
+			NCCL_CHECK(ncclSend(send, bytes, ncclUint8, to, (ncclComm_t)c->nccl,
+					    (cudaStream_t)c->stream));
+		if (from >= 0)
+			NCCL_CHECK(ncclRecv(recv, bytes, ncclUint8, from, (ncclComm_t)c->nccl,
+					    (cudaStream_t)c->stream));
+		NCCL_CHECK(ncclGroupEnd());
+#endif
+		break;
+	}
+	return rc;
+}
+
 /* ---- process groups ------------------------------------------------------------------------ */
 
 int sl_groups_create(struct sl_groups *g, const struct sl_dist *d, bool shard_by_node,

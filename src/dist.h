@@ -151,6 +151,14 @@ int sl_comm_all_to_all_rows(struct sl_comm *c, const void *send, const int *scou
 			    const int *rcount, size_t row_bytes);
 
 /*
+ * Point to point in one step: @bytes of send go to rank @to while @bytes from rank @from land in
+ * recv (either rank -1: that half is skipped).  MPI: host buffers; staged and NCCL (ncclSend /
+ * ncclRecv grouped on c->stream): device buffers.  Returns 0, or negative on failure (printed).
+ */
+int sl_comm_sendrecv(struct sl_comm *c, const void *send, int to, void *recv, int from,
+		     size_t bytes);
+
+/*
  * The groups of a layout.  shard: the ranks a parameter unit is split over (all ranks for
  * shard_group world; the ranks of one node for node); replica: the ranks holding the same shard
  * index in each shard group (size 1 for world).

@@ -27,6 +27,11 @@ int sl_cp_check(struct sl_model *m, const struct sl_batch_dev *b)
 			be->name);
 		return -ENOTSUP;
 	}
+	if (be->cp_attention_takes && !be->cp_attention_takes(m->hd)) {
+		fprintf(stderr, "model: the %s backend's context-parallel attention does not take "
+			"head_dim %d (set parallel.context: 1)\n", be->name, m->hd);
+		return -ENOTSUP;
+	}
 	if (!cp->comm->kv_all_gather_start || !cp->comm->kv_all_gather_wait) {
 		fprintf(stderr, "model: the context group has no split key/value all-gather\n");
 		return -EINVAL;

@@ -271,6 +271,15 @@ int sl_cmd_train(int argc, char **argv)
 				 j->mf.mc.model_type);
 		goto out;
 	}
+	if (j->C > 1 && j->be->cp_attention_takes &&
+	    !j->be->cp_attention_takes(j->mf.mc.head_dim)) {
+		if (j->d.rank == 0)
+			sl_error("%s: parallel.context %d: the %s backend's context-parallel "
+				 "attention does not take head_dim %d (model %s); set "
+				 "parallel.context: 1", j->c->source, j->C,
+				 j->be->name, j->mf.mc.head_dim, j->mf.dir);
+		goto out;
+	}
 	sl_log("model %s: %s, %d layers, hidden %d, heads %d/%d (head_dim %d), vocab %d, "
 	       "%.2fM parameters", j->mf.dir, j->mf.mc.model_type, j->mf.mc.n_layers,
 	       j->mf.mc.hidden, j->mf.mc.n_heads, j->mf.mc.n_kv_heads, j->mf.mc.head_dim,
@@ -418,6 +427,8 @@ int sl_cmd_train(int argc, char **argv)
 	if (j->C > 1 && !all_ok(sl_cp_create(&j->cp, j->be, &j->d, j->C, j->comm_kind, &j->copy,
 					      j->c->train.batch, j->max_L) == 0))
 		goto out;
+	if (j->C > 1 && j->cuda)
+		j->cp.comm.stream = train_gpu_stream(j);
 
 	snprintf(path, sizeof(path), "%s/training_metrics.json", j->c->run.dir);
 	j->met = sl_metrics_create(path);

@@ -9,6 +9,7 @@
 #   test_cuda_qwen35: the same for the Qwen3.5 hybrid's ops and a tiny hybrid model.
 #   check-gpu-q35moe.sh: a tiny Qwen3.5-MoE model's sft trains to the cpu backend's losses.
 #   check-gpu-ep.sh: expert parallel on 2 ranks of the GPU and the expert capacity, on cuda.
+#   check-gpu-cp.sh: context parallel on 2 ranks of the GPU (Qwen3 and Qwen3.5), on cuda.
 set -u
 : "${top_srcdir:=$(cd "$(dirname "$0")/.." && pwd)}"
 : "${top_builddir:=$top_srcdir}"
@@ -65,6 +66,8 @@ gpu_test "cuda qwen3.5 ops and model vs cpu" "$top_builddir/test/test_cuda_qwen3
 gpu_test "qwen3.5-moe sft cuda vs cpu losses" sh "$top_srcdir/test/check-gpu-q35moe.sh"
 # expert parallelism (2 ranks on the one GPU) and the expert capacity on cuda
 gpu_test "expert parallel and capacity on cuda" sh "$top_srcdir/test/check-gpu-ep.sh"
+# context parallelism (2 ranks on the one GPU) on cuda
+gpu_test "context parallel on cuda" sh "$top_srcdir/test/check-gpu-cp.sh"
 
 grep -h "checks," "$LOG"
 echo "check-gpu: $passed passed, $failed failed"

@@ -135,8 +135,5 @@ same p1 p2 lm
 expect_fail "context 3 of 2 ranks" "parallel.context 3 does not divide the 2 rank" \
 	"$MPIRUN" -np 2 --oversubscribe "$SHARDLM" train "$T/cls.yaml" --set run.dir="$T/bad1" \
 	--set parallel.context=3
-expect_fail "context on cuda" "parallel.context 2 needs backend: cpu" \
-	"$SHARDLM" train "$T/cls.yaml" --set run.dir="$T/bad2" --set parallel.context=2 \
-	--set backend=cuda
-[ ! -e "$T/bad1" ] && [ ! -e "$T/bad2" ] || fail "a refused job made its run directory"
+[ ! -e "$T/bad1" ] || fail "a refused job made its run directory"
 finish

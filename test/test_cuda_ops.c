@@ -5,7 +5,9 @@
  * check.  Inputs are rounded to bf16 before the cpu sees them, so only the arithmetic's rounding
  * differs: bf16 outputs must match to about 1e-2 relative (norm-wise, and element-wise against the
  * output's scale), f32 outputs of the optimizer to float rounding.  Several shapes each, odd sizes
- * and padded batches included.  Prints a table of op, shape, errors and GPU time.
+ * and padded batches included.  Prints a table of op, shape, errors and GPU time.  A last argument
+ * --bench adds the timings of the 4B's GEMMs and attention (and the Qwen3.5 4B's head_dim-256
+ * attention); --bench-only runs those timings alone.
  */
 #include <math.h>
 #include <stdint.h>
@@ -624,6 +626,8 @@ static void t_adamw(size_t n, bool wout)
 #include "cuda_moe_ops.inc"
 /* the Qwen3.5-MoE shared expert's gate */
 #include "cuda_q35moe_ops.inc"
+/* context parallel: the rank's queries against whole rows' keys */
+#include "cuda_cp_ops.inc"
 
 static void bench(void)
 {
@@ -668,34 +672,39 @@ static void bench(void)
 		printf("  matmul_bwd %-8s (dx + dw): %.3f ms, %.0f TFLOP/s\n", mm[k].name, ms,
 		       2 * fl / ms / 1e9);
 	}
-	{
-		/* attention: 4 records of 2048, 32 heads, 8 kv heads, hd 128 */
-		int B = 4, L = 2048, nh = 32, nkv = 8, hd = 128, W = (nh + 2 * nkv) * hd;
+	/* attention, 4 records of 2048: the 4B's 32 heads, 8 kv heads, hd 128; then the Qwen3.5 4B
+	 * gated attention's 16 heads, 4 kv heads, hd 256 */
+	for (int s = 0; s < 2; s++) {
+		int B = 4, L = 2048, nh = s ? 16 : 32, nkv = s ? 4 : 8, hd = s ? 256 : 128;
+		int W = (nh + 2 * nkv) * hd;
 		int32_t hl[4] = { 2048, 2048, 2048, 2048 };
 		int32_t *lens = gpu->alloc(gpu, sizeof(hl));
 		void *qkv = o, *att = x, *dq = (char *)o + (size_t)B * L * W * 2;
-		double fl = 4.0 * B * ((double)L * (L + 1) / 2) * hd * nh, ms;
+		double fl = 4.0 * B * ((double)L * (L + 1) / 2) * hd * nh, ms, ams = 0;
 
 		gpu->upload(gpu, lens, hl, sizeof(hl));
 		gpu->attention_fwd(gpu, att, f, qkv, lens, NULL, B, L, nh, nkv, hd);
 		TIMED(for (int i = 0; i < 5; i++)
 			      gpu->attention_fwd(gpu, att, f, qkv, lens, NULL, B, L, nh, nkv, hd));
 		ms = t_ms / 5;
-		attn_ms += ms;
-		printf("  attention_fwd 4x2048 h=32/8 hd=128: %.2f ms, %.1f TFLOP/s\n", ms,
-		       fl / ms / 1e9);
+		ams += ms;
+		printf("  attention_fwd 4x2048 h=%d/%d hd=%d: %.2f ms, %.1f TFLOP/s\n", nh, nkv, hd,
+		       ms, fl / ms / 1e9);
 		gpu->attention_bwd(gpu, dq, att, att, f, qkv, lens, NULL, B, L, nh, nkv, hd);
 		TIMED(for (int i = 0; i < 5; i++)
 			      gpu->attention_bwd(gpu, dq, att, att, f, qkv, lens, NULL, B, L, nh, nkv, hd));
 		ms = t_ms / 5;
-		attn_ms += ms;
-		printf("  attention_bwd 4x2048 h=32/8 hd=128: %.2f ms, %.1f TFLOP/s (2.5x fwd)\n",
-		       ms, 2.5 * fl / ms / 1e9);
+		ams += ms;
+		printf("  attention_bwd 4x2048 h=%d/%d hd=%d: %.2f ms, %.1f TFLOP/s (2.5x fwd)\n", nh,
+		       nkv, hd, ms, 2.5 * fl / ms / 1e9);
+		gpu->free(gpu, lens);
+		if (s)
+			continue;
+		attn_ms = ams;
 		/* one decoder layer's GEMM and attention time, forward + backward, and x36 layers */
 		printf("  per layer (fwd+bwd, %d tokens): gemm %.2f ms, attention %.2f ms; "
 		       "36 layers: gemm %.0f ms, attention %.0f ms\n", T, gemm_ms, attn_ms,
 		       36 * gemm_ms, 36 * attn_ms);
-		gpu->free(gpu, lens);
 	}
 	gpu->free(gpu, x);
 	gpu->free(gpu, w);
@@ -705,9 +714,10 @@ static void bench(void)
 
 int main(int argc, char **argv)
 {
-	uint64_t seed = argc > 1 && strcmp(argv[1], "--bench") ? strtoull(argv[1], NULL, 0) :
+	uint64_t seed = argc > 1 && strncmp(argv[1], "--bench", 7) ? strtoull(argv[1], NULL, 0) :
 			(uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
 	bool do_bench = argc > 1 && !strcmp(argv[argc - 1], "--bench");
+	bool bench_only = argc > 1 && !strcmp(argv[argc - 1], "--bench-only");
 
 	rng_state = seed ? seed : 1;
 	printf("test_cuda_ops: seed %llu\n", (unsigned long long)seed);
@@ -720,6 +730,10 @@ int main(int argc, char **argv)
 	printf("%-18s %-28s %-8s %10s %10s %8s\n", "op", "shape", "output", "rel.err", "max/scale",
 	       "gpu ms");
 
+	if (bench_only) {	/* the timings alone */
+		bench();
+		goto out;
+	}
 	t_casts(1);
 	t_casts(100003);
 	t_add(1);
@@ -746,6 +760,7 @@ int main(int argc, char **argv)
 	t_attention(3, 150, 4, 1, 128, 1);
 	t_attention(2, 100, 4, 4, 128, 3);	/* peaked softmax */
 	t_attention(2, 45, 2, 1, 256, 1);
+	t_attention(2, 300, 4, 2, 256, 1);	/* several tiles, hd 256 (the Qwen3.5 gated attention) */
 	t_attention(2, 40, 3, 3, 6, 1);		/* hd not a power of 2 */
 	t_attention(2, 600, 8, 2, 128, 1);
 	t_attention(2, 333, 6, 2, 64, 2);	/* several key and query tiles, hd 64 */
@@ -773,8 +788,10 @@ int main(int argc, char **argv)
 	t_adamw(100001, true);
 	t_moe_all();
 	t_q35moe_all();
+	t_cp_all();
 	if (do_bench)
 		bench();
+out:
 	printf("peak %zu bytes, reserved %zu\n", sl_backend_cuda_peak_bytes(gpu),
 	       sl_backend_cuda_reserved_bytes(gpu));
 	gpu->destroy(gpu);
