@@ -1,0 +1,68 @@
+/*
+ * ckpt_impl.h: what the files of the checkpoint module share: ckpt.c (writing a step directory
+ * and its commit protocol), ckpt_h5.c (HDF5 errors, attributes, the agreement of every rank).  Only ckpt*.c include it.
+ */
+#ifndef SL_CKPT_IMPL_H
+#define SL_CKPT_IMPL_H
+
+#include <hdf5.h>
+#include <mpi.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt.h"
+#include "log.h"
+
+/* Checksums are taken over the in-memory floats, equal to the file's F32LE bytes only here. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the ckpt*.c files assume a little-endian host"
+#endif
+
+#define NAME_LEN 32			/* "rank-RRRRR.h5", "unit-UUUU" and room to spare */
+
+static const char *const set_name[3] = { "master", "m", "v" };
+
+/* the innermost message of HDF5's error stack (ckpt_h5.c) */
+const char *h5_msg(void);
+
+/*
+ * Fatal: an HDF5 call that fails only on a bug or exhausted memory (dataspaces, property lists,
+ * selections).  Evaluates to the call's value, so ids can be taken from it.
+ */
+#define H5_CHECK(call)                                                                     \
+	({                                                                                 \
+		__typeof__(call) h5_r_ = (call);                                           \
+		if (h5_r_ < 0) {                                                           \
+			sl_error("%s:%d: %s failed: %s", __FILE__, __LINE__, #call,        \
+				 h5_msg());                                                \
+			MPI_Abort(MPI_COMM_WORLD, 1);                                      \
+		}                                                                          \
+		h5_r_;                                                                     \
+	})
+
+/* 64-bit FNV-1a: a simple non-cryptographic hash, enough to catch damaged or altered bytes. */
+#define FNV_OFFSET 0xcbf29ce484222325ull
+#define FNV_PRIME 0x100000001b3ull
+
+static inline uint64_t fnv1a(uint64_t h, const void *data, size_t n)
+{
+	const unsigned char *p = data;
+
+	for (size_t i = 0; i < n; i++) {
+		h ^= p[i];
+		h *= FNV_PRIME;
+	}
+	return h;
+}
+
+/* ckpt_h5.c: HDF5 errors, the agreement, attributes */
+void h5_err(const char *file, const char *call, const char *what);
+int agree(int rc, MPI_Comm comm);
+int attr_put(hid_t obj, const char *name, hid_t type, size_t n, const void *val);
+int attr_put_str(hid_t obj, const char *name, const char *s);
+int attr_put_names(hid_t obj, const char *name, const char (*s)[NAME_LEN], size_t n);
+int attr_get(hid_t obj, const char *name, hid_t memtype, size_t n, void *val);
+char *attr_get_str(hid_t obj, const char *name);
+
+#endif
