@@ -1,6 +1,7 @@
 /*
  * ckpt_impl.h: what the files of the checkpoint module share: ckpt.c (writing a step directory
- * and its commit protocol), ckpt_h5.c (HDF5 errors, attributes, the agreement of every rank).  Only ckpt*.c include it.
+ * and its commit protocol), ckpt_h5.c (HDF5 errors, attributes, the agreement of every rank),
+ * ckpt_dirs.c (paths, fsync, the step directories of a root, the space check).  Only ckpt*.c include it.
  */
 #ifndef SL_CKPT_IMPL_H
 #define SL_CKPT_IMPL_H
@@ -64,5 +65,12 @@ int attr_put_str(hid_t obj, const char *name, const char *s);
 int attr_put_names(hid_t obj, const char *name, const char (*s)[NAME_LEN], size_t n);
 int attr_get(hid_t obj, const char *name, hid_t memtype, size_t n, void *val);
 char *attr_get_str(hid_t obj, const char *name);
+
+/* ckpt_dirs.c: paths, fsync, step directories */
+int join(char *out, size_t n, const char *a, const char *b);
+int fsync_path(const char *path, bool dir);
+int remove_ckpt_dir(const char *dir);
+int prepare_dir(const char *root, const char *dir);
+void prune(const char *root, int cur, int keep);
 
 #endif
