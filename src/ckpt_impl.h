@@ -1,7 +1,8 @@
 /*
  * ckpt_impl.h: what the files of the checkpoint module share: ckpt.c (writing a step directory
  * and its commit protocol), ckpt_h5.c (HDF5 errors, attributes, the agreement of every rank),
- * ckpt_dirs.c (paths, fsync, the step directories of a root, the space check).  Only ckpt*.c include it.
+ * ckpt_dirs.c (paths, fsync, the step directories of a root, the space check),
+ * ckpt_geom.c (shard geometry: element ranges and their checks).  Only ckpt*.c include it.
  */
 #ifndef SL_CKPT_IMPL_H
 #define SL_CKPT_IMPL_H
@@ -72,5 +73,21 @@ int fsync_path(const char *path, bool dir);
 int remove_ckpt_dir(const char *dir);
 int prepare_dir(const char *root, const char *dir);
 void prune(const char *root, int cur, int keep);
+
+/* ckpt_geom.c: the shard geometry */
+
+/*
+ * A flat element range [a, b) of a row-major tensor as at most three rectangles: the partial first
+ * row, the whole rows, the partial last row.  piece.flat is the first element's flat index.
+ */
+struct piece {
+	hsize_t start[2], count[2];
+	size_t flat, n;
+};
+
+int split_range(const struct sl_tensor_info *t, size_t a, size_t b, struct piece *p);
+bool overlap(const struct sl_tensor_info *t, size_t lo, size_t hi, size_t *a, size_t *b);
+void range_of(const struct sl_ckpt_geom *g, int u, size_t *a, size_t *n);
+int check_geom(const struct sl_ckpt_geom *g, MPI_Comm comm);
 
 #endif
