@@ -2,7 +2,8 @@
  * ckpt_impl.h: what the files of the checkpoint module share: ckpt.c (writing a step directory
  * and its commit protocol), ckpt_h5.c (HDF5 errors, attributes, the agreement of every rank),
  * ckpt_dirs.c (paths, fsync, the step directories of a root, the space check),
- * ckpt_geom.c (shard geometry: element ranges and their checks).  Only ckpt*.c include it.
+ * ckpt_geom.c (shard geometry: element ranges and their checks),
+ * ckpt_read.c (verifying and reading a checkpoint).  Only ckpt*.c include it.
  */
 #ifndef SL_CKPT_IMPL_H
 #define SL_CKPT_IMPL_H
