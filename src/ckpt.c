@@ -100,7 +100,7 @@ static int gather_ranges(const struct sl_ckpt_geom *g, MPI_Comm comm, const int 
 	for (int u = 0; u < nu; u++) {
 		size_t a, n;
 
-		range_of(g, u, &a, &n);
+		ckpt_range_of(g, u, &a, &n);
 		mine[2 * u] = a;
 		mine[2 * u + 1] = n;
 	}
@@ -135,7 +135,7 @@ static hid_t create_file(const char *path)
 	H5_CHECK(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST));
 	f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
 	if (f < 0)
-		h5_err(path, "H5Fcreate", "");
+		ckpt_h5_err(path, "H5Fcreate", "");
 	H5Pclose(fapl);
 	return f;
 }
@@ -188,16 +188,16 @@ static int write_unit(hid_t grp, const char *path, const char *set, int u, const
 	snprintf(what, sizeof(what), "/%s/%s", set, name);
 	d = H5Dcreate2(grp, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
 	if (d < 0) {
-		h5_err(path, "H5Dcreate", what);
+		ckpt_h5_err(path, "H5Dcreate", what);
 		goto out_close_space;
 	}
 	if (n && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
-		h5_err(path, "H5Dwrite", what);
+		ckpt_h5_err(path, "H5Dwrite", what);
 		goto out_close_dset;
 	}
-	if (attr_put(d, "checksum", H5T_NATIVE_UINT64, 0, &sum) < 0 ||
-	    attr_put(d, "numel", H5T_NATIVE_UINT64, 0, &numel) < 0) {
-		h5_err(path, "H5Awrite", what);
+	if (ckpt_attr_put(d, "checksum", H5T_NATIVE_UINT64, 0, &sum) < 0 ||
+	    ckpt_attr_put(d, "numel", H5T_NATIVE_UINT64, 0, &numel) < 0) {
+		ckpt_h5_err(path, "H5Awrite", what);
 		goto out_close_dset;
 	}
 	rc = 0;
@@ -218,12 +218,12 @@ static int commit_h5(hid_t f, const char *tmp, const char *path, int rc, double 
 
 	/* close flushes metadata: on a full disk this is where the failure shows */
 	if (H5Fclose(f) < 0) {
-		h5_err(tmp, "H5Fclose", "");
+		ckpt_h5_err(tmp, "H5Fclose", "");
 		rc = -1;
 	}
 	trim_space(tmp);
 	if (rc == 0)
-		rc = fsync_path(tmp, false);
+		rc = ckpt_fsync_path(tmp, false);
 	if (rc == 0 && stat(tmp, &st) == 0)
 		*bytes = st.st_size;
 	if (rc == 0 && rename(tmp, path) != 0) {
@@ -250,7 +250,7 @@ static int write_rank_file(const char *dir, const struct sl_ckpt_geom *g,
 	int rc = -1;
 
 	snprintf(name, sizeof(name), "rank-%05d.h5", g->rank);
-	if (join(path, sizeof(path), dir, name) < 0 ||
+	if (ckpt_join(path, sizeof(path), dir, name) < 0 ||
 	    snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
 		return -1;
 	start = malloc(sizeof(*start) * lay->n_units);
@@ -259,7 +259,7 @@ static int write_rank_file(const char *dir, const struct sl_ckpt_geom *g,
 		return -1;
 	}
 	for (int u = 0; u < lay->n_units; u++)
-		range_of(g, u, &start[u], &n);
+		ckpt_range_of(g, u, &start[u], &n);
 	f = create_file(tmp);
 	if (f < 0) {
 		free(start);
@@ -269,25 +269,25 @@ static int write_rank_file(const char *dir, const struct sl_ckpt_geom *g,
 		need += nsets * (g->shard[u] * sizeof(float) + 4096);
 	if (reserve_space(tmp, need) < 0)
 		goto out_close_file;
-	if (attr_put(f, "format", H5T_NATIVE_INT32, 0, &(int32_t){ CKPT_FORMAT }) < 0 ||
-	    attr_put(f, "step", H5T_NATIVE_INT32, 0, &(int32_t){ s->step }) < 0 ||
-	    attr_put(f, "world", H5T_NATIVE_INT32, 0, &(int32_t){ g->world }) < 0 ||
-	    attr_put(f, "shard_size", H5T_NATIVE_INT32, 0, &(int32_t){ g->shard_size }) < 0 ||
-	    attr_put(f, "shard_rank", H5T_NATIVE_INT32, 0, &(int32_t){ g->shard_rank }) < 0 ||
-	    attr_put(f, "rank", H5T_NATIVE_INT32, 0, &(int32_t){ g->rank }) < 0 ||
-	    attr_put(f, "seed", H5T_NATIVE_UINT64, 0, &s->seed) < 0 ||
-	    attr_put(f, "data_cursor", H5T_NATIVE_INT64, 0, &s->data_cursor) < 0 ||
-	    attr_put(f, "n_units", H5T_NATIVE_INT32, 0, &n_units) < 0 ||
-	    attr_put(f, "optimizer", H5T_NATIVE_INT32, 0, &opt) < 0 ||
-	    attr_put(f, "shard", H5T_NATIVE_UINT64, n_units, g->shard) < 0 ||
-	    attr_put(f, "unit_start", H5T_NATIVE_UINT64, n_units, start) < 0) {
-		h5_err(tmp, "H5Awrite", "/");
+	if (ckpt_attr_put(f, "format", H5T_NATIVE_INT32, 0, &(int32_t){ CKPT_FORMAT }) < 0 ||
+	    ckpt_attr_put(f, "step", H5T_NATIVE_INT32, 0, &(int32_t){ s->step }) < 0 ||
+	    ckpt_attr_put(f, "world", H5T_NATIVE_INT32, 0, &(int32_t){ g->world }) < 0 ||
+	    ckpt_attr_put(f, "shard_size", H5T_NATIVE_INT32, 0, &(int32_t){ g->shard_size }) < 0 ||
+	    ckpt_attr_put(f, "shard_rank", H5T_NATIVE_INT32, 0, &(int32_t){ g->shard_rank }) < 0 ||
+	    ckpt_attr_put(f, "rank", H5T_NATIVE_INT32, 0, &(int32_t){ g->rank }) < 0 ||
+	    ckpt_attr_put(f, "seed", H5T_NATIVE_UINT64, 0, &s->seed) < 0 ||
+	    ckpt_attr_put(f, "data_cursor", H5T_NATIVE_INT64, 0, &s->data_cursor) < 0 ||
+	    ckpt_attr_put(f, "n_units", H5T_NATIVE_INT32, 0, &n_units) < 0 ||
+	    ckpt_attr_put(f, "optimizer", H5T_NATIVE_INT32, 0, &opt) < 0 ||
+	    ckpt_attr_put(f, "shard", H5T_NATIVE_UINT64, n_units, g->shard) < 0 ||
+	    ckpt_attr_put(f, "unit_start", H5T_NATIVE_UINT64, n_units, start) < 0) {
+		ckpt_h5_err(tmp, "H5Awrite", "/");
 		goto out_close_file;
 	}
 	for (int k = 0; k < nsets; k++) {
 		grp = H5Gcreate2(f, set_name[k], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
 		if (grp < 0) {
-			h5_err(tmp, "H5Gcreate", set_name[k]);
+			ckpt_h5_err(tmp, "H5Gcreate", set_name[k]);
 			goto out_close_file;
 		}
 		for (int u = 0; u < lay->n_units; u++) {
@@ -332,9 +332,9 @@ static int index_tensor(hid_t grp, const char *path, const char *set, const stru
 		size_t a, b;
 		int np;
 
-		if (!overlap(t, r[0], r[0] + r[1], &a, &b))
+		if (!ckpt_overlap(t, r[0], r[0] + r[1], &a, &b))
 			continue;
-		np = split_range(t, a, b, p);
+		np = ckpt_split_range(t, a, b, p);
 		for (int k = 0; k < np; k++) {
 			hsize_t sstart = t->offset + p[k].flat - r[0], scount = p[k].n;
 			hid_t ssp = H5_CHECK(H5Screate_simple(1, &sdim, NULL));
@@ -351,7 +351,7 @@ static int index_tensor(hid_t grp, const char *path, const char *set, const stru
 	snprintf(what, sizeof(what), "/%s/%s", set, t->name);
 	d = H5Dcreate2(grp, t->name, H5T_IEEE_F32LE, vsp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
 	if (d < 0) {
-		h5_err(path, "H5Dcreate", what);
+		ckpt_h5_err(path, "H5Dcreate", what);
 		goto out_close;
 	}
 	H5Dclose(d);
@@ -374,7 +374,7 @@ static int write_index(const char *dir, const struct sl_ckpt_geom *g, const stru
 	hid_t f, grp;
 	int rc = -1;
 
-	if (join(path, sizeof(path), dir, "index.h5") < 0 ||
+	if (ckpt_join(path, sizeof(path), dir, "index.h5") < 0 ||
 	    snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
 		return -1;
 	files = calloc(g->shard_size, NAME_LEN);
@@ -396,28 +396,29 @@ static int write_index(const char *dir, const struct sl_ckpt_geom *g, const stru
 			  (size_t)lay->n_units * 64 + (size_t)g->shard_size * 64 +
 			  (size_t)nsets * lay->n_tensors * (4096 + 3 * 512 * (size_t)g->shard_size)) < 0)
 		goto out_close_file;
-	if (attr_put(f, "format", H5T_NATIVE_INT32, 0, &(int32_t){ CKPT_FORMAT }) < 0 ||
-	    attr_put(f, "step", H5T_NATIVE_INT32, 0, &(int32_t){ s->step }) < 0 ||
-	    attr_put(f, "world", H5T_NATIVE_INT32, 0, &(int32_t){ g->world }) < 0 ||
-	    attr_put(f, "shard_size", H5T_NATIVE_INT32, 0, &(int32_t){ g->shard_size }) < 0 ||
-	    attr_put(f, "seed", H5T_NATIVE_UINT64, 0, &s->seed) < 0 ||
-	    attr_put(f, "data_cursor", H5T_NATIVE_INT64, 0, &s->data_cursor) < 0 ||
-	    attr_put(f, "n_units", H5T_NATIVE_INT32, 0, &n_units) < 0 ||
-	    attr_put(f, "n_tensors", H5T_NATIVE_INT32, 0, &n_tensors) < 0 ||
-	    attr_put(f, "optimizer", H5T_NATIVE_INT32, 0, &opt) < 0 ||
-	    attr_put(f, "unit_numel", H5T_NATIVE_UINT64, n_units, numel) < 0 ||
-	    attr_put(f, "shard", H5T_NATIVE_UINT64, n_units, g->shard) < 0 ||
-	    attr_put(f, "writer_ranks", H5T_NATIVE_INT32, g->shard_size, writer_of) < 0 ||
-	    attr_put(f, "unit_ranges", H5T_NATIVE_UINT64, 2 * g->shard_size * n_units, fr) < 0 ||
-	    attr_put_names(f, "files", files, g->shard_size) < 0 ||
-	    attr_put_str(f, "config", s->config_yaml ? s->config_yaml : "") < 0) {
-		h5_err(tmp, "H5Awrite", "/");
+	if (ckpt_attr_put(f, "format", H5T_NATIVE_INT32, 0, &(int32_t){ CKPT_FORMAT }) < 0 ||
+	    ckpt_attr_put(f, "step", H5T_NATIVE_INT32, 0, &(int32_t){ s->step }) < 0 ||
+	    ckpt_attr_put(f, "world", H5T_NATIVE_INT32, 0, &(int32_t){ g->world }) < 0 ||
+	    ckpt_attr_put(f, "shard_size", H5T_NATIVE_INT32, 0, &(int32_t){ g->shard_size }) < 0 ||
+	    ckpt_attr_put(f, "seed", H5T_NATIVE_UINT64, 0, &s->seed) < 0 ||
+	    ckpt_attr_put(f, "data_cursor", H5T_NATIVE_INT64, 0, &s->data_cursor) < 0 ||
+	    ckpt_attr_put(f, "n_units", H5T_NATIVE_INT32, 0, &n_units) < 0 ||
+	    ckpt_attr_put(f, "n_tensors", H5T_NATIVE_INT32, 0, &n_tensors) < 0 ||
+	    ckpt_attr_put(f, "optimizer", H5T_NATIVE_INT32, 0, &opt) < 0 ||
+	    ckpt_attr_put(f, "unit_numel", H5T_NATIVE_UINT64, n_units, numel) < 0 ||
+	    ckpt_attr_put(f, "shard", H5T_NATIVE_UINT64, n_units, g->shard) < 0 ||
+	    ckpt_attr_put(f, "writer_ranks", H5T_NATIVE_INT32, g->shard_size, writer_of) < 0 ||
+	    ckpt_attr_put(f, "unit_ranges", H5T_NATIVE_UINT64, 2 * g->shard_size * n_units,
+			  fr) < 0 ||
+	    ckpt_attr_put_names(f, "files", files, g->shard_size) < 0 ||
+	    ckpt_attr_put_str(f, "config", s->config_yaml ? s->config_yaml : "") < 0) {
+		ckpt_h5_err(tmp, "H5Awrite", "/");
 		goto out_close_file;
 	}
 	for (int k = 0; k < nsets; k++) {
 		grp = H5Gcreate2(f, set_name[k], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
 		if (grp < 0) {
-			h5_err(tmp, "H5Gcreate", set_name[k]);
+			ckpt_h5_err(tmp, "H5Gcreate", set_name[k]);
 			goto out_close_file;
 		}
 		for (int i = 0; i < lay->n_tensors; i++) {
@@ -445,8 +446,8 @@ static int write_complete(const char *dir, int step)
 	FILE *fp;
 	int rc = 0;
 
-	if (join(path, sizeof(path), dir, "COMPLETE") < 0 ||
-	    join(tmp, sizeof(tmp), dir, "COMPLETE.tmp") < 0)
+	if (ckpt_join(path, sizeof(path), dir, "COMPLETE") < 0 ||
+	    ckpt_join(tmp, sizeof(tmp), dir, "COMPLETE.tmp") < 0)
 		return -1;
 	fp = fopen(tmp, "w");
 	if (!fp) {
@@ -460,13 +461,13 @@ static int write_complete(const char *dir, int step)
 	if (rc < 0)
 		sl_error("%s: cannot write: %s", tmp, strerror(errno));
 	if (rc == 0)
-		rc = fsync_path(tmp, false);
+		rc = ckpt_fsync_path(tmp, false);
 	if (rc == 0 && rename(tmp, path) != 0) {
 		sl_error("%s: cannot rename to COMPLETE: %s", tmp, strerror(errno));
 		rc = -1;
 	}
 	if (rc == 0)
-		rc = fsync_path(dir, true);
+		rc = ckpt_fsync_path(dir, true);
 	if (rc < 0)
 		unlink(tmp);
 	return rc;
@@ -491,8 +492,8 @@ int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct s
 		*seconds = 0;
 
 	/* 1. geometry, agreed before anything touches the disk */
-	rc = check_geom(g, world);
-	if (agree(rc, world) < 0)
+	rc = ckpt_check_geom(g, world);
+	if (ckpt_agree(rc, world) < 0)
 		return -1;
 	writer_of = malloc(sizeof(int) * g->shard_size);
 	if (!writer_of) {
@@ -500,7 +501,7 @@ int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct s
 		MPI_Abort(world, 1);
 	}
 	rc = writer_map(g, world, writer_of);
-	if (agree(rc, world) < 0)
+	if (ckpt_agree(rc, world) < 0)
 		goto out_free_map;
 	rc = gather_ranges(g, world, writer_of, &fr);
 	if (rc == 0 && g->writer && (!master || (optimizer && (!m || !v)))) {
@@ -511,19 +512,19 @@ int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct s
 		sl_error("%s: checkpoint path too long", root);
 		rc = -1;
 	}
-	if (agree(rc, world) < 0)
+	if (ckpt_agree(rc, world) < 0)
 		goto out_free_map;
 
 	/* 2. the step directory (rank 0; the others wait on the agreement) */
 	if (g->rank == 0)
-		rc = prepare_dir(root, dir);
-	if (agree(rc, world) < 0)
+		rc = ckpt_prepare_dir(root, dir);
+	if (ckpt_agree(rc, world) < 0)
 		goto out_free_map;
 
 	/* 3. rank files (the first replica of each shard) */
 	if (g->writer)
 		rc = write_rank_file(dir, g, s, bufs, nsets, &mine);
-	if (agree(rc, world) < 0)
+	if (ckpt_agree(rc, world) < 0)
 		goto out_remove_dir;
 	MPI_Reduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, 0, world);
 
@@ -531,15 +532,15 @@ int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct s
 	if (g->rank == 0) {
 		rc = write_index(dir, g, s, writer_of, fr, nsets, &idx_bytes);
 		if (rc == 0)
-			rc = fsync_path(dir, true);
+			rc = ckpt_fsync_path(dir, true);
 	}
-	if (agree(rc, world) < 0)
+	if (ckpt_agree(rc, world) < 0)
 		goto out_remove_dir;
 
 	/* 5. every file is closed and fsync'ed on every rank: commit */
 	if (g->rank == 0)
 		rc = write_complete(dir, s->step);
-	if (agree(rc, world) < 0)
+	if (ckpt_agree(rc, world) < 0)
 		goto out_remove_dir;
 
 	if (g->rank == 0) {
@@ -547,14 +548,14 @@ int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct s
 			*bytes = total + idx_bytes;
 		if (seconds)
 			*seconds = MPI_Wtime() - t0;
-		prune(root, s->step, keep);
+		ckpt_prune(root, s->step, keep);
 	}
 	free(writer_of);
 	free(fr);
 	return 0;
 
 out_remove_dir:
-	if (g->rank == 0 && remove_ckpt_dir(dir) < 0)
+	if (g->rank == 0 && ckpt_remove_dir(dir) < 0)
 		sl_warn("%s: the failed checkpoint could not be removed (it has no COMPLETE, so it "
 			"is never loaded)", dir);
 out_free_map:

@@ -20,7 +20,7 @@
 
 /* ---- small helpers --------------------------------------------------------------------------- */
 
-int join(char *out, size_t n, const char *a, const char *b)
+int ckpt_join(char *out, size_t n, const char *a, const char *b)
 {
 	int k = snprintf(out, n, "%s/%s", a, b);
 
@@ -32,7 +32,7 @@ int join(char *out, size_t n, const char *a, const char *b)
 }
 
 /* open(2) + fsync: HDF5 only write()s, so the data may still sit in the page cache. */
-int fsync_path(const char *path, bool dir)
+int ckpt_fsync_path(const char *path, bool dir)
 {
 	int fd = open(path, O_RDONLY | (dir ? O_DIRECTORY : 0));
 	int rc = 0;
@@ -87,14 +87,14 @@ static bool file_exists(const char *dir, const char *name)
  * Remove a checkpoint directory (files only).  COMPLETE goes first so that a removal cut short
  * never leaves something that looks like a complete checkpoint.
  */
-int remove_ckpt_dir(const char *dir)
+int ckpt_remove_dir(const char *dir)
 {
 	char p[4096];
 	struct dirent *de;
 	DIR *d;
 	int rc = 0;
 
-	if (join(p, sizeof(p), dir, "COMPLETE") < 0)
+	if (ckpt_join(p, sizeof(p), dir, "COMPLETE") < 0)
 		return -1;
 	if (unlink(p) != 0 && errno != ENOENT) {
 		sl_warn("%s: cannot remove: %s", p, strerror(errno));
@@ -106,7 +106,7 @@ int remove_ckpt_dir(const char *dir)
 	while ((de = readdir(d))) {
 		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
 			continue;
-		if (join(p, sizeof(p), dir, de->d_name) < 0 || unlink(p) != 0) {
+		if (ckpt_join(p, sizeof(p), dir, de->d_name) < 0 || unlink(p) != 0) {
 			sl_warn("%s/%s: cannot remove: %s", dir, de->d_name, strerror(errno));
 			rc = -1;
 		}
@@ -123,7 +123,7 @@ int remove_ckpt_dir(const char *dir)
  * Rank 0: the step directory, fresh.  A complete checkpoint of the same step is never
  * overwritten; an incomplete one (a crashed write) is cleared and reused.
  */
-int prepare_dir(const char *root, const char *dir)
+int ckpt_prepare_dir(const char *root, const char *dir)
 {
 	struct stat st;
 
@@ -135,7 +135,7 @@ int prepare_dir(const char *root, const char *dir)
 				 "(remove it to write this step again)", dir);
 			return -1;
 		}
-		if (remove_ckpt_dir(dir) < 0) {
+		if (ckpt_remove_dir(dir) < 0) {
 			sl_error("%s: cannot clear the incomplete checkpoint left there", dir);
 			return -1;
 		}
@@ -199,7 +199,7 @@ static int scan_steps(const char *root, struct step_ent **out, int *n)
 
 		if (!parse_step(de->d_name, &step) || strlen(de->d_name) >= sizeof(e->name))
 			continue;
-		if (join(p, sizeof(p), root, de->d_name) < 0 || stat(p, &st) != 0 ||
+		if (ckpt_join(p, sizeof(p), root, de->d_name) < 0 || stat(p, &st) != 0 ||
 		    !S_ISDIR(st.st_mode))
 			continue;
 		if (k == cap) {
@@ -236,7 +236,7 @@ static int cmp_step_desc(const void *a, const void *b)
  * @cur; keep <= 0 keeps all), and so do incomplete leftovers older than the newest complete one.
  * Failures here are warnings: the new checkpoint is already safe.
  */
-void prune(const char *root, int cur, int keep)
+void ckpt_prune(const char *root, int cur, int keep)
 {
 	struct step_ent *e;
 	int n, kept = 0, newest = -1;
@@ -257,9 +257,9 @@ void prune(const char *root, int cur, int keep)
 			drop = keep > 0 && ++kept >= keep;	/* @cur holds one of the places */
 		else
 			drop = e[i].step < newest;
-		if (!drop || join(p, sizeof(p), root, e[i].name) < 0)
+		if (!drop || ckpt_join(p, sizeof(p), root, e[i].name) < 0)
 			continue;
-		if (remove_ckpt_dir(p) < 0)
+		if (ckpt_remove_dir(p) < 0)
 			sl_warn("%s: could not remove the old checkpoint", p);
 	}
 	free(e);

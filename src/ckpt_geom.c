@@ -10,7 +10,7 @@
 
 /* ---- geometry -------------------------------------------------------------------------------- */
 
-int split_range(const struct sl_tensor_info *t, size_t a, size_t b, struct piece *p)
+int ckpt_split_range(const struct sl_tensor_info *t, size_t a, size_t b, struct piece *p)
 {
 	size_t cols, r0, c0, r1, c1;
 	int k = 0;
@@ -40,7 +40,7 @@ int split_range(const struct sl_tensor_info *t, size_t a, size_t b, struct piece
 /*
  * The part of tensor @t inside the unit range [lo, hi): tensor-flat [*a, *b).  false if none.
  */
-bool overlap(const struct sl_tensor_info *t, size_t lo, size_t hi, size_t *a, size_t *b)
+bool ckpt_overlap(const struct sl_tensor_info *t, size_t lo, size_t hi, size_t *a, size_t *b)
 {
 	size_t s = t->offset > lo ? t->offset : lo;
 	size_t e = t->offset + t->numel < hi ? t->offset + t->numel : hi;
@@ -53,7 +53,7 @@ bool overlap(const struct sl_tensor_info *t, size_t lo, size_t hi, size_t *a, si
 }
 
 /* This rank's elements of unit u: [*a, *a + *n) of the layout's unit (ckpt.h) */
-void range_of(const struct sl_ckpt_geom *g, int u, size_t *a, size_t *n)
+void ckpt_range_of(const struct sl_ckpt_geom *g, int u, size_t *a, size_t *n)
 {
 	size_t numel = g->lay->unit_numel[u];
 
@@ -68,7 +68,7 @@ void range_of(const struct sl_ckpt_geom *g, int u, size_t *a, size_t *n)
 		*n = g->shard[u];
 }
 
-int check_geom(const struct sl_ckpt_geom *g, MPI_Comm comm)
+int ckpt_check_geom(const struct sl_ckpt_geom *g, MPI_Comm comm)
 {
 	const struct sl_layout *lay = g->lay;
 	int rank, size;
@@ -84,7 +84,7 @@ int check_geom(const struct sl_ckpt_geom *g, MPI_Comm comm)
 	for (int u = 0; u < lay->n_units; u++) {
 		size_t a, n;
 
-		range_of(g, u, &a, &n);
+		ckpt_range_of(g, u, &a, &n);
 		if (g->shard[u] * (size_t)g->shard_size < lay->unit_numel[u] || n > g->shard[u] ||
 		    a + n > lay->unit_numel[u]) {
 			sl_error("ckpt: unit %d: %zu elements per rank x %d ranks < %zu elements, or "

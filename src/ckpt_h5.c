@@ -25,7 +25,7 @@ static herr_t h5_walk(unsigned n, const H5E_error2_t *e, void *data)
 }
 
 /* The innermost message of HDF5's error stack (printing is off), then the stack cleared. */
-const char *h5_msg(void)
+const char *ckpt_h5_msg(void)
 {
 	static char buf[512];
 
@@ -37,13 +37,13 @@ const char *h5_msg(void)
 
 
 /* "@file: @call failed: <HDF5's reason>" for I/O that can fail on a full disk or a bad file */
-void h5_err(const char *file, const char *call, const char *what)
+void ckpt_h5_err(const char *file, const char *call, const char *what)
 {
-	sl_error("%s: %s(%s) failed: %s", file, call, what, h5_msg());
+	sl_error("%s: %s(%s) failed: %s", file, call, what, ckpt_h5_msg());
 }
 
 /* Every rank learns whether any rank failed; 0 if none, else -1. */
-int agree(int rc, MPI_Comm comm)
+int ckpt_agree(int rc, MPI_Comm comm)
 {
 	int mine = rc < 0 ? 1 : 0, any = 0;
 
@@ -57,7 +57,7 @@ int agree(int rc, MPI_Comm comm)
 /* ---- attributes ------------------------------------------------------------------------------ */
 
 /* @n == 0: a scalar attribute, else an array of @n elements */
-int attr_put(hid_t obj, const char *name, hid_t type, size_t n, const void *val)
+int ckpt_attr_put(hid_t obj, const char *name, hid_t type, size_t n, const void *val)
 {
 	hsize_t dim = n;
 	hid_t sp = H5_CHECK(n ? H5Screate_simple(1, &dim, NULL) : H5Screate(H5S_SCALAR));
@@ -76,31 +76,31 @@ out_close_space:
 }
 
 /* a fixed-length string attribute (h5dump prints it as text) */
-int attr_put_str(hid_t obj, const char *name, const char *s)
+int ckpt_attr_put_str(hid_t obj, const char *name, const char *s)
 {
 	hid_t t = H5_CHECK(H5Tcopy(H5T_C_S1));
 	int rc;
 
 	H5_CHECK(H5Tset_size(t, strlen(s) + 1));
-	rc = attr_put(obj, name, t, 0, s);
+	rc = ckpt_attr_put(obj, name, t, 0, s);
 	H5Tclose(t);
 	return rc;
 }
 
 /* an array of @n fixed-length strings of NAME_LEN bytes */
-int attr_put_names(hid_t obj, const char *name, const char (*s)[NAME_LEN], size_t n)
+int ckpt_attr_put_names(hid_t obj, const char *name, const char (*s)[NAME_LEN], size_t n)
 {
 	hid_t t = H5_CHECK(H5Tcopy(H5T_C_S1));
 	int rc;
 
 	H5_CHECK(H5Tset_size(t, NAME_LEN));
-	rc = attr_put(obj, name, t, n, s);
+	rc = ckpt_attr_put(obj, name, t, n, s);
 	H5Tclose(t);
 	return rc;
 }
 
 /* Read an attribute of exactly @n elements (@n == 1 also accepts a scalar). */
-int attr_get(hid_t obj, const char *name, hid_t memtype, size_t n, void *val)
+int ckpt_attr_get(hid_t obj, const char *name, hid_t memtype, size_t n, void *val)
 {
 	hid_t a, sp;
 	hssize_t got;
@@ -122,7 +122,7 @@ int attr_get(hid_t obj, const char *name, hid_t memtype, size_t n, void *val)
 }
 
 /* A string attribute (fixed or variable length) as a malloc'ed C string. */
-char *attr_get_str(hid_t obj, const char *name)
+char *ckpt_attr_get_str(hid_t obj, const char *name)
 {
 	hid_t a, ft, mt = -1;
 	char *s = NULL;

@@ -27,7 +27,7 @@
 static const char *const set_name[3] = { "master", "m", "v" };
 
 /* the innermost message of HDF5's error stack (ckpt_h5.c) */
-const char *h5_msg(void);
+const char *ckpt_h5_msg(void);
 
 /*
  * Fatal: an HDF5 call that fails only on a bug or exhausted memory (dataspaces, property lists,
@@ -38,7 +38,7 @@ const char *h5_msg(void);
 		__typeof__(call) h5_r_ = (call);                                           \
 		if (h5_r_ < 0) {                                                           \
 			sl_error("%s:%d: %s failed: %s", __FILE__, __LINE__, #call,        \
-				 h5_msg());                                                \
+				 ckpt_h5_msg());                                                \
 			MPI_Abort(MPI_COMM_WORLD, 1);                                      \
 		}                                                                          \
 		h5_r_;                                                                     \
@@ -60,20 +60,20 @@ static inline uint64_t fnv1a(uint64_t h, const void *data, size_t n)
 }
 
 /* ckpt_h5.c: HDF5 errors, the agreement, attributes */
-void h5_err(const char *file, const char *call, const char *what);
-int agree(int rc, MPI_Comm comm);
-int attr_put(hid_t obj, const char *name, hid_t type, size_t n, const void *val);
-int attr_put_str(hid_t obj, const char *name, const char *s);
-int attr_put_names(hid_t obj, const char *name, const char (*s)[NAME_LEN], size_t n);
-int attr_get(hid_t obj, const char *name, hid_t memtype, size_t n, void *val);
-char *attr_get_str(hid_t obj, const char *name);
+void ckpt_h5_err(const char *file, const char *call, const char *what);
+int ckpt_agree(int rc, MPI_Comm comm);
+int ckpt_attr_put(hid_t obj, const char *name, hid_t type, size_t n, const void *val);
+int ckpt_attr_put_str(hid_t obj, const char *name, const char *s);
+int ckpt_attr_put_names(hid_t obj, const char *name, const char (*s)[NAME_LEN], size_t n);
+int ckpt_attr_get(hid_t obj, const char *name, hid_t memtype, size_t n, void *val);
+char *ckpt_attr_get_str(hid_t obj, const char *name);
 
 /* ckpt_dirs.c: paths, fsync, step directories */
-int join(char *out, size_t n, const char *a, const char *b);
-int fsync_path(const char *path, bool dir);
-int remove_ckpt_dir(const char *dir);
-int prepare_dir(const char *root, const char *dir);
-void prune(const char *root, int cur, int keep);
+int ckpt_join(char *out, size_t n, const char *a, const char *b);
+int ckpt_fsync_path(const char *path, bool dir);
+int ckpt_remove_dir(const char *dir);
+int ckpt_prepare_dir(const char *root, const char *dir);
+void ckpt_prune(const char *root, int cur, int keep);
 
 /* ckpt_geom.c: the shard geometry */
 
@@ -86,9 +86,9 @@ struct piece {
 	size_t flat, n;
 };
 
-int split_range(const struct sl_tensor_info *t, size_t a, size_t b, struct piece *p);
-bool overlap(const struct sl_tensor_info *t, size_t lo, size_t hi, size_t *a, size_t *b);
-void range_of(const struct sl_ckpt_geom *g, int u, size_t *a, size_t *n);
-int check_geom(const struct sl_ckpt_geom *g, MPI_Comm comm);
+int ckpt_split_range(const struct sl_tensor_info *t, size_t a, size_t b, struct piece *p);
+bool ckpt_overlap(const struct sl_tensor_info *t, size_t lo, size_t hi, size_t *a, size_t *b);
+void ckpt_range_of(const struct sl_ckpt_geom *g, int u, size_t *a, size_t *n);
+int ckpt_check_geom(const struct sl_ckpt_geom *g, MPI_Comm comm);
 
 #endif

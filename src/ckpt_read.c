@@ -45,14 +45,14 @@ static int idx_read(hid_t f, const char *path, struct idx *ix)
 	int rc;
 
 	memset(ix, 0, sizeof(*ix));
-	if (attr_get(f, "step", H5T_NATIVE_INT32, 1, &ix->step) < 0 ||
-	    attr_get(f, "world", H5T_NATIVE_INT32, 1, &ix->world) < 0 ||
-	    attr_get(f, "shard_size", H5T_NATIVE_INT32, 1, &ix->shard_size) < 0 ||
-	    attr_get(f, "n_units", H5T_NATIVE_INT32, 1, &ix->n_units) < 0 ||
-	    attr_get(f, "n_tensors", H5T_NATIVE_INT32, 1, &ix->n_tensors) < 0 ||
-	    attr_get(f, "optimizer", H5T_NATIVE_INT32, 1, &ix->optimizer) < 0 ||
-	    attr_get(f, "seed", H5T_NATIVE_UINT64, 1, &ix->seed) < 0 ||
-	    attr_get(f, "data_cursor", H5T_NATIVE_INT64, 1, &ix->data_cursor) < 0 ||
+	if (ckpt_attr_get(f, "step", H5T_NATIVE_INT32, 1, &ix->step) < 0 ||
+	    ckpt_attr_get(f, "world", H5T_NATIVE_INT32, 1, &ix->world) < 0 ||
+	    ckpt_attr_get(f, "shard_size", H5T_NATIVE_INT32, 1, &ix->shard_size) < 0 ||
+	    ckpt_attr_get(f, "n_units", H5T_NATIVE_INT32, 1, &ix->n_units) < 0 ||
+	    ckpt_attr_get(f, "n_tensors", H5T_NATIVE_INT32, 1, &ix->n_tensors) < 0 ||
+	    ckpt_attr_get(f, "optimizer", H5T_NATIVE_INT32, 1, &ix->optimizer) < 0 ||
+	    ckpt_attr_get(f, "seed", H5T_NATIVE_UINT64, 1, &ix->seed) < 0 ||
+	    ckpt_attr_get(f, "data_cursor", H5T_NATIVE_INT64, 1, &ix->data_cursor) < 0 ||
 	    ix->shard_size < 1 || ix->shard_size > 1 << 24 || ix->n_units < 1 ||
 	    ix->n_units > 1 << 24)
 		goto out_bad;
@@ -65,10 +65,10 @@ static int idx_read(hid_t f, const char *path, struct idx *ix)
 	}
 	name_t = H5_CHECK(H5Tcopy(H5T_C_S1));
 	H5_CHECK(H5Tset_size(name_t, NAME_LEN));
-	rc = attr_get(f, "files", name_t, ix->shard_size, ix->files);
+	rc = ckpt_attr_get(f, "files", name_t, ix->shard_size, ix->files);
 	H5Tclose(name_t);
-	if (rc < 0 || attr_get(f, "unit_numel", H5T_NATIVE_UINT64, ix->n_units, ix->unit_numel) < 0 ||
-	    attr_get(f, "shard", H5T_NATIVE_UINT64, ix->n_units, ix->shard) < 0)
+	if (rc < 0 || ckpt_attr_get(f, "unit_numel", H5T_NATIVE_UINT64, ix->n_units, ix->unit_numel) < 0 ||
+	    ckpt_attr_get(f, "shard", H5T_NATIVE_UINT64, ix->n_units, ix->shard) < 0)
 		goto out_bad;
 	for (int i = 0; i < ix->shard_size; i++) {
 		ix->files[i][NAME_LEN - 1] = '\0';
@@ -105,15 +105,15 @@ static int verify_dataset(hid_t f, const char *path, const char *set, int u, siz
 	}
 	d = H5Dopen2(f, name, H5P_DEFAULT);
 	if (d < 0) {
-		sl_error_at(path, "%s cannot be opened (%s): the file is damaged; %s", name, h5_msg(),
+		sl_error_at(path, "%s cannot be opened (%s): the file is damaged; %s", name, ckpt_h5_msg(),
 		       advice);
 		return -1;
 	}
 	sp = H5Dget_space(d);
 	if (sp < 0 || H5Sget_simple_extent_ndims(sp) != 1 ||
 	    H5Sget_simple_extent_dims(sp, &dim, NULL) < 0 || dim != want ||
-	    attr_get(d, "numel", H5T_NATIVE_UINT64, 1, &numel) < 0 || numel != want ||
-	    attr_get(d, "checksum", H5T_NATIVE_UINT64, 1, &sum) < 0) {
+	    ckpt_attr_get(d, "numel", H5T_NATIVE_UINT64, 1, &numel) < 0 || numel != want ||
+	    ckpt_attr_get(d, "checksum", H5T_NATIVE_UINT64, 1, &sum) < 0) {
 		sl_error_at(path, "%s has %llu elements, index.h5 says %zu, or lacks its numel/checksum "
 		       "attributes: %s", name, (unsigned long long)dim, want, advice);
 		goto out_close_space;
@@ -125,7 +125,7 @@ static int verify_dataset(hid_t f, const char *path, const char *set, int u, siz
 		H5_CHECK(H5Sselect_hyperslab(sp, H5S_SELECT_SET, &off, NULL, &cnt, NULL));
 		if (H5Dread(d, H5T_NATIVE_FLOAT, msp, sp, H5P_DEFAULT, buf) < 0) {
 			sl_error_at(path, "%s cannot be read (%s): the file is truncated or damaged; %s",
-			       name, h5_msg(), advice);
+			       name, ckpt_h5_msg(), advice);
 			H5Sclose(msp);
 			goto out_close_space;
 		}
@@ -156,7 +156,7 @@ static int verify_rank_file(const char *dir, const struct idx *ix, int i, int ns
 	hid_t f;
 	int rc = -1;
 
-	if (join(path, sizeof(path), dir, ix->files[i]) < 0)
+	if (ckpt_join(path, sizeof(path), dir, ix->files[i]) < 0)
 		return -1;
 	if (stat(path, &st) != 0) {
 		sl_error_at(path, "missing (index.h5 lists it): the checkpoint is incomplete; %s", advice);
@@ -165,13 +165,13 @@ static int verify_rank_file(const char *dir, const struct idx *ix, int i, int ns
 	f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
 	if (f < 0) {
 		sl_error_at(path, "cannot be opened as HDF5 (%s): the file is truncated or damaged; %s",
-		       h5_msg(), advice);
+		       ckpt_h5_msg(), advice);
 		return -1;
 	}
-	if (attr_get(f, "step", H5T_NATIVE_INT32, 1, &step) < 0 ||
-	    attr_get(f, "shard_size", H5T_NATIVE_INT32, 1, &shard_size) < 0 ||
-	    attr_get(f, "shard_rank", H5T_NATIVE_INT32, 1, &shard_rank) < 0 ||
-	    attr_get(f, "n_units", H5T_NATIVE_INT32, 1, &n_units) < 0) {
+	if (ckpt_attr_get(f, "step", H5T_NATIVE_INT32, 1, &step) < 0 ||
+	    ckpt_attr_get(f, "shard_size", H5T_NATIVE_INT32, 1, &shard_size) < 0 ||
+	    ckpt_attr_get(f, "shard_rank", H5T_NATIVE_INT32, 1, &shard_rank) < 0 ||
+	    ckpt_attr_get(f, "n_units", H5T_NATIVE_INT32, 1, &n_units) < 0) {
 		sl_error_at(path, "its step/shard attributes are missing or unreadable: the file is "
 		       "damaged or not a shardlm rank file; %s", advice);
 		goto out_close_file;
@@ -230,7 +230,7 @@ static int read_set(hid_t f, const char *path, const char *dir, const char *set,
 		}
 		d = H5Dopen2(f, name, dapl);
 		if (d < 0) {
-			h5_err(path, "H5Dopen", name);
+			ckpt_h5_err(path, "H5Dopen", name);
 			goto out_close_dapl;
 		}
 		sp = H5_CHECK(H5Dget_space(d));
@@ -246,13 +246,13 @@ static int read_set(hid_t f, const char *path, const char *dir, const char *set,
 			       t->ndim == 2 ? (long long)t->shape[1] : 0ll);
 			goto out_close_dset;
 		}
-		range_of(g, t->unit, &lo, &n);
-		if (!overlap(t, lo, lo + n, &a, &b)) {
+		ckpt_range_of(g, t->unit, &lo, &n);
+		if (!ckpt_overlap(t, lo, lo + n, &a, &b)) {
 			H5Sclose(sp);
 			H5Dclose(d);
 			continue;
 		}
-		np = split_range(t, a, b, p);
+		np = ckpt_split_range(t, a, b, p);
 		for (int k = 0; k < np; k++) {
 			hsize_t cnt = p[k].n;
 			hid_t msp = H5_CHECK(H5Screate_simple(1, &cnt, NULL));
@@ -261,7 +261,7 @@ static int read_set(hid_t f, const char *path, const char *dir, const char *set,
 			H5_CHECK(H5Sselect_hyperslab(sp, H5S_SELECT_SET, p[k].start, NULL,
 						     p[k].count, NULL));
 			if (H5Dread(d, H5T_NATIVE_FLOAT, msp, sp, H5P_DEFAULT, dst) < 0) {
-				h5_err(path, "H5Dread", name);
+				ckpt_h5_err(path, "H5Dread", name);
 				H5Sclose(msp);
 				goto out_close_dset;
 			}
@@ -288,14 +288,14 @@ int sl_ckpt_has_optimizer(const char *dir)
 	hid_t f;
 
 	H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-	if (join(path, sizeof(path), dir, "index.h5") < 0)
+	if (ckpt_join(path, sizeof(path), dir, "index.h5") < 0)
 		return -1;
 	f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
 	if (f < 0) {
-		sl_error_at(path, "cannot be opened as HDF5 (%s)", h5_msg());
+		sl_error_at(path, "cannot be opened as HDF5 (%s)", ckpt_h5_msg());
 		return -1;
 	}
-	if (attr_get(f, "optimizer", H5T_NATIVE_INT32, 1, &opt) < 0) {
+	if (ckpt_attr_get(f, "optimizer", H5T_NATIVE_INT32, 1, &opt) < 0) {
 		sl_error_at(path, "no optimizer attribute: not a shardlm checkpoint index");
 		H5Fclose(f);
 		return -1;
@@ -310,14 +310,14 @@ char *sl_ckpt_read_config(const char *dir)
 	hid_t f;
 
 	H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-	if (join(path, sizeof(path), dir, "index.h5") < 0)
+	if (ckpt_join(path, sizeof(path), dir, "index.h5") < 0)
 		return NULL;
 	f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
 	if (f < 0) {
-		sl_error_at(path, "cannot be opened as HDF5 (%s)", h5_msg());
+		sl_error_at(path, "cannot be opened as HDF5 (%s)", ckpt_h5_msg());
 		return NULL;
 	}
-	config = attr_get_str(f, "config");
+	config = ckpt_attr_get_str(f, "config");
 	if (!config)
 		sl_error_at(path, "has no config attribute: not a shardlm checkpoint index");
 	H5Fclose(f);
@@ -336,13 +336,13 @@ int sl_ckpt_read(const char *dir, const struct sl_ckpt_geom *g, struct sl_ckpt_s
 	int rc, ret = -1;
 
 	H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-	rc = check_geom(g, world);
-	if (rc == 0 && (join(path, sizeof(path), dir, "index.h5") < 0 || !master))
+	rc = ckpt_check_geom(g, world);
+	if (rc == 0 && (ckpt_join(path, sizeof(path), dir, "index.h5") < 0 || !master))
 		rc = -1;
 	if (rc == 0) {
 		f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
 		if (f < 0) {
-			sl_error_at(path, "cannot be opened as HDF5 (%s): %s", h5_msg(),
+			sl_error_at(path, "cannot be opened as HDF5 (%s): %s", ckpt_h5_msg(),
 			       "remove this checkpoint directory (its COMPLETE marker is wrong)");
 			rc = -1;
 		}
@@ -373,13 +373,13 @@ int sl_ckpt_read(const char *dir, const struct sl_ckpt_geom *g, struct sl_ckpt_s
 		rc = -1;
 	}
 	if (rc == 0) {
-		config = attr_get_str(f, "config");
+		config = ckpt_attr_get_str(f, "config");
 		if (!config) {
 			sl_error_at(path, "has no config attribute: remove this checkpoint directory");
 			rc = -1;
 		}
 	}
-	if (agree(rc, world) < 0)
+	if (ckpt_agree(rc, world) < 0)
 		goto out_free;
 
 	/*
@@ -389,7 +389,7 @@ int sl_ckpt_read(const char *dir, const struct sl_ckpt_geom *g, struct sl_ckpt_s
 	 */
 	for (int i = g->rank; i < ix.shard_size && rc == 0; i += g->world)
 		rc = verify_rank_file(dir, &ix, i, ix.optimizer ? 3 : 1);
-	if (agree(rc, world) < 0) {
+	if (ckpt_agree(rc, world) < 0) {
 		if (g->rank == 0)
 			sl_error("%s: the checkpoint failed verification (see above); nothing was "
 				 "loaded", dir);
@@ -399,7 +399,7 @@ int sl_ckpt_read(const char *dir, const struct sl_ckpt_geom *g, struct sl_ckpt_s
 	for (int k = 0; k < 3 && rc == 0; k++)
 		if (bufs[k])
 			rc = read_set(f, path, dir, set_name[k], g, bufs[k]);
-	if (agree(rc, world) < 0)
+	if (ckpt_agree(rc, world) < 0)
 		goto out_free;
 
 	s->step = ix.step;
