@@ -9,431 +9,28 @@
  * in a later collective) and the step directory is removed again; older checkpoints are never
  * touched by a failed write.
  *
- * Loading verifies every rank file (present, opens as HDF5, expected datasets and sizes, checksum)
- * before anything is read through the index, because a virtual dataset whose source is missing
- * or short silently reads as its fill value.  The rank files are spread over the reading ranks
- * for that.  Each rank then reads its own element ranges of every tensor through the virtual
- * datasets, which works whatever world size wrote the checkpoint.
+ * Loading is in ckpt_read.c; the HDF5 helpers, the directories and the shard geometry
+ * in ckpt_h5.c, ckpt_dirs.c and ckpt_geom.c (ckpt_impl.h).
  */
 #define _GNU_SOURCE			/* fallocate(2) */
 #include "ckpt.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "ckpt_impl.h"
 #include "log.h"
 
-/* Checksums are taken over the in-memory floats, equal to the file's F32LE bytes only here. */
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "ckpt.c assumes a little-endian host"
-#endif
-
 #define CKPT_FORMAT 1
-#define NAME_LEN 32			/* "rank-RRRRR.h5", "unit-UUUU" and room to spare */
-#define VERIFY_CHUNK (4u << 20)		/* elements read at a time when checksumming */
-
-static const char *const set_name[3] = { "master", "m", "v" };
-
-static const char *h5_msg(void);
-
-/*
- * Fatal: an HDF5 call that fails only on a bug or exhausted memory (dataspaces, property lists,
- * selections).  Evaluates to the call's value, so ids can be taken from it.
- */
-#define H5_CHECK(call)                                                                     \
-	({                                                                                 \
-		__typeof__(call) h5_r_ = (call);                                           \
-		if (h5_r_ < 0) {                                                           \
-			sl_error("%s:%d: %s failed: %s", __FILE__, __LINE__, #call,        \
-				 h5_msg());                                                \
-			MPI_Abort(MPI_COMM_WORLD, 1);                                      \
-		}                                                                          \
-		h5_r_;                                                                     \
-	})
-
-/* ---- errors ---------------------------------------------------------------------------------- */
-
-static herr_t h5_walk(unsigned n, const H5E_error2_t *e, void *data)
-{
-	char *buf = data;
-
-	/* walking downward, the last entry is the innermost: the real cause (errno text included) */
-	if (e->desc && *e->desc)
-		snprintf(buf, 512, "%s (in %s)", e->desc, e->func_name ? e->func_name : "?");
-	return 0;
-}
-
-/* The innermost message of HDF5's error stack (printing is off), then the stack cleared. */
-static const char *h5_msg(void)
-{
-	static char buf[512];
-
-	buf[0] = '\0';
-	H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, h5_walk, buf);
-	H5Eclear2(H5E_DEFAULT);
-	return buf[0] ? buf : "no detail from HDF5";
-}
-
-
-/* "@file: @call failed: <HDF5's reason>" for I/O that can fail on a full disk or a bad file */
-static void h5_err(const char *file, const char *call, const char *what)
-{
-	sl_error("%s: %s(%s) failed: %s", file, call, what, h5_msg());
-}
-
-/* Every rank learns whether any rank failed; 0 if none, else -1. */
-static int agree(int rc, MPI_Comm comm)
-{
-	int mine = rc < 0 ? 1 : 0, any = 0;
-
-	if (MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS) {
-		sl_error("ckpt: MPI_Allreduce of the checkpoint status failed");
-		MPI_Abort(comm, 1);
-	}
-	return any ? -1 : 0;
-}
-
-/* ---- small helpers --------------------------------------------------------------------------- */
-
-static int join(char *out, size_t n, const char *a, const char *b)
-{
-	int k = snprintf(out, n, "%s/%s", a, b);
-
-	if (k < 0 || (size_t)k >= n) {
-		sl_error("%s/%s: path too long", a, b);
-		return -1;
-	}
-	return 0;
-}
-
-/* 64-bit FNV-1a: a simple non-cryptographic hash, enough to catch damaged or altered bytes. */
-#define FNV_OFFSET 0xcbf29ce484222325ull
-#define FNV_PRIME 0x100000001b3ull
-
-static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
-{
-	const unsigned char *p = data;
-
-	for (size_t i = 0; i < n; i++) {
-		h ^= p[i];
-		h *= FNV_PRIME;
-	}
-	return h;
-}
-
-/* open(2) + fsync: HDF5 only write()s, so the data may still sit in the page cache. */
-static int fsync_path(const char *path, bool dir)
-{
-	int fd = open(path, O_RDONLY | (dir ? O_DIRECTORY : 0));
-	int rc = 0;
-
-	if (fd < 0) {
-		sl_error("%s: cannot open to fsync: %s", path, strerror(errno));
-		return -1;
-	}
-	/* some file systems refuse fsync on a directory; their metadata is then not ours to force */
-	if (fsync(fd) != 0 && !(dir && (errno == EINVAL || errno == ENOTSUP))) {
-		sl_error("%s: fsync failed: %s", path, strerror(errno));
-		rc = -1;
-	}
-	close(fd);
-	return rc;
-}
-
-static int mkdir_p(const char *path)
-{
-	char buf[4096];
-	size_t n = strlen(path);
-
-	if (n == 0 || n >= sizeof(buf)) {
-		sl_error("%s: bad checkpoint directory name", path);
-		return -1;
-	}
-	memcpy(buf, path, n + 1);
-	for (size_t i = 1; i <= n; i++) {
-		if (buf[i] != '/' && buf[i] != '\0')
-			continue;
-		buf[i] = '\0';
-		if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
-			sl_error("%s: cannot create the directory: %s", buf, strerror(errno));
-			return -1;
-		}
-		buf[i] = path[i];
-	}
-	return 0;
-}
-
-static bool file_exists(const char *dir, const char *name)
-{
-	char p[4096];
-	struct stat st;
-
-	if (snprintf(p, sizeof(p), "%s/%s", dir, name) >= (int)sizeof(p))
-		return false;
-	return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-/*
- * Remove a checkpoint directory (files only).  COMPLETE goes first so that a removal cut short
- * never leaves something that looks like a complete checkpoint.
- */
-static int remove_ckpt_dir(const char *dir)
-{
-	char p[4096];
-	struct dirent *de;
-	DIR *d;
-	int rc = 0;
-
-	if (join(p, sizeof(p), dir, "COMPLETE") < 0)
-		return -1;
-	if (unlink(p) != 0 && errno != ENOENT) {
-		sl_warn("%s: cannot remove: %s", p, strerror(errno));
-		return -1;
-	}
-	d = opendir(dir);
-	if (!d)
-		return errno == ENOENT ? 0 : -1;
-	while ((de = readdir(d))) {
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		if (join(p, sizeof(p), dir, de->d_name) < 0 || unlink(p) != 0) {
-			sl_warn("%s/%s: cannot remove: %s", dir, de->d_name, strerror(errno));
-			rc = -1;
-		}
-	}
-	closedir(d);
-	if (rc == 0 && rmdir(dir) != 0) {
-		sl_warn("%s: cannot remove: %s", dir, strerror(errno));
-		rc = -1;
-	}
-	return rc;
-}
-
-/* ---- attributes ------------------------------------------------------------------------------ */
-
-/* @n == 0: a scalar attribute, else an array of @n elements */
-static int attr_put(hid_t obj, const char *name, hid_t type, size_t n, const void *val)
-{
-	hsize_t dim = n;
-	hid_t sp = H5_CHECK(n ? H5Screate_simple(1, &dim, NULL) : H5Screate(H5S_SCALAR));
-	hid_t a;
-	int rc = -1;
-
-	a = H5Acreate2(obj, name, type, sp, H5P_DEFAULT, H5P_DEFAULT);
-	if (a < 0)
-		goto out_close_space;
-	if (H5Awrite(a, type, val) >= 0)
-		rc = 0;
-	H5Aclose(a);
-out_close_space:
-	H5Sclose(sp);
-	return rc;
-}
-
-/* a fixed-length string attribute (h5dump prints it as text) */
-static int attr_put_str(hid_t obj, const char *name, const char *s)
-{
-	hid_t t = H5_CHECK(H5Tcopy(H5T_C_S1));
-	int rc;
-
-	H5_CHECK(H5Tset_size(t, strlen(s) + 1));
-	rc = attr_put(obj, name, t, 0, s);
-	H5Tclose(t);
-	return rc;
-}
-
-/* an array of @n fixed-length strings of NAME_LEN bytes */
-static int attr_put_names(hid_t obj, const char *name, const char (*s)[NAME_LEN], size_t n)
-{
-	hid_t t = H5_CHECK(H5Tcopy(H5T_C_S1));
-	int rc;
-
-	H5_CHECK(H5Tset_size(t, NAME_LEN));
-	rc = attr_put(obj, name, t, n, s);
-	H5Tclose(t);
-	return rc;
-}
-
-/* Read an attribute of exactly @n elements (@n == 1 also accepts a scalar). */
-static int attr_get(hid_t obj, const char *name, hid_t memtype, size_t n, void *val)
-{
-	hid_t a, sp;
-	hssize_t got;
-	int rc = -1;
-
-	if (H5Aexists(obj, name) <= 0)
-		return -1;
-	a = H5Aopen(obj, name, H5P_DEFAULT);
-	if (a < 0)
-		return -1;
-	sp = H5Aget_space(a);
-	got = sp < 0 ? -1 : H5Sget_simple_extent_npoints(sp);
-	if (got == (hssize_t)n && H5Aread(a, memtype, val) >= 0)
-		rc = 0;
-	if (sp >= 0)
-		H5Sclose(sp);
-	H5Aclose(a);
-	return rc;
-}
-
-/* A string attribute (fixed or variable length) as a malloc'ed C string. */
-static char *attr_get_str(hid_t obj, const char *name)
-{
-	hid_t a, ft, mt = -1;
-	char *s = NULL;
-
-	if (H5Aexists(obj, name) <= 0)
-		return NULL;
-	a = H5Aopen(obj, name, H5P_DEFAULT);
-	if (a < 0)
-		return NULL;
-	ft = H5Aget_type(a);
-	if (ft < 0 || H5Tget_class(ft) != H5T_STRING)
-		goto out_close;
-	mt = H5_CHECK(H5Tcopy(H5T_C_S1));
-	if (H5Tis_variable_str(ft) > 0) {
-		char *vs = NULL;
-
-		H5_CHECK(H5Tset_size(mt, H5T_VARIABLE));
-		if (H5Aread(a, mt, &vs) >= 0 && vs) {
-			s = strdup(vs);
-			H5free_memory(vs);
-		}
-	} else {
-		size_t n = H5Tget_size(ft);
-
-		H5_CHECK(H5Tset_size(mt, n + 1));
-		s = calloc(n + 2, 1);
-		if (s && H5Aread(a, mt, s) < 0) {
-			free(s);
-			s = NULL;
-		}
-	}
-out_close:
-	if (mt >= 0)
-		H5Tclose(mt);
-	if (ft >= 0)
-		H5Tclose(ft);
-	H5Aclose(a);
-	return s;
-}
 
 /* ---- geometry -------------------------------------------------------------------------------- */
-
-/*
- * A flat element range [a, b) of a row-major tensor as at most three rectangles: the partial first
- * row, the whole rows, the partial last row.  piece.flat is the first element's flat index.
- */
-struct piece {
-	hsize_t start[2], count[2];
-	size_t flat, n;
-};
-
-static int split_range(const struct sl_tensor_info *t, size_t a, size_t b, struct piece *p)
-{
-	size_t cols, r0, c0, r1, c1;
-	int k = 0;
-
-	if (t->ndim == 1) {
-		p[0] = (struct piece){ { a, 0 }, { b - a, 0 }, a, b - a };
-		return 1;
-	}
-	cols = t->shape[1];
-	r0 = a / cols, c0 = a % cols;
-	r1 = b / cols, c1 = b % cols;
-	if (r0 == r1) {
-		p[0] = (struct piece){ { r0, c0 }, { 1, c1 - c0 }, a, b - a };
-		return 1;
-	}
-	if (c0) {
-		p[k++] = (struct piece){ { r0, c0 }, { 1, cols - c0 }, a, cols - c0 };
-		r0++;
-	}
-	if (r1 > r0)
-		p[k++] = (struct piece){ { r0, 0 }, { r1 - r0, cols }, r0 * cols, (r1 - r0) * cols };
-	if (c1)
-		p[k++] = (struct piece){ { r1, 0 }, { 1, c1 }, r1 * cols, c1 };
-	return k;
-}
-
-/*
- * The part of tensor @t inside the unit range [lo, hi): tensor-flat [*a, *b).  false if none.
- */
-static bool overlap(const struct sl_tensor_info *t, size_t lo, size_t hi, size_t *a, size_t *b)
-{
-	size_t s = t->offset > lo ? t->offset : lo;
-	size_t e = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-
-	if (s >= e)
-		return false;
-	*a = s - t->offset;
-	*b = e - t->offset;
-	return true;
-}
-
-/* This rank's elements of unit u: [*a, *a + *n) of the layout's unit (ckpt.h) */
-static void range_of(const struct sl_ckpt_geom *g, int u, size_t *a, size_t *n)
-{
-	size_t numel = g->lay->unit_numel[u];
-
-	if (g->start && g->count) {
-		*a = g->start[u];
-		*n = g->count[u];
-		return;
-	}
-	*a = (size_t)g->shard_rank * g->shard[u];
-	*n = *a < numel ? numel - *a : 0;
-	if (*n > g->shard[u])
-		*n = g->shard[u];
-}
-
-static int check_geom(const struct sl_ckpt_geom *g, MPI_Comm comm)
-{
-	const struct sl_layout *lay = g->lay;
-	int rank, size;
-
-	MPI_Comm_rank(comm, &rank);
-	MPI_Comm_size(comm, &size);
-	if (g->rank != rank || g->world != size || g->shard_size < 1 || g->shard_size > size ||
-	    g->shard_rank < 0 || g->shard_rank >= g->shard_size) {
-		sl_error("ckpt: inconsistent shard geometry (rank %d/%d, world %d/%d, shard %d of %d)",
-			 g->rank, rank, g->world, size, g->shard_rank, g->shard_size);
-		return -1;
-	}
-	for (int u = 0; u < lay->n_units; u++) {
-		size_t a, n;
-
-		range_of(g, u, &a, &n);
-		if (g->shard[u] * (size_t)g->shard_size < lay->unit_numel[u] || n > g->shard[u] ||
-		    a + n > lay->unit_numel[u]) {
-			sl_error("ckpt: unit %d: %zu elements per rank x %d ranks < %zu elements, or "
-				 "this rank's range [%zu, %zu) lies outside", u, g->shard[u],
-				 g->shard_size, lay->unit_numel[u], a, a + n);
-			return -1;
-		}
-	}
-	for (int i = 0; i < lay->n_tensors; i++) {
-		const struct sl_tensor_info *t = &lay->t[i];
-
-		if (t->unit < 0 || t->unit >= lay->n_units ||
-		    t->offset + t->numel > lay->unit_numel[t->unit] || strchr(t->name, '/')) {
-			sl_error("ckpt: tensor %s lies outside its unit %d or has a '/' in its name",
-				 t->name, t->unit);
-			return -1;
-		}
-	}
-	return 0;
-}
 
 /*
  * Who writes shard index s: every rank's (writer, shard_rank, shard_size) gathered, so every rank
@@ -503,7 +100,7 @@ static int gather_ranges(const struct sl_ckpt_geom *g, MPI_Comm comm, const int 
 	for (int u = 0; u < nu; u++) {
 		size_t a, n;
 
-		range_of(g, u, &a, &n);
+		ckpt_range_of(g, u, &a, &n);
 		mine[2 * u] = a;
 		mine[2 * u + 1] = n;
 	}
@@ -538,7 +135,7 @@ static hid_t create_file(const char *path)
 	H5_CHECK(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST));
 	f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
 	if (f < 0)
-		h5_err(path, "H5Fcreate", "");
+		ckpt_h5_err(path, "H5Fcreate", "");
 	H5Pclose(fapl);
 	return f;
 }
@@ -591,16 +188,16 @@ static int write_unit(hid_t grp, const char *path, const char *set, int u, const
 	snprintf(what, sizeof(what), "/%s/%s", set, name);
 	d = H5Dcreate2(grp, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
 	if (d < 0) {
-		h5_err(path, "H5Dcreate", what);
+		ckpt_h5_err(path, "H5Dcreate", what);
 		goto out_close_space;
 	}
 	if (n && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
-		h5_err(path, "H5Dwrite", what);
+		ckpt_h5_err(path, "H5Dwrite", what);
 		goto out_close_dset;
 	}
-	if (attr_put(d, "checksum", H5T_NATIVE_UINT64, 0, &sum) < 0 ||
-	    attr_put(d, "numel", H5T_NATIVE_UINT64, 0, &numel) < 0) {
-		h5_err(path, "H5Awrite", what);
+	if (ckpt_attr_put(d, "checksum", H5T_NATIVE_UINT64, 0, &sum) < 0 ||
+	    ckpt_attr_put(d, "numel", H5T_NATIVE_UINT64, 0, &numel) < 0) {
+		ckpt_h5_err(path, "H5Awrite", what);
 		goto out_close_dset;
 	}
 	rc = 0;
@@ -621,12 +218,12 @@ static int commit_h5(hid_t f, const char *tmp, const char *path, int rc, double 
 
 	/* close flushes metadata: on a full disk this is where the failure shows */
 	if (H5Fclose(f) < 0) {
-		h5_err(tmp, "H5Fclose", "");
+		ckpt_h5_err(tmp, "H5Fclose", "");
 		rc = -1;
 	}
 	trim_space(tmp);
 	if (rc == 0)
-		rc = fsync_path(tmp, false);
+		rc = ckpt_fsync_path(tmp, false);
 	if (rc == 0 && stat(tmp, &st) == 0)
 		*bytes = st.st_size;
 	if (rc == 0 && rename(tmp, path) != 0) {
@@ -653,7 +250,7 @@ static int write_rank_file(const char *dir, const struct sl_ckpt_geom *g,
 	int rc = -1;
 
 	snprintf(name, sizeof(name), "rank-%05d.h5", g->rank);
-	if (join(path, sizeof(path), dir, name) < 0 ||
+	if (ckpt_join(path, sizeof(path), dir, name) < 0 ||
 	    snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
 		return -1;
 	start = malloc(sizeof(*start) * lay->n_units);
@@ -662,7 +259,7 @@ static int write_rank_file(const char *dir, const struct sl_ckpt_geom *g,
 		return -1;
 	}
 	for (int u = 0; u < lay->n_units; u++)
-		range_of(g, u, &start[u], &n);
+		ckpt_range_of(g, u, &start[u], &n);
 	f = create_file(tmp);
 	if (f < 0) {
 		free(start);
@@ -672,25 +269,25 @@ static int write_rank_file(const char *dir, const struct sl_ckpt_geom *g,
 		need += nsets * (g->shard[u] * sizeof(float) + 4096);
 	if (reserve_space(tmp, need) < 0)
 		goto out_close_file;
-	if (attr_put(f, "format", H5T_NATIVE_INT32, 0, &(int32_t){ CKPT_FORMAT }) < 0 ||
-	    attr_put(f, "step", H5T_NATIVE_INT32, 0, &(int32_t){ s->step }) < 0 ||
-	    attr_put(f, "world", H5T_NATIVE_INT32, 0, &(int32_t){ g->world }) < 0 ||
-	    attr_put(f, "shard_size", H5T_NATIVE_INT32, 0, &(int32_t){ g->shard_size }) < 0 ||
-	    attr_put(f, "shard_rank", H5T_NATIVE_INT32, 0, &(int32_t){ g->shard_rank }) < 0 ||
-	    attr_put(f, "rank", H5T_NATIVE_INT32, 0, &(int32_t){ g->rank }) < 0 ||
-	    attr_put(f, "seed", H5T_NATIVE_UINT64, 0, &s->seed) < 0 ||
-	    attr_put(f, "data_cursor", H5T_NATIVE_INT64, 0, &s->data_cursor) < 0 ||
-	    attr_put(f, "n_units", H5T_NATIVE_INT32, 0, &n_units) < 0 ||
-	    attr_put(f, "optimizer", H5T_NATIVE_INT32, 0, &opt) < 0 ||
-	    attr_put(f, "shard", H5T_NATIVE_UINT64, n_units, g->shard) < 0 ||
-	    attr_put(f, "unit_start", H5T_NATIVE_UINT64, n_units, start) < 0) {
-		h5_err(tmp, "H5Awrite", "/");
+	if (ckpt_attr_put(f, "format", H5T_NATIVE_INT32, 0, &(int32_t){ CKPT_FORMAT }) < 0 ||
+	    ckpt_attr_put(f, "step", H5T_NATIVE_INT32, 0, &(int32_t){ s->step }) < 0 ||
+	    ckpt_attr_put(f, "world", H5T_NATIVE_INT32, 0, &(int32_t){ g->world }) < 0 ||
+	    ckpt_attr_put(f, "shard_size", H5T_NATIVE_INT32, 0, &(int32_t){ g->shard_size }) < 0 ||
+	    ckpt_attr_put(f, "shard_rank", H5T_NATIVE_INT32, 0, &(int32_t){ g->shard_rank }) < 0 ||
+	    ckpt_attr_put(f, "rank", H5T_NATIVE_INT32, 0, &(int32_t){ g->rank }) < 0 ||
+	    ckpt_attr_put(f, "seed", H5T_NATIVE_UINT64, 0, &s->seed) < 0 ||
+	    ckpt_attr_put(f, "data_cursor", H5T_NATIVE_INT64, 0, &s->data_cursor) < 0 ||
+	    ckpt_attr_put(f, "n_units", H5T_NATIVE_INT32, 0, &n_units) < 0 ||
+	    ckpt_attr_put(f, "optimizer", H5T_NATIVE_INT32, 0, &opt) < 0 ||
+	    ckpt_attr_put(f, "shard", H5T_NATIVE_UINT64, n_units, g->shard) < 0 ||
+	    ckpt_attr_put(f, "unit_start", H5T_NATIVE_UINT64, n_units, start) < 0) {
+		ckpt_h5_err(tmp, "H5Awrite", "/");
 		goto out_close_file;
 	}
 	for (int k = 0; k < nsets; k++) {
 		grp = H5Gcreate2(f, set_name[k], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
 		if (grp < 0) {
-			h5_err(tmp, "H5Gcreate", set_name[k]);
+			ckpt_h5_err(tmp, "H5Gcreate", set_name[k]);
 			goto out_close_file;
 		}
 		for (int u = 0; u < lay->n_units; u++) {
@@ -735,9 +332,9 @@ static int index_tensor(hid_t grp, const char *path, const char *set, const stru
 		size_t a, b;
 		int np;
 
-		if (!overlap(t, r[0], r[0] + r[1], &a, &b))
+		if (!ckpt_overlap(t, r[0], r[0] + r[1], &a, &b))
 			continue;
-		np = split_range(t, a, b, p);
+		np = ckpt_split_range(t, a, b, p);
 		for (int k = 0; k < np; k++) {
 			hsize_t sstart = t->offset + p[k].flat - r[0], scount = p[k].n;
 			hid_t ssp = H5_CHECK(H5Screate_simple(1, &sdim, NULL));
@@ -754,7 +351,7 @@ static int index_tensor(hid_t grp, const char *path, const char *set, const stru
 	snprintf(what, sizeof(what), "/%s/%s", set, t->name);
 	d = H5Dcreate2(grp, t->name, H5T_IEEE_F32LE, vsp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
 	if (d < 0) {
-		h5_err(path, "H5Dcreate", what);
+		ckpt_h5_err(path, "H5Dcreate", what);
 		goto out_close;
 	}
 	H5Dclose(d);
@@ -777,7 +374,7 @@ static int write_index(const char *dir, const struct sl_ckpt_geom *g, const stru
 	hid_t f, grp;
 	int rc = -1;
 
-	if (join(path, sizeof(path), dir, "index.h5") < 0 ||
+	if (ckpt_join(path, sizeof(path), dir, "index.h5") < 0 ||
 	    snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
 		return -1;
 	files = calloc(g->shard_size, NAME_LEN);
@@ -799,28 +396,29 @@ static int write_index(const char *dir, const struct sl_ckpt_geom *g, const stru
 			  (size_t)lay->n_units * 64 + (size_t)g->shard_size * 64 +
 			  (size_t)nsets * lay->n_tensors * (4096 + 3 * 512 * (size_t)g->shard_size)) < 0)
 		goto out_close_file;
-	if (attr_put(f, "format", H5T_NATIVE_INT32, 0, &(int32_t){ CKPT_FORMAT }) < 0 ||
-	    attr_put(f, "step", H5T_NATIVE_INT32, 0, &(int32_t){ s->step }) < 0 ||
-	    attr_put(f, "world", H5T_NATIVE_INT32, 0, &(int32_t){ g->world }) < 0 ||
-	    attr_put(f, "shard_size", H5T_NATIVE_INT32, 0, &(int32_t){ g->shard_size }) < 0 ||
-	    attr_put(f, "seed", H5T_NATIVE_UINT64, 0, &s->seed) < 0 ||
-	    attr_put(f, "data_cursor", H5T_NATIVE_INT64, 0, &s->data_cursor) < 0 ||
-	    attr_put(f, "n_units", H5T_NATIVE_INT32, 0, &n_units) < 0 ||
-	    attr_put(f, "n_tensors", H5T_NATIVE_INT32, 0, &n_tensors) < 0 ||
-	    attr_put(f, "optimizer", H5T_NATIVE_INT32, 0, &opt) < 0 ||
-	    attr_put(f, "unit_numel", H5T_NATIVE_UINT64, n_units, numel) < 0 ||
-	    attr_put(f, "shard", H5T_NATIVE_UINT64, n_units, g->shard) < 0 ||
-	    attr_put(f, "writer_ranks", H5T_NATIVE_INT32, g->shard_size, writer_of) < 0 ||
-	    attr_put(f, "unit_ranges", H5T_NATIVE_UINT64, 2 * g->shard_size * n_units, fr) < 0 ||
-	    attr_put_names(f, "files", files, g->shard_size) < 0 ||
-	    attr_put_str(f, "config", s->config_yaml ? s->config_yaml : "") < 0) {
-		h5_err(tmp, "H5Awrite", "/");
+	if (ckpt_attr_put(f, "format", H5T_NATIVE_INT32, 0, &(int32_t){ CKPT_FORMAT }) < 0 ||
+	    ckpt_attr_put(f, "step", H5T_NATIVE_INT32, 0, &(int32_t){ s->step }) < 0 ||
+	    ckpt_attr_put(f, "world", H5T_NATIVE_INT32, 0, &(int32_t){ g->world }) < 0 ||
+	    ckpt_attr_put(f, "shard_size", H5T_NATIVE_INT32, 0, &(int32_t){ g->shard_size }) < 0 ||
+	    ckpt_attr_put(f, "seed", H5T_NATIVE_UINT64, 0, &s->seed) < 0 ||
+	    ckpt_attr_put(f, "data_cursor", H5T_NATIVE_INT64, 0, &s->data_cursor) < 0 ||
+	    ckpt_attr_put(f, "n_units", H5T_NATIVE_INT32, 0, &n_units) < 0 ||
+	    ckpt_attr_put(f, "n_tensors", H5T_NATIVE_INT32, 0, &n_tensors) < 0 ||
+	    ckpt_attr_put(f, "optimizer", H5T_NATIVE_INT32, 0, &opt) < 0 ||
+	    ckpt_attr_put(f, "unit_numel", H5T_NATIVE_UINT64, n_units, numel) < 0 ||
+	    ckpt_attr_put(f, "shard", H5T_NATIVE_UINT64, n_units, g->shard) < 0 ||
+	    ckpt_attr_put(f, "writer_ranks", H5T_NATIVE_INT32, g->shard_size, writer_of) < 0 ||
+	    ckpt_attr_put(f, "unit_ranges", H5T_NATIVE_UINT64, 2 * g->shard_size * n_units,
+			  fr) < 0 ||
+	    ckpt_attr_put_names(f, "files", files, g->shard_size) < 0 ||
+	    ckpt_attr_put_str(f, "config", s->config_yaml ? s->config_yaml : "") < 0) {
+		ckpt_h5_err(tmp, "H5Awrite", "/");
 		goto out_close_file;
 	}
 	for (int k = 0; k < nsets; k++) {
 		grp = H5Gcreate2(f, set_name[k], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
 		if (grp < 0) {
-			h5_err(tmp, "H5Gcreate", set_name[k]);
+			ckpt_h5_err(tmp, "H5Gcreate", set_name[k]);
 			goto out_close_file;
 		}
 		for (int i = 0; i < lay->n_tensors; i++) {
@@ -848,8 +446,8 @@ static int write_complete(const char *dir, int step)
 	FILE *fp;
 	int rc = 0;
 
-	if (join(path, sizeof(path), dir, "COMPLETE") < 0 ||
-	    join(tmp, sizeof(tmp), dir, "COMPLETE.tmp") < 0)
+	if (ckpt_join(path, sizeof(path), dir, "COMPLETE") < 0 ||
+	    ckpt_join(tmp, sizeof(tmp), dir, "COMPLETE.tmp") < 0)
 		return -1;
 	fp = fopen(tmp, "w");
 	if (!fp) {
@@ -863,187 +461,16 @@ static int write_complete(const char *dir, int step)
 	if (rc < 0)
 		sl_error("%s: cannot write: %s", tmp, strerror(errno));
 	if (rc == 0)
-		rc = fsync_path(tmp, false);
+		rc = ckpt_fsync_path(tmp, false);
 	if (rc == 0 && rename(tmp, path) != 0) {
 		sl_error("%s: cannot rename to COMPLETE: %s", tmp, strerror(errno));
 		rc = -1;
 	}
 	if (rc == 0)
-		rc = fsync_path(dir, true);
+		rc = ckpt_fsync_path(dir, true);
 	if (rc < 0)
 		unlink(tmp);
 	return rc;
-}
-
-/*
- * Rank 0: the step directory, fresh.  A complete checkpoint of the same step is never
- * overwritten; an incomplete one (a crashed write) is cleared and reused.
- */
-static int prepare_dir(const char *root, const char *dir)
-{
-	struct stat st;
-
-	if (mkdir_p(root) < 0)
-		return -1;
-	if (stat(dir, &st) == 0) {
-		if (file_exists(dir, "COMPLETE")) {
-			sl_error("%s: already holds a complete checkpoint; it is not overwritten "
-				 "(remove it to write this step again)", dir);
-			return -1;
-		}
-		if (remove_ckpt_dir(dir) < 0) {
-			sl_error("%s: cannot clear the incomplete checkpoint left there", dir);
-			return -1;
-		}
-	}
-	if (mkdir(dir, 0777) != 0) {
-		sl_error("%s: cannot create the checkpoint directory: %s", dir, strerror(errno));
-		return -1;
-	}
-	return 0;
-}
-
-/* ---- the step directories of a root ---------------------------------------------------------- */
-
-struct step_ent {
-	int step;
-	bool complete;
-	char name[64];
-};
-
-/* "step-" followed by digits only (at least six): temporary or foreign names are not ours */
-static bool parse_step(const char *name, int *step)
-{
-	const char *p = name + 5;
-	long v = 0;
-	int nd = 0;
-
-	if (strncmp(name, "step-", 5) != 0)
-		return false;
-	for (; *p; p++, nd++) {
-		if (*p < '0' || *p > '9' || v > 100000000)
-			return false;
-		v = v * 10 + (*p - '0');
-	}
-	if (nd < 6)
-		return false;
-	*step = (int)v;
-	return true;
-}
-
-/* The step-* directories of @root; 0 with *n = 0 if @root does not exist. */
-static int scan_steps(const char *root, struct step_ent **out, int *n)
-{
-	struct step_ent *e = NULL;
-	struct dirent *de;
-	int cap = 0, k = 0;
-	char p[4096];
-	DIR *d;
-
-	*out = NULL;
-	*n = 0;
-	d = opendir(root);
-	if (!d) {
-		if (errno == ENOENT)
-			return 0;
-		sl_error("%s: cannot list the checkpoint directory: %s", root, strerror(errno));
-		return -1;
-	}
-	while ((de = readdir(d))) {
-		struct stat st;
-		int step;
-
-		if (!parse_step(de->d_name, &step) || strlen(de->d_name) >= sizeof(e->name))
-			continue;
-		if (join(p, sizeof(p), root, de->d_name) < 0 || stat(p, &st) != 0 ||
-		    !S_ISDIR(st.st_mode))
-			continue;
-		if (k == cap) {
-			struct step_ent *ne = realloc(e, sizeof(*e) * (cap = cap ? 2 * cap : 16));
-
-			if (!ne) {
-				free(e);
-				closedir(d);
-				sl_error("ckpt: out of memory");
-				return -1;
-			}
-			e = ne;
-		}
-		e[k].step = step;
-		e[k].complete = file_exists(p, "COMPLETE");
-		snprintf(e[k].name, sizeof(e[k].name), "%s", de->d_name);
-		k++;
-	}
-	closedir(d);
-	*out = e;
-	*n = k;
-	return 0;
-}
-
-static int cmp_step_desc(const void *a, const void *b)
-{
-	const struct step_ent *x = a, *y = b;
-
-	return (x->step < y->step) - (x->step > y->step);
-}
-
-/*
- * Rank 0, after step @cur is complete: complete checkpoints beyond the newest @keep go (never
- * @cur; keep <= 0 keeps all), and so do incomplete leftovers older than the newest complete one.
- * Failures here are warnings: the new checkpoint is already safe.
- */
-static void prune(const char *root, int cur, int keep)
-{
-	struct step_ent *e;
-	int n, kept = 0, newest = -1;
-	char p[4096];
-
-	if (scan_steps(root, &e, &n) < 0)
-		return;
-	qsort(e, n, sizeof(*e), cmp_step_desc);
-	for (int i = 0; i < n; i++)
-		if (e[i].complete && e[i].step > newest)
-			newest = e[i].step;
-	for (int i = 0; i < n; i++) {
-		bool drop;
-
-		if (e[i].step == cur)
-			continue;
-		if (e[i].complete)
-			drop = keep > 0 && ++kept >= keep;	/* @cur holds one of the places */
-		else
-			drop = e[i].step < newest;
-		if (!drop || join(p, sizeof(p), root, e[i].name) < 0)
-			continue;
-		if (remove_ckpt_dir(p) < 0)
-			sl_warn("%s: could not remove the old checkpoint", p);
-	}
-	free(e);
-}
-
-int sl_ckpt_find_latest(const char *root, char *dir, size_t n, int *step)
-{
-	struct step_ent *e;
-	int k, best = -1;
-
-	if (scan_steps(root, &e, &k) < 0)
-		return -1;
-	for (int i = 0; i < k; i++)
-		if (e[i].complete && (best < 0 || e[i].step > e[best].step))
-			best = i;
-	if (best < 0) {
-		free(e);
-		return 0;
-	}
-	if (snprintf(dir, n, "%s/%s", root, e[best].name) >= (int)n) {
-		sl_error("%s/%s: path too long", root, e[best].name);
-		free(e);
-		return -1;
-	}
-	if (step)
-		*step = e[best].step;
-	free(e);
-	return 1;
 }
 
 int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct sl_ckpt_state *s,
@@ -1065,8 +492,8 @@ int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct s
 		*seconds = 0;
 
 	/* 1. geometry, agreed before anything touches the disk */
-	rc = check_geom(g, world);
-	if (agree(rc, world) < 0)
+	rc = ckpt_check_geom(g, world);
+	if (ckpt_agree(rc, world) < 0)
 		return -1;
 	writer_of = malloc(sizeof(int) * g->shard_size);
 	if (!writer_of) {
@@ -1074,7 +501,7 @@ int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct s
 		MPI_Abort(world, 1);
 	}
 	rc = writer_map(g, world, writer_of);
-	if (agree(rc, world) < 0)
+	if (ckpt_agree(rc, world) < 0)
 		goto out_free_map;
 	rc = gather_ranges(g, world, writer_of, &fr);
 	if (rc == 0 && g->writer && (!master || (optimizer && (!m || !v)))) {
@@ -1085,19 +512,19 @@ int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct s
 		sl_error("%s: checkpoint path too long", root);
 		rc = -1;
 	}
-	if (agree(rc, world) < 0)
+	if (ckpt_agree(rc, world) < 0)
 		goto out_free_map;
 
 	/* 2. the step directory (rank 0; the others wait on the agreement) */
 	if (g->rank == 0)
-		rc = prepare_dir(root, dir);
-	if (agree(rc, world) < 0)
+		rc = ckpt_prepare_dir(root, dir);
+	if (ckpt_agree(rc, world) < 0)
 		goto out_free_map;
 
 	/* 3. rank files (the first replica of each shard) */
 	if (g->writer)
 		rc = write_rank_file(dir, g, s, bufs, nsets, &mine);
-	if (agree(rc, world) < 0)
+	if (ckpt_agree(rc, world) < 0)
 		goto out_remove_dir;
 	MPI_Reduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, 0, world);
 
@@ -1105,15 +532,15 @@ int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct s
 	if (g->rank == 0) {
 		rc = write_index(dir, g, s, writer_of, fr, nsets, &idx_bytes);
 		if (rc == 0)
-			rc = fsync_path(dir, true);
+			rc = ckpt_fsync_path(dir, true);
 	}
-	if (agree(rc, world) < 0)
+	if (ckpt_agree(rc, world) < 0)
 		goto out_remove_dir;
 
 	/* 5. every file is closed and fsync'ed on every rank: commit */
 	if (g->rank == 0)
 		rc = write_complete(dir, s->step);
-	if (agree(rc, world) < 0)
+	if (ckpt_agree(rc, world) < 0)
 		goto out_remove_dir;
 
 	if (g->rank == 0) {
@@ -1121,466 +548,18 @@ int sl_ckpt_write(const char *root, const struct sl_ckpt_geom *g, const struct s
 			*bytes = total + idx_bytes;
 		if (seconds)
 			*seconds = MPI_Wtime() - t0;
-		prune(root, s->step, keep);
+		ckpt_prune(root, s->step, keep);
 	}
 	free(writer_of);
 	free(fr);
 	return 0;
 
 out_remove_dir:
-	if (g->rank == 0 && remove_ckpt_dir(dir) < 0)
+	if (g->rank == 0 && ckpt_remove_dir(dir) < 0)
 		sl_warn("%s: the failed checkpoint could not be removed (it has no COMPLETE, so it "
 			"is never loaded)", dir);
 out_free_map:
 	free(writer_of);
 	free(fr);
 	return -1;
-}
-
-/* ---- reading --------------------------------------------------------------------------------- */
-
-/* What index.h5 says about the checkpoint. */
-struct idx {
-	int32_t step, world, shard_size, n_units, n_tensors, optimizer;
-	uint64_t seed;
-	int64_t data_cursor;
-	uint64_t *unit_numel;		/* (n_units) */
-	uint64_t *shard;		/* (n_units) elements per writer rank */
-	char (*files)[NAME_LEN];	/* (shard_size) rank file of each shard index */
-};
-
-static void idx_free(struct idx *ix)
-{
-	free(ix->unit_numel);
-	free(ix->shard);
-	free(ix->files);
-	memset(ix, 0, sizeof(*ix));
-}
-
-static int idx_read(hid_t f, const char *path, struct idx *ix)
-{
-	hid_t name_t;
-	int rc;
-
-	memset(ix, 0, sizeof(*ix));
-	if (attr_get(f, "step", H5T_NATIVE_INT32, 1, &ix->step) < 0 ||
-	    attr_get(f, "world", H5T_NATIVE_INT32, 1, &ix->world) < 0 ||
-	    attr_get(f, "shard_size", H5T_NATIVE_INT32, 1, &ix->shard_size) < 0 ||
-	    attr_get(f, "n_units", H5T_NATIVE_INT32, 1, &ix->n_units) < 0 ||
-	    attr_get(f, "n_tensors", H5T_NATIVE_INT32, 1, &ix->n_tensors) < 0 ||
-	    attr_get(f, "optimizer", H5T_NATIVE_INT32, 1, &ix->optimizer) < 0 ||
-	    attr_get(f, "seed", H5T_NATIVE_UINT64, 1, &ix->seed) < 0 ||
-	    attr_get(f, "data_cursor", H5T_NATIVE_INT64, 1, &ix->data_cursor) < 0 ||
-	    ix->shard_size < 1 || ix->shard_size > 1 << 24 || ix->n_units < 1 ||
-	    ix->n_units > 1 << 24)
-		goto out_bad;
-	ix->unit_numel = calloc(ix->n_units, sizeof(uint64_t));
-	ix->shard = calloc(ix->n_units, sizeof(uint64_t));
-	ix->files = calloc(ix->shard_size, NAME_LEN);
-	if (!ix->unit_numel || !ix->shard || !ix->files) {
-		sl_error("ckpt: out of memory");
-		goto out_free;
-	}
-	name_t = H5_CHECK(H5Tcopy(H5T_C_S1));
-	H5_CHECK(H5Tset_size(name_t, NAME_LEN));
-	rc = attr_get(f, "files", name_t, ix->shard_size, ix->files);
-	H5Tclose(name_t);
-	if (rc < 0 || attr_get(f, "unit_numel", H5T_NATIVE_UINT64, ix->n_units, ix->unit_numel) < 0 ||
-	    attr_get(f, "shard", H5T_NATIVE_UINT64, ix->n_units, ix->shard) < 0)
-		goto out_bad;
-	for (int i = 0; i < ix->shard_size; i++) {
-		ix->files[i][NAME_LEN - 1] = '\0';
-		/* only plain names in the checkpoint's own folder */
-		if (!ix->files[i][0] || strchr(ix->files[i], '/'))
-			goto out_bad;
-	}
-	return 0;
-out_bad:
-	sl_error_at(path, "missing or malformed checkpoint attributes (not a shardlm checkpoint index, "
-	       "or a damaged one): remove this checkpoint directory");
-out_free:
-	idx_free(ix);
-	return -1;
-}
-
-static const char *const advice = "remove this checkpoint directory or restore the file";
-
-/* One dataset of a rank file: 1-D, the index's size, its checksum recomputed. */
-static int verify_dataset(hid_t f, const char *path, const char *set, int u, size_t want,
-			  float *buf)
-{
-	char name[64];
-	hid_t d, sp, msp;
-	hsize_t dim = 0;
-	uint64_t sum = 0, numel = 0, h = FNV_OFFSET;
-	int rc = -1;
-
-	snprintf(name, sizeof(name), "/%s/unit-%04d", set, u);
-	if (H5Lexists(f, set, H5P_DEFAULT) <= 0 || H5Lexists(f, name, H5P_DEFAULT) <= 0) {
-		sl_error_at(path, "%s is missing: the file is incomplete or not this checkpoint's; %s",
-		       name, advice);
-		return -1;
-	}
-	d = H5Dopen2(f, name, H5P_DEFAULT);
-	if (d < 0) {
-		sl_error_at(path, "%s cannot be opened (%s): the file is damaged; %s", name, h5_msg(),
-		       advice);
-		return -1;
-	}
-	sp = H5Dget_space(d);
-	if (sp < 0 || H5Sget_simple_extent_ndims(sp) != 1 ||
-	    H5Sget_simple_extent_dims(sp, &dim, NULL) < 0 || dim != want ||
-	    attr_get(d, "numel", H5T_NATIVE_UINT64, 1, &numel) < 0 || numel != want ||
-	    attr_get(d, "checksum", H5T_NATIVE_UINT64, 1, &sum) < 0) {
-		sl_error_at(path, "%s has %llu elements, index.h5 says %zu, or lacks its numel/checksum "
-		       "attributes: %s", name, (unsigned long long)dim, want, advice);
-		goto out_close_space;
-	}
-	for (hsize_t off = 0; off < want; off += VERIFY_CHUNK) {
-		hsize_t cnt = want - off < VERIFY_CHUNK ? want - off : VERIFY_CHUNK;
-
-		msp = H5_CHECK(H5Screate_simple(1, &cnt, NULL));
-		H5_CHECK(H5Sselect_hyperslab(sp, H5S_SELECT_SET, &off, NULL, &cnt, NULL));
-		if (H5Dread(d, H5T_NATIVE_FLOAT, msp, sp, H5P_DEFAULT, buf) < 0) {
-			sl_error_at(path, "%s cannot be read (%s): the file is truncated or damaged; %s",
-			       name, h5_msg(), advice);
-			H5Sclose(msp);
-			goto out_close_space;
-		}
-		H5Sclose(msp);
-		h = fnv1a(h, buf, cnt * sizeof(float));
-	}
-	if (h != sum) {
-		sl_error_at(path, "%s checksum mismatch: the file was altered or damaged; %s", name,
-		       advice);
-		goto out_close_space;
-	}
-	rc = 0;
-out_close_space:
-	if (sp >= 0)
-		H5Sclose(sp);
-	H5Dclose(d);
-	return rc;
-}
-
-/* Rank file @i of the index: present, HDF5, this checkpoint's, every checksum right. */
-static int verify_rank_file(const char *dir, const struct idx *ix, int i, int nsets)
-{
-	char path[4096];
-	struct stat st;
-	int32_t step = -1, shard_size = -1, shard_rank = -1, n_units = -1;
-	uint64_t maxn = 1;
-	float *buf;
-	hid_t f;
-	int rc = -1;
-
-	if (join(path, sizeof(path), dir, ix->files[i]) < 0)
-		return -1;
-	if (stat(path, &st) != 0) {
-		sl_error_at(path, "missing (index.h5 lists it): the checkpoint is incomplete; %s", advice);
-		return -1;
-	}
-	f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-	if (f < 0) {
-		sl_error_at(path, "cannot be opened as HDF5 (%s): the file is truncated or damaged; %s",
-		       h5_msg(), advice);
-		return -1;
-	}
-	if (attr_get(f, "step", H5T_NATIVE_INT32, 1, &step) < 0 ||
-	    attr_get(f, "shard_size", H5T_NATIVE_INT32, 1, &shard_size) < 0 ||
-	    attr_get(f, "shard_rank", H5T_NATIVE_INT32, 1, &shard_rank) < 0 ||
-	    attr_get(f, "n_units", H5T_NATIVE_INT32, 1, &n_units) < 0) {
-		sl_error_at(path, "its step/shard attributes are missing or unreadable: the file is "
-		       "damaged or not a shardlm rank file; %s", advice);
-		goto out_close_file;
-	}
-	if (step != ix->step || shard_size != ix->shard_size || shard_rank != i ||
-	    n_units != ix->n_units) {
-		sl_error_at(path, "is step %d, shard %d of %d, %d units; index.h5 expects step %d, shard "
-		       "%d of %d, %d units: the file belongs to another checkpoint; %s", step,
-		       shard_rank, shard_size, n_units, ix->step, i, ix->shard_size, ix->n_units,
-		       advice);
-		goto out_close_file;
-	}
-	for (int u = 0; u < ix->n_units; u++)
-		if (ix->shard[u] > maxn)
-			maxn = ix->shard[u];
-	buf = malloc(sizeof(float) * (maxn < VERIFY_CHUNK ? maxn : VERIFY_CHUNK));
-	if (!buf) {
-		sl_error("ckpt: out of memory");
-		goto out_close_file;
-	}
-	rc = 0;
-	for (int k = 0; k < nsets && rc == 0; k++)
-		for (int u = 0; u < ix->n_units && rc == 0; u++)
-			rc = verify_dataset(f, path, set_name[k], u, ix->shard[u], buf);
-	free(buf);
-out_close_file:
-	H5Fclose(f);
-	return rc;
-}
-
-/* This rank's shard of every unit of one set, read through the index's virtual datasets. */
-static int read_set(hid_t f, const char *path, const char *dir, const char *set,
-		    const struct sl_ckpt_geom *g, float **bufs)
-{
-	const struct sl_layout *lay = g->lay;
-	hid_t dapl = H5_CHECK(H5Pcreate(H5P_DATASET_ACCESS));
-	char name[256];
-	int rc = -1;
-
-	/* the rank files next to this index, whatever the working directory holds */
-	H5_CHECK(H5Pset_virtual_prefix(dapl, dir));
-	for (int u = 0; u < lay->n_units; u++)
-		memset(bufs[u], 0, sizeof(float) * g->shard[u]);	/* padding reads as 0 */
-	for (int i = 0; i < lay->n_tensors; i++) {
-		const struct sl_tensor_info *t = &lay->t[i];
-		size_t lo, n, a, b;
-		hsize_t dims[2] = { 0, 0 };
-		struct piece p[3];
-		hid_t d, sp;
-		int np, nd;
-
-		snprintf(name, sizeof(name), "/%s/%s", set, t->name);
-		if (H5Lexists(f, set, H5P_DEFAULT) <= 0 || H5Lexists(f, name, H5P_DEFAULT) <= 0) {
-			sl_error_at(path, "%s is missing: the checkpoint is of another model", name);
-			goto out_close_dapl;
-		}
-		d = H5Dopen2(f, name, dapl);
-		if (d < 0) {
-			h5_err(path, "H5Dopen", name);
-			goto out_close_dapl;
-		}
-		sp = H5_CHECK(H5Dget_space(d));
-		nd = H5Sget_simple_extent_ndims(sp);
-		/* the rank comes from the file: dims[] holds two */
-		if (nd < 1 || nd > 2 || H5Sget_simple_extent_dims(sp, dims, NULL) < 0 ||
-		    nd != t->ndim || (int64_t)dims[0] != t->shape[0] ||
-		    (nd == 2 && (int64_t)dims[1] != t->shape[1])) {
-			sl_error_at(path, "%s has shape [%llu%s%llu], the model needs [%lld%s%lld]: the "
-			       "checkpoint is of another model", name, (unsigned long long)dims[0],
-			       nd == 2 ? ", " : "", nd == 2 ? (unsigned long long)dims[1] : 0ull,
-			       (long long)t->shape[0], t->ndim == 2 ? ", " : "",
-			       t->ndim == 2 ? (long long)t->shape[1] : 0ll);
-			goto out_close_dset;
-		}
-		range_of(g, t->unit, &lo, &n);
-		if (!overlap(t, lo, lo + n, &a, &b)) {
-			H5Sclose(sp);
-			H5Dclose(d);
-			continue;
-		}
-		np = split_range(t, a, b, p);
-		for (int k = 0; k < np; k++) {
-			hsize_t cnt = p[k].n;
-			hid_t msp = H5_CHECK(H5Screate_simple(1, &cnt, NULL));
-			float *dst = bufs[t->unit] + (t->offset + p[k].flat - lo);
-
-			H5_CHECK(H5Sselect_hyperslab(sp, H5S_SELECT_SET, p[k].start, NULL,
-						     p[k].count, NULL));
-			if (H5Dread(d, H5T_NATIVE_FLOAT, msp, sp, H5P_DEFAULT, dst) < 0) {
-				h5_err(path, "H5Dread", name);
-				H5Sclose(msp);
-				goto out_close_dset;
-			}
-			H5Sclose(msp);
-		}
-		H5Sclose(sp);
-		H5Dclose(d);
-		continue;
-out_close_dset:
-		H5Sclose(sp);
-		H5Dclose(d);
-		goto out_close_dapl;
-	}
-	rc = 0;
-out_close_dapl:
-	H5Pclose(dapl);
-	return rc;
-}
-
-int sl_ckpt_has_optimizer(const char *dir)
-{
-	char path[4096];
-	int32_t opt = 0;
-	hid_t f;
-
-	H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-	if (join(path, sizeof(path), dir, "index.h5") < 0)
-		return -1;
-	f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-	if (f < 0) {
-		sl_error_at(path, "cannot be opened as HDF5 (%s)", h5_msg());
-		return -1;
-	}
-	if (attr_get(f, "optimizer", H5T_NATIVE_INT32, 1, &opt) < 0) {
-		sl_error_at(path, "no optimizer attribute: not a shardlm checkpoint index");
-		H5Fclose(f);
-		return -1;
-	}
-	H5Fclose(f);
-	return opt ? 1 : 0;
-}
-
-char *sl_ckpt_read_config(const char *dir)
-{
-	char path[4096], *config;
-	hid_t f;
-
-	H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-	if (join(path, sizeof(path), dir, "index.h5") < 0)
-		return NULL;
-	f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-	if (f < 0) {
-		sl_error_at(path, "cannot be opened as HDF5 (%s)", h5_msg());
-		return NULL;
-	}
-	config = attr_get_str(f, "config");
-	if (!config)
-		sl_error_at(path, "has no config attribute: not a shardlm checkpoint index");
-	H5Fclose(f);
-	return config;
-}
-
-int sl_ckpt_read(const char *dir, const struct sl_ckpt_geom *g, struct sl_ckpt_state *s,
-		 float **master, float **m, float **v, MPI_Comm world)
-{
-	float **bufs[3] = { master, m, v };
-	int want_opt = m || v;
-	char path[4096];
-	char *config = NULL;
-	struct idx ix = { 0 };
-	hid_t f = -1;
-	int rc, ret = -1;
-
-	H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-	rc = check_geom(g, world);
-	if (rc == 0 && (join(path, sizeof(path), dir, "index.h5") < 0 || !master))
-		rc = -1;
-	if (rc == 0) {
-		f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-		if (f < 0) {
-			sl_error_at(path, "cannot be opened as HDF5 (%s): %s", h5_msg(),
-			       "remove this checkpoint directory (its COMPLETE marker is wrong)");
-			rc = -1;
-		}
-	}
-	if (rc == 0)
-		rc = idx_read(f, path, &ix);
-	if (rc == 0 && ix.n_units != g->lay->n_units) {
-		sl_error_at(path, "has %d units, the model has %d: the checkpoint is of another model",
-		       ix.n_units, g->lay->n_units);
-		rc = -1;
-	}
-	/* sizes from the file bound what verification reads: they must be the model's */
-	for (int u = 0; rc == 0 && u < ix.n_units; u++) {
-		uint64_t S = (uint64_t)ix.shard_size, numel = g->lay->unit_numel[u];
-
-		/* shards cover the unit, padded by at most an alignment's worth */
-		if (ix.unit_numel[u] != numel || ix.shard[u] > numel / S + 4096 ||
-		    ix.shard[u] * S < numel) {
-			sl_error_at(path, "unit %d: %llu elements in %d shards of %llu, the model has %llu: "
-			       "the checkpoint is of another model or damaged", u,
-			       (unsigned long long)ix.unit_numel[u], ix.shard_size,
-			       (unsigned long long)ix.shard[u], (unsigned long long)numel);
-			rc = -1;
-		}
-	}
-	if (rc == 0 && want_opt && !ix.optimizer) {
-		sl_error_at(path, "holds no optimizer state (written with checkpoint.optimizer: false)");
-		rc = -1;
-	}
-	if (rc == 0) {
-		config = attr_get_str(f, "config");
-		if (!config) {
-			sl_error_at(path, "has no config attribute: remove this checkpoint directory");
-			rc = -1;
-		}
-	}
-	if (agree(rc, world) < 0)
-		goto out_free;
-
-	/*
-	 * Every rank file, before any virtual read: a missing or short source would read as fill
-	 * value without an error.  The files are spread over the ranks; all of them verify each
-	 * dataset the index may map, optimizer moments included when present.
-	 */
-	for (int i = g->rank; i < ix.shard_size && rc == 0; i += g->world)
-		rc = verify_rank_file(dir, &ix, i, ix.optimizer ? 3 : 1);
-	if (agree(rc, world) < 0) {
-		if (g->rank == 0)
-			sl_error("%s: the checkpoint failed verification (see above); nothing was "
-				 "loaded", dir);
-		goto out_free;
-	}
-
-	for (int k = 0; k < 3 && rc == 0; k++)
-		if (bufs[k])
-			rc = read_set(f, path, dir, set_name[k], g, bufs[k]);
-	if (agree(rc, world) < 0)
-		goto out_free;
-
-	s->step = ix.step;
-	s->seed = ix.seed;
-	s->data_cursor = ix.data_cursor;
-	s->config_yaml = config;
-	config = NULL;
-	ret = 0;
-out_free:
-	free(config);
-	idx_free(&ix);
-	if (f >= 0)
-		H5Fclose(f);
-	return ret;
-}
-
-int sl_ckpt_check_space(const char *root, double bytes_each, int keep)
-{
-	char probe[4096];
-	struct step_ent *e = NULL;
-	struct statvfs vfs;
-	double avail, need;
-	int n = 0, have = 0, fd;
-
-	if (mkdir_p(root) < 0)
-		return -1;
-	/* writable: a real file, since permissions alone do not tell (read-only mounts, ACLs) */
-	if (snprintf(probe, sizeof(probe), "%s/.write-test-%d", root, (int)getpid()) >=
-	    (int)sizeof(probe))
-		return -1;
-	fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	if (fd < 0 || write(fd, "x", 1) != 1) {
-		sl_error("%s: the checkpoint directory is not writable: %s; fix its permissions or "
-			 "point checkpoint.dir / run.dir elsewhere", root, strerror(errno));
-		if (fd >= 0) {
-			close(fd);
-			unlink(probe);
-		}
-		return -1;
-	}
-	close(fd);
-	unlink(probe);
-	if (statvfs(root, &vfs) != 0) {
-		sl_error("%s: cannot query the file system: %s", root, strerror(errno));
-		return -1;
-	}
-	/* complete checkpoints already there count towards keep; the write of keep+1 comes first */
-	if (scan_steps(root, &e, &n) < 0)
-		return -1;
-	for (int i = 0; i < n; i++)
-		have += e[i].complete;
-	free(e);
-	if (keep > 0 && have > keep)
-		have = keep;
-	need = (double)(keep > 0 ? keep + 1 - have : 1) * bytes_each;
-	avail = (double)vfs.f_bavail * (double)vfs.f_frsize;
-	if (need > avail) {
-		sl_error("%s: %.2f GB free, checkpoints need %.2f GB (checkpoint.keep %d + 1 being "
-			 "written, %.2f GB each, %d already there): free space, lower it with --set "
-			 "checkpoint.keep=N or --set checkpoint.optimizer=false, or point "
-			 "checkpoint.dir at a larger disk", root, avail / 1e9, need / 1e9, keep,
-			 bytes_each / 1e9, have);
-		return -ENOSPC;
-	}
-	return 0;
 }

@@ -4,7 +4,6 @@
 #include "context.h"
 
 #include <errno.h>
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,18 +39,12 @@ static void cp_all_gather(void *ctx, void *recv, const void *send, size_t count)
 		sl_dist_abort("context parallel: the key/value all-gather failed");
 }
 
-/* host buffers (the MPI kind): a non-blocking all-gather; otherwise the blocking one at once */
+/* the other ranks' keys travel while this rank's queries attend to its own (dist.h) */
 static void cp_all_gather_start(void *ctx, void *recv, const void *send, size_t count)
 {
 	struct sl_cp *cp = ctx;
-	size_t bytes = count * sl_comm_dtype_size(cp->dt);
 
-	if (cp->comm.kind != SL_COMM_MPI || cp->comm.size == 1 || bytes > (size_t)INT_MAX) {
-		cp_all_gather(ctx, recv, send, count);
-		return;
-	}
-	if (MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, cp->comm.mpi,
-			   &cp->kv_req) != MPI_SUCCESS)
+	if (sl_comm_all_gather_start(&cp->comm, recv, send, count, cp->dt))
 		sl_dist_abort("context parallel: the key/value all-gather failed");
 }
 
@@ -59,8 +52,7 @@ static void cp_all_gather_wait(void *ctx)
 {
 	struct sl_cp *cp = ctx;
 
-	if (cp->kv_req != MPI_REQUEST_NULL &&
-	    MPI_Wait(&cp->kv_req, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+	if (sl_comm_wait(&cp->comm))
 		sl_dist_abort("context parallel: the key/value all-gather failed");
 }
 
@@ -103,7 +95,6 @@ int sl_cp_create(struct sl_cp *cp, struct sl_backend *be, const struct sl_dist *
 	cp->dt = be->elt == 8 ? SL_COMM_F64 : be->elt == 2 ? SL_COMM_BF16 : SL_COMM_F32;
 	if (sl_comm_create(&cp->comm, MPI_COMM_WORLD, d->rank / C, cp->rank, kind, copy))
 		return -1;
-	cp->kv_req = MPI_REQUEST_NULL;
 	cp->cc = (struct sl_context_comm){ .ctx = cp, .kv_all_gather = cp_all_gather,
 					   .kv_all_gather_start = cp_all_gather_start,
 					   .kv_all_gather_wait = cp_all_gather_wait,

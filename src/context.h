@@ -26,7 +26,6 @@
 struct sl_cp {
 	struct sl_backend *be;
 	struct sl_comm comm;		/* the context group */
-	MPI_Request kv_req;		/* the all-gather under way (MPI_REQUEST_NULL: none) */
 	struct sl_context_comm cc;	/* what the model calls */
 	enum sl_comm_dtype dt;		/* the backend's compute type */
 	int C, rank;			/* group size, this rank's context index */

@@ -89,6 +89,13 @@ void sl_dist_fatal(const char *lib, const char *stmt, const char *msg, const cha
 			sl_dist_fatal("NCCL", #call, nccl_msg_, __FILE__, __LINE__); \
 		}								\
 	} while (0)
+#define CUDA_RT_CHECK(call)							\
+	do {									\
+		cudaError_t cuda_rc_ = (call);					\
+		if (cuda_rc_ != cudaSuccess)					\
+			sl_dist_fatal("CUDA", #call, cudaGetErrorString(cuda_rc_),	\
+				      __FILE__, __LINE__);				\
+	} while (0)
 #endif
 
 /*
@@ -332,13 +339,21 @@ int sl_comm_create(struct sl_comm *c, MPI_Comm parent, int color, int key,
 
 void sl_comm_destroy(struct sl_comm *c)
 {
+	if (c->pending && c->kind == SL_COMM_MPI)
+		MPI_CHECK(MPI_Wait(&c->req, MPI_STATUS_IGNORE));
 #ifdef SL_DIST_NCCL
 	if (c->nccl) {
 		wd_nccl_remove(c->nccl);
 		NCCL_CHECK(ncclCommDestroy((ncclComm_t)c->nccl));
 	}
+	if (c->side) {
+		CUDA_RT_CHECK(cudaEventDestroy((cudaEvent_t)c->ev_issued));
+		CUDA_RT_CHECK(cudaEventDestroy((cudaEvent_t)c->ev_done));
+		CUDA_RT_CHECK(cudaStreamDestroy((cudaStream_t)c->side));
+	}
 #endif
-	c->nccl = NULL;
+	c->nccl = c->side = c->ev_issued = c->ev_done = NULL;
+	c->pending = false;
 	if (c->mpi != MPI_COMM_NULL)
 		MPI_CHECK(MPI_Comm_free(&c->mpi));
 	free(c->stage);
@@ -421,6 +436,69 @@ int sl_comm_all_gather(struct sl_comm *c, void *recv, const void *send, size_t c
 #endif
 		break;
 	}
+	return 0;
+}
+
+int sl_comm_all_gather_start(struct sl_comm *c, void *recv, const void *send, size_t count,
+			     enum sl_comm_dtype t)
+{
+	size_t cb = count * sl_comm_dtype_size(t);
+	MPI_Datatype type;
+	MPI_Op op;
+	int n, rc;
+
+	if (c->pending) {
+		sl_error("all-gather start: the group's previous split all-gather was not waited for");
+		return -EBUSY;
+	}
+	rc = check_args(c, "all-gather", count, t, &n);
+	if (rc || !count || c->kind == SL_COMM_MPI_STAGED)
+		return rc ? rc : sl_comm_all_gather(c, recv, send, count, t);
+	switch (c->kind) {
+	case SL_COMM_MPI:
+		mpi_type(t, &type, &op);
+		if (send == (char *)recv + c->rank * cb)
+			send = MPI_IN_PLACE;
+		MPI_CHECK(MPI_Iallgather(send, n, type, recv, n, type, c->mpi, &c->req));
+		c->pending = true;
+		break;
+	case SL_COMM_NCCL:
+#ifdef SL_DIST_NCCL
+		/* the side stream starts after what c->stream has issued (send was written there) */
+		if (!c->side) {
+			cudaStream_t st;
+			cudaEvent_t a, b;
+
+			CUDA_RT_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+			CUDA_RT_CHECK(cudaEventCreateWithFlags(&a, cudaEventDisableTiming));
+			CUDA_RT_CHECK(cudaEventCreateWithFlags(&b, cudaEventDisableTiming));
+			c->side = st, c->ev_issued = a, c->ev_done = b;
+		}
+		CUDA_RT_CHECK(cudaEventRecord((cudaEvent_t)c->ev_issued, (cudaStream_t)c->stream));
+		CUDA_RT_CHECK(cudaStreamWaitEvent((cudaStream_t)c->side,
+						  (cudaEvent_t)c->ev_issued, 0));
+		NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(t), (ncclComm_t)c->nccl,
+					 (cudaStream_t)c->side));
+		CUDA_RT_CHECK(cudaEventRecord((cudaEvent_t)c->ev_done, (cudaStream_t)c->side));
+		c->pending = true;
+#endif
+		break;
+	default:
+		break;
+	}
+	return 0;
+}
+
+int sl_comm_wait(struct sl_comm *c)
+{
+	if (c->pending && c->kind == SL_COMM_MPI)
+		MPI_CHECK(MPI_Wait(&c->req, MPI_STATUS_IGNORE));
+#ifdef SL_DIST_NCCL
+	if (c->pending && c->kind == SL_COMM_NCCL)
+		CUDA_RT_CHECK(cudaStreamWaitEvent((cudaStream_t)c->stream, (cudaEvent_t)c->ev_done,
+						  0));
+#endif
+	c->pending = false;
 	return 0;
 }
 

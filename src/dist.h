@@ -107,6 +107,11 @@ struct sl_comm {
 	struct sl_comm_copy copy;	/* SL_COMM_MPI_STAGED */
 	void *stage;			/* host staging buffer */
 	size_t stage_bytes;
+	/* the split all-gather (sl_comm_all_gather_start) */
+	bool pending;			/* one is under way, not yet waited for */
+	MPI_Request req;		/* SL_COMM_MPI: its request */
+	void *side;			/* SL_COMM_NCCL: cudaStream_t it runs on (made at first use) */
+	void *ev_issued, *ev_done;	/* cudaEvent_t: stream's work before it, its end */
 };
 
 /*
@@ -134,6 +139,16 @@ void sl_comm_destroy(struct sl_comm *c);
 int sl_comm_all_gather(struct sl_comm *c, void *recv, const void *send, size_t count,
 		       enum sl_comm_dtype t);
 /* recv (count) = sum over ranks of send[rank * count, (rank + 1) * count) */
+/*
+ * A split all-gather, finished by sl_comm_wait (one at a time per group; recv and send untouched
+ * until then).  MPI: MPI_Iallgather.  NCCL: on a stream of the group's own, after the work
+ * issued on c->stream so far; sl_comm_wait makes c->stream's later work wait for it (the host
+ * does not wait), so c->stream's work issued in between overlaps it.  Staged: done at once.
+ * Returns 0, or negative (printed).
+ */
+int sl_comm_all_gather_start(struct sl_comm *c, void *recv, const void *send, size_t count,
+			     enum sl_comm_dtype t);
+int sl_comm_wait(struct sl_comm *c);
 int sl_comm_reduce_scatter(struct sl_comm *c, void *recv, const void *send, size_t count,
 			   enum sl_comm_dtype t);
 /* buf (count) = sum over ranks, in place */

@@ -134,8 +134,9 @@ static void tcompare(struct tdiff *df, double got, double want, size_t at)
 	      "expected %.17g", what, tdtype_names[t], count, (c)->rank, (c)->size, rc,       \
 	      (df).bad, (df).at, (df).got, (df).want)
 
+/* @split: sl_comm_all_gather_start, then sl_comm_wait (MPI_Iallgather; NCCL on a side stream) */
 static void tcheck_all_gather(struct sl_comm *c, const struct tmem *m, enum sl_comm_dtype t,
-			      size_t count, bool in_place)
+			      size_t count, bool in_place, bool split)
 {
 	size_t es = sl_comm_dtype_size(t), n = c->size, cb = count * es;
 	char *h = malloc(n * cb), *dr = m->alloc(n * cb), *ds;
@@ -146,13 +147,20 @@ static void tcheck_all_gather(struct sl_comm *c, const struct tmem *m, enum sl_c
 		tput(h, t, i, tv(t, c->rank, i));
 	ds = in_place ? dr + c->rank * cb : m->alloc(cb);
 	m->put(ds, h, cb);
-	rc = sl_comm_all_gather(c, dr, ds, count, t);
+	if (split) {
+		rc = sl_comm_all_gather_start(c, dr, ds, count, t);
+		if (!rc)
+			rc = sl_comm_wait(c);
+	} else {
+		rc = sl_comm_all_gather(c, dr, ds, count, t);
+	}
 	m->sync();
 	m->get(h, dr, n * cb);
 	for (size_t j = 0; j < n; j++)
 		for (size_t i = 0; i < count; i++)
 			tcompare(&df, tget(h, t, j * count + i), tv(t, (int)j, i), j * count + i);
-	TCHECK_CASE(rc, df, c, in_place ? "all-gather in place" : "all-gather", t, count);
+	TCHECK_CASE(rc, df, c, split ? (in_place ? "split all-gather in place" : "split all-gather") :
+		    in_place ? "all-gather in place" : "all-gather", t, count);
 	if (!in_place)
 		m->free(ds);
 	m->free(dr);
@@ -309,8 +317,10 @@ static void tcheck_collectives(struct sl_comm *c, const struct tmem *m)
 			size_t count = tcounts[j];
 			int roots[3] = { 0, c->size / 2, c->size - 1 };
 
-			tcheck_all_gather(c, m, t, count, false);
-			tcheck_all_gather(c, m, t, count, true);
+			tcheck_all_gather(c, m, t, count, false, false);
+			tcheck_all_gather(c, m, t, count, true, false);
+			tcheck_all_gather(c, m, t, count, false, true);
+			tcheck_all_gather(c, m, t, count, true, true);
 			tcheck_reduce_scatter(c, m, t, count, false);
 			tcheck_reduce_scatter(c, m, t, count, true);
 			tcheck_all_reduce(c, m, t, count);
