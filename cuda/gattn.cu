@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "norm_dw.cuh"
 
 #define NT 256
 
@@ -122,7 +123,7 @@ __global__ void k_gattn_bwd(bf16 *din, const bf16 *dout, const bf16 *dgate, cons
 
 // the q and k norm weights' gradients in two passes, in a fixed order (no atomics): block (token
 // chunk, q|k), thread (element i, token lane): partial sums over the chunk's tokens and the heads
-// into part(2, nchunk, hd); then k_gattn_dw_final adds the chunks' partials in order
+// into part(2, nchunk, hd); then k_norm_dw_final (norm_dw.cuh) adds the chunks' partials in order
 __global__ void k_gattn_dw_partial(float *part, const bf16 *dout, const bf16 *in,
 				   const float *rstd, const float *cs, int T, int L, const int *pos,
 				   int nh, int nkv, int hd, int rot, int tpc)
@@ -148,17 +149,6 @@ __global__ void k_gattn_dw_partial(float *part, const bf16 *dout, const bf16 *in
 			acc += red[k * hd + i];
 		part[((size_t)kind * gridDim.x + blockIdx.x) * hd + i] = acc;
 	}
-}
-
-__global__ void k_gattn_dw_final(bf16 *dqw, bf16 *dkw, const float *part, int nchunk, int hd)
-{
-	const int i = threadIdx.x, kind = blockIdx.x;
-	bf16 *d = kind ? dkw : dqw;
-	float acc = 0.f;
-
-	for (int k = 0; k < nchunk; k++)
-		acc += part[((size_t)kind * nchunk + k) * hd + i];
-	d[i] = tobf(bf(d[i]) + acc);
 }
 
 static float *prope_table(struct sl_cuda *c, int L, int rot, float theta)
@@ -223,7 +213,7 @@ extern "C" void sl_cuda_gattn_qk_bwd(struct sl_cuda *c, void *dqgkv, void *dqw, 
 			     c->stream>>>(part, (const bf16 *)dout, (const bf16 *)qgkv, rstd, cs, T,
 					  L, pos, nh, nkv, hd, rot, tpc);
 	CUDA_LAUNCHED();
-	k_gattn_dw_final<<<2, hd, 0, c->stream>>>((bf16 *)dqw, (bf16 *)dkw, part, nchunk, hd);
+	k_norm_dw_final<<<2, hd, 0, c->stream>>>((bf16 *)dqw, (bf16 *)dkw, part, nchunk, hd);
 	CUDA_LAUNCHED();
 }
 

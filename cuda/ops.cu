@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "norm_dw.cuh"
 
 #define NT 256		// threads of the row and element-wise kernels
 
@@ -454,17 +455,6 @@ __global__ void k_qk_dw_partial(float *part, const bf16 *dout, const bf16 *qkv, 
 	}
 }
 
-__global__ void k_qk_dw_final(bf16 *dqw, bf16 *dkw, const float *part, int nchunk, int hd)
-{
-	int i = threadIdx.x, kind = blockIdx.x;
-	bf16 *d = kind ? dkw : dqw;
-	float acc = 0.f;
-
-	for (int k = 0; k < nchunk; k++)
-		acc += part[((size_t)kind * nchunk + k) * hd + i];
-	d[i] = tobf(bf(d[i]) + acc);
-}
-
 static int check_hd(int hd, const char *who)
 {
 	if (hd < 2 || hd > HD_MAX || hd % 2) {
@@ -516,7 +506,7 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 			  c->stream>>>(part, (const bf16 *)dout, (const bf16 *)qkv, rstd, T, L,
 				       (const int *)pos, nh, nkv, hd, theta, tpc);
 	CUDA_LAUNCHED();
-	k_qk_dw_final<<<2, hd, 0, c->stream>>>((bf16 *)dqw, (bf16 *)dkw, part, nchunk, hd);
+	k_norm_dw_final<<<2, hd, 0, c->stream>>>((bf16 *)dqw, (bf16 *)dkw, part, nchunk, hd);
 	CUDA_LAUNCHED();
 }
 
