@@ -56,3 +56,21 @@ with open(sys.argv[1], "w") as f:
         f.write('{"input_ids": %s, "label": %.3f}\n' % (ids, sum(t < 30 for t in ids) / n))
 PY
 }
+
+# close_losses A B TOL N: runs $T/A and $T/B logged N steps each, every loss of B within TOL
+# (relative) of A's, with the same tokens per step
+close_losses() {
+	ok
+	python3 - "$T/$1/training_metrics.json" "$T/$2/training_metrics.json" "$3" "$4" <<'PY' ||
+import json, sys
+a, b = (json.load(open(p))["steps"] for p in sys.argv[1:3])
+tol, n = float(sys.argv[3]), int(sys.argv[4])
+assert len(a) == len(b) == n, (len(a), len(b))
+worst = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
+print(f"{sys.argv[2].split('/')[-2]} vs {sys.argv[1].split('/')[-2]}: worst relative loss "
+      f"difference {worst:.2e}")
+assert worst <= tol, ([x["loss"] for x in a], [y["loss"] for y in b])
+assert all(x["tokens"] == y["tokens"] for x, y in zip(a, b))
+PY
+	fail "losses of $2 differ from $1 by more than $3"
+}
