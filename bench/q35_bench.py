@@ -46,11 +46,6 @@ PRESETS = {
                num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
                linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
                intermediate_size=9216, vocab_size=248320),
-    # the 4B's widths over one 3:1 block of layers (bench/kernel_profile.sh: per-kernel times)
-    "4b-block": dict(hidden_size=2560, num_hidden_layers=4, num_attention_heads=16,
-                     num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
-                     linear_num_value_heads=32, linear_key_head_dim=128,
-                     linear_value_head_dim=128, intermediate_size=9216, vocab_size=248320),
     # test/check-gpu-cp.sh: tiny, with a head_dim the cuda context-parallel attention takes
     "cp-tiny": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
                     num_key_value_heads=1, head_dim=64, linear_num_key_heads=2,
@@ -62,6 +57,9 @@ PRESETS = {
                   linear_key_head_dim=16, linear_value_head_dim=24, intermediate_size=96,
                   vocab_size=512),
 }
+
+# the 4B's widths over one 3:1 block of layers (bench/kernel_profile.sh: per-kernel times)
+PRESETS["4b-block"] = dict(PRESETS["4b"], num_hidden_layers=4)
 
 
 def say(*a):

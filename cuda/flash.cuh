@@ -664,7 +664,7 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 					mma16816(dp[2 * np + 1], av, bg + 2);
 				}
 			}
-			const bool msk = CP || pos || qa < wk + 15 || qz < 0 || qz >= len;
+			const bool msk = CP || pos || qa < wk + 15 || qz < 0;
 #pragma unroll
 			for (int n = 0; n < FA_SUB / 8; n++) {
 #pragma unroll
