@@ -118,8 +118,10 @@ static inline unsigned grid_for(size_t n, int threads)
 	return b ? (unsigned)b : 1;
 }
 
-// scratch as floats, checked against its size (sized at create; no allocation in the step loop)
+// scratch as floats, checked against its size (sized at create; grown once, by the chunked delta
+// rule's first backward, to hold its dS: sl_cuda_scratch_grow)
 float *sl_cuda_scratch(struct sl_cuda *c, size_t bytes, const char *who);
+int sl_cuda_scratch_grow(struct sl_cuda *c, size_t bytes);	// 0, or -1: no room (kept)
 
 // dbias(N) += column sums of dout(T, N) (ops.cu), for the matmul backward (gemm.cu)
 extern "C" void sl_cuda_bias_grad(struct sl_cuda *c, void *dbias, const void *dout, int T, int N);

@@ -76,6 +76,25 @@ extern "C" size_t sl_cuda_fixed_bytes(struct sl_cuda *c)
 	return c->ws_bytes + c->scratch_bytes;
 }
 
+// grows the scratch to at least bytes (the stream drained first; the new one allocated before the
+// old is freed): 0, or -1 with the old one kept when the device has no room
+int sl_cuda_scratch_grow(struct sl_cuda *c, size_t bytes)
+{
+	void *p;
+
+	if (bytes <= c->scratch_bytes)
+		return 0;
+	CUDA_CHECK(cudaStreamSynchronize(c->stream));
+	if (cudaMalloc(&p, bytes) != cudaSuccess) {
+		cudaGetLastError();
+		return -1;
+	}
+	CUDA_CHECK(cudaFree(c->scratch));
+	c->scratch = p;
+	c->scratch_bytes = bytes;
+	return 0;
+}
+
 float *sl_cuda_scratch(struct sl_cuda *c, size_t bytes, const char *who)
 {
 	if (bytes > c->scratch_bytes) {

@@ -4,18 +4,18 @@
 // formulas), where test_gdn_chunk holds it to the cpu recurrence; these kernels transcribe it.
 //
 // Per chunk of GC = 64 positions the local quantities (cumulated decays, the 64 x 64 products
-// k.k and q.k, T = (I + A)^-1 by forward substitution) are made in shared memory by every block
-// that needs them; only the pass over a record's chunks is sequential:
-//   k_chunk_fwd        block (record, value head, tile of VF value columns): the state tile walks
-//                      the chunks, o and the chunk-start states out;
-//   k_chunk_bwd_state  block (record, value head, tile of VF columns): dS walks the chunks
-//                      backwards, dS at every chunk's end into scratch;
+// k.k and q.k, T = (I + A)^-1) are made in shared memory; only the pass over a record's chunks is
+// sequential:
+//   k_gdn_fwd          block (record, value head): the dk x dv state walks the chunks, o and
+//                      the chunk-start states out;
+//   k_gdn_bwd_state    block (record, value head): dS walks the chunks backwards, dS at every
+//                      chunk's end into scratch;
 //   k_chunk_bwd_grad   block (record, key head, chunk): every gradient of the chunk from its
 //                      saved start state and that dS, the value heads of the key head in order
 //                      (dq, dk summed in registers in a fixed order: deterministic).
-// The backward runs in waves of (record, key head) groups whose dS fit the scratch.  fp32
-// arithmetic and states, bf16 k and q in shared memory (they are bf16 inputs: exact).  Plain
-// FMA loops over shared memory: the tensor-core tiling is still to come.
+// The two sequential passes make every product on the tensor cores (tc_mm.cuh: tf32 operands,
+// fp32 sums and states); the gradient kernel is still plain FMA loops over shared memory.  The
+// backward runs in waves of (record, key head) groups whose dS fit the scratch.
 #include <cmath>
 
 #include "common.cuh"
@@ -24,14 +24,17 @@
 // ---- launchers ------------------------------------------------------------------------------
 
 #define SMEM_MAX (227 * 1024)
+#define SCRATCH_GROW_MAX ((size_t)4 << 30)	// the backward's dS beyond this: waves
 
 // whether the chunked kernels take this shape (else the caller keeps the recurrence)
 extern "C" int sl_cuda_gdn_chunk_fits(struct sl_cuda *c, int dk, int dv, int L, int nk, int nv)
 {
-	size_t per_group = (size_t)(nv / nk) * ((L + GC - 1) / GC) * dk * dv * sizeof(float);
+	size_t per_group = bwd_scratch_floats(1, nv / nk, (L + GC - 1) / GC, dk, dv) *
+			   sizeof(float);
 
-	return dk <= DKMAX && dv > 0 && grad_smem(dk) <= SMEM_MAX && state_smem(dk) <= SMEM_MAX &&
-	       fwd_smem(dk) <= SMEM_MAX && per_group <= c->scratch_bytes;
+	return dk <= DKMAX && dv > 0 && dv <= DVMAX && gq_smem(dk) <= SMEM_MAX &&
+	       state_smem(dk, dv) <= SMEM_MAX && fwd_smem(dk, dv) <= SMEM_MAX &&
+	       per_group <= c->scratch_bytes;
 }
 
 extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states, const void *qn,
@@ -39,14 +42,13 @@ extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states,
 				      const float *g, const int *lens, int B, int L, int nk,
 				      int nv, int dk, int dv)
 {
-	size_t smem = fwd_smem(dk);
-	int ntile = (dv + VF - 1) / VF;
+	size_t smem = fwd_smem(dk, dv);
 
-	CUDA_CHECK(cudaFuncSetAttribute(k_chunk_fwd, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_fwd, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					(int)smem));
-	k_chunk_fwd<<<B * nv * ntile, NTH, smem, c->stream>>>(
-		(bf16 *)o, states, (const bf16 *)qn, (const bf16 *)kn, (const bf16 *)v, vs, beta, g,
-		lens, L, nk, nv, dk, dv, ntile);
+	k_gdn_fwd<<<B * nv, NTH, smem, c->stream>>>((bf16 *)o, states, (const bf16 *)qn,
+						    (const bf16 *)kn, (const bf16 *)v, vs, beta, g,
+						    lens, L, nk, nv, dk, dv);
 	CUDA_LAUNCHED();
 }
 
@@ -56,30 +58,60 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 				      const float *beta, const float *g, const int *lens, int B,
 				      int L, int nk, int nv, int dk, int dv)
 {
-	int grp = nv / nk, nch = (L + GC - 1) / GC, ntile = (dv + VF - 1) / VF;
-	size_t per_group = (size_t)grp * nch * dk * dv * sizeof(float);
-	size_t ss = state_smem(dk), gs = grad_smem(dk);
-	int per_wave = (int)(c->scratch_bytes / per_group);
+	int grp = nv / nk, nch = (L + GC - 1) / GC;
+	size_t per_group = bwd_scratch_floats(1, grp, nch, dk, dv) * sizeof(float);
+	size_t ss = state_smem(dk, dv), gs = gq_smem(dk);
+	int per_wave;
 	float *dst;
 
+	// every group at once where the device has room (one wave: all heads in parallel)
+	if (per_group * B * nk > c->scratch_bytes && per_group * B * nk <= SCRATCH_GROW_MAX)
+		sl_cuda_scratch_grow(c, per_group * B * nk);
+	per_wave = (int)(c->scratch_bytes / per_group);
 	if (per_wave > B * nk)
 		per_wave = B * nk;
 	dst = sl_cuda_scratch(c, (size_t)per_wave * per_group, "chunked gated delta rule backward");
-	CUDA_CHECK(cudaFuncSetAttribute(k_chunk_bwd_state,
+	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_bwd_state,
 					cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss));
-	CUDA_CHECK(cudaFuncSetAttribute(k_chunk_bwd_grad,
+	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_bwd_grad,
 					cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gs));
 	for (int first = 0; first < B * nk; first += per_wave) {
 		int ng = B * nk - first < per_wave ? B * nk - first : per_wave;
 
-		k_chunk_bwd_state<<<ng * grp * ntile, NTH, ss, c->stream>>>(
+		k_gdn_bwd_state<<<ng * grp, NTH, ss, c->stream>>>(
 			dst, (const bf16 *)dout, (const bf16 *)qn, (const bf16 *)kn, beta, g, lens,
-			L, nk, nv, dk, dv, ntile, first);
+			L, nk, nv, dk, dv, first);
 		CUDA_LAUNCHED();
-		k_chunk_bwd_grad<<<ng * nch, NTH, gs, c->stream>>>(
+		k_gdn_bwd_grad<<<ng * nch, NTH, gs, c->stream>>>(
 			(bf16 *)dqn, (bf16 *)dkn, (bf16 *)dval, (bf16 *)dbeta, (bf16 *)dg,
-			(const bf16 *)dout, states, dst, (const bf16 *)qn, (const bf16 *)kn,
-			(const bf16 *)v, vs, beta, g, lens, L, nk, nv, dk, dv, first);
+			(const bf16 *)dout, states, dst,
+			dst + (size_t)per_wave * grp * nch * dk * dv, (const bf16 *)qn,
+			(const bf16 *)kn, (const bf16 *)v, vs, beta, g, lens, L, nk, nv, dk, dv,
+			first);
 		CUDA_LAUNCHED();
 	}
+}
+
+// ---- tc_mm on its own (test_cuda_qwen35 holds its fragment layouts to a host product) ---------
+
+__global__ void __launch_bounds__(NTH) k_tc_mm_test(int M, int N, int K, const void *A, int ars,
+						    int acs, int abf, const void *B, int brs,
+						    int bcs, int bbf, const float *sk,
+						    const float *rs, float alpha, float cb,
+						    float *C, int crs, int ccs)
+{
+	struct mmop a = abf ? mm_b((const bf16 *)A, ars, acs) : mm_f((const float *)A, ars, acs);
+	struct mmop b = bbf ? mm_b((const bf16 *)B, brs, bcs) : mm_f((const float *)B, brs, bcs);
+
+	tc_mm(M, N, K, a, b, sk, rs, alpha, cb, C, crs, ccs);
+}
+
+extern "C" void sl_cuda_tc_mm_test(struct sl_cuda *c, int M, int N, int K, const void *A,
+				   int ars, int acs, int abf, const void *B, int brs, int bcs,
+				   int bbf, const float *sk, const float *rs, float alpha, float cb,
+				   float *C, int crs, int ccs)
+{
+	k_tc_mm_test<<<1, NTH, 0, c->stream>>>(M, N, K, A, ars, acs, abf, B, brs, bcs, bbf, sk, rs,
+					       alpha, cb, C, crs, ccs);
+	CUDA_LAUNCHED();
 }

@@ -1,57 +1,111 @@
 // gdn_chunk.cuh: the chunked gated delta rule's kernels (gdn_chunk.cu has the launchers and the
-// overview).  Device code only, with what it needs from common.cuh (bf16, bf(), tobf(), block_sum)
+// overview).  Device code, with what it needs from common.cuh (bf16, bf(), tobf(), block_sum)
 // defined by the includer: gdn_chunk.cu, and test/test_gdn_chunk.c, which runs these very kernels
 // on the host, a block's threads as cooperative fibers, against the cpu backend (nothing here may
-// be C++ only).
+// be C++ only, outside tc_mm.cuh's device branch).
 #ifndef SL_GDN_CHUNK_CUH
 #define SL_GDN_CHUNK_CUH
 
 #define GC 64		// positions per chunk (GDN_CHUNK)
-#define NTH 256		// threads per block: 4 per chunk position (the forward substitution)
-#define VF 32		// value columns per block in the sequential passes
-#define VG 16		// value columns per tile in the gradient kernel
-#define DKMAX 128	// key dim bound of the chunked kernels (dq, dk accumulate in registers)
-#define OWN (GC * DKMAX / NTH)
+#define NTH 256		// threads per block (8 warps share each product)
+#define DKMAX 128	// key dim bound of the chunked kernels (X2 = T^T dW fits the quarters)
 
-// the chunk's local quantities in shared memory (row-major, k and q rows of ld = dk + 2)
-struct cl {
+#include "tc_mm.cuh"
+
+static __device__ __forceinline__ int chunk_n(int len, int c0)
+{
+	int n = len - c0;
+
+	return n < 0 ? 0 : n > GC ? GC : n;
+}
+
+// ---- the sequential passes, on the tensor cores ------------------------------------------------
+//
+// One block per (record, value head) walks the record's chunks with the whole dk x dv state in
+// shared memory, making each chunk's local quantities once (tc_local) and every product with
+// tc_mm (tc_mm.cuh: tf32 operands, fp32 sums and states).  Row strides: k, q of dk + 8 (bf16),
+// the GC x GC matrices GC + 4, the state and the value-wide tiles dv + 4 (float).
+
+#define ZLD 52		// row stride of the 16 x 48 product in tri_inv
+#define DVMAX 128	// value dim bound of the sequential passes (the state in shared memory)
+
+struct tl {
+	float *A, *T, *P;		// (GC, GC): A = E o k.k^T (s < r) (KE), T = (I + diag(beta)
+					// KE)^-1, P = E o q.k^T (s <= r); A and T adjacent (spent
+					// together)
 	bf16 *K, *Q;			// (GC, dk): 0 past the record
-	float *bet, *G, *Ga, *e;	// (GC): beta, cumsum(g), exp(G), exp(G_last - G)
-	float *KE, *P, *T;		// (GC, GC): E o k.k^T (s < r), E o q.k^T (s <= r),
-					// (I + A)^-1
+	float *Z;			// (16, ZLD): tri_inv's products
+	float *bet, *G, *Ga, *e, *bg;	// (GC): beta, cumsum(g), exp(G), exp(G_last - G), beta Ga
 };
 
-static __host__ __device__ size_t cl_floats(int dk)
+static __host__ __device__ size_t tl_floats(int dk)
 {
-	return (size_t)GC * (dk + 2) + 4 * GC + 3 * GC * GC;	// two bf16 (GC, dk + 2) = one float
+	return (size_t)3 * GC * (GC + 4) + (size_t)GC * (dk + 8) + 16 * ZLD + 5 * GC;
 }
 
-static __device__ float *cl_carve(struct cl *c, float *p, int dk)
+static __device__ float *tl_carve(struct tl *c, float *p, int dk)
 {
+	c->A = p, c->T = p + GC * (GC + 4), c->P = c->T + GC * (GC + 4);
+	p = c->P + GC * (GC + 4);
 	c->K = (bf16 *)p;
-	c->Q = c->K + (size_t)GC * (dk + 2);
-	p += (size_t)GC * (dk + 2);
-	c->bet = p, c->G = p + GC, c->Ga = p + 2 * GC, c->e = p + 3 * GC;
-	p += 4 * GC;
-	c->KE = p, c->P = p + GC * GC, c->T = p + 2 * GC * GC;
-	return p + 3 * GC * GC;
+	c->Q = c->K + (size_t)GC * (dk + 8);
+	p += (size_t)GC * (dk + 8);
+	c->Z = p;
+	p += 16 * ZLD;
+	c->bet = p, c->G = p + GC, c->Ga = p + 2 * GC, c->e = p + 3 * GC, c->bg = p + 4 * GC;
+	return p + 5 * GC;
 }
 
-// load chunk rows [t0, t0 + n) of key head kh (value head h for beta, g), zeros past n; then G,
-// Ga, e, KE, P and T.  Starts and ends with every thread past a barrier.
-static __device__ void chunk_local(const struct cl *c, const bf16 *qn, const bf16 *kn,
-				   const float *beta, const float *g, size_t t0, int n, int nk,
-				   int nv, int dk, int kh, int h)
+// T = (I + diag(beta) KE)^-1 by blocks of 16: the diagonal blocks by forward substitution (a
+// thread per column), then block row i: T_i,<i = -T_ii (diag(beta_i) KE_i,<i T_<i,<i).  Ends
+// with every thread past a barrier.
+static __device__ void tri_inv(const struct tl *c)
 {
-	const int tid = threadIdx.x, ld = dk + 2;
+	const int tid = threadIdx.x, ldg = GC + 4;
+
+	for (int x = tid; x < GC * GC; x += NTH) {
+		int r = x / GC, s = x % GC;
+
+		if ((s >> 4) > (r >> 4))
+			c->T[r * ldg + s] = 0.f;
+	}
+	if (tid < GC) {
+		int col = tid, base = tid & ~15;
+
+		for (int r = base; r < base + 16; r++) {
+			float a = 0.f;
+
+			for (int s = col; s < r; s++)
+				a += c->A[r * ldg + s] * c->T[s * ldg + col];
+			c->T[r * ldg + col] = r < col ? 0.f : r == col ? 1.f : -c->bet[r] * a;
+		}
+	}
+	__syncthreads();
+	for (int i = 1; i < GC / 16; i++) {
+		tc_mm(16, 16 * i, 16 * i, mm_f(c->A + 16 * i * ldg, ldg, 1), mm_f(c->T, ldg, 1),
+		      NULL, c->bet + 16 * i, 1.f, 0.f, c->Z, ZLD, 1);
+		__syncthreads();
+		tc_mm(16, 16 * i, 16, mm_f(c->T + 16 * i * (ldg + 1), ldg, 1), mm_f(c->Z, ZLD, 1),
+		      NULL, NULL, -1.f, 0.f, c->T + 16 * i * ldg, ldg, 1);
+		__syncthreads();
+	}
+}
+
+// chunk rows [t0, t0 + n) of key head kh (value head h for beta, g), zeros past n: K, Q, the
+// vectors, KE (in A), P and T.  Starts and ends with every thread past a barrier.
+static __device__ void tc_local(const struct tl *c, const bf16 *qn, const bf16 *kn,
+				const float *beta, const float *g, size_t t0, int n, int nk, int nv,
+				int dk, int kh, int h)
+{
+	const int tid = threadIdx.x, ldk = dk + 8, ldg = GC + 4;
 
 	__syncthreads();
 	for (int x = tid; x < GC * dk; x += NTH) {
 		int r = x / dk, i = x % dk;
 		size_t o = (t0 + r) * nk * dk + (size_t)kh * dk + i;
 
-		c->K[r * ld + i] = r < n ? kn[o] : tobf(0.f);
-		c->Q[r * ld + i] = r < n ? qn[o] : tobf(0.f);
+		c->K[r * ldk + i] = r < n ? kn[o] : tobf(0.f);
+		c->Q[r * ldk + i] = r < n ? qn[o] : tobf(0.f);
 	}
 	if (tid < GC) {
 		c->bet[tid] = tid < n ? beta[(t0 + tid) * nv + h] : 0.f;
@@ -65,69 +119,40 @@ static __device__ void chunk_local(const struct cl *c, const bf16 *qn, const bf1
 	if (tid < GC) {
 		c->Ga[tid] = expf(c->G[tid]);
 		c->e[tid] = expf(c->G[GC - 1] - c->G[tid]);
+		c->bg[tid] = c->bet[tid] * c->Ga[tid];
 	}
+	// k.k^T into A, q.k^T into P (k^T: element (i, s) at K[s * ldk + i])
+	tc_mm(GC, GC, dk, mm_b(c->K, ldk, 1), mm_b(c->K, 1, ldk), NULL, NULL, 1.f, 0.f, c->A, ldg,
+	      1);
+	tc_mm(GC, GC, dk, mm_b(c->Q, ldk, 1), mm_b(c->K, 1, ldk), NULL, NULL, 1.f, 0.f, c->P, ldg,
+	      1);
+	__syncthreads();
 	for (int x = tid; x < GC * GC; x += NTH) {
 		int r = x / GC, s = x % GC;
-		float kk = 0.f, qk = 0.f, E = 0.f;
+		float E = s <= r ? expf(c->G[r] - c->G[s]) : 0.f;
 
-		if (s <= r) {
-			for (int i = 0; i < dk; i++) {
-				float ks = bf(c->K[s * ld + i]);
-
-				kk += bf(c->K[r * ld + i]) * ks;
-				qk += bf(c->Q[r * ld + i]) * ks;
-			}
-			E = expf(c->G[r] - c->G[s]);
-		}
-		c->KE[x] = s < r ? E * kk : 0.f;
-		c->P[x] = E * qk;
+		c->A[r * ldg + s] = s < r ? E * c->A[r * ldg + s] : 0.f;
+		c->P[r * ldg + s] = E * c->P[r * ldg + s];
 	}
 	__syncthreads();
-	// T = (I + A)^-1, A_rs = beta_r KE_rs: column j by the 4 threads 4j..4j+3 (one warp holds
-	// 8 columns), row after row; T_sj = 0 for s < j is written before it is read
-	{
-		int j = tid >> 2, part = tid & 3;
-
-		for (int r = 0; r < GC; r++) {
-			float a = 0.f;
-
-			for (int s = part; s < r; s += 4)
-				a += c->KE[r * GC + s] * c->T[s * GC + j];
-			a += __shfl_xor_sync(0xffffffffu, a, 1);
-			a += __shfl_xor_sync(0xffffffffu, a, 2);
-			if (!part)
-				c->T[r * GC + j] = r < j ? 0.f : r == j ? 1.f : -c->bet[r] * a;
-			__syncwarp();
-		}
-	}
-	__syncthreads();
+	tri_inv(c);
 }
 
-static __device__ __forceinline__ int chunk_n(int len, int c0)
-{
-	int n = len - c0;
-
-	return n < 0 ? 0 : n > GC ? GC : n;
-}
-
-// ---- forward ---------------------------------------------------------------------------------
-
-__global__ void __launch_bounds__(NTH) k_chunk_fwd(bf16 *o, float *states, const bf16 *qn,
-						   const bf16 *kn, const bf16 *v, int vs,
-						   const float *beta, const float *g,
-						   const int *lens, int L, int nk, int nv, int dk,
-						   int dv, int ntile)
+// the forward: o, and the chunk-start states.  Block (record, value head).
+__global__ void __launch_bounds__(NTH) k_gdn_fwd(bf16 *o, float *states, const bf16 *qn,
+						 const bf16 *kn, const bf16 *v, int vs,
+						 const float *beta, const float *g, const int *lens,
+						 int L, int nk, int nv, int dk, int dv)
 {
 	extern __shared__ float sm[];
-	struct cl c;
-	const int tid = threadIdx.x, ld = dk + 2, lt = VF + 1;
-	int bh = blockIdx.x / ntile, j0 = blockIdx.x % ntile * VF, b = bh / nv, h = bh % nv;
-	int kh = h / (nv / nk), len = lens[b], nch = (L + GC - 1) / GC;
-	int w = dv - j0 < VF ? dv - j0 : VF;
-	float *S = cl_carve(&c, sm, dk), *R = S + (size_t)dk * lt, *D = R + GC * lt;
-	size_t SS = (size_t)dk * dv;
+	struct tl c;
+	const int tid = threadIdx.x, lds = dv + 4, ldk = dk + 8, ldg = GC + 4;
+	int b = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk), len = lens[b];
+	int nch = (L + GC - 1) / GC;
+	float *S = tl_carve(&c, sm, dk), *R = S + (size_t)dk * lds, *D = R + (size_t)GC * lds;
+	size_t SS = (size_t)dk * dv, od = (size_t)nv * dv;
 
-	for (int x = tid; x < dk * lt; x += NTH)
+	for (int x = tid; x < dk * lds; x += NTH)
 		S[x] = 0.f;
 	for (int ch = 0; ch < nch; ch++) {
 		int c0 = ch * GC, n = chunk_n(len, c0);
@@ -135,96 +160,69 @@ __global__ void __launch_bounds__(NTH) k_chunk_fwd(bf16 *o, float *states, const
 		float *sv = states + (((size_t)b * nch + ch) * nv + h) * SS;
 
 		__syncthreads();
-		for (int x = tid; x < dk * VF; x += NTH) {
-			int i = x / VF, jj = x % VF;
-
-			if (jj < w)
-				sv[(size_t)i * dv + j0 + jj] = S[i * lt + jj];
-		}
+		for (int x = tid; x < dk * dv; x += NTH)
+			sv[x] = S[(x / dv) * lds + x % dv];
 		if (!n) {
-			for (int x = tid; x < GC * VF; x += NTH) {
-				int r = x / VF, jj = x % VF;
-
-				if (c0 + r < L && jj < w)
-					o[(t0 + r) * nv * dv + (size_t)h * dv + j0 + jj] =
-						tobf(0.f);
-			}
+			for (int x = tid; x < GC * dv; x += NTH)
+				if (c0 + x / dv < L)
+					o[(t0 + x / dv) * od + (size_t)h * dv + x % dv] = tobf(0.f);
 			continue;
 		}
-		chunk_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
+		tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
 		// R = diag(beta) (V - diag(Ga) K S)
-		for (int x = tid; x < GC * VF; x += NTH) {
-			int r = x / VF, jj = x % VF;
-			float a = 0.f;
+		tc_mm(GC, dv, dk, mm_b(c.K, ldk, 1), mm_f(S, lds, 1), NULL, NULL, 1.f, 0.f, R, lds,
+		      1);
+		__syncthreads();
+		for (int x = tid; x < GC * dv; x += NTH) {
+			int r = x / dv, j = x % dv;
+			float *y = &R[r * lds + j];
 
-			if (r < n && jj < w) {
-				for (int i = 0; i < dk; i++)
-					a += bf(c.K[r * ld + i]) * S[i * lt + jj];
-				a = c.bet[r] * (bf(v[(t0 + r) * vs + (size_t)h * dv + j0 + jj]) -
-						c.Ga[r] * a);
-			}
-			R[r * lt + jj] = a;
+			*y = r < n ? c.bet[r] * (bf(v[(t0 + r) * vs + (size_t)h * dv + j]) -
+						 c.Ga[r] * *y) : 0.f;
 		}
 		__syncthreads();
 		// delta = T R
-		for (int x = tid; x < GC * VF; x += NTH) {
-			int r = x / VF, jj = x % VF;
-			float a = 0.f;
-
-			for (int s = 0; s <= r; s++)
-				a += c.T[r * GC + s] * R[s * lt + jj];
-			D[r * lt + jj] = a;
-		}
+		tc_mm(GC, dv, GC, mm_f(c.T, ldg, 1), mm_f(R, lds, 1), NULL, NULL, 1.f, 0.f, D, lds,
+		      1);
 		__syncthreads();
-		// O = diag(Ga) Q S + P delta
-		for (int x = tid; x < GC * VF; x += NTH) {
-			int r = x / VF, jj = x % VF;
-			float a = 0.f, p = 0.f;
-
-			if (c0 + r >= L || jj >= w)
-				continue;
-			if (r < n) {
-				for (int i = 0; i < dk; i++)
-					a += bf(c.Q[r * ld + i]) * S[i * lt + jj];
-				for (int s = 0; s <= r; s++)
-					p += c.P[r * GC + s] * D[s * lt + jj];
-				a = c.Ga[r] * a + p;
-			}
-			o[(t0 + r) * nv * dv + (size_t)h * dv + j0 + jj] = tobf(a);
-		}
+		// O = diag(Ga) Q S + P delta, into R (the two calls own the same elements)
+		tc_mm(GC, dv, dk, mm_b(c.Q, ldk, 1), mm_f(S, lds, 1), NULL, c.Ga, 1.f, 0.f, R, lds,
+		      1);
+		tc_mm(GC, dv, GC, mm_f(c.P, ldg, 1), mm_f(D, lds, 1), NULL, NULL, 1.f, 1.f, R, lds,
+		      1);
 		__syncthreads();
+		for (int x = tid; x < GC * dv; x += NTH) {
+			int r = x / dv, j = x % dv;
+
+			if (c0 + r < L)
+				o[(t0 + r) * od + (size_t)h * dv + j] =
+					tobf(r < n ? R[r * lds + j] : 0.f);
+		}
 		// S = Ga_last S + K^T diag(e) delta
-		for (int x = tid; x < dk * VF; x += NTH) {
-			int i = x / VF, jj = x % VF;
-			float a = 0.f;
-
-			for (int s = 0; s < GC; s++)
-				a += bf(c.K[s * ld + i]) * c.e[s] * D[s * lt + jj];
-			S[i * lt + jj] = c.Ga[GC - 1] * S[i * lt + jj] + a;
-		}
+		tc_mm(dk, dv, GC, mm_b(c.K, 1, ldk), mm_f(D, lds, 1), c.e, NULL, 1.f, c.Ga[GC - 1],
+		      S, lds, 1);
 	}
 }
 
-// ---- backward: dS at every chunk's end ---------------------------------------------------------
-
-// block (slot, tile): slot = the wave's (record, value head) number, head bh = first * grp + slot
-__global__ void __launch_bounds__(NTH) k_chunk_bwd_state(float *dst, const bf16 *dout,
-							 const bf16 *qn, const bf16 *kn,
-							 const float *beta, const float *g,
-							 const int *lens, int L, int nk, int nv,
-							 int dk, int dv, int ntile, int first)
+// the backward's state pass: dS at every chunk's end into dst.  Block = slot of the wave's
+// (record, value head), head bh = first * grp + slot.
+__global__ void __launch_bounds__(NTH) k_gdn_bwd_state(float *dst, const bf16 *dout,
+						       const bf16 *qn, const bf16 *kn,
+						       const float *beta, const float *g,
+						       const int *lens, int L, int nk, int nv,
+						       int dk, int dv, int first)
 {
 	extern __shared__ float sm[];
-	struct cl c;
-	const int tid = threadIdx.x, ld = dk + 2, lt = VF + 1, grp = nv / nk;
-	int slot = blockIdx.x / ntile, j0 = blockIdx.x % ntile * VF;
-	int bh = first * grp + slot, b = bh / nv, h = bh % nv, kh = h / grp, len = lens[b];
-	int nch = (L + GC - 1) / GC, w = dv - j0 < VF ? dv - j0 : VF;
-	float *dS = cl_carve(&c, sm, dk), *dO = dS + (size_t)dk * lt, *DD = dO + GC * lt;
-	float *Y = DD + GC * lt;
+	struct tl c;
+	const int tid = threadIdx.x, lds = dv + 4, ldk = dk + 8, ldg = GC + 4, ldw = dk + 4;
+	const int ldo = dv + 8, grp = nv / nk;
+	int slot = blockIdx.x, bh = first * grp + slot, b = bh / nv, h = bh % nv, kh = h / grp;
+	int len = lens[b], nch = (L + GC - 1) / GC;
+	float *dS = tl_carve(&c, sm, dk), *W = dS + (size_t)dk * lds, *dD = c.A;
+	bf16 *dO = (bf16 *)(W + (size_t)GC * ldw);
 	size_t SS = (size_t)dk * dv;
 
-	for (int x = tid; x < dk * lt; x += NTH)
+	for (int x = tid; x < dk * lds; x += NTH)
 		dS[x] = 0.f;
 	for (int ch = nch - 1; ch >= 0; ch--) {
 		int c0 = ch * GC, n = chunk_n(len, c0);
@@ -232,97 +230,102 @@ __global__ void __launch_bounds__(NTH) k_chunk_bwd_state(float *dst, const bf16 
 		float *dv_ = dst + ((size_t)slot * nch + ch) * SS;
 
 		__syncthreads();
-		for (int x = tid; x < dk * VF; x += NTH) {
-			int i = x / VF, jj = x % VF;
-
-			if (jj < w)
-				dv_[(size_t)i * dv + j0 + jj] = dS[i * lt + jj];
-		}
+		for (int x = tid; x < dk * dv; x += NTH)
+			dv_[x] = dS[(x / dv) * lds + x % dv];
 		if (!n)
 			continue;
-		for (int x = tid; x < GC * VF; x += NTH) {
-			int r = x / VF, jj = x % VF;
+		for (int x = tid; x < GC * dv; x += NTH) {
+			int r = x / dv, j = x % dv;
 
-			dO[r * lt + jj] = r < n && jj < w ?
-				bf(dout[(t0 + r) * nv * dv + (size_t)h * dv + j0 + jj]) : 0.f;
+			dO[r * ldo + j] = r < n ? dout[(t0 + r) * nv * dv + (size_t)h * dv + j] :
+						  tobf(0.f);
 		}
-		chunk_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
-		// ddelta = P^T dO + diag(e) K dS
-		for (int x = tid; x < GC * VF; x += NTH) {
-			int s = x / VF, jj = x % VF;
-			float a = 0.f, kd = 0.f;
-
-			for (int r = s; r < GC; r++)
-				a += c.P[r * GC + s] * dO[r * lt + jj];
-			for (int i = 0; i < dk; i++)
-				kd += bf(c.K[s * ld + i]) * dS[i * lt + jj];
-			DD[s * lt + jj] = a + c.e[s] * kd;
-		}
+		tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
+		// W = T diag(beta Ga) K
+		tc_mm(GC, dk, GC, mm_f(c.T, ldg, 1), mm_b(c.K, ldk, 1), c.bg, NULL, 1.f, 0.f, W,
+		      ldw, 1);
 		__syncthreads();
-		// Y = diag(beta Ga) T^T ddelta
-		for (int x = tid; x < GC * VF; x += NTH) {
-			int s = x / VF, jj = x % VF;
-			float a = 0.f;
-
-			for (int r = s; r < GC; r++)
-				a += c.T[r * GC + s] * DD[r * lt + jj];
-			Y[s * lt + jj] = c.bet[s] * c.Ga[s] * a;
-		}
+		// ddelta = P^T dO + diag(e) K dS, into A and T (spent)
+		tc_mm(GC, dv, GC, mm_f(c.P, 1, ldg), mm_b(dO, ldo, 1), NULL, NULL, 1.f, 0.f, dD,
+		      lds, 1);
+		tc_mm(GC, dv, dk, mm_b(c.K, ldk, 1), mm_f(dS, lds, 1), NULL, c.e, 1.f, 1.f, dD, lds,
+		      1);
 		__syncthreads();
-		// dS = Ga_last dS + Q^T diag(Ga) dO - K^T Y
-		for (int x = tid; x < dk * VF; x += NTH) {
-			int i = x / VF, jj = x % VF;
-			float a = 0.f;
-
-			for (int r = 0; r < GC; r++)
-				a += bf(c.Q[r * ld + i]) * c.Ga[r] * dO[r * lt + jj] -
-				     bf(c.K[r * ld + i]) * Y[r * lt + jj];
-			dS[i * lt + jj] = c.Ga[GC - 1] * dS[i * lt + jj] + a;
-		}
+		// dS = Ga_last dS + Q^T diag(Ga) dO - W^T ddelta (the two calls own the same elements)
+		tc_mm(dk, dv, GC, mm_b(c.Q, 1, ldk), mm_b(dO, ldo, 1), c.Ga, NULL, 1.f,
+		      c.Ga[GC - 1], dS, lds, 1);
+		tc_mm(dk, dv, GC, mm_f(W, 1, ldw), mm_f(dD, lds, 1), NULL, NULL, -1.f, 1.f, dS, lds,
+		      1);
 	}
 }
 
-// ---- backward: the gradients of a chunk --------------------------------------------------------
+// ---- the backward's gradients of a chunk, on the tensor cores ----------------------------------
+//
+// Block (group of the wave, chunk): group = (record, key head) first + blockIdx.x / nch; the value
+// heads of the key head in order, each in quarters of VQ value columns.  The chunk-start state S0
+// and dS at its end are read from global memory (states, dst) as product operands; dq and dk sum
+// over the value heads in fp32 in the block's own slice of the scratch (acc, after dst), in a
+// fixed order (deterministic), and go out as bf16 at the end.  The algebra: test/gdn_chunk_ref.h.
 
-static __host__ __device__ size_t grad_tile_floats(int dk)
+#define VQ 32		// value columns per quarter
+
+// the block's shared memory past tl: the quarter's V, dO (fp32, VQ + 4 wide), R (then X = T^T
+// dD), D, dD and a product buffer (the same width), dW (dk + 4 wide), dP and dT (GC + 4), and
+// the rows' sums
+struct gq {
+	float *V, *dO, *R, *D, *DD, *Y, *dW, *dP, *dT;
+	float *qz, *de, *xv, *dG, *db;
+};
+
+static __host__ __device__ size_t gq_floats(int dk)
 {
-	size_t tiles = (size_t)2 * dk * (VG + 1) + (size_t)7 * GC * (VG + 1);
-	size_t x2 = (size_t)GC * (dk + 1);
-
-	return tiles > x2 ? tiles : x2;
+	return (size_t)6 * GC * (VQ + 4) + (size_t)GC * (dk + 4) + (size_t)2 * GC * (GC + 4) +
+	       5 * GC;
 }
 
-static __host__ size_t grad_smem(int dk)
+static __device__ void gq_carve(struct gq *q, float *p, int dk)
 {
-	return (cl_floats(dk) + (size_t)GC * (dk + 1) + 2 * GC * GC + 5 * GC +
-		grad_tile_floats(dk)) * sizeof(float);
+	const size_t t = (size_t)GC * (VQ + 4);
+
+	q->V = p, q->dO = p + t, q->R = p + 2 * t, q->D = p + 3 * t, q->DD = p + 4 * t;
+	q->Y = p + 5 * t;
+	p += 6 * t;
+	q->dW = p;
+	p += (size_t)GC * (dk + 4);
+	q->dP = p, q->dT = p + GC * (GC + 4);
+	p += (size_t)2 * GC * (GC + 4);
+	q->qz = p, q->de = p + GC, q->xv = p + 2 * GC, q->dG = p + 3 * GC, q->db = p + 4 * GC;
 }
 
-// block (group of the wave, chunk): group = (record, key head) first + blockIdx.x / nch
-__global__ void __launch_bounds__(NTH) k_chunk_bwd_grad(bf16 *dqn, bf16 *dkn, bf16 *dval,
-							bf16 *dbeta, bf16 *dg, const bf16 *dout,
-							const float *states, const float *dst,
-							const bf16 *qn, const bf16 *kn,
-							const bf16 *v, int vs, const float *beta,
-							const float *g, const int *lens, int L,
-							int nk, int nv, int dk, int dv, int first)
+// floats of the backward's scratch for per_wave groups: dS at every chunk's end of their value
+// heads (dst), then dq and dk in fp32 per chunk (acc)
+static __host__ __device__ size_t bwd_scratch_floats(size_t per_wave, int grp, int nch, int dk,
+						     int dv)
+{
+	return per_wave * nch * ((size_t)grp * dk * dv + (size_t)2 * GC * dk);
+}
+
+__global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16 *dval,
+						      bf16 *dbeta, bf16 *dg, const bf16 *dout,
+						      const float *states, const float *dst,
+						      float *accs, const bf16 *qn, const bf16 *kn,
+						      const bf16 *v, int vs, const float *beta,
+						      const float *g, const int *lens, int L, int nk,
+						      int nv, int dk, int dv, int first)
 {
 	extern __shared__ float sm[];
-	struct cl c;
-	const int tid = threadIdx.x, ld = dk + 2, lt = VG + 1, grp = nv / nk;
+	struct tl c;
+	struct gq q;
+	const int tid = threadIdx.x, ldk = dk + 8, ldg = GC + 4, lq = VQ + 4, ldw = dk + 4;
+	const int grp = nv / nk;
 	int nch = (L + GC - 1) / GC, gi = blockIdx.x / nch, ch = blockIdx.x % nch;
 	int bk = first + gi, b = bk / nk, kh = bk % nk, len = lens[b];
 	int c0 = ch * GC, n = chunk_n(len, c0), rows = L - c0 < GC ? L - c0 : GC;
 	size_t t0 = (size_t)b * L + c0, SS = (size_t)dk * dv;
-	float *dW = cl_carve(&c, sm, dk), *dP = dW + (size_t)GC * (dk + 1), *dT = dP + GC * GC;
-	float *qz = dT + GC * GC, *de = qz + GC, *xv = de + GC, *dG = xv + GC, *db = dG + GC;
-	float *tl = db + GC;
-	// the tile buffers (value columns j0..j0+VG-1) and, after the tiles, X2 = T^T dW
-	float *S0t = tl, *dSt = S0t + (size_t)dk * lt, *dOt = dSt + (size_t)dk * lt;
-	float *Vt = dOt + GC * lt, *Xt = Vt + GC * lt, *Dt = Xt + GC * lt, *DDt = Dt + GC * lt;
-	float *KdSt = DDt + GC * lt, *QZt = KdSt + GC * lt, *X2 = tl;
-	float rq[OWN], rk[OWN];
+	float *accq = accs + ((size_t)gi * nch + ch) * 2 * GC * dk, *acck = accq + GC * dk;
+	bool fresh = true;	// acc not yet written
 
+	gq_carve(&q, tl_carve(&c, sm, dk), dk);
 	if (!n) {	// past the record: zero gradients
 		for (int x = tid; x < rows * dk; x += NTH) {
 			size_t o = (t0 + x / dk) * nk * dk + (size_t)kh * dk + x % dk;
@@ -343,287 +346,229 @@ __global__ void __launch_bounds__(NTH) k_chunk_bwd_grad(bf16 *dqn, bf16 *dkn, bf
 		}
 		return;
 	}
-#pragma unroll
-	for (int m = 0; m < OWN; m++)
-		rq[m] = rk[m] = 0.f;
 	for (int h = kh * grp; h < (kh + 1) * grp; h++) {
 		const float *S0 = states + (((size_t)b * nch + ch) * nv + h) * SS;
 		const float *dS = dst + (((size_t)gi * grp + h - kh * grp) * nch + ch) * SS;
 		float sd = 0.f;
 
-		chunk_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
-		for (int x = tid; x < GC * dk; x += NTH)
-			dW[(x / dk) * (dk + 1) + x % dk] = 0.f;
-		for (int x = tid; x < GC * GC; x += NTH)
-			dP[x] = dT[x] = 0.f;
+		tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
 		if (tid < GC)
-			qz[tid] = de[tid] = xv[tid] = 0.f;
-		for (int j0 = 0; j0 < dv; j0 += VG) {
-			int w = dv - j0 < VG ? dv - j0 : VG;
+			q.qz[tid] = q.de[tid] = q.xv[tid] = 0.f;
+		for (int j0 = 0; j0 < dv; j0 += VQ) {
+			int w = dv - j0 < VQ ? dv - j0 : VQ;
+			float cq = j0 ? 1.f : 0.f, ca = fresh ? 0.f : 1.f;
 
 			__syncthreads();
-			for (int x = tid; x < dk * VG; x += NTH) {
-				int i = x / VG, jj = x % VG;
-				float s0 = 0.f, ds = 0.f;
+			for (int x = tid; x < GC * VQ; x += NTH) {
+				int r = x / VQ, j = x % VQ;
+				bool ok = r < n && j < w;
+				size_t t = t0 + r, hj = (size_t)h * dv + j0 + j;
 
-				if (jj < w) {
-					s0 = S0[(size_t)i * dv + j0 + jj];
-					ds = dS[(size_t)i * dv + j0 + jj];
-				}
-				S0t[i * lt + jj] = s0;
-				dSt[i * lt + jj] = ds;
-				sd += s0 * ds;
+				q.dO[r * lq + j] = ok ? bf(dout[t * nv * dv + hj]) : 0.f;
+				q.V[r * lq + j] = ok ? bf(v[t * vs + hj]) : 0.f;
 			}
-			for (int x = tid; x < GC * VG; x += NTH) {
-				int r = x / VG, jj = x % VG;
-				bool ok = r < n && jj < w;
-				size_t t = t0 + r, hj = (size_t)h * dv + j0 + jj;
+			for (int x = tid; x < dk * w; x += NTH) {
+				size_t o = (size_t)(x / w) * dv + j0 + x % w;
 
-				dOt[r * lt + jj] = ok ? bf(dout[t * nv * dv + hj]) : 0.f;
-				Vt[r * lt + jj] = ok ? bf(v[t * vs + hj]) : 0.f;
+				sd += S0[o] * dS[o];
+			}
+			// R = diag(beta) (V - diag(Ga) K S0)
+			tc_mm(GC, w, dk, mm_b(c.K, ldk, 1), mm_f(S0 + j0, dv, 1), NULL, NULL, 1.f,
+			      0.f, q.Y, lq, 1);
+			__syncthreads();
+			for (int x = tid; x < GC * w; x += NTH) {
+				int r = x / w, j = x % w;
+
+				q.R[r * lq + j] = c.bet[r] * (q.V[r * lq + j] - c.Ga[r] * q.Y[r * lq + j]);
 			}
 			__syncthreads();
-			// R = diag(beta)(V - diag(Ga) K S0) into Xt; K dS; (Q S0) o dO
-			for (int x = tid; x < GC * VG; x += NTH) {
-				int r = x / VG, jj = x % VG;
-				float ks = 0.f, kd = 0.f, qs = 0.f;
-
-				for (int i = 0; i < dk; i++) {
-					float kk = bf(c.K[r * ld + i]);
-
-					ks += kk * S0t[i * lt + jj];
-					kd += kk * dSt[i * lt + jj];
-					qs += bf(c.Q[r * ld + i]) * S0t[i * lt + jj];
-				}
-				Xt[r * lt + jj] = c.bet[r] * (Vt[r * lt + jj] - c.Ga[r] * ks);
-				KdSt[r * lt + jj] = kd;
-				QZt[r * lt + jj] = qs * dOt[r * lt + jj];
-			}
-			__syncthreads();
-			// delta = T R, ddelta = P^T dO + diag(e) K dS
-			for (int x = tid; x < GC * VG; x += NTH) {
-				int r = x / VG, jj = x % VG;
-				float a = 0.f, d = 0.f;
-
-				for (int s = 0; s <= r; s++)
-					a += c.T[r * GC + s] * Xt[s * lt + jj];
-				for (int s = r; s < GC; s++)
-					d += c.P[s * GC + r] * dOt[s * lt + jj];
-				Dt[r * lt + jj] = a;
-				DDt[r * lt + jj] = d + c.e[r] * KdSt[r * lt + jj];
-			}
-			__syncthreads();
-			// the tile's sums over its value columns
-			for (int x = tid; x < GC * GC; x += NTH) {
-				int r = x / GC, s = x % GC;
-				float p = 0.f, t = 0.f;
-
-				if (s > r)
-					continue;
-				for (int jj = 0; jj < VG; jj++) {
-					p += dOt[r * lt + jj] * Dt[s * lt + jj];
-					t += DDt[r * lt + jj] * Vt[s * lt + jj];
-				}
-				dP[x] += p;
-				dT[x] += t;
-			}
-#pragma unroll
-			for (int m = 0; m < OWN; m++) {
-				int x = tid + m * NTH, r = x / dk, i = x % dk;
-				float z = 0.f, y = 0.f, wv = 0.f;
-
-				if (x >= GC * dk)
-					break;
-				for (int jj = 0; jj < VG; jj++) {
-					z += dOt[r * lt + jj] * S0t[i * lt + jj];
-					y += Dt[r * lt + jj] * dSt[i * lt + jj];
-					wv += DDt[r * lt + jj] * S0t[i * lt + jj];
-				}
-				rq[m] += c.Ga[r] * z;
-				rk[m] += c.e[r] * y;
-				dW[r * (dk + 1) + i] -= wv;
-			}
-			__syncthreads();
-			// dXu = T^T ddelta into Xt (R is spent); dv = beta dXu
-			for (int x = tid; x < GC * VG; x += NTH) {
-				int r = x / VG, jj = x % VG;
-				float a = 0.f;
-
-				for (int s = r; s < GC; s++)
-					a += c.T[s * GC + r] * DDt[s * lt + jj];
-				Xt[r * lt + jj] = a;
-				if (c0 + r < L && jj < w)
-					dval[(t0 + r) * vs + (size_t)h * dv + j0 + jj] =
-						tobf(r < n ? c.bet[r] * a : 0.f);
-			}
+			// delta = T R; K dS (for dD and de)
+			tc_mm(GC, w, GC, mm_f(c.T, ldg, 1), mm_f(q.R, lq, 1), NULL, NULL, 1.f, 0.f,
+			      q.D, lq, 1);
+			tc_mm(GC, w, dk, mm_b(c.K, ldk, 1), mm_f(dS + j0, dv, 1), NULL, NULL, 1.f,
+			      0.f, q.Y, lq, 1);
+			// dD = P^T dO (+ diag(e) K dS below)
+			tc_mm(GC, w, GC, mm_f(c.P, 1, ldg), mm_f(q.dO, lq, 1), NULL, NULL, 1.f, 0.f,
+			      q.DD, lq, 1);
 			__syncthreads();
 			if (tid < GC) {
 				int r = tid;
-				float a = 0.f, d = 0.f, u = 0.f;
+				float d = 0.f;
 
-				for (int jj = 0; jj < VG; jj++) {
-					a += QZt[r * lt + jj];
-					d += KdSt[r * lt + jj] * Dt[r * lt + jj];
-					u += Xt[r * lt + jj] * Vt[r * lt + jj];
+				for (int j = 0; j < w; j++) {
+					d += q.Y[r * lq + j] * q.D[r * lq + j];
+					q.DD[r * lq + j] += c.e[r] * q.Y[r * lq + j];
 				}
-				qz[r] += a;
-				de[r] += d;
-				xv[r] += u;
+				q.de[r] += d;
+			}
+			__syncthreads();
+			// Q S0, for qz
+			tc_mm(GC, w, dk, mm_b(c.Q, ldk, 1), mm_f(S0 + j0, dv, 1), NULL, NULL, 1.f,
+			      0.f, q.Y, lq, 1);
+			// dP += dO delta^T, dT += dD V^T (all s: the masks come later)
+			tc_mm(GC, GC, w, mm_f(q.dO, lq, 1), mm_f(q.D, 1, lq), NULL, NULL, 1.f, cq,
+			      q.dP, ldg, 1);
+			tc_mm(GC, GC, w, mm_f(q.DD, lq, 1), mm_f(q.V, 1, lq), NULL, NULL, 1.f, cq,
+			      q.dT, ldg, 1);
+			// dq += diag(Ga) dO S0^T, dk += diag(e) delta dS^T, dW -= dD S0^T
+			tc_mm(GC, dk, w, mm_f(q.dO, lq, 1), mm_f(S0 + j0, 1, dv), NULL, c.Ga, 1.f,
+			      ca, accq, dk, 1);
+			tc_mm(GC, dk, w, mm_f(q.D, lq, 1), mm_f(dS + j0, 1, dv), NULL, c.e, 1.f, ca,
+			      acck, dk, 1);
+			tc_mm(GC, dk, w, mm_f(q.DD, lq, 1), mm_f(S0 + j0, 1, dv), NULL, NULL, -1.f,
+			      cq, q.dW, ldw, 1);
+			fresh = false;
+			// X = T^T dD (into R, spent)
+			tc_mm(GC, w, GC, mm_f(c.T, 1, ldg), mm_f(q.DD, lq, 1), NULL, NULL, 1.f, 0.f,
+			      q.R, lq, 1);
+			__syncthreads();
+			if (tid < GC) {
+				int r = tid;
+				float a = 0.f, u = 0.f;
+
+				for (int j = 0; j < w; j++) {
+					a += q.Y[r * lq + j] * q.dO[r * lq + j];
+					u += q.R[r * lq + j] * q.V[r * lq + j];
+				}
+				q.qz[r] += a;
+				q.xv[r] += u;
+			}
+			// dv = beta X
+			for (int x = tid; x < GC * w; x += NTH) {
+				int r = x / w, j = x % w;
+
+				if (c0 + r < L)
+					dval[(t0 + r) * vs + (size_t)h * dv + j0 + j] =
+						tobf(r < n ? c.bet[r] * q.R[r * lq + j] : 0.f);
 			}
 		}
 		sd = block_sum(sd);	// <S0, dS> (synchronizes)
 		// dG: through O (Ga q.Z, dP o P) and S_end (Ga_last <S0,dS>, de o e)
 		if (tid < GC) {
 			int r = tid;
-			float a = c.Ga[r] * qz[r] - de[r] * c.e[r];
+			float a = c.Ga[r] * q.qz[r] - q.de[r] * c.e[r];
 
 			for (int s = 0; s < GC; s++)
-				a += dP[r * GC + s] * c.P[r * GC + s] -
-				     dP[s * GC + r] * c.P[s * GC + r];
-			dG[r] = a;
+				a += q.dP[r * ldg + s] * c.P[r * ldg + s] -
+				     q.dP[s * ldg + r] * c.P[s * ldg + r];
+			q.dG[r] = a;
 		}
-		// X2 = T^T dW (the tile buffers are spent)
-		for (int x = tid; x < GC * dk; x += NTH) {
-			int s = x / dk, i = x % dk;
-			float a = 0.f;
-
-			for (int r = s; r < GC; r++)
-				a += c.T[r * GC + s] * dW[r * (dk + 1) + i];
-			X2[s * (dk + 1) + i] = a;
-		}
+		// X2 = T^T dW (into the quarter buffers, spent); U = dW K^T (into V, dO)
+		tc_mm(GC, dk, GC, mm_f(c.T, 1, ldg), mm_f(q.dW, ldw, 1), NULL, NULL, 1.f, 0.f, q.R,
+		      ldw, 1);
+		tc_mm(GC, GC, dk, mm_f(q.dW, ldw, 1), mm_b(c.K, 1, ldk), NULL, NULL, 1.f, 0.f, q.V,
+		      ldg, 1);
 		__syncthreads();
 		if (!tid) {
 			float a = c.Ga[GC - 1] * sd;
 
 			for (int s = 0; s < GC; s++)
-				a += de[s] * c.e[s];
-			dG[GC - 1] += a;
+				a += q.de[s] * c.e[s];
+			q.dG[GC - 1] += a;
 		}
-		// M = dP o E (in place); dT = beta_s (dT + Ga_s dW K^T), s <= r
+		// M = dP o E (in place), dT = beta_s (dT + Ga_s U), s <= r
 		for (int x = tid; x < GC * GC; x += NTH) {
-			int r = x / GC, s = x % GC;
-			float a = 0.f;
+			int r = x / GC, s = x % GC, o = r * ldg + s;
 
 			if (s > r) {
-				dP[x] = dT[x] = 0.f;
+				q.dP[o] = q.dT[o] = 0.f;
 				continue;
 			}
-			dP[x] *= expf(c.G[r] - c.G[s]);
-			for (int i = 0; i < dk; i++)
-				a += dW[r * (dk + 1) + i] * bf(c.K[s * ld + i]);
-			dT[x] = c.bet[s] * (dT[x] + c.Ga[s] * a);
+			q.dP[o] *= expf(c.G[r] - c.G[s]);
+			q.dT[o] = c.bet[s] * (q.dT[o] + c.Ga[s] * q.V[o]);
 		}
-		__syncthreads();
+		__syncthreads();	// thread 0's dG[GC - 1] before thread GC - 1's
 		if (tid < GC) {	// dbeta, dG through W
 			int r = tid;
 			float a = 0.f;
 
 			for (int i = 0; i < dk; i++)
-				a += X2[r * (dk + 1) + i] * bf(c.K[r * ld + i]);
-			db[r] = xv[r] + c.Ga[r] * a;
-			dG[r] += c.bet[r] * c.Ga[r] * a;
-		}
-#pragma unroll
-		for (int m = 0; m < OWN; m++) {	// dq += M K, dk += M^T Q + diag(beta Ga) X2
-			int x = tid + m * NTH, r = x / dk, i = x % dk;
-			float a = 0.f, bb = 0.f;
-
-			if (x >= GC * dk)
-				break;
-			for (int s = 0; s < GC; s++) {
-				a += dP[r * GC + s] * bf(c.K[s * ld + i]);
-				bb += dP[s * GC + r] * bf(c.Q[s * ld + i]);
-			}
-			rq[m] += a;
-			rk[m] += bb + c.bet[r] * c.Ga[r] * X2[r * (dk + 1) + i];
+				a += q.R[r * ldw + i] * bf(c.K[r * ldk + i]);
+			q.db[r] = q.xv[r] + c.Ga[r] * a;
+			q.dG[r] += c.bet[r] * c.Ga[r] * a;
 		}
 		__syncthreads();
-		// dA = -T^T (dT T^T), s < r: dT T^T into dP, then dA into dT
-		for (int x = tid; x < GC * GC; x += NTH) {
-			int r = x / GC, s = x % GC;
-			float a = 0.f;
-
-			for (int y = 0; y <= s; y++)
-				a += dT[r * GC + y] * c.T[s * GC + y];
-			dP[x] = a;
-		}
+		// dq += M K, dk += M^T Q; dP2 = dT T^T (into V, dO)
+		tc_mm(GC, dk, GC, mm_f(q.dP, ldg, 1), mm_b(c.K, ldk, 1), NULL, NULL, 1.f, 1.f, accq,
+		      dk, 1);
+		tc_mm(GC, dk, GC, mm_f(q.dP, 1, ldg), mm_b(c.Q, ldk, 1), NULL, NULL, 1.f, 1.f, acck,
+		      dk, 1);
+		tc_mm(GC, GC, GC, mm_f(q.dT, ldg, 1), mm_f(c.T, 1, ldg), NULL, NULL, 1.f, 0.f, q.V,
+		      ldg, 1);
 		__syncthreads();
-		for (int x = tid; x < GC * GC; x += NTH) {
-			int r = x / GC, s = x % GC;
-			float a = 0.f;
-
-			for (int y = r; y < GC && s < r; y++)
-				a -= c.T[y * GC + r] * dP[y * GC + s];
-			dT[x] = a;
-		}
+		// dk += diag(beta Ga) X2; dA = -T^T dP2 (s < r) into dT
+		for (int x = tid; x < GC * dk; x += NTH)
+			acck[x] += c.bg[x / dk] * q.R[(x / dk) * ldw + x % dk];
+		tc_mm(GC, GC, GC, mm_f(c.T, 1, ldg), mm_f(q.V, ldg, 1), NULL, NULL, -1.f, 0.f, q.dT,
+		      ldg, 1);
+		__syncthreads();
+		for (int x = tid; x < GC * GC; x += NTH)
+			if (x % GC >= x / GC)
+				q.dT[(x / GC) * ldg + x % GC] = 0.f;
 		__syncthreads();
 		if (tid < GC) {	// through A_rs = beta_r KE_rs: dbeta, dG
 			int r = tid;
 			float a = 0.f, d = 0.f;
 
 			for (int s = 0; s < GC; s++) {
-				a += dT[r * GC + s] * c.KE[r * GC + s];
-				d += dT[r * GC + s] * c.bet[r] * c.KE[r * GC + s] -
-				     dT[s * GC + r] * c.bet[s] * c.KE[s * GC + r];
+				a += q.dT[r * ldg + s] * c.A[r * ldg + s];
+				d += q.dT[r * ldg + s] * c.bet[r] * c.A[r * ldg + s] -
+				     q.dT[s * ldg + r] * c.bet[s] * c.A[s * ldg + r];
 			}
-			db[r] += a;
-			dG[r] += d;
+			q.db[r] += a;
+			q.dG[r] += d;
 		}
 		__syncthreads();
 		for (int x = tid; x < GC * GC; x += NTH) {	// D = dA o beta_r E
 			int r = x / GC, s = x % GC;
 
 			if (s < r)
-				dT[x] *= c.bet[r] * expf(c.G[r] - c.G[s]);
+				q.dT[r * ldg + s] *= c.bet[r] * expf(c.G[r] - c.G[s]);
 		}
 		__syncthreads();
-#pragma unroll
-		for (int m = 0; m < OWN; m++) {	// dk += (D + D^T) K
-			int x = tid + m * NTH, r = x / dk, i = x % dk;
-			float a = 0.f;
-
-			if (x >= GC * dk)
-				break;
-			for (int s = 0; s < GC; s++)
-				a += (dT[r * GC + s] + dT[s * GC + r]) * bf(c.K[s * ld + i]);
-			rk[m] += a;
-		}
+		// dk += (D + D^T) K
+		tc_mm(GC, dk, GC, mm_f(q.dT, ldg, 1), mm_b(c.K, ldk, 1), NULL, NULL, 1.f, 1.f, acck,
+		      dk, 1);
+		tc_mm(GC, dk, GC, mm_f(q.dT, 1, ldg), mm_b(c.K, ldk, 1), NULL, NULL, 1.f, 1.f, acck,
+		      dk, 1);
 		if (!tid) {	// dg = the reverse cumulative sum of dG; dbeta
 			float a = 0.f;
 
 			for (int r = GC - 1; r >= 0; r--) {
-				a += dG[r];
+				a += q.dG[r];
 				if (c0 + r >= L)
 					continue;
-				dbeta[(t0 + r) * nv + h] = tobf(r < n ? db[r] : 0.f);
+				dbeta[(t0 + r) * nv + h] = tobf(r < n ? q.db[r] : 0.f);
 				dg[(t0 + r) * nv + h] = tobf(r < n ? a : 0.f);
 			}
 		}
 	}
-#pragma unroll
-	for (int m = 0; m < OWN; m++) {
-		int x = tid + m * NTH, r = x / dk, i = x % dk;
-		size_t o = (t0 + r) * nk * dk + (size_t)kh * dk + i;
+	__syncthreads();
+	for (int x = tid; x < rows * dk; x += NTH) {
+		int r = x / dk;
+		size_t o = (t0 + r) * nk * dk + (size_t)kh * dk + x % dk;
 
-		if (x >= GC * dk)
-			break;
-		if (r >= rows)
-			continue;
-		dqn[o] = tobf(r < n ? rq[m] : 0.f);
-		dkn[o] = tobf(r < n ? rk[m] : 0.f);
+		dqn[o] = tobf(r < n ? accq[x] : 0.f);
+		dkn[o] = tobf(r < n ? acck[x] : 0.f);
 	}
+}
+
+static __host__ size_t gq_smem(int dk)
+{
+	return (tl_floats(dk) + gq_floats(dk)) * sizeof(float);
 }
 
 // ---- shared memory per block ------------------------------------------------------------------
 
-static __host__ size_t fwd_smem(int dk)
+static __host__ size_t fwd_smem(int dk, int dv)
 {
-	return (cl_floats(dk) + (size_t)dk * (VF + 1) + 2 * GC * (VF + 1)) * sizeof(float);
+	return (tl_floats(dk) + (size_t)dk * (dv + 4) + (size_t)2 * GC * (dv + 4)) * sizeof(float);
 }
 
-static __host__ size_t state_smem(int dk)
+static __host__ size_t state_smem(int dk, int dv)
 {
-	return (cl_floats(dk) + (size_t)dk * (VF + 1) + 3 * GC * (VF + 1)) * sizeof(float);
+	return (tl_floats(dk) + (size_t)dk * (dv + 4) + (size_t)GC * (dk + 4) +
+		(size_t)GC * (dv + 8) / 2) * sizeof(float);
 }
 
 #endif

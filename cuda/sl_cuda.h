@@ -158,6 +158,11 @@ void sl_cuda_gdn_rule_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, v
 /* the chunked gated delta rule (gdn_chunk.cu): the same contract as sl_cuda_gdn_rule_fwd/_bwd
  * for whole records (rs = L, no start or end state: the caller keeps the recurrence otherwise);
  * sl_cuda_gdn_chunk_fits says whether it takes the shape (key dim <= 128, shared memory, scratch) */
+/* C = alpha diag(rs) A diag(sk) B + cb C on the chunked rule's tensor-core product (tc_mm.cuh),
+ * one block, operands in device memory with any strides (bf16 where abf / bbf, else float) */
+void sl_cuda_tc_mm_test(struct sl_cuda *c, int M, int N, int K, const void *A, int ars, int acs,
+			int abf, const void *B, int brs, int bcs, int bbf, const float *sk,
+			const float *rs, float alpha, float cb, float *C, int crs, int ccs);
 int sl_cuda_gdn_chunk_fits(struct sl_cuda *c, int dk, int dv, int L, int nk, int nv);
 void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states, const void *qn,
 			   const void *kn, const void *v, int vs, const float *beta, const float *g,

@@ -313,6 +313,19 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	T = B * (Lrow / p->C);
 	count_model(&dk, mc, T, B, !sl_layout_find(lay, "score.weight"), p->ckpt, e,
 		    p->stat_elt, p->dev);
+	/*
+	 * cuda/gdn_chunk.cu: the chunked delta rule's backward grows the context's scratch to hold,
+	 * for every chunk of the micro-batch (at most T / 64 + B), dS at its end for all value heads
+	 * and dq, dk in fp32 for all key heads, when the device has room (else it runs in waves
+	 * within what it has)
+	 */
+	if (p->cuda && mc->lin_nv) {
+		size_t dst = (T / 64 + B) * (mc->lin_nv * mc->lin_dv + 2 * 64 * mc->lin_nk) *
+			     mc->lin_dk * sizeof(float);
+
+		if (dst > CUDA_SCRATCH)
+			p->dev[SL_PLAN_WORKSPACE] += dst - CUDA_SCRATCH;
+	}
 	p->dev[SL_PLAN_HEAD] += A(&dk, B * L * sizeof(int32_t)) +	/* ids */
 		3 * A(&dk, B * sizeof(int32_t)) +		/* lens, last, labels */
 		3 * A(&dk, B * L * sizeof(int32_t));		/* tgt_pos, tgt_ids, pos */

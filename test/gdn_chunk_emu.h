@@ -104,11 +104,6 @@ static float *emu_put(float v)
 	return x;
 }
 
-static float emu_shfl_xor(float v, int lane_mask)
-{
-	return emu_put(v)[emu_cur ^ lane_mask];
-}
-
 /* every thread gets the block's sum (a fixed order) */
 static float block_sum(float v)
 {
@@ -225,7 +220,6 @@ static void emu_free(void)
 #define sm emu_sm
 #define __syncthreads() emu_sync()
 #define __syncwarp() emu_sync()
-#define __shfl_xor_sync(mask, v, lane) emu_shfl_xor(v, lane)
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunknown-pragmas"

@@ -127,27 +127,27 @@ static void run(struct sl_backend *be, int B, int L, const int32_t *lens, int nk
 
 static struct {
 	bf16 *o, *q, *k, *v, *dout, *dq, *dk, *dv, *db, *dg;
-	float *states, *dst, *beta, *g;
+	float *states, *dst, *acc, *beta, *g;
 	int *lens;
-	int vs, L, nk, nv, dk_, dv_, ntile, first;
+	int vs, L, nk, nv, dk_, dv_, first;
 } E;
 
 static void body_fwd(void)
 {
-	k_chunk_fwd(E.o, E.states, E.q, E.k, E.v, E.vs, E.beta, E.g, E.lens, E.L, E.nk, E.nv,
-		    E.dk_, E.dv_, E.ntile);
+	k_gdn_fwd(E.o, E.states, E.q, E.k, E.v, E.vs, E.beta, E.g, E.lens, E.L, E.nk, E.nv,
+		  E.dk_, E.dv_);
 }
 
 static void body_state(void)
 {
-	k_chunk_bwd_state(E.dst, E.dout, E.q, E.k, E.beta, E.g, E.lens, E.L, E.nk, E.nv, E.dk_,
-			  E.dv_, E.ntile, E.first);
+	k_gdn_bwd_state(E.dst, E.dout, E.q, E.k, E.beta, E.g, E.lens, E.L, E.nk, E.nv, E.dk_,
+			E.dv_, E.first);
 }
 
 static void body_grad(void)
 {
-	k_chunk_bwd_grad(E.dq, E.dk, E.dv, E.db, E.dg, E.dout, E.states, E.dst, E.q, E.k, E.v,
-			 E.vs, E.beta, E.g, E.lens, E.L, E.nk, E.nv, E.dk_, E.dv_, E.first);
+	k_gdn_bwd_grad(E.dq, E.dk, E.dv, E.db, E.dg, E.dout, E.states, E.dst, E.acc, E.q, E.k,
+		       E.v, E.vs, E.beta, E.g, E.lens, E.L, E.nk, E.nv, E.dk_, E.dv_, E.first);
 }
 
 static bf16 *to_bf(double *x, size_t n)	/* x rounded to bf16 in place, and as bf16 */
@@ -231,7 +231,8 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 	E.o = malloc(NO * 2), E.dq = malloc(NQ * 2), E.dk = malloc(NQ * 2);
 	E.dv = malloc(NV * 2), E.db = malloc(NB * 2), E.dg = malloc(NB * 2);
 	E.states = malloc(NS * 4);
-	E.dst = malloc((size_t)per_wave * grp * nch * dk * dv * 4);
+	E.dst = malloc(bwd_scratch_floats(per_wave, grp, nch, dk, dv) * 4);
+	E.acc = E.dst + (size_t)per_wave * grp * nch * dk * dv;
 	memset(E.o, 0xff, NO * 2), memset(E.dq, 0xff, NQ * 2), memset(E.dk, 0xff, NQ * 2);
 	memset(E.db, 0xff, NB * 2), memset(E.dg, 0xff, NB * 2), memset(E.states, 0xff, NS * 4);
 	for (size_t i = 0; i < NV; i++)		/* past the value columns: must stay untouched */
@@ -239,17 +240,16 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 	be->gdn_rule_fwd(be, o, st, q, k, v, vs, beta, g, lens, B, L, L, nk, nv, dk, dv, NULL, NULL);
 	be->gdn_rule_bwd(be, dq, dk_, dval, db, dg, dout, st, q, k, v, vs, beta, g, lens, B, L, L,
 			 nk, nv, dk, dv, NULL, NULL);
-	E.ntile = (dv + VF - 1) / VF;
-	CHECK(fwd_smem(dk) <= EMU_SM * 4 && state_smem(dk) <= EMU_SM * 4 &&
-	      grad_smem(dk) <= EMU_SM * 4, "shared memory of dk=%d within the H200's", dk);
-	emu_launch(B * nv * E.ntile, fwd_smem(dk), body_fwd);
+	CHECK(fwd_smem(dk, dv) <= EMU_SM * 4 && state_smem(dk, dv) <= EMU_SM * 4 &&
+	      gq_smem(dk) <= EMU_SM * 4, "shared memory of dk=%d within the H200's", dk);
+	emu_launch(B * nv, fwd_smem(dk, dv), body_fwd);
 	for (int first = 0; first < B * nk; first += per_wave) {
 		int ng = B * nk - first < per_wave ? B * nk - first : per_wave;
 
 		E.first = first;
-		memset(E.dst, 0xff, (size_t)per_wave * grp * nch * dk * dv * 4);
-		emu_launch(ng * grp * E.ntile, state_smem(dk), body_state);
-		emu_launch(ng * nch, grad_smem(dk), body_grad);
+		memset(E.dst, 0xff, bwd_scratch_floats(per_wave, grp, nch, dk, dv) * 4);
+		emu_launch(ng * grp, state_smem(dk, dv), body_state);
+		emu_launch(ng * nch, gq_smem(dk), body_grad);
 	}
 	e[0] = emu_err(E.o, true, o, NO, NO, NO);
 	e[1] = emu_err(E.states, false, st, NS, NS, NS);
@@ -280,7 +280,7 @@ int main(int argc, char **argv)
 	struct sl_backend *be = sl_backend_cpu64_create();
 	int32_t l1[2] = { 9, 4 }, l2[3] = { 150, 64, 0 }, l3[2] = { 128, 65 };
 	int32_t l4[3] = { 200, 1, 63 }, l5[2] = { 150, 64 };
-	int32_t l6[2] = { 100, 37 };
+	int32_t l6[2] = { 100, 37 }, l7[2] = { 130, 70 };
 
 	CHECK(be && be->gdn_rule_fwd, "cpu64 backend with the Qwen3.5 ops");
 	if (!be || !be->gdn_rule_fwd)
@@ -291,7 +291,8 @@ int main(int argc, char **argv)
 	run(be, 3, 200, l4, 2, 4, 32, 32, -0.05);	/* weak decay: T far from I */
 	/* the kernels themselves (slow: a block's 256 threads take turns at every barrier) */
 	run_emu(be, 2, 9, l1, 1, 2, 4, 3, -0.5, 2);
-	run_emu(be, 2, 150, l5, 1, 2, 24, 40, -0.5, 1);	/* two waves, two value tiles */
+	run_emu(be, 2, 150, l5, 1, 2, 24, 40, -0.5, 1);	/* two waves, two value quarters */
+	run_emu(be, 2, 130, l7, 2, 6, 16, 24, -0.5, 3);	/* 3 heads a key head, a part wave */
 	if (argc > 1 && !strcmp(argv[1], "full"))	/* the Qwen3.5 head dims (a minute) */
 		run_emu(be, 2, 100, l6, 1, 2, 128, 128, -0.5, 1);
 	emu_free();
