@@ -12,6 +12,11 @@
 
 #include "tc_mm.cuh"
 
+// the elements of an R x C block without a division: rows by warp, columns by lane
+#define FOR_RC(r, j, R, C)                                                     \
+	for (int r = (int)(threadIdx.x >> 5); r < (R); r += NTH / 32)          \
+		for (int j = (int)(threadIdx.x & 31); j < (C); j += 32)
+
 static __device__ __forceinline__ int chunk_n(int len, int c0)
 {
 	int n = len - c0;
@@ -100,8 +105,7 @@ static __device__ void tc_local(const struct tl *c, const bf16 *qn, const bf16 *
 	const int tid = threadIdx.x, ldk = dk + 8, ldg = GC + 4;
 
 	__syncthreads();
-	for (int x = tid; x < GC * dk; x += NTH) {
-		int r = x / dk, i = x % dk;
+	FOR_RC(r, i, GC, dk) {
 		size_t o = (t0 + r) * nk * dk + (size_t)kh * dk + i;
 
 		c->K[r * ldk + i] = r < n ? kn[o] : tobf(0.f);
@@ -160,12 +164,12 @@ __global__ void __launch_bounds__(NTH) k_gdn_fwd(bf16 *o, float *states, const b
 		float *sv = states + (((size_t)b * nch + ch) * nv + h) * SS;
 
 		__syncthreads();
-		for (int x = tid; x < dk * dv; x += NTH)
-			sv[x] = S[(x / dv) * lds + x % dv];
+		FOR_RC(i, j, dk, dv)
+			sv[(size_t)i * dv + j] = S[i * lds + j];
 		if (!n) {
-			for (int x = tid; x < GC * dv; x += NTH)
-				if (c0 + x / dv < L)
-					o[(t0 + x / dv) * od + (size_t)h * dv + x % dv] = tobf(0.f);
+			FOR_RC(r, j, GC, dv)
+				if (c0 + r < L)
+					o[(t0 + r) * od + (size_t)h * dv + j] = tobf(0.f);
 			continue;
 		}
 		tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
@@ -173,8 +177,7 @@ __global__ void __launch_bounds__(NTH) k_gdn_fwd(bf16 *o, float *states, const b
 		tc_mm(GC, dv, dk, mm_b(c.K, ldk, 1), mm_f(S, lds, 1), NULL, NULL, 1.f, 0.f, R, lds,
 		      1);
 		__syncthreads();
-		for (int x = tid; x < GC * dv; x += NTH) {
-			int r = x / dv, j = x % dv;
+		FOR_RC(r, j, GC, dv) {
 			float *y = &R[r * lds + j];
 
 			*y = r < n ? c.bet[r] * (bf(v[(t0 + r) * vs + (size_t)h * dv + j]) -
@@ -191,13 +194,10 @@ __global__ void __launch_bounds__(NTH) k_gdn_fwd(bf16 *o, float *states, const b
 		tc_mm(GC, dv, GC, mm_f(c.P, ldg, 1), mm_f(D, lds, 1), NULL, NULL, 1.f, 1.f, R, lds,
 		      1);
 		__syncthreads();
-		for (int x = tid; x < GC * dv; x += NTH) {
-			int r = x / dv, j = x % dv;
-
+		FOR_RC(r, j, GC, dv)
 			if (c0 + r < L)
 				o[(t0 + r) * od + (size_t)h * dv + j] =
 					tobf(r < n ? R[r * lds + j] : 0.f);
-		}
 		// S = Ga_last S + K^T diag(e) delta
 		tc_mm(dk, dv, GC, mm_b(c.K, 1, ldk), mm_f(D, lds, 1), c.e, NULL, 1.f, c.Ga[GC - 1],
 		      S, lds, 1);
@@ -230,16 +230,13 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_state(float *dst, const bf16 *d
 		float *dv_ = dst + ((size_t)slot * nch + ch) * SS;
 
 		__syncthreads();
-		for (int x = tid; x < dk * dv; x += NTH)
-			dv_[x] = dS[(x / dv) * lds + x % dv];
+		FOR_RC(i, j, dk, dv)
+			dv_[(size_t)i * dv + j] = dS[i * lds + j];
 		if (!n)
 			continue;
-		for (int x = tid; x < GC * dv; x += NTH) {
-			int r = x / dv, j = x % dv;
-
+		FOR_RC(r, j, GC, dv)
 			dO[r * ldo + j] = r < n ? dout[(t0 + r) * nv * dv + (size_t)h * dv + j] :
 						  tobf(0.f);
-		}
 		tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
 		// W = T diag(beta Ga) K
 		tc_mm(GC, dk, GC, mm_f(c.T, ldg, 1), mm_b(c.K, ldk, 1), c.bg, NULL, 1.f, 0.f, W,
@@ -267,29 +264,32 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_state(float *dst, const bf16 *d
 // over the value heads in fp32 in the block's own slice of the scratch (acc, after dst), in a
 // fixed order (deterministic), and go out as bf16 at the end.  The algebra: test/gdn_chunk_ref.h.
 
-#define VQ 32		// value columns per quarter
+#define VQ 64		// value columns per quarter (a half of the Qwen3.5's 128)
 
-// the block's shared memory past tl: the quarter's V, dO (fp32, VQ + 4 wide), R (then X = T^T
-// dD), D, dD and a product buffer (the same width), dW (dk + 4 wide), dP and dT (GC + 4), and
-// the rows' sums
+// the block's shared memory past tl: the quarter's V and dO (bf16, VQ + 8 wide), R (then the
+// products K dS, Q S0, then X = T^T dD), D and dD (float, VQ + 4 wide), dW (dk + 4), dP and dT
+// (GC + 4), and the rows' sums
 struct gq {
-	float *V, *dO, *R, *D, *DD, *Y, *dW, *dP, *dT;
+	bf16 *V, *dO;
+	float *R, *D, *DD, *dW, *dP, *dT;
 	float *qz, *de, *xv, *dG, *db;
 };
 
 static __host__ __device__ size_t gq_floats(int dk)
 {
-	return (size_t)6 * GC * (VQ + 4) + (size_t)GC * (dk + 4) + (size_t)2 * GC * (GC + 4) +
-	       5 * GC;
+	return (size_t)GC * (VQ + 8) + (size_t)3 * GC * (VQ + 4) + (size_t)GC * (dk + 4) +
+	       (size_t)2 * GC * (GC + 4) + 5 * GC;
 }
 
 static __device__ void gq_carve(struct gq *q, float *p, int dk)
 {
 	const size_t t = (size_t)GC * (VQ + 4);
 
-	q->V = p, q->dO = p + t, q->R = p + 2 * t, q->D = p + 3 * t, q->DD = p + 4 * t;
-	q->Y = p + 5 * t;
-	p += 6 * t;
+	q->V = (bf16 *)p;
+	q->dO = q->V + (size_t)GC * (VQ + 8);
+	p += (size_t)GC * (VQ + 8);
+	q->R = p, q->D = p + t, q->DD = p + 2 * t;
+	p += 3 * t;
 	q->dW = p;
 	p += (size_t)GC * (dk + 4);
 	q->dP = p, q->dT = p + GC * (GC + 4);
@@ -316,16 +316,18 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 	extern __shared__ float sm[];
 	struct tl c;
 	struct gq q;
-	const int tid = threadIdx.x, ldk = dk + 8, ldg = GC + 4, lq = VQ + 4, ldw = dk + 4;
-	const int grp = nv / nk;
+	const int tid = threadIdx.x, ldk = dk + 8, ldg = GC + 4, lq = VQ + 4, lo = VQ + 8;
+	const int ldw = dk + 4, grp = nv / nk;
 	int nch = (L + GC - 1) / GC, gi = blockIdx.x / nch, ch = blockIdx.x % nch;
 	int bk = first + gi, b = bk / nk, kh = bk % nk, len = lens[b];
 	int c0 = ch * GC, n = chunk_n(len, c0), rows = L - c0 < GC ? L - c0 : GC;
 	size_t t0 = (size_t)b * L + c0, SS = (size_t)dk * dv;
 	float *accq = accs + ((size_t)gi * nch + ch) * 2 * GC * dk, *acck = accq + GC * dk;
+	float *U;	// (GC, GC) products in the quarter's V and dO (spent)
 	bool fresh = true;	// acc not yet written
 
 	gq_carve(&q, tl_carve(&c, sm, dk), dk);
+	U = (float *)q.V;
 	if (!n) {	// past the record: zero gradients
 		for (int x = tid; x < rows * dk; x += NTH) {
 			size_t o = (t0 + x / dk) * nk * dk + (size_t)kh * dk + x % dk;
@@ -359,36 +361,31 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 			float cq = j0 ? 1.f : 0.f, ca = fresh ? 0.f : 1.f;
 
 			__syncthreads();
-			for (int x = tid; x < GC * VQ; x += NTH) {
-				int r = x / VQ, j = x % VQ;
+			FOR_RC(r, j, GC, VQ) {
 				bool ok = r < n && j < w;
 				size_t t = t0 + r, hj = (size_t)h * dv + j0 + j;
 
-				q.dO[r * lq + j] = ok ? bf(dout[t * nv * dv + hj]) : 0.f;
-				q.V[r * lq + j] = ok ? bf(v[t * vs + hj]) : 0.f;
+				q.dO[r * lo + j] = ok ? dout[t * nv * dv + hj] : tobf(0.f);
+				q.V[r * lo + j] = ok ? v[t * vs + hj] : tobf(0.f);
 			}
-			for (int x = tid; x < dk * w; x += NTH) {
-				size_t o = (size_t)(x / w) * dv + j0 + x % w;
-
-				sd += S0[o] * dS[o];
-			}
-			// R = diag(beta) (V - diag(Ga) K S0)
-			tc_mm(GC, w, dk, mm_b(c.K, ldk, 1), mm_f(S0 + j0, dv, 1), NULL, NULL, 1.f,
-			      0.f, q.Y, lq, 1);
+			FOR_RC(i, j, dk, w)
+				sd += S0[(size_t)i * dv + j0 + j] * dS[(size_t)i * dv + j0 + j];
 			__syncthreads();
-			for (int x = tid; x < GC * w; x += NTH) {
-				int r = x / w, j = x % w;
-
-				q.R[r * lq + j] = c.bet[r] * (q.V[r * lq + j] - c.Ga[r] * q.Y[r * lq + j]);
-			}
+			// R = diag(beta) V - diag(beta Ga) K S0
+			FOR_RC(r, j, GC, w)
+				q.R[r * lq + j] = c.bet[r] * bf(q.V[r * lo + j]);
 			__syncthreads();
-			// delta = T R; K dS (for dD and de)
+			tc_mm(GC, w, dk, mm_b(c.K, ldk, 1), mm_f(S0 + j0, dv, 1), NULL, c.bg, -1.f,
+			      1.f, q.R, lq, 1);
+			__syncthreads();
+			// delta = T R
 			tc_mm(GC, w, GC, mm_f(c.T, ldg, 1), mm_f(q.R, lq, 1), NULL, NULL, 1.f, 0.f,
 			      q.D, lq, 1);
+			__syncthreads();
+			// K dS into R (spent); dD = P^T dO (+ diag(e) K dS below)
 			tc_mm(GC, w, dk, mm_b(c.K, ldk, 1), mm_f(dS + j0, dv, 1), NULL, NULL, 1.f,
-			      0.f, q.Y, lq, 1);
-			// dD = P^T dO (+ diag(e) K dS below)
-			tc_mm(GC, w, GC, mm_f(c.P, 1, ldg), mm_f(q.dO, lq, 1), NULL, NULL, 1.f, 0.f,
+			      0.f, q.R, lq, 1);
+			tc_mm(GC, w, GC, mm_f(c.P, 1, ldg), mm_b(q.dO, lo, 1), NULL, NULL, 1.f, 0.f,
 			      q.DD, lq, 1);
 			__syncthreads();
 			if (tid < GC) {
@@ -396,51 +393,55 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 				float d = 0.f;
 
 				for (int j = 0; j < w; j++) {
-					d += q.Y[r * lq + j] * q.D[r * lq + j];
-					q.DD[r * lq + j] += c.e[r] * q.Y[r * lq + j];
+					d += q.R[r * lq + j] * q.D[r * lq + j];
+					q.DD[r * lq + j] += c.e[r] * q.R[r * lq + j];
 				}
 				q.de[r] += d;
 			}
 			__syncthreads();
-			// Q S0, for qz
+			// Q S0 into R, for qz
 			tc_mm(GC, w, dk, mm_b(c.Q, ldk, 1), mm_f(S0 + j0, dv, 1), NULL, NULL, 1.f,
-			      0.f, q.Y, lq, 1);
+			      0.f, q.R, lq, 1);
 			// dP += dO delta^T, dT += dD V^T (all s: the masks come later)
-			tc_mm(GC, GC, w, mm_f(q.dO, lq, 1), mm_f(q.D, 1, lq), NULL, NULL, 1.f, cq,
+			tc_mm(GC, GC, w, mm_b(q.dO, lo, 1), mm_f(q.D, 1, lq), NULL, NULL, 1.f, cq,
 			      q.dP, ldg, 1);
-			tc_mm(GC, GC, w, mm_f(q.DD, lq, 1), mm_f(q.V, 1, lq), NULL, NULL, 1.f, cq,
+			tc_mm(GC, GC, w, mm_f(q.DD, lq, 1), mm_b(q.V, 1, lo), NULL, NULL, 1.f, cq,
 			      q.dT, ldg, 1);
 			// dq += diag(Ga) dO S0^T, dk += diag(e) delta dS^T, dW -= dD S0^T
-			tc_mm(GC, dk, w, mm_f(q.dO, lq, 1), mm_f(S0 + j0, 1, dv), NULL, c.Ga, 1.f,
+			tc_mm(GC, dk, w, mm_b(q.dO, lo, 1), mm_f(S0 + j0, 1, dv), NULL, c.Ga, 1.f,
 			      ca, accq, dk, 1);
 			tc_mm(GC, dk, w, mm_f(q.D, lq, 1), mm_f(dS + j0, 1, dv), NULL, c.e, 1.f, ca,
 			      acck, dk, 1);
 			tc_mm(GC, dk, w, mm_f(q.DD, lq, 1), mm_f(S0 + j0, 1, dv), NULL, NULL, -1.f,
 			      cq, q.dW, ldw, 1);
 			fresh = false;
-			// X = T^T dD (into R, spent)
+			__syncthreads();
+			if (tid < GC) {
+				int r = tid;
+				float a = 0.f;
+
+				for (int j = 0; j < w; j++)
+					a += q.R[r * lq + j] * bf(q.dO[r * lo + j]);
+				q.qz[r] += a;
+			}
+			__syncthreads();
+			// X = T^T dD into R
 			tc_mm(GC, w, GC, mm_f(c.T, 1, ldg), mm_f(q.DD, lq, 1), NULL, NULL, 1.f, 0.f,
 			      q.R, lq, 1);
 			__syncthreads();
 			if (tid < GC) {
 				int r = tid;
-				float a = 0.f, u = 0.f;
+				float u = 0.f;
 
-				for (int j = 0; j < w; j++) {
-					a += q.Y[r * lq + j] * q.dO[r * lq + j];
-					u += q.R[r * lq + j] * q.V[r * lq + j];
-				}
-				q.qz[r] += a;
+				for (int j = 0; j < w; j++)
+					u += q.R[r * lq + j] * bf(q.V[r * lo + j]);
 				q.xv[r] += u;
 			}
 			// dv = beta X
-			for (int x = tid; x < GC * w; x += NTH) {
-				int r = x / w, j = x % w;
-
+			FOR_RC(r, j, GC, w)
 				if (c0 + r < L)
 					dval[(t0 + r) * vs + (size_t)h * dv + j0 + j] =
 						tobf(r < n ? c.bet[r] * q.R[r * lq + j] : 0.f);
-			}
 		}
 		sd = block_sum(sd);	// <S0, dS> (synchronizes)
 		// dG: through O (Ga q.Z, dP o P) and S_end (Ga_last <S0,dS>, de o e)
@@ -453,10 +454,10 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 				     q.dP[s * ldg + r] * c.P[s * ldg + r];
 			q.dG[r] = a;
 		}
-		// X2 = T^T dW (into the quarter buffers, spent); U = dW K^T (into V, dO)
+		// X2 = T^T dW (into R, D, dD, spent); U = dW K^T
 		tc_mm(GC, dk, GC, mm_f(c.T, 1, ldg), mm_f(q.dW, ldw, 1), NULL, NULL, 1.f, 0.f, q.R,
 		      ldw, 1);
-		tc_mm(GC, GC, dk, mm_f(q.dW, ldw, 1), mm_b(c.K, 1, ldk), NULL, NULL, 1.f, 0.f, q.V,
+		tc_mm(GC, GC, dk, mm_f(q.dW, ldw, 1), mm_b(c.K, 1, ldk), NULL, NULL, 1.f, 0.f, U,
 		      ldg, 1);
 		__syncthreads();
 		if (!tid) {
@@ -475,7 +476,7 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 				continue;
 			}
 			q.dP[o] *= expf(c.G[r] - c.G[s]);
-			q.dT[o] = c.bet[s] * (q.dT[o] + c.Ga[s] * q.V[o]);
+			q.dT[o] = c.bet[s] * (q.dT[o] + c.Ga[s] * U[o]);
 		}
 		__syncthreads();	// thread 0's dG[GC - 1] before thread GC - 1's
 		if (tid < GC) {	// dbeta, dG through W
@@ -488,18 +489,18 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 			q.dG[r] += c.bet[r] * c.Ga[r] * a;
 		}
 		__syncthreads();
-		// dq += M K, dk += M^T Q; dP2 = dT T^T (into V, dO)
+		// dq += M K, dk += M^T Q; dP2 = dT T^T (into U)
 		tc_mm(GC, dk, GC, mm_f(q.dP, ldg, 1), mm_b(c.K, ldk, 1), NULL, NULL, 1.f, 1.f, accq,
 		      dk, 1);
 		tc_mm(GC, dk, GC, mm_f(q.dP, 1, ldg), mm_b(c.Q, ldk, 1), NULL, NULL, 1.f, 1.f, acck,
 		      dk, 1);
-		tc_mm(GC, GC, GC, mm_f(q.dT, ldg, 1), mm_f(c.T, 1, ldg), NULL, NULL, 1.f, 0.f, q.V,
+		tc_mm(GC, GC, GC, mm_f(q.dT, ldg, 1), mm_f(c.T, 1, ldg), NULL, NULL, 1.f, 0.f, U,
 		      ldg, 1);
 		__syncthreads();
 		// dk += diag(beta Ga) X2; dA = -T^T dP2 (s < r) into dT
-		for (int x = tid; x < GC * dk; x += NTH)
-			acck[x] += c.bg[x / dk] * q.R[(x / dk) * ldw + x % dk];
-		tc_mm(GC, GC, GC, mm_f(c.T, 1, ldg), mm_f(q.V, ldg, 1), NULL, NULL, -1.f, 0.f, q.dT,
+		FOR_RC(r, i, GC, dk)
+			acck[r * dk + i] += c.bg[r] * q.R[r * ldw + i];
+		tc_mm(GC, GC, GC, mm_f(c.T, 1, ldg), mm_f(U, ldg, 1), NULL, NULL, -1.f, 0.f, q.dT,
 		      ldg, 1);
 		__syncthreads();
 		for (int x = tid; x < GC * GC; x += NTH)
@@ -544,12 +545,11 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 		}
 	}
 	__syncthreads();
-	for (int x = tid; x < rows * dk; x += NTH) {
-		int r = x / dk;
-		size_t o = (t0 + r) * nk * dk + (size_t)kh * dk + x % dk;
+	FOR_RC(r, i, rows, dk) {
+		size_t o = (t0 + r) * nk * dk + (size_t)kh * dk + i;
 
-		dqn[o] = tobf(r < n ? accq[x] : 0.f);
-		dkn[o] = tobf(r < n ? acck[x] : 0.f);
+		dqn[o] = tobf(r < n ? accq[r * dk + i] : 0.f);
+		dkn[o] = tobf(r < n ? acck[r * dk + i] : 0.f);
 	}
 }
 

@@ -102,6 +102,7 @@ static __device__ __forceinline__ void mm_warp(int M, int N, int K, struct mmop 
 		bn[j] = !CHK || n < N;
 		bc[j] = (!CHK || n < N ? n : 0) * B.cs;
 	}
+#pragma unroll 2
 	for (int k0 = 0; k0 < K; k0 += 8) {
 		const int k1 = k0 + t, k2 = k1 + 4;
 		const bool o1 = !CHK || k1 < K, o2 = !CHK || k2 < K;

@@ -523,6 +523,7 @@ static void t_tc_mm_all(void)
 	t_tc_mm(cu, 128, 128, 64, true, false, true, false, false, true, 1, 0.7f);
 	t_tc_mm(cu, 64, 128, 64, false, true, true, false, false, false, -1, 1);
 	t_tc_mm(cu, 16, 48, 48, false, false, false, false, false, false, -1, 0);
+	t_tc_mm(cu, 64, 64, 64, true, true, false, true, false, false, 1, 1);	/* dD V^T */
 	t_tc_mm(cu, 17, 23, 13, true, true, true, true, true, true, 0.5f, -2);	/* ragged */
 	t_tc_mm(cu, 5, 3, 4, false, false, false, false, false, true, 1, 0);
 	sl_cuda_destroy(cu);

@@ -291,7 +291,7 @@ int main(int argc, char **argv)
 	run(be, 3, 200, l4, 2, 4, 32, 32, -0.05);	/* weak decay: T far from I */
 	/* the kernels themselves (slow: a block's 256 threads take turns at every barrier) */
 	run_emu(be, 2, 9, l1, 1, 2, 4, 3, -0.5, 2);
-	run_emu(be, 2, 150, l5, 1, 2, 24, 40, -0.5, 1);	/* two waves, two value quarters */
+	run_emu(be, 2, 150, l5, 1, 2, 24, 72, -0.5, 1);	/* two waves, two value quarters */
 	run_emu(be, 2, 130, l7, 2, 6, 16, 24, -0.5, 3);	/* 3 heads a key head, a part wave */
 	if (argc > 1 && !strcmp(argv[1], "full"))	/* the Qwen3.5 head dims (a minute) */
 		run_emu(be, 2, 100, l6, 1, 2, 128, 128, -0.5, 1);
