@@ -38,8 +38,51 @@ static __device__ __forceinline__ float conv_in(const bf16 *x, const bf16 *halo,
 	return bf(halo[((size_t)(t / L) * (K - 1) + (K - 1) + (p - back)) * xs + c]);
 }
 
+#define CONV_KMAX 8	// the window kernels' bound on K (the models' 4); a larger K: k_conv_*_any
+#define CONV_TPC 32	// tokens a thread walks in the window kernels
+
+// thread (channel, CONV_TPC tokens): the last K inputs in registers, each read once
 __global__ void k_conv_fwd(bf16 *out, bf16 *pre, const bf16 *x, int xs, const bf16 *w, int T,
 			   int L, int C, int K, const bf16 *halo)
+{
+	const int c = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * CONV_TPC;
+	const int t1 = min(T, t0 + CONV_TPC);
+	float wr[CONV_KMAX], in[CONV_KMAX];	// wr[back] = w(c, K - 1 - back); in[back] = x(t - back)
+	int p = t0 % L;
+
+	if (c >= C)
+		return;
+#pragma unroll
+	for (int b = 0; b < CONV_KMAX; b++) {
+		wr[b] = b < K ? bf(w[(size_t)c * K + K - 1 - b]) : 0.f;
+		in[b] = b > 0 && b < K ? conv_in(x, halo, xs, t0, p, b, L, K, c) : 0.f;
+	}
+	for (int t = t0; t < t1; t++) {
+		float acc = 0.f;
+
+		in[0] = bf(x[(size_t)t * xs + c]);
+#pragma unroll
+		for (int b = 0; b < CONV_KMAX; b++)
+			acc += in[b] * wr[b];
+		pre[(size_t)t * C + c] = tobf(acc);
+		out[(size_t)t * C + c] = tobf(acc * sigm(acc));
+		if (++p == L) {		// t + 1 starts a record: its halo, or zeros
+			p = 0;
+#pragma unroll
+			for (int b = CONV_KMAX - 1; b > 0; b--)
+				in[b] = b < K && t + 1 < T ? conv_in(x, halo, xs, t + 1, 0, b, L, K, c) :
+							     0.f;
+		} else {
+#pragma unroll
+			for (int b = CONV_KMAX - 1; b > 0; b--)
+				in[b] = in[b - 1];
+		}
+	}
+}
+
+// the same, one thread per output (K above CONV_KMAX)
+__global__ void k_conv_fwd_any(bf16 *out, bf16 *pre, const bf16 *x, int xs, const bf16 *w, int T,
+			       int L, int C, int K, const bf16 *halo)
 {
 	GRID_LOOP(i, (size_t)T * C)
 	{
@@ -61,8 +104,49 @@ static __device__ __forceinline__ float dsilu_g(const bf16 *g, const bf16 *pre, 
 	return bf(g[o]) * s * (1.f + u * (1.f - s));
 }
 
+// thread (channel, CONV_TPC tokens) walking down: the next K values of dsilu in registers, each
+// computed once
 __global__ void k_conv_bwd_dx(bf16 *dx, int xs, const bf16 *g, const bf16 *pre, const bf16 *w,
 			      int T, int L, int C, int K)
+{
+	const int c = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * CONV_TPC;
+	const int t1 = min(T, t0 + CONV_TPC);
+	float wr[CONV_KMAX], d[CONV_KMAX];	// wr as k_conv_fwd's; d[back] = dsilu(t + back)
+	int p = (t1 - 1) % L;
+
+	if (c >= C)
+		return;
+#pragma unroll
+	for (int b = 0; b < CONV_KMAX; b++) {
+		wr[b] = b < K ? bf(w[(size_t)c * K + K - 1 - b]) : 0.f;
+		d[b] = b < K && p + b < L ? dsilu_g(g, pre, (size_t)(t1 - 1 + b) * C + c) : 0.f;
+	}
+	for (int t = t1 - 1; t >= t0; t--) {
+		float acc = 0.f;
+
+#pragma unroll
+		for (int b = 0; b < CONV_KMAX; b++)
+			acc += d[b] * wr[b];
+		dx[(size_t)t * xs + c] = tobf(acc);
+		if (t == t0)
+			break;
+		if (--p < 0) {		// t - 1 ends a record: nothing past it
+			p = L - 1;
+#pragma unroll
+			for (int b = CONV_KMAX - 1; b > 0; b--)
+				d[b] = 0.f;
+		} else {
+#pragma unroll
+			for (int b = CONV_KMAX - 1; b > 0; b--)
+				d[b] = d[b - 1];
+		}
+		d[0] = dsilu_g(g, pre, (size_t)(t - 1) * C + c);
+	}
+}
+
+// the same, one thread per output (K above CONV_KMAX)
+__global__ void k_conv_bwd_dx_any(bf16 *dx, int xs, const bf16 *g, const bf16 *pre,
+				  const bf16 *w, int T, int L, int C, int K)
 {
 	GRID_LOOP(i, (size_t)T * C)
 	{
@@ -82,8 +166,7 @@ __global__ void k_conv_bwd_dx(bf16 *dx, int xs, const bf16 *g, const bf16 *pre, 
 
 // dw in two passes, in a fixed order (no atomics): thread (channel c, token chunk) sums its
 // chunk's tokens for each of the K taps into part(nchunk, C, K); k_conv_bwd_dw_final adds the
-// chunks in order.  K <= CONV_KMAX (the models' 4); a larger K takes the one-pass kernel.
-#define CONV_KMAX 8
+// chunks in order.  K <= CONV_KMAX; a larger K takes the one-pass kernel.
 __global__ void k_conv_bwd_dw_partial(float *part, const bf16 *g, const bf16 *x, int xs,
 				      const bf16 *pre, int T, int L, int C, int K, const bf16 *halo,
 				      int tpc)
@@ -167,9 +250,14 @@ extern "C" void sl_cuda_conv1d_silu_fwd(struct sl_cuda *c, void *out, void *pre,
 					int xs, const void *w, int T, int L, int C, int K,
 					const void *halo)
 {
-	k_conv_fwd<<<grid_for((size_t)T * C, NT), NT, 0, c->stream>>>(
-		(bf16 *)out, (bf16 *)pre, (const bf16 *)x, xs, (const bf16 *)w, T, L, C, K,
-		(const bf16 *)halo);
+	if (K <= CONV_KMAX)
+		k_conv_fwd<<<dim3((C + 127) / 128, (T + CONV_TPC - 1) / CONV_TPC), 128, 0,
+			     c->stream>>>((bf16 *)out, (bf16 *)pre, (const bf16 *)x, xs,
+					  (const bf16 *)w, T, L, C, K, (const bf16 *)halo);
+	else
+		k_conv_fwd_any<<<grid_for((size_t)T * C, NT), NT, 0, c->stream>>>(
+			(bf16 *)out, (bf16 *)pre, (const bf16 *)x, xs, (const bf16 *)w, T, L, C, K,
+			(const bf16 *)halo);
 	CUDA_LAUNCHED();
 }
 
@@ -178,8 +266,14 @@ extern "C" void sl_cuda_conv1d_silu_bwd(struct sl_cuda *c, void *dx, int xs, voi
 					const void *w, int T, int L, int C, int K, const void *halo,
 					void *dhalo)
 {
-	k_conv_bwd_dx<<<grid_for((size_t)T * C, NT), NT, 0, c->stream>>>(
-		(bf16 *)dx, xs, (const bf16 *)dout, (const bf16 *)pre, (const bf16 *)w, T, L, C, K);
+	if (K <= CONV_KMAX)
+		k_conv_bwd_dx<<<dim3((C + 127) / 128, (T + CONV_TPC - 1) / CONV_TPC), 128, 0,
+				c->stream>>>((bf16 *)dx, xs, (const bf16 *)dout, (const bf16 *)pre,
+					     (const bf16 *)w, T, L, C, K);
+	else
+		k_conv_bwd_dx_any<<<grid_for((size_t)T * C, NT), NT, 0, c->stream>>>(
+			(bf16 *)dx, xs, (const bf16 *)dout, (const bf16 *)pre, (const bf16 *)w, T,
+			L, C, K);
 	CUDA_LAUNCHED();
 	// chunks of 64 tokens, or longer ones where the scratch holds fewer partials
 	const size_t row = (size_t)C * K * sizeof(float), cap = c->scratch_bytes / row;
@@ -683,7 +777,66 @@ __global__ void k_gnorm_bwd(bf16 *dx, bf16 *dz, int zs, const bf16 *g, const bf1
 	}
 }
 
-// one block per element i of the weight: the sum over all rows, in a fixed order
+// dw in two passes, in a fixed order (no atomics): block = GNORM_RPB rows; warp w sums rows w,
+// w + 8, ... of them, lane l the elements l, l + 32, ... (coalesced), then the block adds its
+// warps in order into part(nchunk, d); k_gnorm_dw_final adds the chunks in order.  d <= 32 *
+// GNORM_EPL (the models' 128); a larger d takes the one-pass kernel.
+#define GNORM_RPB 512
+#define GNORM_EPL 8
+__global__ void __launch_bounds__(NT) k_gnorm_dw_partial(float *part, const bf16 *g, const bf16 *x,
+							 const bf16 *z, int zs, const float *rstd,
+							 int T, int nh, int d)
+{
+	__shared__ float red[NT / 32][32 * GNORM_EPL];
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rows = T * nh;
+	const int r0 = blockIdx.x * GNORM_RPB, r1 = min(rows, r0 + GNORM_RPB);
+	float acc[GNORM_EPL];
+
+#pragma unroll
+	for (int e = 0; e < GNORM_EPL; e++)
+		acc[e] = 0.f;
+	for (int row = r0 + warp; row < r1; row += NT / 32) {
+		int t = row / nh, h = row % nh;
+		const bf16 *zr = z + (size_t)t * zs + (size_t)h * d;
+		float r = rstd[row];
+
+#pragma unroll
+		for (int e = 0; e < GNORM_EPL; e++) {
+			int i = lane + 32 * e;
+
+			if (i < d) {
+				float zv = bf(zr[i]);
+
+				acc[e] += bf(g[(size_t)row * d + i]) * bf(x[(size_t)row * d + i]) * r *
+					  zv * sigm(zv);
+			}
+		}
+	}
+#pragma unroll
+	for (int e = 0; e < GNORM_EPL; e++)
+		red[warp][lane + 32 * e] = acc[e];
+	__syncthreads();
+	for (int i = threadIdx.x; i < d; i += NT) {
+		float a = 0.f;
+
+		for (int w = 0; w < NT / 32; w++)
+			a += red[w][i];
+		part[(size_t)blockIdx.x * d + i] = a;
+	}
+}
+
+__global__ void k_gnorm_dw_final(bf16 *dw, const float *part, int nchunk, int d)
+{
+	for (int i = threadIdx.x; i < d; i += blockDim.x) {
+		float acc = 0.f;
+
+		for (int k = 0; k < nchunk; k++)
+			acc += part[(size_t)k * d + i];
+		dw[i] = tobf(bf(dw[i]) + acc);
+	}
+}
+
+// one pass, one block per element i of the weight (d above 32 * GNORM_EPL, or no scratch)
 __global__ void k_gnorm_dw(bf16 *dw, const bf16 *g, const bf16 *x, const bf16 *z, int zs,
 			   const float *rstd, int T, int nh, int d)
 {
@@ -725,7 +878,20 @@ extern "C" void sl_cuda_gated_rmsnorm_bwd(struct sl_cuda *c, void *dx, void *dz,
 		(bf16 *)dx, (bf16 *)dz, zs, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)z,
 		(const bf16 *)w, rstd, T, nh, d);
 	CUDA_LAUNCHED();
-	k_gnorm_dw<<<d, NT, 0, c->stream>>>((bf16 *)dw, (const bf16 *)dout, (const bf16 *)x,
-					    (const bf16 *)z, zs, rstd, T, nh, d);
+	const int nchunk = (int)((rows + GNORM_RPB - 1) / GNORM_RPB);
+
+	if (d <= 32 * GNORM_EPL && (size_t)nchunk * d * sizeof(float) <= c->scratch_bytes) {
+		float *part = sl_cuda_scratch(c, (size_t)nchunk * d * sizeof(float), "gnorm dw");
+
+		k_gnorm_dw_partial<<<nchunk, NT, 0, c->stream>>>(part, (const bf16 *)dout,
+								 (const bf16 *)x, (const bf16 *)z,
+								 zs, rstd, T, nh, d);
+		CUDA_LAUNCHED();
+		k_gnorm_dw_final<<<1, 256, 0, c->stream>>>((bf16 *)dw, part, nchunk, d);
+	} else {
+		k_gnorm_dw<<<d, NT, 0, c->stream>>>((bf16 *)dw, (const bf16 *)dout,
+						    (const bf16 *)x, (const bf16 *)z, zs, rstd, T,
+						    nh, d);
+	}
 	CUDA_LAUNCHED();
 }

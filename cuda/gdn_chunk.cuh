@@ -74,16 +74,22 @@ static __device__ void tri_inv(const struct tl *c)
 		if ((s >> 4) > (r >> 4))
 			c->T[r * ldg + s] = 0.f;
 	}
-	if (tid < GC) {
-		int col = tid, base = tid & ~15;
+	if (tid < GC) {	// the column in registers: x[i] = T(base + i, col)
+		int col = tid, base = tid & ~15, j = col - base;
+		float x[16];
 
-		for (int r = base; r < base + 16; r++) {
+#pragma unroll
+		for (int i = 0; i < 16; i++) {
 			float a = 0.f;
 
-			for (int s = col; s < r; s++)
-				a += c->A[r * ldg + s] * c->T[s * ldg + col];
-			c->T[r * ldg + col] = r < col ? 0.f : r == col ? 1.f : -c->bet[r] * a;
+#pragma unroll
+			for (int s = 0; s < i; s++)
+				a += c->A[(base + i) * ldg + base + s] * x[s];
+			x[i] = i < j ? 0.f : i == j ? 1.f : -c->bet[base + i] * a;
 		}
+#pragma unroll
+		for (int i = 0; i < 16; i++)
+			c->T[(base + i) * ldg + col] = x[i];
 	}
 	__syncthreads();
 	for (int i = 1; i < GC / 16; i++) {
@@ -116,13 +122,18 @@ static __device__ void tc_local(const struct tl *c, const bf16 *qn, const bf16 *
 		c->G[tid] = tid < n ? g[(t0 + tid) * nv + h] : 0.f;
 	}
 	__syncthreads();
-	if (!tid)
-		for (int r = 1; r < GC; r++)
-			c->G[r] += c->G[r - 1];
+	if (tid < GC) {	// G = cumsum(g), each row its own sum (in order)
+		float a = 0.f;
+
+		for (int r = 0; r <= tid; r++)
+			a += c->G[r];
+		c->Z[tid] = a;	// Z: spare until tri_inv
+	}
 	__syncthreads();
 	if (tid < GC) {
-		c->Ga[tid] = expf(c->G[tid]);
-		c->e[tid] = expf(c->G[GC - 1] - c->G[tid]);
+		c->G[tid] = c->Z[tid];
+		c->Ga[tid] = expf(c->Z[tid]);
+		c->e[tid] = expf(c->Z[GC - 1] - c->Z[tid]);
 		c->bg[tid] = c->bet[tid] * c->Ga[tid];
 	}
 	// k.k^T into A, q.k^T into P (k^T: element (i, s) at K[s * ldk + i])
