@@ -1107,7 +1107,7 @@ out:
 	printf("peak %zu bytes, reserved %zu\n", sl_backend_cuda_peak_bytes(gpu),
 	       sl_backend_cuda_reserved_bytes(gpu));
 	gpu_chk->destroy(gpu_chk);
-	gpu->destroy(gpu);
+	gpu_rec->destroy(gpu_rec);	/* gpu is one of the two */
 	cpu->destroy(cpu);
 	return test_exit("test_cuda_qwen35");
 }
