@@ -308,6 +308,20 @@ static __device__ void gq_carve(struct gq *q, float *p, int dk)
 	q->qz = p, q->de = p + GC, q->xv = p + 2 * GC, q->dG = p + 3 * GC, q->db = p + 4 * GC;
 }
 
+// acc[r] += the dot product of row r of X (float, stride lx) and of Y (bf16, stride ly) over w
+// columns, thread r for each of the GC rows
+static __device__ void rows_dot(float *acc, const float *X, int lx, const bf16 *Y, int ly, int w)
+{
+	if (threadIdx.x < GC) {
+		int r = threadIdx.x;
+		float a = 0.f;
+
+		for (int j = 0; j < w; j++)
+			a += X[r * lx + j] * bf(Y[r * ly + j]);
+		acc[r] += a;
+	}
+}
+
 // floats of the backward's scratch for per_wave groups: dS at every chunk's end of their value
 // heads (dst), then dq and dk in fp32 per chunk (acc)
 static __host__ __device__ size_t bwd_scratch_floats(size_t per_wave, int grp, int nch, int dk,
@@ -427,27 +441,13 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 			      cq, q.dW, ldw, 1);
 			fresh = false;
 			__syncthreads();
-			if (tid < GC) {
-				int r = tid;
-				float a = 0.f;
-
-				for (int j = 0; j < w; j++)
-					a += q.R[r * lq + j] * bf(q.dO[r * lo + j]);
-				q.qz[r] += a;
-			}
+			rows_dot(q.qz, q.R, lq, q.dO, lo, w);
 			__syncthreads();
 			// X = T^T dD into R
 			tc_mm(GC, w, GC, mm_f(c.T, 1, ldg), mm_f(q.DD, lq, 1), NULL, NULL, 1.f, 0.f,
 			      q.R, lq, 1);
 			__syncthreads();
-			if (tid < GC) {
-				int r = tid;
-				float u = 0.f;
-
-				for (int j = 0; j < w; j++)
-					u += q.R[r * lq + j] * bf(q.V[r * lo + j]);
-				q.xv[r] += u;
-			}
+			rows_dot(q.xv, q.R, lq, q.V, lo, w);
 			// dv = beta X
 			FOR_RC(r, j, GC, w)
 				if (c0 + r < L)

@@ -435,6 +435,18 @@ static void t_rule(int B, int L, int nk, int nv, int dk, int dv)
 
 /* ---- the chunked rule's tensor-core product (cuda/tc_mm.cuh) against a host product ------- */
 
+/* n host floats to device memory d, as bf16 (through t) when bf */
+static void tc_put(struct sl_cuda *cu, void *d, const float *x, size_t n, bool bf, uint16_t *t)
+{
+	if (!bf) {
+		sl_cuda_upload(cu, d, x, n * 4);
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		t[i] = f2bf(x[i]);
+	sl_cuda_upload(cu, d, t, n * 2);
+}
+
 /*
  * C = alpha diag(rs) A diag(sk) B + cb C on one block, A (M x K) and B (K x N) float or bf16
  * (ta / tb: stored transposed), C transposed when tc; against the same in double on the host.
@@ -463,20 +475,8 @@ static void t_tc_mm(struct sl_cuda *cu, int M, int N, int K, bool abf, bool bbf,
 		sk[i] = runif() + 0.5;
 	for (int i = 0; i < M; i++)
 		rs[i] = runif() + 0.5;
-	if (abf) {
-		for (size_t i = 0; i < na; i++)
-			t[i] = f2bf(a[i]);
-		sl_cuda_upload(cu, da, t, na * 2);
-	} else {
-		sl_cuda_upload(cu, da, a, na * 4);
-	}
-	if (bbf) {
-		for (size_t i = 0; i < nb; i++)
-			t[i] = f2bf(b[i]);
-		sl_cuda_upload(cu, db, t, nb * 2);
-	} else {
-		sl_cuda_upload(cu, db, b, nb * 4);
-	}
+	tc_put(cu, da, a, na, abf, t);
+	tc_put(cu, db, b, nb, bbf, t);
 	sl_cuda_upload(cu, dc, c, nc * 4);
 	sl_cuda_upload(cu, dsk, sk, K * 4);
 	sl_cuda_upload(cu, drs, rs, M * 4);
