@@ -10,6 +10,9 @@
 # trainer counts (training_metrics.json: peak_gpu_bytes, the arena's peak in use + fixed
 # workspaces; reserved_gpu_bytes, the arena's chunks; device_used_bytes, cudaMemGetInfo at a
 # step's end); nvidia-smi's peak.
+# MODEL=q35: the Qwen3.5 4B's widths instead, one block of 3 Gated DeltaNet + 1 gated attention
+# layers (bench/q35_bench.py's 4b-block preset, vocab 248320), which also checks the planner's
+# count of the chunked delta rule's backward scratch.
 # Programs: SHARDLM / MKMODEL, else PATH, else the build tree.  Prints a table last.
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,17 +28,25 @@ GPU_GB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | hea
 T=$(mktemp -d /tmp/pvd-XXXXXX)
 trap 'rm -rf "$T"' EXIT
 
-python3 - "$T/data.jsonl" <<'PY'
+MODEL=${MODEL:-dense}
+VOCAB=151936
+[ "$MODEL" = q35 ] && VOCAB=248320
+python3 - "$T/data.jsonl" "$VOCAB" <<'PY'
 import json, random, sys
 r = random.Random(7)
 with open(sys.argv[1], "w") as f:
     for i in range(16):
-        f.write(json.dumps({"input_ids": [r.randrange(3, 151936) for _ in range(2048)],
+        f.write(json.dumps({"input_ids": [r.randrange(3, int(sys.argv[2])) for _ in range(2048)],
                             "label": round(r.random(), 3)}) + "\n")
 PY
-"$MKMODEL" --out "$T/m" --vocab 151936 --hidden 2048 --layers 14 --heads 16 --kv-heads 8 \
-	--head-dim 128 --intermediate 6144 --seed 1 --dtype bf16 >/dev/null ||
-	{ echo "mkmodel failed" >&2; exit 1; }
+if [ "$MODEL" = q35 ]; then
+	python3 "$HERE/bench/q35_bench.py" model "$T/m" --preset 4b-block >"$OUT/model.log" 2>&1 ||
+		{ echo "q35_bench.py model failed (see $OUT/model.log)" >&2; exit 1; }
+else
+	"$MKMODEL" --out "$T/m" --vocab 151936 --hidden 2048 --layers 14 --heads 16 --kv-heads 8 \
+		--head-dim 128 --intermediate 6144 --seed 1 --dtype bf16 >/dev/null ||
+		{ echo "mkmodel failed" >&2; exit 1; }
+fi
 
 echo "| run | offload | ckpt | plan GiB | peak (arena) | reserved | device used | nvidia-smi peak | plan vs smi |" \
 	>"$OUT/table.md"
