@@ -119,7 +119,7 @@ static inline unsigned grid_for(size_t n, int threads)
 }
 
 // scratch as floats, checked against its size (sized at create; grown once, by the chunked delta
-// rule's first backward, to hold its dS: sl_cuda_scratch_grow)
+// rule's first backward, to hold its dS and dq, dk: sl_cuda_scratch_grow)
 float *sl_cuda_scratch(struct sl_cuda *c, size_t bytes, const char *who);
 int sl_cuda_scratch_grow(struct sl_cuda *c, size_t bytes);	// 0, or -1: no room (kept)
 

@@ -38,7 +38,7 @@ static __device__ __forceinline__ float conv_in(const bf16 *x, const bf16 *halo,
 	return bf(halo[((size_t)(t / L) * (K - 1) + (K - 1) + (p - back)) * xs + c]);
 }
 
-#define CONV_KMAX 8	// the window kernels' bound on K (the models' 4); a larger K: k_conv_*_any
+#define CONV_KMAX 8	// the window kernels' bound on K (the models' 4); larger: k_conv_*_any
 #define CONV_TPC 32	// tokens a thread walks in the window kernels
 
 // thread (channel, CONV_TPC tokens): the last K inputs in registers, each read once
@@ -47,7 +47,7 @@ __global__ void k_conv_fwd(bf16 *out, bf16 *pre, const bf16 *x, int xs, const bf
 {
 	const int c = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * CONV_TPC;
 	const int t1 = min(T, t0 + CONV_TPC);
-	float wr[CONV_KMAX], in[CONV_KMAX];	// wr[back] = w(c, K - 1 - back); in[back] = x(t - back)
+	float wr[CONV_KMAX], in[CONV_KMAX];	// wr[b] = w(c, K - 1 - b); in[b] = x(t - b)
 	int p = t0 % L;
 
 	if (c >= C)
@@ -70,8 +70,8 @@ __global__ void k_conv_fwd(bf16 *out, bf16 *pre, const bf16 *x, int xs, const bf
 			p = 0;
 #pragma unroll
 			for (int b = CONV_KMAX - 1; b > 0; b--)
-				in[b] = b < K && t + 1 < T ? conv_in(x, halo, xs, t + 1, 0, b, L, K, c) :
-							     0.f;
+				in[b] = b < K && t + 1 < T ?
+						conv_in(x, halo, xs, t + 1, 0, b, L, K, c) : 0.f;
 		} else {
 #pragma unroll
 			for (int b = CONV_KMAX - 1; b > 0; b--)
@@ -165,7 +165,7 @@ __global__ void k_conv_bwd_dx_any(bf16 *dx, int xs, const bf16 *g, const bf16 *p
 }
 
 // dw in two passes, in a fixed order (no atomics): thread (channel c, token chunk) sums its
-// chunk's tokens for each of the K taps into part(nchunk, C, K); k_conv_bwd_dw_final adds the
+// chunk's tokens for each of the K taps into part(nchunk, C, K); k_dw_final adds the
 // chunks in order.  K <= CONV_KMAX; a larger K takes the one-pass kernel.
 __global__ void k_conv_bwd_dw_partial(float *part, const bf16 *g, const bf16 *x, int xs,
 				      const bf16 *pre, int T, int L, int C, int K, const bf16 *halo,
@@ -197,7 +197,9 @@ __global__ void k_conv_bwd_dw_partial(float *part, const bf16 *g, const bf16 *x,
 			part[((size_t)blockIdx.y * C + c) * K + j] = acc[j];
 }
 
-__global__ void k_conv_bwd_dw_final(bf16 *dw, const float *part, int nchunk, int CK)
+// the second pass of the two-pass weight gradients here (conv and gated norm): dw(n) += the
+// nchunk partials part(nchunk, n), in chunk order
+__global__ void k_dw_final(bf16 *dw, const float *part, int nchunk, int CK)
 {
 	GRID_LOOP(i, (size_t)CK)
 	{
@@ -291,7 +293,7 @@ extern "C" void sl_cuda_conv1d_silu_bwd(struct sl_cuda *c, void *dx, int xs, voi
 			part, (const bf16 *)dout, (const bf16 *)x, xs, (const bf16 *)pre, T, L, C, K,
 			(const bf16 *)halo, tpc);
 		CUDA_LAUNCHED();
-		k_conv_bwd_dw_final<<<grid_for((size_t)C * K, NT), NT, 0, c->stream>>>(
+		k_dw_final<<<grid_for((size_t)C * K, NT), NT, 0, c->stream>>>(
 			(bf16 *)dw, part, nchunk, C * K);
 	} else {
 		k_conv_bwd_dw<<<grid_for((size_t)C * K, 128), 128, 0, c->stream>>>(
@@ -779,7 +781,7 @@ __global__ void k_gnorm_bwd(bf16 *dx, bf16 *dz, int zs, const bf16 *g, const bf1
 
 // dw in two passes, in a fixed order (no atomics): block = GNORM_RPB rows; warp w sums rows w,
 // w + 8, ... of them, lane l the elements l, l + 32, ... (coalesced), then the block adds its
-// warps in order into part(nchunk, d); k_gnorm_dw_final adds the chunks in order.  d <= 32 *
+// warps in order into part(nchunk, d); k_dw_final adds the chunks in order.  d <= 32 *
 // GNORM_EPL (the models' 128); a larger d takes the one-pass kernel.
 #define GNORM_RPB 512
 #define GNORM_EPL 8
@@ -822,17 +824,6 @@ __global__ void __launch_bounds__(NT) k_gnorm_dw_partial(float *part, const bf16
 		for (int w = 0; w < NT / 32; w++)
 			a += red[w][i];
 		part[(size_t)blockIdx.x * d + i] = a;
-	}
-}
-
-__global__ void k_gnorm_dw_final(bf16 *dw, const float *part, int nchunk, int d)
-{
-	for (int i = threadIdx.x; i < d; i += blockDim.x) {
-		float acc = 0.f;
-
-		for (int k = 0; k < nchunk; k++)
-			acc += part[(size_t)k * d + i];
-		dw[i] = tobf(bf(dw[i]) + acc);
 	}
 }
 
@@ -887,7 +878,7 @@ extern "C" void sl_cuda_gated_rmsnorm_bwd(struct sl_cuda *c, void *dx, void *dz,
 								 (const bf16 *)x, (const bf16 *)z,
 								 zs, rstd, T, nh, d);
 		CUDA_LAUNCHED();
-		k_gnorm_dw_final<<<1, 256, 0, c->stream>>>((bf16 *)dw, part, nchunk, d);
+		k_dw_final<<<grid_for(d, NT), NT, 0, c->stream>>>((bf16 *)dw, part, nchunk, d);
 	} else {
 		k_gnorm_dw<<<d, NT, 0, c->stream>>>((bf16 *)dw, (const bf16 *)dout,
 						    (const bf16 *)x, (const bf16 *)z, zs, rstd, T,

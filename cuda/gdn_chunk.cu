@@ -10,12 +10,12 @@
 //                      the chunk-start states out;
 //   k_gdn_bwd_state    block (record, value head): dS walks the chunks backwards, dS at every
 //                      chunk's end into scratch;
-//   k_chunk_bwd_grad   block (record, key head, chunk): every gradient of the chunk from its
+//   k_gdn_bwd_grad     block (record, key head, chunk): every gradient of the chunk from its
 //                      saved start state and that dS, the value heads of the key head in order
-//                      (dq, dk summed in registers in a fixed order: deterministic).
-// The two sequential passes make every product on the tensor cores (tc_mm.cuh: tf32 operands,
-// fp32 sums and states); the gradient kernel is still plain FMA loops over shared memory.  The
-// backward runs in waves of (record, key head) groups whose dS fit the scratch.
+//                      (dq, dk summed in fp32 in the scratch in a fixed order: deterministic).
+// Every product runs on the tensor cores (tc_mm.cuh: tf32 operands, fp32 sums and states).  The
+// backward grows the scratch to hold every (record, key head) group's dS and dq, dk once, where
+// the device has room; else it runs in waves of groups that fit.
 #include <cmath>
 
 #include "common.cuh"
@@ -24,7 +24,7 @@
 // ---- launchers ------------------------------------------------------------------------------
 
 #define SMEM_MAX (227 * 1024)
-#define SCRATCH_GROW_MAX ((size_t)4 << 30)	// the backward's dS beyond this: waves
+#define SCRATCH_GROW_MAX ((size_t)4 << 30)	// the backward's scratch beyond this: waves
 
 // whether the chunked kernels take this shape (else the caller keeps the recurrence)
 extern "C" int sl_cuda_gdn_chunk_fits(struct sl_cuda *c, int dk, int dv, int L, int nk, int nv)
@@ -65,7 +65,7 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 	float *dst;
 
 	// every group at once where the device has room (one wave: all heads in parallel)
-	if (per_group * B * nk > c->scratch_bytes && per_group * B * nk <= SCRATCH_GROW_MAX)
+	if (per_group * B * nk <= SCRATCH_GROW_MAX)
 		sl_cuda_scratch_grow(c, per_group * B * nk);
 	per_wave = (int)(c->scratch_bytes / per_group);
 	if (per_wave > B * nk)

@@ -35,12 +35,13 @@ static __device__ __forceinline__ int chunk_n(int len, int c0)
 #define DVMAX 128	// value dim bound of the sequential passes (the state in shared memory)
 
 struct tl {
-	float *A, *T, *P;		// (GC, GC): A = E o k.k^T (s < r) (KE), T = (I + diag(beta)
-					// KE)^-1, P = E o q.k^T (s <= r); A and T adjacent (spent
-					// together)
+	float *A, *T, *P;		// (GC, GC): A = E o k.k^T (s < r) (KE),
+					// T = (I + diag(beta) KE)^-1, P = E o q.k^T (s <= r);
+					// A and T adjacent (spent together)
 	bf16 *K, *Q;			// (GC, dk): 0 past the record
 	float *Z;			// (16, ZLD): tri_inv's products
-	float *bet, *G, *Ga, *e, *bg;	// (GC): beta, cumsum(g), exp(G), exp(G_last - G), beta Ga
+	float *bet, *G, *Ga, *e, *bg;	// (GC): beta, cumsum(g), exp(G), exp(G_last - G),
+					// beta Ga
 };
 
 static __host__ __device__ size_t tl_floats(int dk)
@@ -259,7 +260,7 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_state(float *dst, const bf16 *d
 		tc_mm(GC, dv, dk, mm_b(c.K, ldk, 1), mm_f(dS, lds, 1), NULL, c.e, 1.f, 1.f, dD, lds,
 		      1);
 		__syncthreads();
-		// dS = Ga_last dS + Q^T diag(Ga) dO - W^T ddelta (the two calls own the same elements)
+		// dS = Ga_last dS + Q^T diag(Ga) dO - W^T ddelta (both calls own the same elements)
 		tc_mm(dk, dv, GC, mm_b(c.Q, 1, ldk), mm_b(dO, ldo, 1), c.Ga, NULL, 1.f,
 		      c.Ga[GC - 1], dS, lds, 1);
 		tc_mm(dk, dv, GC, mm_f(W, 1, ldw), mm_f(dD, lds, 1), NULL, NULL, -1.f, 1.f, dS, lds,

@@ -26,7 +26,8 @@ int sl_cuda_pci_bus_id(int device, char *buf, int n);
 size_t sl_cuda_device_memory(int device);
 size_t sl_cuda_device_used(void);	/* the current device's used bytes (cudaMemGetInfo) */
 
-/* ---- context: device, stream, cuBLASLt handle, 32 MB workspace, 64 MB reduction scratch ---- */
+/* ---- context: device, stream, cuBLASLt handle, 32 MB workspace, 64 MB reduction scratch
+ * (grown once by the chunked delta rule's backward) ---- */
 struct sl_cuda;
 struct sl_cuda *sl_cuda_create(int device);	/* NULL + message when there is no such device */
 void sl_cuda_destroy(struct sl_cuda *c);
@@ -158,11 +159,6 @@ void sl_cuda_gdn_rule_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, v
 /* the chunked gated delta rule (gdn_chunk.cu): the same contract as sl_cuda_gdn_rule_fwd/_bwd
  * for whole records (rs = L, no start or end state: the caller keeps the recurrence otherwise);
  * sl_cuda_gdn_chunk_fits says whether it takes the shape (key dim <= 128, shared memory, scratch) */
-/* C = alpha diag(rs) A diag(sk) B + cb C on the chunked rule's tensor-core product (tc_mm.cuh),
- * one block, operands in device memory with any strides (bf16 where abf / bbf, else float) */
-void sl_cuda_tc_mm_test(struct sl_cuda *c, int M, int N, int K, const void *A, int ars, int acs,
-			int abf, const void *B, int brs, int bcs, int bbf, const float *sk,
-			const float *rs, float alpha, float cb, float *C, int crs, int ccs);
 int sl_cuda_gdn_chunk_fits(struct sl_cuda *c, int dk, int dv, int L, int nk, int nv);
 void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states, const void *qn,
 			   const void *kn, const void *v, int vs, const float *beta, const float *g,
@@ -171,6 +167,11 @@ void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, 
 			   void *dg, const void *dout, const float *states, const void *qn,
 			   const void *kn, const void *v, int vs, const float *beta, const float *g,
 			   const int *lens, int B, int L, int nk, int nv, int dk, int dv);
+/* C = alpha diag(rs) A diag(sk) B + cb C on the chunked rule's tensor-core product (tc_mm.cuh),
+ * one block, operands in device memory with any strides (bf16 where abf / bbf, else float) */
+void sl_cuda_tc_mm_test(struct sl_cuda *c, int M, int N, int K, const void *A, int ars, int acs,
+			int abf, const void *B, int brs, int bcs, int bbf, const float *sk,
+			const float *rs, float alpha, float cb, float *C, int crs, int ccs);
 void sl_cuda_gated_rmsnorm_fwd(struct sl_cuda *c, void *out, float *rstd, const void *x,
 			       const void *z, int zs, const void *w, int T, int nh, int d,
 			       float eps);

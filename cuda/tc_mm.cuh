@@ -201,8 +201,9 @@ static __device__ __forceinline__ void mm_tiled(int M, int N, int K, struct mmop
 // the warp tile by shape: 32 x 32 where that still gives every warp a tile, else 16 x 32, else
 // 16 x 16 (the choice depends on M and N alone)
 template <bool ABF, bool BBF>
-static __device__ __forceinline__ void mm_shape(int M, int N, int K, struct mmop A, struct mmop B, const float *sk,
-				const float *rs, float alpha, float cb, float *C, int crs, int ccs)
+static __device__ __forceinline__ void mm_shape(int M, int N, int K, struct mmop A,
+						struct mmop B, const float *sk, const float *rs,
+						float alpha, float cb, float *C, int crs, int ccs)
 {
 	const int w = NTH / 32;
 

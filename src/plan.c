@@ -167,8 +167,9 @@ static size_t q35_scratch(const struct counter *k, const struct sl_model_config 
  * set of each kind (both, whatever the layers are); the norms' effective weights and the
  * backward's scratch.  The ones it uploads through a transient f32 buffer are not counted: that
  * buffer is freed before sl_model_create returns.  The cuda kernels (cuda/gdn.cu, gattn.cu)
- * allocate nothing: the delta rule's backward recomputes chunks and the partial rotary table
- * lives in the context's fixed reduction scratch (SL_PLAN_WORKSPACE).
+ * allocate nothing of their own: the partial rotary table lives in the context's reduction
+ * scratch, and the chunked delta rule's backward grows that scratch (counted in compute(),
+ * SL_PLAN_WORKSPACE).
  */
 static void count_q35(const struct counter *k, const struct sl_model_config *mc, size_t T,
 		      size_t B, bool ckpt, size_t e, size_t s, size_t out[SL_PLAN_N])
