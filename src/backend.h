@@ -39,6 +39,7 @@ struct sl_backend {
 	const char *name;
 	size_t elt;		/* bytes per compute element */
 	size_t stat_elt;	/* bytes per stat element */
+	size_t align;		/* alloc's granularity: every block's size rounds up to it */
 	void *priv;
 
 	/* memory */

@@ -781,6 +781,7 @@ struct sl_backend *CPU_CREATE(void)
 	openblas_set_num_threads(1);
 	be->name = CPU_NAME;
 	be->elt = sizeof(real);
+	be->align = 64;
 	be->stat_elt = sizeof(real);
 	be->alloc = cpu_alloc;
 	be->free = cpu_free;

@@ -412,6 +412,7 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	sl_arena_init(&pr->arena, chunk_get, chunk_put, pr->c, ARENA_ALIGN, 0, 0);
 	be->name = "cuda";
 	be->elt = 2;		/* bf16 */
+	be->align = ARENA_ALIGN;
 	be->stat_elt = 4;	/* float */
 	be->priv = pr;
 	be->alloc = cuda_alloc;

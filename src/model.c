@@ -307,25 +307,45 @@ static int layer_offsets(const struct sl_layout *lay, int l, bool bias, bool moe
 	return rc;
 }
 
+/*
+ * A layer's activations, carved from one block (a->block, a->bytes) so that the block, dead
+ * from the end of the layer's backward to the next forward, can hold the layer unit's reduced
+ * gradient (sl_model_grad_room).  Each part rounds up to the backend's granularity, as a block
+ * of its own would (plan.c counts them so).
+ */
+static void *carve(char *base, size_t *at, size_t n, size_t elt, size_t align)
+{
+	void *p = base ? base + *at : NULL;
+
+	*at += (n * elt + align - 1) / align * align;
+	return p;
+}
+
 static int alloc_acts(struct sl_model *m, struct acts *a, size_t T)
 {
-	const size_t e = m->be->elt, s = m->be->stat_elt;
+	const size_t e = m->be->elt, s = m->be->stat_elt, al = m->be->align;
+	const bool mlp = m->dense_mlp;	/* all MLPs sparse: no dense activations */
+	char *b = NULL;			/* the first pass sizes the block */
 
-	a->xn1 = sl_model_ws_alloc(m, T * m->H, e);
-	a->rstd1 = sl_model_ws_alloc(m, T, s);
-	a->qkv = sl_model_ws_alloc(m, T * m->Q, e);
-	a->qkvr = sl_model_ws_alloc(m, T * m->Q, e);
-	a->rstd_qk = sl_model_ws_alloc(m, T * (m->nh + m->nkv), s);
-	a->att = sl_model_ws_alloc(m, T * m->nh * m->hd, e);
-	a->lse = sl_model_ws_alloc(m, T * m->nh, s);
-	a->h = sl_model_ws_alloc(m, T * m->H, e);
-	a->xn2 = sl_model_ws_alloc(m, T * m->H, e);
-	a->rstd2 = sl_model_ws_alloc(m, T, s);
-	if (!m->dense_mlp)	/* all MLPs sparse: no dense activations */
-		return a->rstd2 ? 0 : -ENOMEM;
-	a->gu = sl_model_ws_alloc(m, T * 2 * m->I, e);
-	a->act = sl_model_ws_alloc(m, T * m->I, e);
-	return a->act ? 0 : -ENOMEM;
+	for (int pass = 0; pass < 2; pass++) {
+		size_t at = 0;
+
+		a->xn1 = carve(b, &at, T * m->H, e, al);
+		a->rstd1 = carve(b, &at, T, s, al);
+		a->qkv = carve(b, &at, T * m->Q, e, al);
+		a->qkvr = carve(b, &at, T * m->Q, e, al);
+		a->rstd_qk = carve(b, &at, T * (m->nh + m->nkv), s, al);
+		a->att = carve(b, &at, T * m->nh * m->hd, e, al);
+		a->lse = carve(b, &at, T * m->nh, s, al);
+		a->h = carve(b, &at, T * m->H, e, al);
+		a->xn2 = carve(b, &at, T * m->H, e, al);
+		a->rstd2 = carve(b, &at, T, s, al);
+		a->gu = mlp ? carve(b, &at, T * 2 * m->I, e, al) : NULL;
+		a->act = mlp ? carve(b, &at, T * m->I, e, al) : NULL;
+		if (pass == 0 && !(b = a->block = sl_model_ws_alloc(m, a->bytes = at, 1)))
+			return -ENOMEM;
+	}
+	return 0;
 }
 
 static size_t zmax(size_t a, size_t b)
@@ -580,6 +600,15 @@ static void layer_bwd(const struct sl_model *m, int l, const void *w, void *g,
 		       T, H, m->Q, false);
 	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln1), m->gn, x, at(m, w, lo->ln1), a->rstd1, T, H,
 			true);
+}
+
+void *sl_model_grad_room(struct sl_model *m, int unit, size_t *bytes)
+{
+	*bytes = 0;
+	if (m->ckpt || m->q35 || unit < 1 || unit > m->nL || m->n_acts != m->nL)
+		return NULL;
+	*bytes = m->acts[unit - 1].bytes;
+	return m->acts[unit - 1].block;
 }
 
 static const struct acts *acts_of(const struct sl_model *m, int l, bool keep)

@@ -63,6 +63,8 @@ struct acts {
 	void *rstd2;	/* (T) stat */
 	void *gu;	/* (T, 2I) gate | up */
 	void *act;	/* (T, I) silu(gate) * up */
+	void *block;	/* all of the above, carved from one block of this many bytes */
+	size_t bytes;
 };
 
 struct sl_model {

@@ -89,13 +89,20 @@ static void count_common(const struct counter *k, const struct sl_model_config *
 		+ A(k, B * sizeof(float));		/* scores_f32 */
 }
 
-/* model.c: Qwen3 layers' struct acts, one set per layer or one when checkpointing */
-static void count_qwen3(const struct counter *k, const struct sl_model_config *mc, size_t T,
-			bool ckpt, size_t e, size_t s, size_t out[SL_PLAN_N])
+/* model.c: one Qwen3 layer's struct acts, one block (alloc_acts); the dense MLP's gu and act
+ * when some layer has it */
+static size_t qwen3_layer_acts(const struct counter *k, const struct sl_model_config *mc,
+			       size_t T, size_t e, size_t s)
 {
+	bool dense = false;
+
+	for (int l = 0; l < mc->n_layers; l++)
+		dense |= !sl_layer_is_moe(mc, l);
+
 	const size_t H = mc->hidden, I = mc->intermediate, nh = mc->n_heads, nkv = mc->n_kv_heads;
-	const size_t hd = mc->head_dim, Q = (nh + 2 * nkv) * hd, nL = mc->n_layers;
-	const size_t acts = A(k, T * H * e)		/* xn1 */
+	const size_t hd = mc->head_dim, Q = (nh + 2 * nkv) * hd;
+
+	return A(k, T * H * e)				/* xn1 */
 		+ A(k, T * s)				/* rstd1 */
 		+ 2 * A(k, T * Q * e)			/* qkv, qkvr */
 		+ A(k, T * (nh + nkv) * s)		/* rstd_qk */
@@ -103,10 +110,15 @@ static void count_qwen3(const struct counter *k, const struct sl_model_config *m
 		+ A(k, T * nh * s)			/* lse */
 		+ 2 * A(k, T * H * e)			/* h, xn2 */
 		+ A(k, T * s)				/* rstd2 */
-		+ A(k, T * 2 * I * e)			/* gu */
-		+ A(k, T * I * e);			/* act */
+		+ (dense ? A(k, T * 2 * I * e)		/* gu */
+		   + A(k, T * I * e) : 0);		/* act */
+}
 
-	out[SL_PLAN_ACTS] += (ckpt ? 1 : nL) * acts;
+/* model.c: Qwen3 layers' struct acts, one set per layer or one when checkpointing */
+static void count_qwen3(const struct counter *k, const struct sl_model_config *mc, size_t T,
+			bool ckpt, size_t e, size_t s, size_t out[SL_PLAN_N])
+{
+	out[SL_PLAN_ACTS] += (ckpt ? 1 : mc->n_layers) * qwen3_layer_acts(k, mc, T, e, s);
 }
 
 /* model_qwen35.c: struct q35_acts of one layer of @kind (alloc_q35_acts); @dense: with the
@@ -218,6 +230,28 @@ static void count_model(const struct counter *k, const struct sl_model_config *m
 		count_qwen3(k, mc, T, ckpt, e, s, out);
 }
 
+/*
+ * shard.c: unit u padded to a multiple of the ranks sharing it, and this rank's shard of it;
+ * an experts' unit split over parallel.expert = P ranks: its 1 / P, over the S / P ranks
+ * holding the same experts
+ */
+static size_t unit_padded(const struct sl_config *c, const struct sl_layout *lay, int S0, int u)
+{
+	const int P = lay->unit_experts && lay->unit_experts[u] &&
+		c->parallel.expert > 1 ? c->parallel.expert : 1;
+	size_t numel = lay->unit_numel[u] / P, S = S0 / P > 0 ? (size_t)(S0 / P) : 1;
+
+	return (numel + S - 1) / S * S;
+}
+
+static size_t unit_shard(const struct sl_config *c, const struct sl_layout *lay, int S0, int u)
+{
+	const int P = lay->unit_experts && lay->unit_experts[u] &&
+		c->parallel.expert > 1 ? c->parallel.expert : 1;
+
+	return unit_padded(c, lay, S0, u) / (S0 / P > 0 ? (size_t)(S0 / P) : 1);
+}
+
 /* the plan with offload's micro-batch accumulation on the device (@accum_dev) or not */
 static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 		   const struct sl_layout *lay, const struct sl_plan_opts *o, struct sl_plan *p,
@@ -262,10 +296,7 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	 * experts
 	 */
 	for (int u = 0; u < lay->n_units; u++) {
-		const int P = lay->unit_experts && lay->unit_experts[u] &&
-			c->parallel.expert > 1 ? c->parallel.expert : 1;
-		size_t numel = lay->unit_numel[u] / P, S = p->S / P > 0 ? p->S / P : 1;
-		size_t padded = (numel + S - 1) / S * S, shard = padded / S;
+		size_t shard = unit_shard(c, lay, p->S, u), padded = unit_padded(c, lay, p->S, u);
 
 		p->params += lay->unit_numel[u];
 		n_x += lay->unit_experts && lay->unit_experts[u];
@@ -288,13 +319,11 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 
 	p->dev[SL_PLAN_WEIGHTS] = (host_params ? 0 : sum_w) +
 		(size_t)p->n_wslots * A(&dk, p->max_padded * e);
-	p->dev[SL_PLAN_GRADS] = (n_x ? 3 : 2) * A(&dk, p->max_padded * e) +	/* gslots */
-		(!host_state || p->accum_dev ? sum_f : 0) +	/* grad32, or offload's d_acc */
-		(p->lean ? A(&dk, lay->n_units * sizeof(double)) : 0);	/* per-unit sumsq */
 	p->dev[SL_PLAN_OPTIM] = host_state ? 0 : 3 * sum_f;		/* master, m, v */
 	p->dev[SL_PLAN_COMM] = (p->S > 1 ? A(&dk, p->max_padded * sizeof(float)) : 0) /* g32_full */
-		+ A(&dk, p->max_shard * sizeof(float))			/* rs_out */
-		+ A(&dk, sizeof(double))				/* d_sumsq */
+		+ (host_state || c->train.accum != 1 ?
+		   A(&dk, p->max_shard * sizeof(float)) : 0)		/* rs_out */
+		+ A(&dk, lay->n_units * sizeof(double))			/* d_sumsq */
 		+ (host_state && !p->lean ? 2 * A(&dk, p->max_shard * sizeof(float)) : 0) /* ring */
 		+ (host_params && p->S > 1 ? A(&dk, p->max_shard * e) : 0);	/* d_wstage */
 	p->dev[SL_PLAN_WORKSPACE] = p->cuda ? CUDA_WORKSPACE + CUDA_SCRATCH : 0;
@@ -341,6 +370,26 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 		p->dev[SL_PLAN_HEAD] += 7 * A(&dk, B * Lrow * sizeof(int32_t)) +
 			3 * A(&dk, B * sizeof(int32_t)) + A(&dk, 2 * B * sizeof(int32_t));
 	}
+	/*
+	 * shard.c: grad32 (or offload's d_acc); a Qwen3 layer unit's grad32 lives in the layer's
+	 * activations when a step has one micro-batch and they are kept (model.c
+	 * sl_model_grad_room), if they are large enough
+	 */
+	if (!host_state && c->train.accum == 1 && !p->ckpt && !mc->norm_offset) {
+		size_t room = qwen3_layer_acts(&dk, mc, T, e, p->stat_elt);
+
+		for (int u = 1; u <= mc->n_layers; u++) {
+			size_t sh = unit_shard(c, lay, p->S, u) * sizeof(float);
+
+			if (sh <= room) {
+				sum_f -= A(&dk, sh);
+				p->lent_grads += sh;
+			}
+		}
+	}
+	p->dev[SL_PLAN_GRADS] = (n_x ? 3 : 2) * A(&dk, p->max_padded * e) +	/* gslots */
+		(!host_state || p->accum_dev ? sum_f : 0) +	/* grad32, or offload's d_acc */
+		(p->lean ? A(&dk, lay->n_units * sizeof(double)) : 0);	/* per-unit sumsq */
 	for (int i = 0; i < SL_PLAN_N; i++)
 		p->dev_total += p->dev[i];
 
@@ -508,6 +557,10 @@ void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
 		" with context parallel)" : "",
 		!p->ckpt ? "" : mc->norm_offset ? ", one set per layer kind with "
 		"checkpointing" : ", one layer's set with checkpointing");
+	if (p->lent_grads)
+		fprintf(out, "  (gradients: the layers' fp32 gradients, %.2f GiB, live in their "
+			"activations, which the backward is done with: one micro-batch a step)\n",
+			gib(p->lent_grads));
 	for (int l = 0; l < mc->n_layers; l++) {
 		if (sl_layer_is_moe(mc, l)) {
 			fprintf(out, "  (not counted yet: the mixture-of-experts layers' routing "

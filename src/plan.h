@@ -53,6 +53,8 @@ struct sl_plan {
 	size_t params;			/* P: elements of every unit (layout, padded) */
 	size_t shard_elems;		/* sum over units of this rank's shard */
 	size_t max_padded, max_shard;	/* largest unit (padded) and shard, elements */
+	size_t lent_grads;		/* bytes of layers' gradients held in their activations
+					 * (not in dev[SL_PLAN_GRADS]) */
 	int n_wslots;			/* gathered units in flight */
 	bool accum_dev;			/* offload, accum > 1: micro-batches add up on the GPU */
 	bool lean;			/* offload optimizer with gradients kept on the GPU, the

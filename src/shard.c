@@ -75,6 +75,19 @@ static void state_free(struct sl_shard *s, void *p)
 		s->be->free(s->be, p);
 }
 
+/* opts.grad_room's memory for unit @unit's accumulator of @need bytes, or NULL */
+static float *lend_grads(const struct sl_shard *s, const struct sl_shard_opts *o, int unit,
+			 size_t need)
+{
+	size_t bytes = 0;
+	void *p;
+
+	if (!o->grad_room || s->host_state || s->accum != 1)
+		return NULL;
+	p = o->grad_room(o->grad_room_ctx, unit, &bytes);
+	return p && bytes >= need ? p : NULL;
+}
+
 /* Take a slot of @pool for unit @unit: prefer one that already holds it, then a free one, then
  * the least recently used.  *fresh says whether its content must be (re)made. */
 static struct sl_shard_slot *take_slot(struct sl_shard *s, struct sl_shard_slot *pool, int n,
@@ -195,7 +208,11 @@ static void release_grads(void *ctx, int unit)
 		/* offload: the reduced shard leaves for the host now, not at the step's end */
 		sl_offload_release_grads(s, unit, slot->buf);
 	} else {
-		/* the first micro-batch of a step writes the accumulator, later ones add to it */
+		/* the first micro-batch of a step writes the accumulator, later ones add to it
+		 * (a run of accum 1 has no rs_out: a unit reduced twice in a micro-batch would
+		 * be an internal error, not a reason to fail) */
+		if (u->grads_seen && !s->rs_out)
+			s->rs_out = b->alloc(b, s->max_shard * sizeof(float));
 		dst = u->grads_seen ? s->rs_out : u->grad32;
 		sl_shard_reduce_to(s, unit, slot->buf, dst);
 		if (u->grads_seen)
@@ -275,7 +292,10 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 		u->master = state_alloc(s, u->shard * sizeof(float));
 		u->m = state_alloc(s, u->shard * sizeof(float));
 		u->v = state_alloc(s, u->shard * sizeof(float));
-		u->grad32 = s->lean ? NULL : state_alloc(s, u->shard * sizeof(float));
+		u->grad32 = s->lean ? NULL : lend_grads(s, o, i, u->shard * sizeof(float));
+		u->grad_lent = u->grad32 != NULL;
+		if (!s->lean && !u->grad32)
+			u->grad32 = state_alloc(s, u->shard * sizeof(float));
 		u->w_shard = s->host_params ? host_alloc(s, u->shard * b->elt) :
 			b->alloc(b, u->shard * b->elt);
 		s->shard_sizes[i] = u->shard;
@@ -307,8 +327,11 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	}
 	if (any_gather)
 		s->g32_full = b->alloc(b, max_padded * sizeof(float));
-	s->rs_out = b->alloc(b, max_shard * sizeof(float));
-	s->d_sumsq = b->alloc(b, sizeof(double));
+	/* the second micro-batch's reduced shard on its way into the accumulator */
+	if (s->host_state || s->accum != 1)
+		s->rs_out = b->alloc(b, max_shard * sizeof(float));
+	s->max_shard = max_shard;
+	s->d_sumsq = b->alloc(b, s->n_units * sizeof(double));
 	if (s->host_params && !single(s))
 		s->d_wstage = b->alloc(b, max_shard * b->elt);
 	s->src = (struct sl_unit_source){ .ctx = s, .weights = unit_weights, .grads = unit_grads,
@@ -332,7 +355,8 @@ void sl_shard_destroy(struct sl_shard *s)
 		state_free(s, u->master);
 		state_free(s, u->m);
 		state_free(s, u->v);
-		state_free(s, u->grad32);
+		if (!u->grad_lent)
+			state_free(s, u->grad32);
 		if (s->host_params)
 			host_free(s, u->w_shard);
 		else
@@ -344,7 +368,8 @@ void sl_shard_destroy(struct sl_shard *s)
 		b->free(b, s->gslots[i].buf);
 	if (s->g32_full)
 		b->free(b, s->g32_full);
-	b->free(b, s->rs_out);
+	if (s->rs_out)
+		b->free(b, s->rs_out);
 	b->free(b, s->d_sumsq);
 	if (s->d_wstage)
 		b->free(b, s->d_wstage);
@@ -512,7 +537,7 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 {
 	struct sl_backend *b = s->be;
 	const struct sl_layout *lay = s->lay;
-	double sumsq = 0, part;
+	double sumsq = 0, *sums;
 
 	if (s->off) {
 		int r = sl_offload_optim_step(s, h, grad_norm);
@@ -529,10 +554,16 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 			b->zero(b, u->grad32, u->shard * sizeof(float));
 		if (s->replica_comm && s->replica_comm->size > 1)
 			sl_comm_all_reduce(s->replica_comm, u->grad32, u->shard, SL_COMM_F32);
-		b->sumsq_f32(b, s->d_sumsq, u->grad32, u->shard);
-		b->download(b, &part, s->d_sumsq, sizeof(part));
-		sumsq += part;
+		b->sumsq_f32(b, s->d_sumsq + i, u->grad32, u->shard);
 	}
+	/* one download for all units; summed in unit order (the same sum on every run) */
+	sums = malloc(s->n_units * sizeof(*sums));
+	if (!sums)
+		sl_dist_abort("out of host memory");
+	b->download(b, sums, s->d_sumsq, s->n_units * sizeof(*sums));
+	for (int i = 0; i < s->n_units; i++)
+		sumsq += sums[i];
+	free(sums);
 	if (!single(s))
 		/* a host scalar: MPI whatever carries the tensors (NCCL wants device memory) */
 		MPI_Allreduce(MPI_IN_PLACE, &sumsq, 1, MPI_DOUBLE, MPI_SUM, s->shard_comm->mpi);

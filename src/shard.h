@@ -59,6 +59,7 @@ struct sl_shard_unit {
 	float *m, *v;			/* (shard) f32 AdamW moments; host with offload */
 	float *grad32;			/* (shard) f32 gradient accumulated over the step; host
 					 * with offload; NULL with host_lean (d_acc holds it) */
+	bool grad_lent;			/* grad32 is memory the trainer lent (opts.grad_room) */
 	void *w_shard;			/* (shard) compute precision copy of master; host with
 					 * offload: params */
 	int wslot;			/* gather slot holding the full unit, or -1 */
@@ -98,8 +99,10 @@ struct sl_shard {
 	int n_wslots, n_gslots;
 	struct sl_shard_slot *wslots, *gslots;
 	float *g32_full;		/* (max padded) f32 scratch: the unit's gradient */
-	float *rs_out;			/* (max shard) f32 scratch: its reduced shard */
-	double *d_sumsq;		/* (1) device scratch */
+	float *rs_out;			/* (max shard) f32 scratch: its reduced shard; NULL
+					 * until needed when a step has one micro-batch */
+	size_t max_shard;		/* the largest unit shard */
+	double *d_sumsq;		/* (n_units) device scratch: each unit's sum of squares */
 	enum sl_offload offload;
 	bool host_state;		/* master, m, v, grad32 in host memory */
 	bool host_params;		/* w_shard in host memory too */
@@ -140,6 +143,15 @@ struct sl_shard_opts {
 					 * accumulate in fp32 on the device (the planner's call) */
 	int accum;			/* micro-batches per step, 0 = unknown (offload sizes
 					 * its host accumulation buffers up front when > 1) */
+	/*
+	 * Optional: memory unit u's gradient accumulator may live in, instead of a block of its
+	 * own (NULL, or fewer than the shard's bytes: none): memory nothing uses from the end of
+	 * the unit's backward in a step to the next step's forward (a layer's activations).  Used
+	 * only when every step has one micro-batch (accum 1) and the optimizer state is on the
+	 * device; the gradient is then born in the backward and dies in the optimizer step.
+	 */
+	void *(*grad_room)(void *ctx, int unit, size_t *bytes);
+	void *grad_room_ctx;
 	bool host_lean;			/* offload: optimizer on a host too small for the usual
 					 * layout: gradients stay on the device (fp32, summed
 					 * there) and stream through a small host ring during

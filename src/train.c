@@ -27,6 +27,12 @@
  * Text records are tokenized once into the cache, the lines split over the ranks (and threads);
  * then every rank loads the whole cache (the sampler orders all records by length).
  */
+/* sl_shard_opts.grad_room: a layer's activations (see sl_model_grad_room) */
+static void *grad_room(void *ctx, int unit, size_t *bytes)
+{
+	return sl_model_grad_room(ctx, unit, bytes);
+}
+
 static int load_data(struct sl_dataset *ds, const char *path, const struct sl_config *c,
 		     int vocab, struct sl_tokenizer *tok, const struct sl_chat *chat,
 		     const struct sl_dist *d, const char *what)
@@ -357,6 +363,16 @@ int sl_cmd_train(int argc, char **argv)
 		if (j->have_xcomm && j->cuda)
 			j->xcomm.stream = train_gpu_stream(j);
 	}
+	/* the model first: its activations can hold the layers' gradients (grad_room) */
+	j->max_L = sl_data_max_len(&j->train);
+	if (j->valid.n && sl_data_max_len(&j->valid) > j->max_L)
+		j->max_L = sl_data_max_len(&j->valid);
+	/* context parallel: the workspace holds 1/C of the rows (padded to a multiple of 2C) */
+	j->model = sl_model_create(&j->mf.mc, &j->mf.lay, j->be,
+				   j->c->train.batch * (sl_cp_row_len(j->max_L, j->C) / j->C),
+				   j->c->train.batch, j->c->train.activation_checkpointing);
+	if (!all_ok(j->model != NULL))
+		goto out;
 	{
 		struct sl_shard_opts so = {
 			.shard_comm = &j->g.shard, .replica_comm = &j->g.replica,
@@ -368,11 +384,27 @@ int sl_cmd_train(int argc, char **argv)
 			.expert_groups = j->have_xcomm ? j->c->parallel.expert : 1,
 			.expert_index = j->xq,
 			.expert_comm = j->have_xcomm ? &j->xcomm : NULL,
+			.grad_room = test_env("SHARDLM_TEST_NO_GRAD_ROOM") ? NULL : grad_room,
+			.grad_room_ctx = j->model,
 		};
 
 		if (!all_ok(sl_shard_create(&j->sh, j->be, &j->mf.lay, &so) == 0))
 			goto out;
 		j->have_shard = true;
+	}
+	{
+		size_t lent = 0;
+		int n = 0;
+
+		for (int u = 0; u < j->sh.n_units; u++)
+			if (j->sh.u[u].grad_lent) {
+				lent += j->sh.u[u].shard * sizeof(float);
+				n++;
+			}
+		if (n)
+			sl_log("gradients: %d layer(s)' fp32 gradient shards (%.2f GiB) live in "
+			       "their activations between the backward and the update (one "
+			       "micro-batch a step)", n, lent / 1073741824.0);
 	}
 	sl_log("sharding: %d rank(s) per shard group (%s), %d replica(s)", j->sh.S,
 	       j->c->parallel.shard_group == SL_SHARD_NODE ? "node: HSDP" : "world: FSDP",
@@ -403,15 +435,6 @@ int sl_cmd_train(int argc, char **argv)
 			goto out;
 	}
 
-	j->max_L = sl_data_max_len(&j->train);
-	if (j->valid.n && sl_data_max_len(&j->valid) > j->max_L)
-		j->max_L = sl_data_max_len(&j->valid);
-	/* context parallel: the workspace holds 1/C of the rows (padded to a multiple of 2C) */
-	j->model = sl_model_create(&j->mf.mc, &j->mf.lay, j->be,
-				   j->c->train.batch * (sl_cp_row_len(j->max_L, j->C) / j->C),
-				   j->c->train.batch, j->c->train.activation_checkpointing);
-	if (!all_ok(j->model != NULL))
-		goto out;
 	{
 		int rc = sl_moe_dist_setup(&j->md, j->model, j->c, &j->mf.mc, j->d.rank,
 					   j->d.world, j->comm_kind, &j->copy);

@@ -68,6 +68,26 @@ for r in np2 np3 np4 hsdp8 fsdp8; do close np1 $r 1e-5; done
 grep -q "2 replica" "$T/hsdp8/train.log" || fail "hsdp8: log does not show 2 replicas"
 grep -q "4 rank(s) per shard group" "$T/hsdp8/train.log" || fail "hsdp8: shard group not 4"
 
+# one micro-batch a step: the layers' gradients live in their activations (shard.c grad_room),
+# with the same losses and gradient norms, bit for bit, as in blocks of their own
+run lend1 1 24 1
+export SHARDLM_TEST_NO_GRAD_ROOM=1
+run nolend1 1 24 1
+unset SHARDLM_TEST_NO_GRAD_ROOM
+close np1 lend1 1e-5
+ok
+grep -q "gradients: 2 layer(s)' fp32 gradient shards" "$T/lend1/train.log" ||
+	fail "lend1: the log does not show the layers' gradients in their activations"
+! grep -q "gradients: .* live in" "$T/nolend1/train.log" || fail "nolend1: gradients lent"
+ok
+norms() {
+	python3 -c 'import json,sys; [print(repr(s["loss"]), repr(s["grad_norm"])) for s in json.load(open(sys.argv[1]))["steps"]]' \
+		"$T/$1/training_metrics.json"
+}
+norms lend1 >"$T/l1.txt"
+norms nolend1 >"$T/l0.txt"
+cmp -s "$T/l1.txt" "$T/l0.txt" || { fail "lent gradients change the run"; paste "$T/l1.txt" "$T/l0.txt" >&2; }
+
 # resume: drop the step-8 checkpoint and what followed step 4, start again
 ok
 [ -f "$T/np2/checkpoints/step-000004/COMPLETE" ] || fail "np2: no complete step-4 checkpoint"

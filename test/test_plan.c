@@ -223,7 +223,7 @@ struct want {
  * S = 1, no offload: weights = bf16 shard of every unit = 2P (the model reads its own shard in
  * place: no gather slots); gradients = 2 unit slots of the largest unit 2 x 2E + fp32
  * accumulators 4P; master + m + v = 12P (each plus the rounding the shape gives); comm = rs_out
- * (largest shard, fp32) 4E + sumsq 256.
+ * (largest shard, fp32) 4E + the units' sums of squares, 66 doubles = 528 bytes, rounded: 768.
  * S = 1, offload optimizer: the same minus the fp32 state (grads = the 2 slots only: with the
  * default accum 2 the fp32 accumulators of earlier micro-batches, 4P, about 96 GiB, do not fit
  * beside the rest, so they add up on the host); comm adds offload's gradient staging ring, 2
@@ -234,7 +234,7 @@ struct want {
  * host) 2 x 4E, the bf16 copy AdamW writes 2P.
  * S = 8: shards of ceil(unit/8) (each buffer rounded to 256 bytes); weights = bf16 shards + 3
  * gather slots; grads = 2 slots + fp32 shards; master+moments = 3 fp32 shards; comm = fp32
- * reduce-scatter input of the largest unit 4E + its fp32 shard 4 x E/8 + 256 (E is a multiple
+ * reduce-scatter input of the largest unit 4E + its fp32 shard 4 x E/8 + 768 (E is a multiple
  * of 8 in both shapes); with checkpointing only the activations change.
  */
 static void check_27b(const struct shape *sh)
@@ -243,7 +243,7 @@ static void check_27b(const struct shape *sh)
 	struct sl_layout lay;
 	const ull P = sh->p_all, E = sh->emb, maxu2 = 2 * E;
 	const ull w1 = 2 * P + sh->round2, f1 = 4 * P + sh->round4;	/* S = 1 bf16, fp32 */
-	const ull comm1 = E * 4 + 256, comm8 = E * 4 + E / 8 * 4 + 256, ring = 2 * E * 4;
+	const ull comm1 = E * 4 + 768, comm8 = E * 4 + E / 8 * 4 + 768, ring = 2 * E * 4;
 	const struct want wants[] = {
 		{ "1 x 80 GB, no offload", 1, 80, SL_OFFLOAD_NONE, false,
 		  w1, 2 * maxu2 + f1, 3 * f1, sh->act_all, comm1, sh->fits[0] },
@@ -399,6 +399,11 @@ static void no_sum(void *ctx, double *buf, size_t n)
 {
 }
 
+static void *grad_room(void *ctx, int unit, size_t *bytes)
+{
+	return sl_model_grad_room(ctx, unit, bytes);
+}
+
 /*
  * @C > 1: parallel.context C, the model made for 1/C of each row (padded to a multiple of 2C,
  * as train.c does), its context-parallel buffers made as at the first such micro-batch
@@ -418,8 +423,10 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 	k.be.host_free = c_host_free;
 	CHECK(sl_model_layout(mc, task, &lay) == 0);
 	for (int off = SL_OFFLOAD_NONE; off <= SL_OFFLOAD_PARAMS; off++) {
-		/* ck 2: offload optimizer's lean host layout, accum 3 */
-		for (int ck = 0; ck < (off == SL_OFFLOAD_OPTIMIZER ? 3 : 2); ck++) {
+		/* ck 0: accum 3; 1: checkpointing, accum 1; 2: offload optimizer's lean host
+		 * layout, accum 3; 3: accum 1 (no offload: the layers' gradients in their
+		 * activations, sl_model_grad_room) */
+		for (int ck = 0; ck < 4; ck++) {
 			struct sl_config c;
 			struct sl_plan_opts o = { .gpus = 1, .offload = -1, .ckpt = -1,
 						  .force_lean = ck == 2 };
@@ -427,12 +434,15 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 			struct sl_shard sh;
 			struct sl_shard_opts so = { .reshard_after_forward = true, .prefetch = 1,
 						    .offload = off };
-			int acc = ck == 1 ? 1 : 3;	/* 3: on the device (the cpu "GPU" has room) */
+			/* 3: on the device (the cpu "GPU" has room) */
+			int acc = ck == 1 || ck == 3 ? 1 : 3;
 			struct sl_model *m;
 			void *batch[7], *cpbuf[11];
 			const int Lrow = C > 1 ? sl_cp_row_len(L, C) : (L + 1) / 2 * 2;
-			size_t hplan;
+			size_t hplan, lent = 0;
 
+			if (ck == 2 && off != SL_OFFLOAD_OPTIMIZER)
+				continue;
 			sl_config_defaults(&c);
 			c.backend = SL_BACKEND_CPU;
 			c.task = task;
@@ -449,9 +459,21 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 			so.accum = acc;
 			so.host_lean = p.lean;
 
-			CHECK(sl_shard_create(&sh, &k.be, &lay, &so) == 0);
+			/* as train.c: the model first, its activations lent to the gradients */
 			m = sl_model_create(mc, &lay, &k.be, B * (Lrow / C), B, ck == 1);
 			CHECK(m != NULL);
+			so.grad_room = grad_room;
+			so.grad_room_ctx = m;
+			CHECK(sl_shard_create(&sh, &k.be, &lay, &so) == 0);
+			for (int u = 0; u < lay.n_units; u++)
+				lent += sh.u[u].grad_lent ? sh.u[u].shard * sizeof(float) : 0;
+			CHECK(lent == p.lent_grads, "%s task %d offload %d ckpt %d: lent %zu, "
+			      "planned %zu", mc->model_type, task, off, ck, lent, p.lent_grads);
+			/* the qwen3 model's layers lend whenever a step has one micro-batch and
+			 * their activations are kept */
+			CHECK((lent > 0) == (!mc->norm_offset && ck == 3 && off == SL_OFFLOAD_NONE),
+			      "%s task %d offload %d ckpt %d: lent %zu", mc->model_type, task, off,
+			      ck, lent);
 			if (C > 1) {
 				struct sl_context_comm cc = { .kv_all_gather = no_gather,
 							      .kv_all_gather_start = no_gather,
@@ -487,8 +509,8 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 				k.be.free(&k.be, batch[i]);
 			for (int i = 0; C > 1 && i < 11; i++)
 				k.be.free(&k.be, cpbuf[i]);
-			sl_model_destroy(m);
 			sl_shard_destroy(&sh);
+			sl_model_destroy(m);
 			CHECK(k.dev == 0 && k.host == 0, "leak: %zu %zu", k.dev, k.host);
 		}
 	}
@@ -549,11 +571,73 @@ static void check_parse(void)
 	CHECK(sl_plan_parse_mem("-1") < 0);
 }
 
+/*
+ * One micro-batch a step (train.accum 1), no offload: the shard has no rs_out (comm loses its
+ * 4E, or 4 x E/8 with 8 ranks), and a layer unit's fp32 gradient shard lives in that layer's
+ * activations when they are kept (no checkpointing) and large enough.  Dense 27B, T = 2048:
+ * one layer's set 407,584,768 bytes (above).  1 GPU: a layer's gradient 4 x 393,226,496 =
+ * 1,572,905,984 bytes does not fit in it; 8 GPUs: 4 x 393,226,496 / 8 = 196,613,248 does (its
+ * block rounded up to 196,613,376), for
+ * all 64 layers: grads = the 2 unit slots + the embedding's and the head's shards only.
+ */
+static void check_lent(void)
+{
+	const struct shape *sh = &dense27;
+	const ull E = sh->emb, maxu2 = 2 * E, f1 = 4 * sh->p_all;
+	const ull lay8 = r256(sh->layer[0] / 8 * 4);
+	struct {
+		const char *what;
+		int gpus;
+		bool ckpt;
+		ull g, c, lent;
+	} wants[] = {
+		{ "1 GPU, accum 1", 1, false, 2 * maxu2 + f1, 768, 0 },
+		{ "8 GPUs, accum 1", 8, false, 2 * maxu2 + units(sh, 8, 4) - 64 * lay8,
+		  E * 4 + 768, 64 * 196613248ull },
+		{ "8 GPUs, accum 1, checkpointing", 8, true, 2 * maxu2 + units(sh, 8, 4),
+		  E * 4 + 768, 0 },
+	};
+	struct sl_model_config mc;
+	struct sl_layout lay;
+	char path[4096];
+	const char *src = getenv("top_srcdir");
+
+	snprintf(path, sizeof(path), "%s/test/fixtures/plan/%s/config.json", src ? src : "..",
+		 sh->fixture);
+	CHECK(sl_model_config_load(&mc, path) == 0, "%s", path);
+	CHECK(sl_model_layout(&mc, 0, &lay) == 0);
+	CHECK(196613248ull * 8 == 4 * sh->layer[0] && lay8 == 196613376ull);
+	for (size_t i = 0; i < sizeof(wants) / sizeof(wants[0]); i++) {
+		struct sl_config c;
+		struct sl_plan_opts o = { .gpus = wants[i].gpus, .offload = -1, .ckpt = -1 };
+		struct sl_plan p;
+
+		sl_config_defaults(&c);
+		c.backend = SL_BACKEND_CUDA;
+		c.train.batch = 1;
+		c.train.accum = 1;
+		c.data.max_state = 2048;
+		c.train.activation_checkpointing = wants[i].ckpt;
+		CHECK(sl_plan_compute(&c, &mc, &lay, &o, &p) == 0);
+		CHECK(p.dev[SL_PLAN_GRADS] == wants[i].g, "lent %s: grads %zu, want %llu",
+		      wants[i].what, p.dev[SL_PLAN_GRADS], wants[i].g);
+		CHECK(p.dev[SL_PLAN_COMM] == wants[i].c, "lent %s: comm %zu, want %llu",
+		      wants[i].what, p.dev[SL_PLAN_COMM], wants[i].c);
+		CHECK(p.lent_grads == wants[i].lent, "lent %s: %zu, want %llu", wants[i].what,
+		      p.lent_grads, wants[i].lent);
+		CHECK(p.dev[SL_PLAN_OPTIM] == 3 * (wants[i].gpus == 1 ? f1 : units(sh, 8, 4)),
+		      "lent %s: optim %zu", wants[i].what, p.dev[SL_PLAN_OPTIM]);
+	}
+	sl_layout_free(&lay);
+	sl_model_config_free(&mc);
+}
+
 int main(void)
 {
 	check_parse();
 	check_27b(&dense27);
 	check_27b(&hybrid27);
+	check_lent();
 	check_counts_qwen3();
 	check_counts_qwen35();
 	return test_exit("test_plan");
