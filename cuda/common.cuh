@@ -81,6 +81,32 @@ static __device__ __forceinline__ bf16 tobf(float v)
 	return __float2bfloat16_rn(v);
 }
 
+// 8 bf16 at a 16-byte aligned address, as floats, and back (each rounded as tobf rounds)
+static __device__ __forceinline__ void ld8(float *f, const bf16 *p)
+{
+	uint4 v = *(const uint4 *)p;
+	const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
+
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		float2 t = __bfloat1622float2(h[k]);
+
+		f[2 * k] = t.x;
+		f[2 * k + 1] = t.y;
+	}
+}
+
+static __device__ __forceinline__ void st8(bf16 *p, const float *f)
+{
+	uint4 v;
+	__nv_bfloat162 *h = (__nv_bfloat162 *)&v;
+
+#pragma unroll
+	for (int k = 0; k < 4; k++)
+		h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+	*(uint4 *)p = v;
+}
+
 static __device__ __forceinline__ float sigm(float x)
 {
 	return 1.f / (1.f + expf(-x));

@@ -19,22 +19,6 @@ static int round32(int n)
 
 // ---- gated attention: q/k norm, partial rotary, output gate -------------------------------------
 
-// cos at cs[p*rot + i], sin at cs[p*rot + rot/2 + i]; angles in double
-__global__ void k_prope_table(float *cs, int L, int rot, float theta)
-{
-	int half = rot / 2;
-
-	GRID_LOOP(k, (size_t)L * half)
-	{
-		int p = k / half, i = k % half;
-		double s, co, ang = p * pow((double)theta, -2.0 * i / rot);
-
-		sincos(ang, &s, &co);
-		cs[(size_t)p * rot + i] = (float)co;
-		cs[(size_t)p * rot + half + i] = (float)s;
-	}
-}
-
 static __device__ __forceinline__ size_t gq_in_off(int t, int j, int nh, int hd, int Win)
 {
 	return (size_t)t * Win + (j < nh ? (size_t)j * 2 * hd : (size_t)(2 * nh + j - nh) * hd);
@@ -151,22 +135,12 @@ __global__ void k_gattn_dw_partial(float *part, const bf16 *dout, const bf16 *in
 	}
 }
 
-static float *prope_table(struct sl_cuda *c, int L, int rot, float theta)
-{
-	float *cs = sl_cuda_scratch(c, (size_t)L * rot * sizeof(float), "partial rotary table");
-
-	k_prope_table<<<grid_for((size_t)L * (rot / 2), NT), NT, 0, c->stream>>>(cs, L, rot,
-									     theta);
-	CUDA_LAUNCHED();
-	return cs;
-}
-
 extern "C" void sl_cuda_gattn_qk_fwd(struct sl_cuda *c, void *out, void *gate, float *rstd,
 				     const void *qgkv, const void *qw, const void *kw, int T,
 				     int L, const int *pos, int nh, int nkv, int hd, int rot,
 				     float eps, float theta)
 {
-	float *cs = prope_table(c, L, rot, theta);
+	float *cs = rope_table(c, L, rot, theta, "partial rotary table");
 	int threads = round32(hd);
 
 	if (threads > 1024) {
@@ -188,7 +162,7 @@ extern "C" void sl_cuda_gattn_qk_bwd(struct sl_cuda *c, void *dqgkv, void *dqw, 
 				     int L, const int *pos, int nh, int nkv, int hd, int rot,
 				     float eps, float theta)
 {
-	float *cs = prope_table(c, L, rot, theta);
+	float *cs = rope_table(c, L, rot, theta, "partial rotary table");
 
 	k_gattn_bwd<<<T * (nh + nkv), round32(hd), 0, c->stream>>>(
 		(bf16 *)dqgkv, (const bf16 *)dout, (const bf16 *)dgate, (const bf16 *)qgkv,

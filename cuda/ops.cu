@@ -298,13 +298,115 @@ static int row_threads(int H)
 	return H >= 1024 ? 512 : H > 128 ? 256 : 64;
 }
 
+// Rows of H = 8k elements: a thread holds up to RN_V groups of 8 in registers (one read of x,
+// 16-byte loads), rn_threads(H) threads a row; the same arithmetic per element as the kernels
+// above.
+#define RN_V 2
+
+__global__ void __launch_bounds__(1024)
+k_rmsnorm_fwd8(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, int H, float eps)
+{
+	const bf16 *xr = x + (size_t)blockIdx.x * H;
+	bf16 *o = out + (size_t)blockIdx.x * H;
+	const int H8 = H / 8;
+	float v[RN_V][8], ss = 0.f, r;
+
+#pragma unroll
+	for (int k = 0; k < RN_V; k++) {
+		int j = threadIdx.x + k * blockDim.x;
+
+		if (j < H8) {
+			ld8(v[k], xr + j * 8);
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				ss += v[k][e] * v[k][e];
+		}
+	}
+	ss = block_sum(ss);
+	r = 1.f / sqrtf(ss / H + eps);
+	if (!threadIdx.x)
+		rstd[blockIdx.x] = r;
+#pragma unroll
+	for (int k = 0; k < RN_V; k++) {
+		int j = threadIdx.x + k * blockDim.x;
+		float wv[8];
+
+		if (j < H8) {
+			ld8(wv, w + j * 8);
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				wv[e] = (v[k][e] * r) * wv[e];
+			st8(o + j * 8, wv);
+		}
+	}
+}
+
+__global__ void __launch_bounds__(1024)
+k_rmsnorm_bwd_dx8(bf16 *dx, const bf16 *g, const bf16 *x, const bf16 *w, const float *rstd,
+		  int H, int accumulate)
+{
+	const size_t o = (size_t)blockIdx.x * H;
+	const int H8 = H / 8;
+	float gv[RN_V][8], xv[RN_V][8], r = rstd[blockIdx.x], s = 0.f, kk;
+
+#pragma unroll
+	for (int k = 0; k < RN_V; k++) {
+		int j = threadIdx.x + k * blockDim.x;
+		float wv[8];
+
+		if (j < H8) {
+			ld8(gv[k], g + o + j * 8);
+			ld8(xv[k], x + o + j * 8);
+			ld8(wv, w + j * 8);
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				s += gv[k][e] * wv[e] * xv[k][e];
+		}
+	}
+	s = block_sum(s);
+	kk = s * r * r * r / H;
+#pragma unroll
+	for (int k = 0; k < RN_V; k++) {
+		int j = threadIdx.x + k * blockDim.x;
+		float wv[8], d[8];
+
+		if (j < H8) {
+			ld8(wv, w + j * 8);
+			if (accumulate)
+				ld8(d, dx + o + j * 8);
+#pragma unroll
+			for (int e = 0; e < 8; e++) {
+				float v = r * wv[e] * gv[k][e] - xv[k][e] * kk;
+
+				d[e] = accumulate ? d[e] + v : v;
+			}
+			st8(dx + o + j * 8, d);
+		}
+	}
+}
+
+static int rn_threads(int H)
+{
+	return (H / 8 + RN_V - 1) / RN_V + 31 & ~31;
+}
+
+static bool rows_wide(int H)
+{
+	return H % 8 == 0 && rn_threads(H) <= 1024;
+}
+
 extern "C" void sl_cuda_rmsnorm_fwd(struct sl_cuda *c, void *out, float *rstd, const void *x,
 				    const void *w, int T, int H, float eps)
 {
 	if (T <= 0)
 		return;
-	k_rmsnorm_fwd<<<T, row_threads(H), 0, c->stream>>>((bf16 *)out, rstd, (const bf16 *)x,
-							   (const bf16 *)w, H, eps);
+	if (rows_wide(H))
+		k_rmsnorm_fwd8<<<T, rn_threads(H), 0, c->stream>>>((bf16 *)out, rstd, (const bf16 *)x,
+							  (const bf16 *)w, H, eps);
+	else
+		k_rmsnorm_fwd<<<T, row_threads(H), 0, c->stream>>>((bf16 *)out, rstd,
+								   (const bf16 *)x,
+								   (const bf16 *)w, H, eps);
 	CUDA_LAUNCHED();
 }
 
@@ -314,9 +416,14 @@ extern "C" void sl_cuda_rmsnorm_bwd(struct sl_cuda *c, void *dx, void *dw, const
 {
 	if (T <= 0)
 		return;
-	k_rmsnorm_bwd_dx<<<T, row_threads(H), 0, c->stream>>>((bf16 *)dx, (const bf16 *)dout,
-							      (const bf16 *)x, (const bf16 *)w,
-							      rstd, H, accumulate);
+	if (rows_wide(H))
+		k_rmsnorm_bwd_dx8<<<T, rn_threads(H), 0, c->stream>>>((bf16 *)dx, (const bf16 *)dout,
+							     (const bf16 *)x, (const bf16 *)w,
+							     rstd, H, accumulate);
+	else
+		k_rmsnorm_bwd_dx<<<T, row_threads(H), 0, c->stream>>>(
+			(bf16 *)dx, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w, rstd, H,
+			accumulate);
 	CUDA_LAUNCHED();
 	colsum(c, CS_RMSNORM, (bf16 *)dw, (const bf16 *)dout, (const bf16 *)x, rstd, T, H);
 }
@@ -326,22 +433,34 @@ extern "C" void sl_cuda_rmsnorm_bwd(struct sl_cuda *c, void *dx, void *dw, const
 #define QK_WARPS 8
 #define HD_MAX 256
 
-// cos and sin of position p for pair i, from angles in double like the cpu reference (long
-// positions would lose the low bits of the angle in float), rounded to float once.
-static __device__ __forceinline__ void rope_cs(int p, int i, int hd, float theta, float *cs,
-					       float *sn)
+// the token's position: pos[t] (packed rows, context parallel) or its index in its row
+static __device__ __forceinline__ int rope_pos(const int *pos, int t, int L)
 {
-	double ang = p * pow((double)theta, -2.0 * i / hd), s, co;
-
-	sincos(ang, &s, &co);
-	*cs = (float)co;
-	*sn = (float)s;
+	return pos ? pos[t] : t % L;
 }
 
-// one block per token; warp per head; cos/sin of the token's position computed once in shared
+// cos and sin of position p for pair i: from the rotary table (norm_dw.cuh rope_table, rot =
+// hd), or without one (rows too long for the scratch) the same angle in double computed here
+static __device__ __forceinline__ void rope_pair(const float *tab, int p, int hd, float theta,
+						 int i, float *c, float *s)
+{
+	if (tab) {
+		*c = tab[(size_t)p * hd + i];
+		*s = tab[(size_t)p * hd + hd / 2 + i];
+	} else {
+		double ang = p * pow((double)theta, -2.0 * i / hd), sd, cd;
+
+		sincos(ang, &sd, &cd);
+		*c = (float)cd;
+		*s = (float)sd;
+	}
+}
+
+// any even head_dim: one block per token, warp per head
 __global__ void __launch_bounds__(QK_WARPS * 32)
 k_qk_norm_rope_fwd(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, const bf16 *kw,
-		   int L, const int *pos, int nh, int nkv, int hd, float eps, float theta)
+		   const float *tab, int L, const int *pos, int nh, int nkv, int hd, float eps,
+		   float theta)
 {
 	__shared__ float cs[HD_MAX / 2], sn[HD_MAX / 2];
 	__shared__ float nb[QK_WARPS][HD_MAX];
@@ -351,8 +470,9 @@ k_qk_norm_rope_fwd(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, cons
 	bf16 *o = out + (size_t)t * W;
 
 	for (int i = threadIdx.x; i < half; i += blockDim.x)
-		rope_cs(pos ? pos[t] : t % L, i, hd, theta, &cs[i], &sn[i]);
+		rope_pair(tab, rope_pos(pos, t, L), hd, theta, i, &cs[i], &sn[i]);
 	__syncthreads();
+
 	for (int j = warp; j < nq; j += QK_WARPS) {
 		const bf16 *x = in + (size_t)j * hd, *w = j < nh ? qw : kw;
 		float *n = nb[warp], ss = 0.f, r;
@@ -391,15 +511,17 @@ static __device__ __forceinline__ float rope_back(const bf16 *dy, const float *c
 
 __global__ void __launch_bounds__(QK_WARPS * 32)
 k_qk_norm_rope_bwd(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *qw, const bf16 *kw,
-		   const float *rstd, int L, const int *pos, int nh, int nkv, int hd, float theta)
+		   const float *rstd, const float *tab, int L, const int *pos, int nh, int nkv,
+		   int hd, float theta)
 {
 	__shared__ float cs[HD_MAX / 2], sn[HD_MAX / 2];
 	const int t = blockIdx.x, W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
 	for (int i = threadIdx.x; i < half; i += blockDim.x)
-		rope_cs(pos ? pos[t] : t % L, i, hd, theta, &cs[i], &sn[i]);
+		rope_pair(tab, rope_pos(pos, t, L), hd, theta, i, &cs[i], &sn[i]);
 	__syncthreads();
+
 	for (int j = warp; j < nq; j += QK_WARPS) {
 		size_t off = (size_t)t * W + (size_t)j * hd;
 		const bf16 *x = qkv + off, *dy = dout + off, *w = j < nh ? qw : kw;
@@ -420,11 +542,110 @@ k_qk_norm_rope_bwd(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *qw
 	}
 }
 
+// head_dim HD a multiple of 64: one warp per (token, head), lane l holding elements l + 32k in
+// registers, so an element and its rotary partner (k + HD/64) sit in the same lane; v heads are
+// copied.  The same arithmetic, in the same order, as the kernels above.
+template <int HD>
+__global__ void __launch_bounds__(QK_WARPS * 32)
+k_qk_norm_rope_fwd_w(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, const bf16 *kw,
+		     const float *tab, int T, int L, const int *pos, int nh, int nkv, float eps,
+		     float theta)
+{
+	constexpr int NK = HD / 32, HK = NK / 2, half = HD / 2;
+	const int nj = nh + 2 * nkv, nq = nh + nkv, lane = threadIdx.x & 31;
+	const size_t wid = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
+
+	if (wid >= (size_t)T * nj)
+		return;
+	const int t = (int)(wid / nj), j = (int)(wid % nj);
+	const size_t off = (size_t)t * nj * HD + (size_t)j * HD;
+	float x[NK], ss = 0.f, r;
+
+	if (j >= nq) {
+#pragma unroll
+		for (int k = 0; k < NK; k++)
+			out[off + lane + 32 * k] = qkv[off + lane + 32 * k];
+		return;
+	}
+#pragma unroll
+	for (int k = 0; k < NK; k++) {
+		x[k] = bf(qkv[off + lane + 32 * k]);
+		ss += x[k] * x[k];
+	}
+	ss = warp_sum(ss);
+	r = 1.f / sqrtf(ss / HD + eps);
+	if (!lane)
+		rstd[(size_t)t * nq + j] = r;
+	const bf16 *w = j < nh ? qw : kw;
+	const int p = rope_pos(pos, t, L);
+#pragma unroll
+	for (int k = 0; k < NK; k++)
+		x[k] = (x[k] * r) * bf(w[lane + 32 * k]);
+#pragma unroll
+	for (int k = 0; k < HK; k++) {
+		const int i = lane + 32 * k;
+		float c, sn;
+
+		rope_pair(tab, p, HD, theta, i, &c, &sn);
+		out[off + i] = tobf(x[k] * c - x[k + HK] * sn);
+		out[off + i + half] = tobf(x[k + HK] * c + x[k] * sn);
+	}
+}
+
+template <int HD>
+__global__ void __launch_bounds__(QK_WARPS * 32)
+k_qk_norm_rope_bwd_w(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *qw,
+		     const bf16 *kw, const float *rstd, const float *tab, int T, int L,
+		     const int *pos, int nh, int nkv, float theta)
+{
+	constexpr int NK = HD / 32, HK = NK / 2;
+	const int nj = nh + 2 * nkv, nq = nh + nkv, lane = threadIdx.x & 31;
+	const size_t wid = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
+
+	if (wid >= (size_t)T * nj)
+		return;
+	const int t = (int)(wid / nj), j = (int)(wid % nj);
+	const size_t off = (size_t)t * nj * HD + (size_t)j * HD;
+
+	if (j >= nq) {
+#pragma unroll
+		for (int k = 0; k < NK; k++)
+			dqkv[off + lane + 32 * k] = dout[off + lane + 32 * k];
+		return;
+	}
+	const bf16 *w = j < nh ? qw : kw;
+	const int p = rope_pos(pos, t, L);
+	float dy[NK], dn[NK], x[NK], wv[NK], r = rstd[(size_t)t * nq + j], s = 0.f, kk;
+
+#pragma unroll
+	for (int k = 0; k < NK; k++) {
+		dy[k] = bf(dout[off + lane + 32 * k]);
+		x[k] = bf(qkv[off + lane + 32 * k]);
+		wv[k] = bf(w[lane + 32 * k]);
+	}
+#pragma unroll
+	for (int k = 0; k < HK; k++) {
+		float c, sn;
+
+		rope_pair(tab, p, HD, theta, lane + 32 * k, &c, &sn);
+		dn[k] = dy[k] * c + dy[k + HK] * sn;
+		dn[k + HK] = -dy[k] * sn + dy[k + HK] * c;
+	}
+#pragma unroll
+	for (int k = 0; k < NK; k++)
+		s += dn[k] * wv[k] * x[k];
+	s = warp_sum(s);
+	kk = s * r * r * r / HD;
+#pragma unroll
+	for (int k = 0; k < NK; k++)
+		dqkv[off + lane + 32 * k] = tobf(r * wv[k] * dn[k] - x[k] * kk);
+}
+
 // norm weight gradients, pass 1: blockIdx.y 0 = q heads, 1 = k heads; block (hd, R) sums the
-// tokens of chunk blockIdx.x (lanes of y take every R-th token; cos/sin once per token)
+// tokens of chunk blockIdx.x (lanes of y take every R-th token)
 __global__ void k_qk_dw_partial(float *part, const bf16 *dout, const bf16 *qkv, const float *rstd,
-				int T, int L, const int *pos, int nh, int nkv, int hd, float theta,
-				int tpc)
+				const float *tab, int T, int L, const int *pos, int nh, int nkv,
+				int hd, float theta, int tpc)
 {
 	extern __shared__ float red[];	// (R, hd)
 	const int W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2, kind = blockIdx.y;
@@ -436,7 +657,8 @@ __global__ void k_qk_dw_partial(float *part, const bf16 *dout, const bf16 *qkv, 
 	for (int t = t0 + threadIdx.y; t < t1; t += R) {
 		float c, s;
 
-		rope_cs(pos ? pos[t] : t % L, ii, hd, theta, &c, &s);
+		rope_pair(tab, rope_pos(pos, t, L), hd, theta, ii, &c, &s);
+
 		for (int j = j0; j < j1; j++) {
 			size_t off = (size_t)t * W + (size_t)j * hd;
 			const bf16 *dy = dout + off;
@@ -469,12 +691,30 @@ extern "C" void sl_cuda_qk_norm_rope_fwd(struct sl_cuda *c, void *out, float *rs
 					 int L, const int32_t *pos, int nh, int nkv, int hd, float eps,
 					 float theta)
 {
+	const size_t warps = (size_t)T * (nh + 2 * nkv);
+	const unsigned blocks = (unsigned)((warps + QK_WARPS - 1) / QK_WARPS);
+	const float *tab;
+
 	check_hd(hd, "qk_norm_rope_fwd");
 	if (T <= 0)
 		return;
-	k_qk_norm_rope_fwd<<<T, QK_WARPS * 32, 0, c->stream>>>((bf16 *)out, rstd,
-		(const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, L, (const int *)pos, nh, nkv, hd,
-		eps, theta);
+	tab = (size_t)L * hd * sizeof(float) <= c->scratch_bytes ?
+		rope_table(c, L, hd, theta, "rotary table") : NULL;
+#define QK_FWD(HD)                                                                             \
+	k_qk_norm_rope_fwd_w<HD><<<blocks, QK_WARPS * 32, 0, c->stream>>>(                    \
+		(bf16 *)out, rstd, (const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, tab, T, \
+		L, (const int *)pos, nh, nkv, eps, theta)
+	if (hd == 64)
+		QK_FWD(64);
+	else if (hd == 128)
+		QK_FWD(128);
+	else if (hd == 256)
+		QK_FWD(256);
+	else
+		k_qk_norm_rope_fwd<<<T, QK_WARPS * 32, 0, c->stream>>>(
+			(bf16 *)out, rstd, (const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, tab,
+			L, (const int *)pos, nh, nkv, hd, eps, theta);
+#undef QK_FWD
 	CUDA_LAUNCHED();
 }
 
@@ -484,15 +724,14 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 					 const int32_t *pos, int nh, int nkv, int hd, float eps,
 					 float theta)
 {
+	const size_t warps = (size_t)T * (nh + 2 * nkv);
+	const unsigned blocks = (unsigned)((warps + QK_WARPS - 1) / QK_WARPS);
 	int R, tpc, nchunk;
+	const float *tab;
 
 	check_hd(hd, "qk_norm_rope_bwd");
 	if (T <= 0)
 		return;
-	k_qk_norm_rope_bwd<<<T, QK_WARPS * 32, 0, c->stream>>>((bf16 *)dqkv, (const bf16 *)dout,
-		(const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, rstd, L, (const int *)pos, nh,
-		nkv, hd, theta);
-	CUDA_LAUNCHED();
 	R = 256 / hd > 0 ? 256 / hd : 1;
 	tpc = 32;
 	nchunk = (T + tpc - 1) / tpc;
@@ -501,9 +740,34 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 		tpc = (T + nchunk - 1) / nchunk;
 		nchunk = (T + tpc - 1) / tpc;
 	}
-	float *part = sl_cuda_scratch(c, (size_t)2 * nchunk * hd * sizeof(float), "qk norm dw");
+	// the weight gradients' partials after the rotary table in the scratch (no table when
+	// the rows are too long for it)
+	const size_t pf = (size_t)2 * nchunk * hd;
+	size_t tf = rope_table_floats(L, hd);
+
+	if ((tf + pf) * sizeof(float) > c->scratch_bytes)
+		tf = 0;
+	float *part = sl_cuda_scratch(c, (tf + pf) * sizeof(float), "qk norm dw") + tf;
+
+	tab = tf ? rope_table(c, L, hd, theta, "rotary table") : NULL;
+#define QK_BWD(HD)                                                                             \
+	k_qk_norm_rope_bwd_w<HD><<<blocks, QK_WARPS * 32, 0, c->stream>>>(                    \
+		(bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, (const bf16 *)qw,           \
+		(const bf16 *)kw, rstd, tab, T, L, (const int *)pos, nh, nkv, theta)
+	if (hd == 64)
+		QK_BWD(64);
+	else if (hd == 128)
+		QK_BWD(128);
+	else if (hd == 256)
+		QK_BWD(256);
+	else
+		k_qk_norm_rope_bwd<<<T, QK_WARPS * 32, 0, c->stream>>>(
+			(bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, (const bf16 *)qw,
+			(const bf16 *)kw, rstd, tab, L, (const int *)pos, nh, nkv, hd, theta);
+#undef QK_BWD
+	CUDA_LAUNCHED();
 	k_qk_dw_partial<<<dim3(nchunk, 2), dim3(hd, R), (size_t)R * hd * sizeof(float),
-			  c->stream>>>(part, (const bf16 *)dout, (const bf16 *)qkv, rstd, T, L,
+			  c->stream>>>(part, (const bf16 *)dout, (const bf16 *)qkv, rstd, tab, T, L,
 				       (const int *)pos, nh, nkv, hd, theta, tpc);
 	CUDA_LAUNCHED();
 	k_norm_dw_final<<<2, hd, 0, c->stream>>>((bf16 *)dqw, (bf16 *)dkw, part, nchunk, hd);
@@ -540,13 +804,68 @@ __global__ void k_swiglu_bwd(bf16 *dgu, const bf16 *dh, const bf16 *gu, int T, i
 	}
 }
 
+// 8 elements a thread, 16-byte loads and stores (I a multiple of 8); the same arithmetic per
+// element as the kernels above
+__global__ void k_swiglu_fwd8(bf16 *h, const bf16 *gu, unsigned n8, unsigned I8)
+{
+	const size_t I = (size_t)I8 * 8;
+
+	for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < n8; e += gridDim.x * blockDim.x) {
+		unsigned t = e / I8;
+		size_t o = t * 2 * I + (size_t)(e - t * I8) * 8;
+		float g[8], u[8], y[8];
+
+		ld8(g, gu + o);
+		ld8(u, gu + o + I);
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			y[k] = g[k] / (1.f + expf(-g[k])) * u[k];
+		st8(h + (size_t)e * 8, y);
+	}
+}
+
+__global__ void k_swiglu_bwd8(bf16 *dgu, const bf16 *dh, const bf16 *gu, unsigned n8, unsigned I8)
+{
+	const size_t I = (size_t)I8 * 8;
+
+	for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < n8; e += gridDim.x * blockDim.x) {
+		unsigned t = e / I8;
+		size_t o = t * 2 * I + (size_t)(e - t * I8) * 8;
+		float g[8], u[8], d[8], dg[8], du[8];
+
+		ld8(g, gu + o);
+		ld8(u, gu + o + I);
+		ld8(d, dh + (size_t)e * 8);
+#pragma unroll
+		for (int k = 0; k < 8; k++) {
+			float sg = 1.f / (1.f + expf(-g[k]));
+
+			dg[k] = d[k] * u[k] * sg * (1.f + g[k] * (1.f - sg));
+			du[k] = d[k] * g[k] * sg;
+		}
+		st8(dgu + o, dg);
+		st8(dgu + o + I, du);
+	}
+}
+
+// the 8-wide kernels when every row starts 16-byte aligned and the count fits 32 bits
+static bool swiglu_wide(int T, int I)
+{
+	return I % 8 == 0 && (size_t)T * I / 8 < 0xffffffffu;
+}
+
 extern "C" void sl_cuda_swiglu_fwd(struct sl_cuda *c, void *h, const void *gu, int T, int I)
 {
 	size_t n = (size_t)T * I;
 
 	if (!n)
 		return;
-	k_swiglu_fwd<<<grid_for(n, NT), NT, 0, c->stream>>>((bf16 *)h, (const bf16 *)gu, T, I);
+	if (swiglu_wide(T, I))
+		k_swiglu_fwd8<<<grid_for(n / 8, NT), NT, 0, c->stream>>>(
+			(bf16 *)h, (const bf16 *)gu, (unsigned)(n / 8), (unsigned)(I / 8));
+	else
+		k_swiglu_fwd<<<grid_for(n, NT), NT, 0, c->stream>>>((bf16 *)h, (const bf16 *)gu,
+								    T, I);
 	CUDA_LAUNCHED();
 }
 
@@ -557,8 +876,13 @@ extern "C" void sl_cuda_swiglu_bwd(struct sl_cuda *c, void *dgu, const void *dh,
 
 	if (!n)
 		return;
-	k_swiglu_bwd<<<grid_for(n, NT), NT, 0, c->stream>>>((bf16 *)dgu, (const bf16 *)dh,
-							   (const bf16 *)gu, T, I);
+	if (swiglu_wide(T, I))
+		k_swiglu_bwd8<<<grid_for(n / 8, NT), NT, 0, c->stream>>>(
+			(bf16 *)dgu, (const bf16 *)dh, (const bf16 *)gu, (unsigned)(n / 8),
+			(unsigned)(I / 8));
+	else
+		k_swiglu_bwd<<<grid_for(n, NT), NT, 0, c->stream>>>((bf16 *)dgu, (const bf16 *)dh,
+								    (const bf16 *)gu, T, I);
 	CUDA_LAUNCHED();
 }
 
