@@ -1117,13 +1117,29 @@ extern "C" void sl_cuda_ce_fwd_bwd(struct sl_cuda *c, double *loss_sum, float *r
 
 #define SQ_BLOCKS 512	// fixed, so the summation tree does not depend on the device
 
-__global__ void k_sumsq_partial(double *part, const float *g, size_t n)
+static __device__ __forceinline__ float gval(float g)
+{
+	return g;
+}
+
+static __device__ __forceinline__ float gval(bf16 g)
+{
+	return bf(g);
+}
+
+// gradients in fp32 (the shard's accumulator) or bf16 (one rank, one micro-batch: the backward's
+// own buffer, shard.c grad_direct); each element widened to float, then to double
+template <typename G>
+__global__ void k_sumsq_partial(double *part, const G *g, size_t n)
 {
 	__shared__ double sh[NT];
 	double s = 0;
 
-	for (size_t i = blockIdx.x * (size_t)NT + threadIdx.x; i < n; i += (size_t)SQ_BLOCKS * NT)
-		s += (double)g[i] * g[i];
+	for (size_t i = blockIdx.x * (size_t)NT + threadIdx.x; i < n; i += (size_t)SQ_BLOCKS * NT) {
+		const double v = gval(g[i]);
+
+		s += v * v;
+	}
 	sh[threadIdx.x] = s;
 	__syncthreads();
 	for (int o = NT / 2; o; o >>= 1) {
@@ -1151,25 +1167,36 @@ __global__ void k_sumsq_final(double *out, const double *part)
 		*out = sh[0];
 }
 
-extern "C" void sl_cuda_sumsq_f32(struct sl_cuda *c, double *out, const float *g, size_t n)
+template <typename G> static void sumsq(struct sl_cuda *c, double *out, const G *g, size_t n)
 {
 	double *part = (double *)sl_cuda_scratch(c, SQ_BLOCKS * sizeof(double), "sumsq");
 
-	k_sumsq_partial<<<SQ_BLOCKS, NT, 0, c->stream>>>(part, g, n);
+	k_sumsq_partial<G><<<SQ_BLOCKS, NT, 0, c->stream>>>(part, g, n);
 	CUDA_LAUNCHED();
 	k_sumsq_final<<<1, NT, 0, c->stream>>>(out, part);
 	CUDA_LAUNCHED();
 }
 
+extern "C" void sl_cuda_sumsq_f32(struct sl_cuda *c, double *out, const float *g, size_t n)
+{
+	sumsq(c, out, g, n);
+}
+
+extern "C" void sl_cuda_sumsq_bf16(struct sl_cuda *c, double *out, const void *g, size_t n)
+{
+	sumsq(c, out, (const bf16 *)g, n);
+}
+
 // torch's AdamW step in its order; explicit _rn intrinsics so nvcc contracts nothing into FMAs
 // and the fp32 results equal the cpu reference's
-__global__ void k_adamw(float *p, float *m, float *v, const float *grad, bf16 *wo, size_t n,
+template <typename G>
+__global__ void k_adamw(float *p, float *m, float *v, const G *grad, bf16 *wo, size_t n,
 			float decay, float w1, float b2, float w2, float bc2s, float step,
 			float eps, float gs, int lerp_lo)
 {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
-		float g = __fmul_rn(grad[i], gs);
+		float g = __fmul_rn(gval(grad[i]), gs);
 		float pi = __fmul_rn(p[i], decay);
 		float mi = m[i], vi, den;
 
@@ -1187,10 +1214,10 @@ __global__ void k_adamw(float *p, float *m, float *v, const float *grad, bf16 *w
 	}
 }
 
-extern "C" void sl_cuda_adamw_f32(struct sl_cuda *c, float *p, float *m, float *v,
-				  const float *grad, void *w_out, size_t n, float lr, float beta1,
-				  float beta2, float eps, float wd, float bc1, float bc2,
-				  float grad_scale)
+template <typename G>
+static void adamw(struct sl_cuda *c, float *p, float *m, float *v, const G *grad, void *w_out,
+		  size_t n, float lr, float beta1, float beta2, float eps, float wd, float bc1,
+		  float bc2, float grad_scale)
 {
 	// the scalars torch forms as Python floats (double), rounded to float once
 	const float decay = (float)(1.0 - (double)lr * wd);
@@ -1201,8 +1228,25 @@ extern "C" void sl_cuda_adamw_f32(struct sl_cuda *c, float *p, float *m, float *
 
 	if (!n)
 		return;
-	k_adamw<<<grid_for(n, NT), NT, 0, c->stream>>>(p, m, v, grad, (bf16 *)w_out, n, decay, w1,
-						       beta2, w2, bc2s, step, eps, grad_scale,
-						       fabsf(w1) < 0.5f);
+	k_adamw<G><<<grid_for(n, NT), NT, 0, c->stream>>>(p, m, v, grad, (bf16 *)w_out, n, decay,
+							  w1, beta2, w2, bc2s, step, eps,
+							  grad_scale, fabsf(w1) < 0.5f);
 	CUDA_LAUNCHED();
+}
+
+extern "C" void sl_cuda_adamw_f32(struct sl_cuda *c, float *p, float *m, float *v,
+				  const float *grad, void *w_out, size_t n, float lr, float beta1,
+				  float beta2, float eps, float wd, float bc1, float bc2,
+				  float grad_scale)
+{
+	adamw(c, p, m, v, grad, w_out, n, lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale);
+}
+
+extern "C" void sl_cuda_adamw_bf16g(struct sl_cuda *c, float *p, float *m, float *v,
+				    const void *grad, void *w_out, size_t n, float lr, float beta1,
+				    float beta2, float eps, float wd, float bc1, float bc2,
+				    float grad_scale)
+{
+	adamw(c, p, m, v, (const bf16 *)grad, w_out, n, lr, beta1, beta2, eps, wd, bc1, bc2,
+	      grad_scale);
 }

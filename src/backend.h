@@ -149,6 +149,13 @@ struct sl_backend {
 	 */
 	void (*adamw_f32)(struct sl_backend *be, float *p, float *m, float *v, const float *grad,
 			  void *w_out, size_t n, const struct sl_adamw_args *a);
+	/*
+	 * The same two with the gradient in the compute type, each element rounded to f32 first
+	 * (as to_f32 would: the results equal the f32 ops' on the converted gradient).  Optional.
+	 */
+	void (*sumsq_c)(struct sl_backend *be, double *out, const void *g, size_t n);
+	void (*adamw_c)(struct sl_backend *be, float *p, float *m, float *v, const void *grad,
+			void *w_out, size_t n, const struct sl_adamw_args *a);
 
 	/* ---- sft: the causal-LM head ---- */
 	/*

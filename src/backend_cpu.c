@@ -758,6 +758,36 @@ static void cpu_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, c
 	}
 }
 
+static void cpu_sumsq_c(struct sl_backend *be, double *out, const void *g, size_t n)
+{
+	const real *x = g;
+	double s = 0;
+
+#pragma omp parallel for simd reduction(+ : s) schedule(static)
+	for (size_t i = 0; i < n; i++) {
+		float f = (float)x[i];
+
+		s += (double)f * f;
+	}
+	*out = s;
+}
+
+static void cpu_adamw_c(struct sl_backend *be, float *p, float *m, float *v, const void *grad,
+			void *w_out, size_t n, const struct sl_adamw_args *a)
+{
+	const struct sl_adamw_consts k = sl_adamw_consts(a);
+	const real *gr = grad;
+	real *wo = w_out;
+
+#pragma omp parallel for simd schedule(static)
+	for (size_t i = 0; i < n; i++) {
+		float pi = sl_adamw_elem(&k, &p[i], &m[i], &v[i], (float)gr[i]);
+
+		if (wo)
+			wo[i] = pi;
+	}
+}
+
 #include "backend_cpu_moe.c"
 /* the Qwen3.5 hybrid's ops, in this file's float and double builds */
 #include "backend_cpu_gdn.c"
@@ -811,6 +841,8 @@ struct sl_backend *CPU_CREATE(void)
 	be->ce_fwd_bwd = cpu_ce_fwd_bwd;
 	be->sumsq_f32 = cpu_sumsq_f32;
 	be->adamw_f32 = cpu_adamw_f32;
+	be->sumsq_c = cpu_sumsq_c;
+	be->adamw_c = cpu_adamw_c;
 	cpu_moe_install(be);
 	cpu_gdn_init(be);
 	cpu_cp_install(be);

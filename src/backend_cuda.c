@@ -326,6 +326,18 @@ static void cuda_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, 
 			  a->weight_decay, a->bc1, a->bc2, a->grad_scale);
 }
 
+static void cuda_sumsq_c(struct sl_backend *be, double *out, const void *g, size_t n)
+{
+	sl_cuda_sumsq_bf16(C(be), out, g, n);
+}
+
+static void cuda_adamw_c(struct sl_backend *be, float *p, float *m, float *v, const void *grad,
+			 void *w_out, size_t n, const struct sl_adamw_args *a)
+{
+	sl_cuda_adamw_bf16g(C(be), p, m, v, grad, w_out, n, a->lr, a->beta1, a->beta2, a->eps,
+			    a->weight_decay, a->bc1, a->bc2, a->grad_scale);
+}
+
 /* ---- mixture of experts (cuda/moe.cu) ---------------------------------------------------- */
 
 static void cuda_moe_route_fwd(struct sl_backend *be, void *p, int32_t *topi, void *topw,
@@ -447,6 +459,8 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	be->ce_fwd_bwd = cuda_ce_fwd_bwd;
 	be->sumsq_f32 = cuda_sumsq_f32;
 	be->adamw_f32 = cuda_adamw_f32;
+	be->sumsq_c = cuda_sumsq_c;
+	be->adamw_c = cuda_adamw_c;
 	be->event_create = cuda_event_create;
 	be->event_destroy = cuda_event_destroy;
 	be->upload_async = cuda_upload_async;

@@ -602,13 +602,21 @@ static void layer_bwd(const struct sl_model *m, int l, const void *w, void *g,
 			true);
 }
 
-void *sl_model_grad_room(struct sl_model *m, int unit, size_t *bytes)
+void *sl_model_grad_room(struct sl_model *m, int unit, bool during, size_t *bytes)
 {
+	/*
+	 * The backward runs the layers last to first: after unit 1 + l's backward, layer l's
+	 * activations are dead; while it runs, layer l + 1's are (unit l's gradient, the
+	 * embedding's for l = 0, but a tied embedding's takes the head's from the start)
+	 */
+	const int l = during ? unit : unit - 1;
+
 	*bytes = 0;
-	if (m->ckpt || m->q35 || unit < 1 || unit > m->nL || m->n_acts != m->nL)
+	if (m->ckpt || m->q35 || m->n_acts != m->nL || l < 0 || l >= m->nL ||
+	    (during && unit == 0 && m->tied))
 		return NULL;
-	*bytes = m->acts[unit - 1].bytes;
-	return m->acts[unit - 1].block;
+	*bytes = m->acts[l].bytes;
+	return m->acts[l].block;
 }
 
 static const struct acts *acts_of(const struct sl_model *m, int l, bool keep)

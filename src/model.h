@@ -291,10 +291,12 @@ long long sl_model_moe_dropped(const struct sl_model *m);
 
 /*
  * Memory that nothing of the model reads or writes from the end of unit @unit's backward in a
- * training step until the next forward (that layer's activations), *bytes long; NULL (and 0)
- * for units without (embedding, head, experts, Qwen3.5 layers, activation checkpointing).
+ * training step (@during: from the first use of its gradient buffer, src->grads) until the next
+ * forward: a layer's activations, *bytes long; NULL (and 0) for units without (the head, the
+ * experts, the last layer while it runs, a tied embedding, Qwen3.5 layers, activation
+ * checkpointing).
  */
-void *sl_model_grad_room(struct sl_model *m, int unit, size_t *bytes);
+void *sl_model_grad_room(struct sl_model *m, int unit, bool during, size_t *bytes);
 
 /* Bytes of backend memory the model's workspace holds. */
 size_t sl_model_workspace_bytes(const struct sl_model *m);

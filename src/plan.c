@@ -258,7 +258,7 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 		   bool accum_dev, bool lean)
 {
 	struct counter dk, hk = { .align = 64 };
-	size_t e, sum_w = 0, sum_f = 0, sum_hf = 0, sum_hw = 0, T, B, L, Lrow, load;
+	size_t e, sum_w = 0, sum_f = 0, sum_hf = 0, sum_hw = 0, T, B, L, Lrow, load, ge, sum_g;
 	int n_x = 0;			/* experts' units */
 	bool host_state, host_params;
 
@@ -375,20 +375,40 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	 * activations when a step has one micro-batch and they are kept (model.c
 	 * sl_model_grad_room), if they are large enough
 	 */
+	/*
+	 * shard.c grad_direct: one GPU, one micro-batch a step, state on the GPU: gradients in the
+	 * compute type where the backward writes them, no slots
+	 */
+	p->grad_direct = p->gpus == 1 && !host_state && c->train.accum == 1;
+	ge = p->grad_direct ? e : sizeof(float);
+	sum_g = p->grad_direct ? sum_w : sum_f;
 	if (!host_state && c->train.accum == 1 && !p->ckpt && !mc->norm_offset) {
 		size_t room = qwen3_layer_acts(&dk, mc, T, e, p->stat_elt);
 
-		for (int u = 1; u <= mc->n_layers; u++) {
-			size_t sh = unit_shard(c, lay, p->S, u) * sizeof(float);
+		/*
+		 * model.c sl_model_grad_room: unit u = 1 + l's fp32 shard in layer l's
+		 * activations; with grad_direct, written while the unit's backward runs, unit
+		 * u's in layer u's: the embedding's too (not tied: the head writes it first),
+		 * not the last layer's
+		 */
+		const bool tied = !sl_layout_find(lay, "score.weight") &&
+			!sl_layout_find(lay, "lm_head.weight");
+
+		for (int u = p->grad_direct ? 0 : 1; u <= mc->n_layers - p->grad_direct; u++) {
+			size_t sh = unit_shard(c, lay, p->S, u) * ge;
+
+			if (p->grad_direct && u == 0 && tied)
+				continue;
 
 			if (sh <= room) {
-				sum_f -= A(&dk, sh);
+				sum_g -= A(&dk, sh);
 				p->lent_grads += sh;
 			}
 		}
 	}
-	p->dev[SL_PLAN_GRADS] = (n_x ? 3 : 2) * A(&dk, p->max_padded * e) +	/* gslots */
-		(!host_state || p->accum_dev ? sum_f : 0) +	/* grad32, or offload's d_acc */
+	p->dev[SL_PLAN_GRADS] = (p->grad_direct ? 0 : n_x ? 3 : 2) *
+		A(&dk, p->max_padded * e) +			/* gslots */
+		(!host_state || p->accum_dev ? sum_g : 0) +	/* grad32 (gradc), or d_acc */
 		(p->lean ? A(&dk, lay->n_units * sizeof(double)) : 0);	/* per-unit sumsq */
 	for (int i = 0; i < SL_PLAN_N; i++)
 		p->dev_total += p->dev[i];
@@ -557,10 +577,12 @@ void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
 		" with context parallel)" : "",
 		!p->ckpt ? "" : mc->norm_offset ? ", one set per layer kind with "
 		"checkpointing" : ", one layer's set with checkpointing");
+	if (p->grad_direct)
+		fprintf(out, "  (gradients: one GPU, one micro-batch a step: in %zu-byte elements "
+			"where the backward writes them, no fp32 copy)\n", p->elt);
 	if (p->lent_grads)
-		fprintf(out, "  (gradients: the layers' fp32 gradients, %.2f GiB, live in their "
-			"activations, which the backward is done with: one micro-batch a step)\n",
-			gib(p->lent_grads));
+		fprintf(out, "  (gradients: %.2f GiB of them live in layers' activations, which "
+			"the backward is done with: one micro-batch a step)\n", gib(p->lent_grads));
 	for (int l = 0; l < mc->n_layers; l++) {
 		if (sl_layer_is_moe(mc, l)) {
 			fprintf(out, "  (not counted yet: the mixture-of-experts layers' routing "

@@ -53,6 +53,7 @@ struct sl_plan {
 	size_t params;			/* P: elements of every unit (layout, padded) */
 	size_t shard_elems;		/* sum over units of this rank's shard */
 	size_t max_padded, max_shard;	/* largest unit (padded) and shard, elements */
+	bool grad_direct;		/* gradients in the compute type, no slots (shard.c) */
 	size_t lent_grads;		/* bytes of layers' gradients held in their activations
 					 * (not in dev[SL_PLAN_GRADS]) */
 	int n_wslots;			/* gathered units in flight */

@@ -76,15 +76,15 @@ static void state_free(struct sl_shard *s, void *p)
 }
 
 /* opts.grad_room's memory for unit @unit's accumulator of @need bytes, or NULL */
-static float *lend_grads(const struct sl_shard *s, const struct sl_shard_opts *o, int unit,
-			 size_t need)
+static void *lend_grads(const struct sl_shard *s, const struct sl_shard_opts *o, int unit,
+			size_t need)
 {
 	size_t bytes = 0;
 	void *p;
 
 	if (!o->grad_room || s->host_state || s->accum != 1)
 		return NULL;
-	p = o->grad_room(o->grad_room_ctx, unit, &bytes);
+	p = o->grad_room(o->grad_room_ctx, unit, s->grad_direct, &bytes);
 	return p && bytes >= need ? p : NULL;
 }
 
@@ -168,6 +168,13 @@ static void *unit_grads(void *ctx, int unit)
 	struct sl_shard_slot *slot;
 	bool fresh;
 
+	if (s->grad_direct) {
+		struct sl_shard_unit *u = &s->u[unit];
+
+		s->be->zero(s->be, u->gradc, u->shard * s->be->elt);
+		s->bwd = true;
+		return u->gradc;
+	}
 	/* a fresh zeroed buffer per micro-batch: its sum goes to the f32 accumulator */
 	slot = take_slot(s, s->gslots, s->n_gslots, unit, &fresh);
 	s->be->zero(s->be, slot->buf, s->u[unit].padded * s->be->elt);
@@ -199,6 +206,12 @@ static void release_grads(void *ctx, int unit)
 	struct sl_shard_slot *slot = NULL;
 	float *dst;
 
+	if (s->grad_direct) {
+		/* the gradient is where the optimizer reads it already */
+		u->grads_seen = true;
+		release_weights(ctx, unit);
+		return;
+	}
 	for (int i = 0; i < s->n_gslots; i++)
 		if (s->gslots[i].unit == unit && s->gslots[i].in_use)
 			slot = &s->gslots[i];
@@ -250,6 +263,10 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	s->accum = o->accum;
 	s->mb_last = true;
 	s->compute_dtype = be->elt == 2 ? SL_COMM_BF16 : be->elt == 8 ? SL_COMM_F64 : SL_COMM_F32;
+	s->grad_direct = s->S == 1 && P == 1 && !s->host_state && s->accum == 1 &&
+		(!s->replica_comm || s->replica_comm->size <= 1) && be->sumsq_c && be->adamw_c &&
+		!o->no_grad_direct;
+	s->grad_elt = s->grad_direct ? be->elt : sizeof(float);
 	s->u = calloc(lay->n_units, sizeof(*s->u));
 	s->shard_sizes = calloc(lay->n_units, sizeof(size_t));
 	s->shard_starts = calloc(lay->n_units, sizeof(size_t));
@@ -292,10 +309,17 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 		u->master = state_alloc(s, u->shard * sizeof(float));
 		u->m = state_alloc(s, u->shard * sizeof(float));
 		u->v = state_alloc(s, u->shard * sizeof(float));
-		u->grad32 = s->lean ? NULL : lend_grads(s, o, i, u->shard * sizeof(float));
-		u->grad_lent = u->grad32 != NULL;
-		if (!s->lean && !u->grad32)
-			u->grad32 = state_alloc(s, u->shard * sizeof(float));
+		if (s->grad_direct) {
+			u->gradc = lend_grads(s, o, i, u->shard * b->elt);
+			u->grad_lent = u->gradc != NULL;
+			if (!u->gradc)
+				u->gradc = b->alloc(b, u->shard * b->elt);
+		} else {
+			u->grad32 = s->lean ? NULL : lend_grads(s, o, i, u->shard * sizeof(float));
+			u->grad_lent = u->grad32 != NULL;
+			if (!s->lean && !u->grad32)
+				u->grad32 = state_alloc(s, u->shard * sizeof(float));
+		}
 		u->w_shard = s->host_params ? host_alloc(s, u->shard * b->elt) :
 			b->alloc(b, u->shard * b->elt);
 		s->shard_sizes[i] = u->shard;
@@ -314,9 +338,9 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 		o->reshard_after_forward || s->host_params ?
 		(o->prefetch + 2 < s->n_units ? o->prefetch + 2 : s->n_units) : s->n_units;
 	/* a layer's gradients, its experts', and tied embeddings' held through the backward */
-	s->n_gslots = experts ? 3 : 2;
+	s->n_gslots = s->grad_direct ? 0 : experts ? 3 : 2;
 	s->wslots = calloc(s->n_wslots ? s->n_wslots : 1, sizeof(*s->wslots));
-	s->gslots = calloc(s->n_gslots, sizeof(*s->gslots));
+	s->gslots = calloc(s->n_gslots ? s->n_gslots : 1, sizeof(*s->gslots));
 	for (int i = 0; i < s->n_wslots; i++) {
 		s->wslots[i].buf = b->alloc(b, max_padded * b->elt);
 		s->wslots[i].unit = -1;
@@ -355,7 +379,9 @@ void sl_shard_destroy(struct sl_shard *s)
 		state_free(s, u->master);
 		state_free(s, u->m);
 		state_free(s, u->v);
-		if (!u->grad_lent)
+		if (!u->grad_lent && u->gradc)
+			b->free(b, u->gradc);
+		else if (!u->grad_lent)
 			state_free(s, u->grad32);
 		if (s->host_params)
 			host_free(s, u->w_shard);
@@ -551,7 +577,12 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 
 		/* a unit with no gradient this step (cannot happen for this model) counts as 0 */
 		if (!u->grads_seen)
-			b->zero(b, u->grad32, u->shard * sizeof(float));
+			b->zero(b, s->grad_direct ? u->gradc : (void *)u->grad32,
+				u->shard * s->grad_elt);
+		if (s->grad_direct) {
+			b->sumsq_c(b, s->d_sumsq + i, u->gradc, u->shard);
+			continue;
+		}
 		if (s->replica_comm && s->replica_comm->size > 1)
 			sl_comm_all_reduce(s->replica_comm, u->grad32, u->shard, SL_COMM_F32);
 		b->sumsq_f32(b, s->d_sumsq + i, u->grad32, u->shard);
@@ -592,8 +623,13 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 			k = lo - u->off;
 			a.lr = h->lr * (ti->head ? h->head_lr_mult : 1.0);
 			a.weight_decay = ti->decay ? h->weight_decay : 0.0;
-			b->adamw_f32(b, u->master + k, u->m + k, u->v + k, u->grad32 + k,
-				     (char *)u->w_shard + k * b->elt, hi - lo, &a);
+			if (s->grad_direct)
+				b->adamw_c(b, u->master + k, u->m + k, u->v + k,
+					   (char *)u->gradc + k * b->elt,
+					   (char *)u->w_shard + k * b->elt, hi - lo, &a);
+			else
+				b->adamw_f32(b, u->master + k, u->m + k, u->v + k, u->grad32 + k,
+					     (char *)u->w_shard + k * b->elt, hi - lo, &a);
 		}
 	}
 	invalidate_slots(s);

@@ -59,7 +59,10 @@ struct sl_shard_unit {
 	float *m, *v;			/* (shard) f32 AdamW moments; host with offload */
 	float *grad32;			/* (shard) f32 gradient accumulated over the step; host
 					 * with offload; NULL with host_lean (d_acc holds it) */
-	bool grad_lent;			/* grad32 is memory the trainer lent (opts.grad_room) */
+	void *gradc;			/* grad_direct: (shard) the gradient in the compute type,
+					 * where the backward writes it; else NULL */
+	bool grad_lent;			/* grad32 or gradc is memory the trainer lent
+					 * (opts.grad_room) */
 	void *w_shard;			/* (shard) compute precision copy of master; host with
 					 * offload: params */
 	int wslot;			/* gather slot holding the full unit, or -1 */
@@ -102,6 +105,15 @@ struct sl_shard {
 	float *rs_out;			/* (max shard) f32 scratch: its reduced shard; NULL
 					 * until needed when a step has one micro-batch */
 	size_t max_shard;		/* the largest unit shard */
+	/*
+	 * One rank holds every unit whole (no shard group, no replicas), a step has one
+	 * micro-batch, the state is on the device and the backend has sumsq_c and adamw_c: the
+	 * backward writes each unit's gradient straight into its own buffer (gradc, in the compute
+	 * type), which the norm and AdamW read; no gradient slots, no fp32 copy.  The update is
+	 * the same: the fp32 copy would hold the same values.
+	 */
+	bool grad_direct;
+	size_t grad_elt;		/* bytes per gradient element: 4, or the compute type's */
 	double *d_sumsq;		/* (n_units) device scratch: each unit's sum of squares */
 	enum sl_offload offload;
 	bool host_state;		/* master, m, v, grad32 in host memory */
@@ -149,9 +161,12 @@ struct sl_shard_opts {
 	 * the unit's backward in a step to the next step's forward (a layer's activations).  Used
 	 * only when every step has one micro-batch (accum 1) and the optimizer state is on the
 	 * device; the gradient is then born in the backward and dies in the optimizer step.
+	 * @during: the memory must be free from the unit's first src.grads (grad_direct, where
+	 * the backward writes the gradient itself), not only from its release_bwd.
 	 */
-	void *(*grad_room)(void *ctx, int unit, size_t *bytes);
+	void *(*grad_room)(void *ctx, int unit, bool during, size_t *bytes);
 	void *grad_room_ctx;
+	bool no_grad_direct;		/* tests: the fp32 path even where grad_direct applies */
 	bool host_lean;			/* offload: optimizer on a host too small for the usual
 					 * layout: gradients stay on the device (fp32, summed
 					 * there) and stream through a small host ring during

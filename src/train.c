@@ -28,9 +28,9 @@
  * then every rank loads the whole cache (the sampler orders all records by length).
  */
 /* sl_shard_opts.grad_room: a layer's activations (see sl_model_grad_room) */
-static void *grad_room(void *ctx, int unit, size_t *bytes)
+static void *grad_room(void *ctx, int unit, bool during, size_t *bytes)
 {
-	return sl_model_grad_room(ctx, unit, bytes);
+	return sl_model_grad_room(ctx, unit, during, bytes);
 }
 
 static int load_data(struct sl_dataset *ds, const char *path, const struct sl_config *c,
@@ -386,6 +386,7 @@ int sl_cmd_train(int argc, char **argv)
 			.expert_comm = j->have_xcomm ? &j->xcomm : NULL,
 			.grad_room = test_env("SHARDLM_TEST_NO_GRAD_ROOM") ? NULL : grad_room,
 			.grad_room_ctx = j->model,
+			.no_grad_direct = test_env("SHARDLM_TEST_NO_GRAD_ROOM"),
 		};
 
 		if (!all_ok(sl_shard_create(&j->sh, j->be, &j->mf.lay, &so) == 0))
@@ -398,13 +399,18 @@ int sl_cmd_train(int argc, char **argv)
 
 		for (int u = 0; u < j->sh.n_units; u++)
 			if (j->sh.u[u].grad_lent) {
-				lent += j->sh.u[u].shard * sizeof(float);
+				lent += j->sh.u[u].shard * j->sh.grad_elt;
 				n++;
 			}
+		if (j->sh.grad_direct)
+			sl_log("gradients: one rank, one micro-batch a step: the backward writes "
+			       "them in %zu-byte elements where the update reads them (no fp32 "
+			       "copy)", j->be->elt);
 		if (n)
-			sl_log("gradients: %d layer(s)' fp32 gradient shards (%.2f GiB) live in "
-			       "their activations between the backward and the update (one "
-			       "micro-batch a step)", n, lent / 1073741824.0);
+			sl_log("gradients: %d unit(s)' %s gradient shards (%.2f GiB) live in "
+			       "layers' activations between the backward and the update (one "
+			       "micro-batch a step)", n, j->sh.grad_direct ? "compute-type" :
+			       "fp32", lent / 1073741824.0);
 	}
 	sl_log("sharding: %d rank(s) per shard group (%s), %d replica(s)", j->sh.S,
 	       j->c->parallel.shard_group == SL_SHARD_NODE ? "node: HSDP" : "world: FSDP",

@@ -49,6 +49,17 @@ static bool test_nan_step(int step)
 	return step >= a && step <= b;
 }
 
+/* a NaN as the first element of a compute-type buffer (bf16, f32 or f64) */
+static void poison_compute(struct sl_backend *be, void *dst)
+{
+	const uint16_t nan16 = 0x7fc0;	/* bf16 quiet NaN */
+	const float nan32 = NAN;
+	const double nan64 = NAN;
+
+	be->upload(be, dst, be->elt == 2 ? (const void *)&nan16 : be->elt == 4 ?
+		   (const void *)&nan32 : (const void *)&nan64, be->elt);
+}
+
 static void poison_gradient(struct job *j, double *loss)
 {
 	float nan = NAN;
@@ -62,6 +73,8 @@ static void poison_gradient(struct job *j, double *loss)
 		sl_shard_drain(&j->sh);	/* the offload worker may still be writing it */
 		j->sh.u[0].grad32[0] = nan;
 	}
+	else if (j->sh.grad_direct)
+		poison_compute(j->be, j->sh.u[0].gradc);
 	else
 		j->be->upload(j->be, j->sh.u[0].grad32, &nan, sizeof(nan));
 }

@@ -32,11 +32,12 @@ optim: {lr: 3.0e-3, warmup: 2, weight_decay: 0.1, clip: 1.0}
 checkpoint: {every: 10, keep: 1}
 YAML
 
-# run NAME NP BATCH ACCUM OFFLOAD [HOST_ACCUM [LEAN]]: 12 records per step
+# run NAME NP BATCH ACCUM OFFLOAD [HOST_ACCUM [LEAN [NO_GRAD_ROOM]]]: 12 records per step
 run() {
 	ok
-	if ! SHARDLM_TEST_HOST_ACCUM=${6:-} SHARDLM_TEST_HOST_LEAN=${7:-} "$MPIRUN" -np "$2" \
-		--oversubscribe -x SHARDLM_TEST_HOST_ACCUM -x SHARDLM_TEST_HOST_LEAN \
+	if ! SHARDLM_TEST_HOST_ACCUM=${6:-} SHARDLM_TEST_HOST_LEAN=${7:-} \
+		SHARDLM_TEST_NO_GRAD_ROOM=${8:-} "$MPIRUN" -np "$2" --oversubscribe \
+		-x SHARDLM_TEST_HOST_ACCUM -x SHARDLM_TEST_HOST_LEAN -x SHARDLM_TEST_NO_GRAD_ROOM \
 		"$SHARDLM" train "$T/base.yaml" --set run.dir="$T/$1" \
 		--set train.batch="$3" --set train.accum="$4" --set parallel.offload="$5" \
 		--set parallel.prefetch=2 >"$T/$1.out" 2>&1; then
@@ -70,6 +71,12 @@ run none2r 2 3 2 none
 run opt2r 2 3 2 optimizer
 run lean 1 6 2 optimizer "" 1
 run lean1 1 12 1 optimizer "" 1
+# one micro-batch a step: bf16 gradients where the backward writes them, in the layers'
+# activations (1 rank), fp32 shards reduce-scattered into them (2 ranks); against the fp32
+# accumulators of their own
+run plain1 1 12 1 none "" "" 1
+run none2r1 2 6 1 none
+run plain2r1 2 6 1 none "" "" 1
 close none opt
 close none hopt
 close none par
@@ -78,6 +85,16 @@ close none1 par1
 close none2r opt2r
 close none lean
 close none1 lean1
+close plain1 none1
+close plain2r1 none2r1
+ok
+grep -q "no fp32 copy" "$T/none1/train.log" && grep -q "compute-type gradient shards" \
+	"$T/none1/train.log" || fail "none1: the log does not show the direct, lent gradients"
+ok
+grep -q "fp32 gradient shards" "$T/none2r1/train.log" ||
+	fail "none2r1: the log does not show fp32 gradient shards in the activations"
+ok
+! grep -q "gradients: " "$T/plain1/train.log" || fail "plain1: gradients lent or direct"
 grep -q "micro-batches add up on the GPU" "$T/opt/train.log" || fail "opt: not accumulating on the GPU"
 grep -q "host accumulation" "$T/hopt/train.log" || fail "hopt: not accumulating on the host"
 finish

@@ -3,13 +3,14 @@
 # the cpu backend (the fp32 reference, itself checked against transformers by test_sft_parity and
 # test_moe_parity): 20 AdamW steps on the fixtures' tiny models and records, the loss of every step
 # within 2% relative (bf16), for an untied and a tied head, packed rows, and the Qwen3-MoE model
-# (per-expert and fused checkpoints) with its load-balancing loss.
+# (per-expert and fused checkpoints) with its load-balancing loss; and with one micro-batch a
+# step (the gradients where the backward writes them, in layers' activations), untied and tied.
 . "${top_srcdir:-$(dirname "$0")/..}/test/lib.sh"
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [ -x "$SHARDLM" ] || SHARDLM=$(command -v shardlm)
 FIX="$top_srcdir/test/fixtures"
 
-# run NAME BACKEND MODEL RECORDS PACK
+# run NAME BACKEND MODEL RECORDS PACK [BATCH ACCUM]
 run() {
 	ok
 	cat >"$T/$1.yaml" <<YAML
@@ -17,7 +18,7 @@ model: {path: $FIX/$3}
 task: sft
 backend: $2
 data: {train: $FIX/$4, max_state: 64, shuffle: false, length_sort: false, pack: $5}
-train: {batch: 2, accum: 2, steps: 20, eval_every: 0}
+train: {batch: ${6:-2}, accum: ${7:-2}, steps: 20, eval_every: 0}
 optim: {lr: 2.0e-3, warmup: 2, weight_decay: 0.1, clip: 1.0}
 checkpoint: {every: 0}
 run: {dir: $T/$1, log_every: 5}
@@ -46,10 +47,13 @@ PY
 for m in "untied sft/untied sft/records.jsonl false" "tied hf/lm sft/records.jsonl false" \
 	 "packed sft/untied sft/records.jsonl true" "moe moe/sft moe/sft_records.jsonl false" \
 	 "moefused moe/sft_fused moe/sft_records.jsonl false" \
-	 "moepacked moe/sft moe/sft_records.jsonl true"; do
+	 "moepacked moe/sft moe/sft_records.jsonl true" \
+	 "untied1 sft/untied sft/records.jsonl false 4 1" "tied1 hf/lm sft/records.jsonl false 4 1"; do
 	set -- $m
-	run "$1-cpu" cpu "$2" "$3" "$4"
-	run "$1-cuda" cuda "$2" "$3" "$4"
+	run "$1-cpu" cpu "$2" "$3" "$4" "${5:-}" "${6:-}"
+	run "$1-cuda" cuda "$2" "$3" "$4" "${5:-}" "${6:-}"
 	close "$1-cpu" "$1-cuda"
 done
+ok
+grep -q "no fp32 copy" "$T/tied1-cuda/train.log" || fail "tied1-cuda: gradients not direct"
 finish

@@ -577,43 +577,53 @@ static void t_ce(int n, int V, double s)
 	drop(rl);
 }
 
-static void t_sumsq(size_t n)
+/* @k F32: the fp32 ops; BF: sumsq_c and adamw_c on bf16 gradients (one rank's direct
+ * gradients, shard.c), against the cpu's fp32 ops on the same (bf16-exact) values */
+static void t_sumsq(size_t n, enum kind k)
 {
 	char sh[64];
-	struct buf *g = rnd(F32, n, 1);
+	struct buf *g = rnd(k, n, 1);
 	double *og = gpu->alloc(gpu, 8), c = NAN, h = NAN;
+	const char *op = k == BF ? "sumsq_c" : "sumsq_f32";
 
 	snprintf(sh, sizeof(sh), "n=%zu", n);
 	cpu->sumsq_f32(cpu, &c, g->c, n);
-	TIMED(gpu->sumsq_f32(gpu, og, g->g, n));
+	if (k == BF)
+		TIMED(gpu->sumsq_c(gpu, og, g->g, n));
+	else
+		TIMED(gpu->sumsq_f32(gpu, og, g->g, n));
 	gpu->download(gpu, &h, og, 8);
 	CHECK_CLOSE(h, c, 1e-12, 0);
-	printf("%-18s %-28s %-8s %10.2e %10s %8.3f  %s\n", "sumsq_f32", sh, "sum",
+	printf("%-18s %-28s %-8s %10.2e %10s %8.3f  %s\n", op, sh, "sum",
 	       fabs(h - c) / c, "-", t_ms, fabs(h - c) <= 1e-12 * c ? "ok" : "FAIL");
 	gpu->free(gpu, og);
 	drop(g);
 }
 
-static void t_adamw(size_t n, bool wout)
+static void t_adamw(size_t n, bool wout, enum kind k)
 {
 	char sh[64];
 	struct buf *p = rnd(F32, n, 1), *m = rnd(F32, n, 0.1), *v = mk(F32, n);
-	struct buf *gr = rnd(F32, n, 1), *wo = wout ? out(BF, n) : NULL;
+	struct buf *gr = rnd(k, n, 1), *wo = wout ? out(BF, n) : NULL;
 	struct sl_adamw_args a = { .lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
 				   .weight_decay = 0.1f, .bc1 = 1 - powf(0.9f, 7),
 				   .bc2 = 1 - powf(0.95f, 7), .grad_scale = 0.7f };
+	const char *op = k == BF ? "adamw_c" : "adamw_f32";
 
 	for (size_t i = 0; i < n; i++)
 		v->h[i] = (float)(0.01 * rng_unif());
 	put(v);
 	snprintf(sh, sizeof(sh), "n=%zu%s", n, wout ? " w_out" : "");
 	cpu->adamw_f32(cpu, p->c, m->c, v->c, gr->c, wo ? wo->c : NULL, n, &a);
-	TIMED(gpu->adamw_f32(gpu, p->g, m->g, v->g, gr->g, wo ? wo->g : NULL, n, &a));
-	cmp("adamw_f32", sh, "p", p, 1e-7);
-	cmp("adamw_f32", sh, "m", m, 1e-7);
-	cmp("adamw_f32", sh, "v", v, 1e-7);
+	if (k == BF)
+		TIMED(gpu->adamw_c(gpu, p->g, m->g, v->g, gr->g, wo ? wo->g : NULL, n, &a));
+	else
+		TIMED(gpu->adamw_f32(gpu, p->g, m->g, v->g, gr->g, wo ? wo->g : NULL, n, &a));
+	cmp(op, sh, "p", p, 1e-7);
+	cmp(op, sh, "m", m, 1e-7);
+	cmp(op, sh, "v", v, 1e-7);
 	if (wo)
-		cmp("adamw_f32", sh, "w_out", wo, 4e-3);
+		cmp(op, sh, "w_out", wo, 4e-3);
 	drop(p);
 	drop(m);
 	drop(v);
@@ -780,12 +790,16 @@ int main(int argc, char **argv)
 	t_ce(3, 37, 2);		/* V not a multiple of 8: the scalar path */
 	t_ce(17, 1000, 4);
 	t_ce(64, 151936, 3);	/* Qwen3's vocabulary */
-	t_sumsq(1);
-	t_sumsq(1000);
-	t_sumsq(3000001);
-	t_adamw(1, true);
-	t_adamw(1000, false);
-	t_adamw(100001, true);
+	t_sumsq(1, F32);
+	t_sumsq(1000, F32);
+	t_sumsq(3000001, F32);
+	t_sumsq(1000, BF);
+	t_sumsq(3000001, BF);
+	t_adamw(1, true, F32);
+	t_adamw(1000, false, F32);
+	t_adamw(100001, true, F32);
+	t_adamw(1000, false, BF);
+	t_adamw(100001, true, BF);
 	t_moe_all();
 	t_q35moe_all();
 	t_cp_all();

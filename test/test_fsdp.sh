@@ -68,25 +68,39 @@ for r in np2 np3 np4 hsdp8 fsdp8; do close np1 $r 1e-5; done
 grep -q "2 replica" "$T/hsdp8/train.log" || fail "hsdp8: log does not show 2 replicas"
 grep -q "4 rank(s) per shard group" "$T/hsdp8/train.log" || fail "hsdp8: shard group not 4"
 
-# one micro-batch a step: the layers' gradients live in their activations (shard.c grad_room),
-# with the same losses and gradient norms, bit for bit, as in blocks of their own
-run lend1 1 24 1
-export SHARDLM_TEST_NO_GRAD_ROOM=1
-run nolend1 1 24 1
-unset SHARDLM_TEST_NO_GRAD_ROOM
-close np1 lend1 1e-5
-ok
-grep -q "gradients: 2 layer(s)' fp32 gradient shards" "$T/lend1/train.log" ||
-	fail "lend1: the log does not show the layers' gradients in their activations"
-! grep -q "gradients: .* live in" "$T/nolend1/train.log" || fail "nolend1: gradients lent"
-ok
+# one micro-batch a step: the layers' gradients live in their activations (shard.c grad_room);
+# on one rank in the compute type, where the backward writes them (grad_direct).  The same
+# losses and gradient norms, bit for bit, as through fp32 accumulators in blocks of their own
+# (SHARDLM_TEST_NO_GRAD_ROOM), on 1 rank and on 2 (reduce-scattered into the lent memory).
 norms() {
 	python3 -c 'import json,sys; [print(repr(s["loss"]), repr(s["grad_norm"])) for s in json.load(open(sys.argv[1]))["steps"]]' \
 		"$T/$1/training_metrics.json"
 }
-norms lend1 >"$T/l1.txt"
-norms nolend1 >"$T/l0.txt"
-cmp -s "$T/l1.txt" "$T/l0.txt" || { fail "lent gradients change the run"; paste "$T/l1.txt" "$T/l0.txt" >&2; }
+run lend1 1 24 1
+run lend2 2 12 1
+export SHARDLM_TEST_NO_GRAD_ROOM=1
+run nolend1 1 24 1
+run nolend2 2 12 1
+unset SHARDLM_TEST_NO_GRAD_ROOM
+close np1 lend1 1e-5
+close np1 lend2 1e-5
+ok
+grep -q "gradients: 2 unit(s)' compute-type gradient shards" "$T/lend1/train.log" &&
+	grep -q "no fp32 copy" "$T/lend1/train.log" ||
+	fail "lend1: the log does not show the direct gradients in the layers' activations"
+ok
+grep -q "gradients: 2 unit(s)' fp32 gradient shards" "$T/lend2/train.log" &&
+	! grep -q "no fp32 copy" "$T/lend2/train.log" ||
+	fail "lend2: the log does not show fp32 gradient shards in the layers' activations"
+ok
+! grep -q "gradients: " "$T/nolend1/train.log" || fail "nolend1: gradients lent or direct"
+for n in 1 2; do
+	ok
+	norms lend$n >"$T/l1.txt"
+	norms nolend$n >"$T/l0.txt"
+	cmp -s "$T/l1.txt" "$T/l0.txt" || { fail "lend$n: lent gradients change the run";
+		paste "$T/l1.txt" "$T/l0.txt" >&2; }
+done
 
 # resume: drop the step-8 checkpoint and what followed step 4, start again
 ok

@@ -399,9 +399,9 @@ static void no_sum(void *ctx, double *buf, size_t n)
 {
 }
 
-static void *grad_room(void *ctx, int unit, size_t *bytes)
+static void *grad_room(void *ctx, int unit, bool during, size_t *bytes)
 {
-	return sl_model_grad_room(ctx, unit, bytes);
+	return sl_model_grad_room(ctx, unit, during, bytes);
 }
 
 /*
@@ -466,7 +466,11 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 			so.grad_room_ctx = m;
 			CHECK(sl_shard_create(&sh, &k.be, &lay, &so) == 0);
 			for (int u = 0; u < lay.n_units; u++)
-				lent += sh.u[u].grad_lent ? sh.u[u].shard * sizeof(float) : 0;
+				lent += sh.u[u].grad_lent ? sh.u[u].shard * sh.grad_elt : 0;
+			CHECK(sh.grad_direct == p.grad_direct && sh.grad_direct ==
+			      (acc == 1 && off == SL_OFFLOAD_NONE), "%s task %d offload %d ckpt %d: "
+			      "direct %d, planned %d", mc->model_type, task, off, ck,
+			      sh.grad_direct, p.grad_direct);
 			CHECK(lent == p.lent_grads, "%s task %d offload %d ckpt %d: lent %zu, "
 			      "planned %zu", mc->model_type, task, off, ck, lent, p.lent_grads);
 			/* the qwen3 model's layers lend whenever a step has one micro-batch and
@@ -573,8 +577,8 @@ static void check_parse(void)
 
 /*
  * One micro-batch a step (train.accum 1), no offload: the shard has no rs_out (comm loses its
- * 4E, or 4 x E/8 with 8 ranks), and a layer unit's fp32 gradient shard lives in that layer's
- * activations when they are kept (no checkpointing) and large enough.  Dense 27B, T = 2048:
+ * 4E, or 4 x E/8 with 8 ranks), and a layer unit's gradient shard (fp32; bf16 on one GPU)
+ * lives in that layer's activations when they are kept (no checkpointing) and large enough.  Dense 27B, T = 2048:
  * one layer's set 407,584,768 bytes (above).  1 GPU: a layer's gradient 4 x 393,226,496 =
  * 1,572,905,984 bytes does not fit in it; 8 GPUs: 4 x 393,226,496 / 8 = 196,613,248 does (its
  * block rounded up to 196,613,376), for
@@ -583,7 +587,7 @@ static void check_parse(void)
 static void check_lent(void)
 {
 	const struct shape *sh = &dense27;
-	const ull E = sh->emb, maxu2 = 2 * E, f1 = 4 * sh->p_all;
+	const ull E = sh->emb, maxu2 = 2 * E, f1 = 4 * sh->p_all + sh->round4;
 	const ull lay8 = r256(sh->layer[0] / 8 * 4);
 	struct {
 		const char *what;
@@ -591,7 +595,10 @@ static void check_lent(void)
 		bool ckpt;
 		ull g, c, lent;
 	} wants[] = {
-		{ "1 GPU, accum 1", 1, false, 2 * maxu2 + f1, 768, 0 },
+		/* one GPU: the gradients in bf16 where the backward writes them (shard.c
+		 * grad_direct): the bf16 shards, no slots; a layer's 2 x 393,226,496 bytes do
+		 * not fit in its activations either */
+		{ "1 GPU, accum 1", 1, false, 2 * sh->p_all + sh->round2, 768, 0 },
 		{ "8 GPUs, accum 1", 8, false, 2 * maxu2 + units(sh, 8, 4) - 64 * lay8,
 		  E * 4 + 768, 64 * 196613248ull },
 		{ "8 GPUs, accum 1, checkpointing", 8, true, 2 * maxu2 + units(sh, 8, 4),
@@ -625,6 +632,8 @@ static void check_lent(void)
 		      wants[i].what, p.dev[SL_PLAN_COMM], wants[i].c);
 		CHECK(p.lent_grads == wants[i].lent, "lent %s: %zu, want %llu", wants[i].what,
 		      p.lent_grads, wants[i].lent);
+		CHECK(p.grad_direct == (wants[i].gpus == 1), "lent %s: direct %d", wants[i].what,
+		      p.grad_direct);
 		CHECK(p.dev[SL_PLAN_OPTIM] == 3 * (wants[i].gpus == 1 ? f1 : units(sh, 8, 4)),
 		      "lent %s: optim %zu", wants[i].what, p.dev[SL_PLAN_OPTIM]);
 	}

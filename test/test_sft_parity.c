@@ -45,6 +45,13 @@ static const struct sft_case cases[] = {
 	{ "tied", "hf/lm", "sft/records.jsonl", "sft/reference.json", "tied", 1, 2, 2, true },
 	{ "tied-2ranks", "hf/lm", "sft/records.jsonl", "sft/reference.json", "tied", 2, 2, 1,
 	  true },
+	/* one rank, one micro-batch a step: the gradients where the backward writes them
+	 * (shard.c grad_direct), in layers' activations; tied: the embedding's is written from
+	 * the head's backward on, while every layer's activations are still needed */
+	{ "untied-direct", "sft/untied", "sft/records.jsonl", "sft/reference.json", "untied", 1,
+	  4, 1, false },
+	{ "tied-direct", "hf/lm", "sft/records.jsonl", "sft/reference.json", "tied", 1, 4, 1,
+	  true },
 	/* rows 13 | 9+4 | 7: 3 x 13 - 33 = 6 padded (unpacked: 4 x 13 - 33 = 19) */
 	{ "untied-packed", "sft/untied", "sft/records.jsonl", "sft/reference.json", "untied", 1,
 	  4, 1, false, true, 6 },
