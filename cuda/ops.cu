@@ -2,6 +2,7 @@
 // the cuda backend, with their extern "C" launchers.  bf16 in memory, fp32 arithmetic.  Every
 // reduction runs in a fixed order (no atomics), so results repeat bit for bit.
 #include <cmath>
+#include <type_traits>
 
 #include "common.cuh"
 #include "norm_dw.cuh"
@@ -677,6 +678,24 @@ __global__ void k_qk_dw_partial(float *part, const bf16 *dout, const bf16 *qkv, 
 	}
 }
 
+// f(std::integral_constant<int, HD>) for the head dims the warp-per-head kernels take (64, 128,
+// 256); false for another
+template <typename F> static bool by_hd(int hd, F &&f)
+{
+	switch (hd) {
+	case 64:
+		f(std::integral_constant<int, 64>());
+		return true;
+	case 128:
+		f(std::integral_constant<int, 128>());
+		return true;
+	case 256:
+		f(std::integral_constant<int, 256>());
+		return true;
+	}
+	return false;
+}
+
 static int check_hd(int hd, const char *who)
 {
 	if (hd < 2 || hd > HD_MAX || hd % 2) {
@@ -700,21 +719,14 @@ extern "C" void sl_cuda_qk_norm_rope_fwd(struct sl_cuda *c, void *out, float *rs
 		return;
 	tab = (size_t)L * hd * sizeof(float) <= c->scratch_bytes ?
 		rope_table(c, L, hd, theta, "rotary table") : NULL;
-#define QK_FWD(HD)                                                                             \
-	k_qk_norm_rope_fwd_w<HD><<<blocks, QK_WARPS * 32, 0, c->stream>>>(                    \
-		(bf16 *)out, rstd, (const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, tab, T, \
-		L, (const int *)pos, nh, nkv, eps, theta)
-	if (hd == 64)
-		QK_FWD(64);
-	else if (hd == 128)
-		QK_FWD(128);
-	else if (hd == 256)
-		QK_FWD(256);
-	else
+	if (!by_hd(hd, [&](auto k) {
+		    k_qk_norm_rope_fwd_w<decltype(k)::value><<<blocks, QK_WARPS * 32, 0, c->stream>>>(
+			    (bf16 *)out, rstd, (const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw,
+			    tab, T, L, (const int *)pos, nh, nkv, eps, theta);
+	    }))
 		k_qk_norm_rope_fwd<<<T, QK_WARPS * 32, 0, c->stream>>>(
 			(bf16 *)out, rstd, (const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw, tab,
 			L, (const int *)pos, nh, nkv, hd, eps, theta);
-#undef QK_FWD
 	CUDA_LAUNCHED();
 }
 
@@ -750,21 +762,14 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 	float *part = sl_cuda_scratch(c, (tf + pf) * sizeof(float), "qk norm dw") + tf;
 
 	tab = tf ? rope_table(c, L, hd, theta, "rotary table") : NULL;
-#define QK_BWD(HD)                                                                             \
-	k_qk_norm_rope_bwd_w<HD><<<blocks, QK_WARPS * 32, 0, c->stream>>>(                    \
-		(bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, (const bf16 *)qw,           \
-		(const bf16 *)kw, rstd, tab, T, L, (const int *)pos, nh, nkv, theta)
-	if (hd == 64)
-		QK_BWD(64);
-	else if (hd == 128)
-		QK_BWD(128);
-	else if (hd == 256)
-		QK_BWD(256);
-	else
+	if (!by_hd(hd, [&](auto k) {
+		    k_qk_norm_rope_bwd_w<decltype(k)::value><<<blocks, QK_WARPS * 32, 0, c->stream>>>(
+			    (bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, (const bf16 *)qw,
+			    (const bf16 *)kw, rstd, tab, T, L, (const int *)pos, nh, nkv, theta);
+	    }))
 		k_qk_norm_rope_bwd<<<T, QK_WARPS * 32, 0, c->stream>>>(
 			(bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, (const bf16 *)qw,
 			(const bf16 *)kw, rstd, tab, L, (const int *)pos, nh, nkv, hd, theta);
-#undef QK_BWD
 	CUDA_LAUNCHED();
 	k_qk_dw_partial<<<dim3(nchunk, 2), dim3(hd, R), (size_t)R * hd * sizeof(float),
 			  c->stream>>>(part, (const bf16 *)dout, (const bf16 *)qkv, rstd, tab, T, L,

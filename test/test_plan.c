@@ -208,6 +208,19 @@ static ull units(const struct shape *sh, ull S, ull bytes)
 	return b;
 }
 
+/* the shape's fixture config.json and its classify layout */
+static void load_fixture(const struct shape *sh, struct sl_model_config *mc,
+			 struct sl_layout *lay)
+{
+	char path[4096];
+	const char *src = getenv("top_srcdir");
+
+	snprintf(path, sizeof(path), "%s/test/fixtures/plan/%s/config.json", src ? src : "..",
+		 sh->fixture);
+	CHECK(sl_model_config_load(mc, path) == 0, "%s", path);
+	CHECK(sl_model_layout(mc, 0, lay) == 0);
+}
+
 struct want {
 	const char *what;
 	int gpus;
@@ -262,13 +275,7 @@ static void check_27b(const struct shape *sh)
 		  units(sh, 8, 2) + 3 * maxu2, 2 * maxu2 + units(sh, 8, 4), 3 * units(sh, 8, 4),
 		  sh->act_ckpt, comm8, sh->fits[6] },
 	};
-	char path[4096];
-	const char *src = getenv("top_srcdir");
-
-	snprintf(path, sizeof(path), "%s/test/fixtures/plan/%s/config.json", src ? src : "..",
-		 sh->fixture);
-	CHECK(sl_model_config_load(&mc, path) == 0, "%s", path);
-	CHECK(sl_model_layout(&mc, 0, &lay) == 0);
+	load_fixture(sh, &mc, &lay);
 	/* P written out, against the sum of the units above and the layout */
 	CHECK(E + sh->n_layer[0] * sh->layer[0] + sh->n_layer[1] * sh->layer[1] + sh->head == P,
 	      "%s: P", sh->name);
@@ -606,13 +613,7 @@ static void check_lent(void)
 	};
 	struct sl_model_config mc;
 	struct sl_layout lay;
-	char path[4096];
-	const char *src = getenv("top_srcdir");
-
-	snprintf(path, sizeof(path), "%s/test/fixtures/plan/%s/config.json", src ? src : "..",
-		 sh->fixture);
-	CHECK(sl_model_config_load(&mc, path) == 0, "%s", path);
-	CHECK(sl_model_layout(&mc, 0, &lay) == 0);
+	load_fixture(sh, &mc, &lay);
 	CHECK(196613248ull * 8 == 4 * sh->layer[0] && lay8 == 196613376ull);
 	for (size_t i = 0; i < sizeof(wants) / sizeof(wants[0]); i++) {
 		struct sl_config c;
