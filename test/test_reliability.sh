@@ -153,6 +153,16 @@ assert len(s) == 10 and s[5].get("skipped") is True and s[5]["loss"] is None, s[
 assert not any(x.get("skipped") for k, x in s.items() if k != 5)
 PY
 
+# --- the same on one rank with one micro-batch a step: the NaN lands in the gradient the
+# backward wrote in place (shard.c grad_direct)
+ok
+SHARDLM_TEST_NAN_STEP=3 "$SHARDLM" train "$T/base.yaml" --set run.dir="$T/nan1" \
+	--set train.steps=5 --set train.batch=8 --set train.accum=1 >"$T/nan1.out" 2>&1 ||
+	fail "nan1: exited non-zero: $(tail -n 5 "$T/nan1.out")"
+grep -q "no fp32 copy" "$T/nan1/train.log" || fail "nan1: the gradients are not direct"
+grep -q "step 3: the loss (nan) or gradient norm (nan) is not finite; skipped the update" \
+	"$T/nan1.out" || fail "nan1: no skip warning"
+
 # --- train.max_bad_steps in a row: exit 4, a checkpoint of the last good step (3)
 ok
 SHARDLM_TEST_NAN_STEP=4-9 train bad --set train.steps=10 --set train.max_bad_steps=3
