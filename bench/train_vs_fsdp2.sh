@@ -9,8 +9,9 @@
 # activation checkpointing; prints one table last: tokens/s (median over the steps after the
 # warm-up), MFU (DESIGN.md's formula), peak GB, ratio to FSDP2 eager.  Also the per-layer GEMM and
 # attention times of test_cuda_ops --bench at the 4B shape.
-# Environment: STEPS (default 8), SHAPES (default "4b 1.7b"), PEERS (default "eager compile"),
-# PEER_TIMEOUT seconds per peer run (default 300).
+# Environment: STEPS (default 8), SHAPES (default "4b 1.7b"), PEERS (default "eager compile";
+# "none": shardlm alone), PEER_TIMEOUT seconds per peer run (default 300), OPS (default 1; 0
+# leaves out test_cuda_ops --bench).
 set -u
 OUT=${1:-/tmp/train-vs-fsdp2}
 mkdir -p "$OUT"
@@ -18,6 +19,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 STEPS=${STEPS:-8}
 SHAPES=${SHAPES:-"4b 1.7b"}
 PEERS=${PEERS:-"eager compile"}
+[ "$PEERS" = none ] && PEERS=
 PEER_TIMEOUT=${PEER_TIMEOUT:-300}
 T=$(mktemp -d /tmp/tvf-XXXXXX)
 RES="$OUT/results.jsonl"
@@ -33,7 +35,7 @@ with open(sys.argv[1], "w") as f:
                             "label": round(r.random(), 3)}) + "\n")
 PY
 
-if command -v test_cuda_ops >/dev/null; then
+if [ "${OPS:-1}" != 0 ] && command -v test_cuda_ops >/dev/null; then
 	test_cuda_ops --bench >"$OUT/ops_bench.txt" 2>&1
 	grep -E "attention_(fwd|bwd) 4x2048|per layer" "$OUT/ops_bench.txt"
 fi
