@@ -57,6 +57,11 @@ static size_t zmax(size_t a, size_t b)
 	return a > b ? a : b;
 }
 
+static size_t zmin(size_t a, size_t b)
+{
+	return a < b ? a : b;
+}
+
 /*
  * model.c: what every family's sl_model_create allocates besides its layers: the layer inputs,
  * the backward's shared gradient buffers, the head's (SL_PLAN_ACTS, SL_PLAN_HEAD).  @sft: the
@@ -320,7 +325,8 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	p->dev[SL_PLAN_WEIGHTS] = (host_params ? 0 : sum_w) +
 		(size_t)p->n_wslots * A(&dk, p->max_padded * e);
 	p->dev[SL_PLAN_OPTIM] = host_state ? 0 : 3 * sum_f;		/* master, m, v */
-	p->dev[SL_PLAN_COMM] = (p->S > 1 ? A(&dk, p->max_padded * sizeof(float)) : 0) /* g32_full */
+	p->dev[SL_PLAN_COMM] = (p->S > 1 ? A(&dk, zmin(p->max_padded * sizeof(float),
+						       SL_SHARD_RS_STAGE)) : 0) /* g32_full */
 		+ (host_state || c->train.accum != 1 ?
 		   A(&dk, p->max_shard * sizeof(float)) : 0)		/* rs_out */
 		+ A(&dk, lay->n_units * sizeof(double))			/* d_sumsq */

@@ -75,6 +75,18 @@ static void state_free(struct sl_shard *s, void *p)
 		s->be->free(s->be, p);
 }
 
+/* the reduce-scatter staging's elements for units of up to @max_padded elements (tests may
+ * make it smaller: SHARDLM_TEST_RS_STAGE elements) */
+static size_t g32_elems(size_t max_padded, int S)
+{
+	const char *t = getenv("SHARDLM_TEST_RS_STAGE");
+	size_t cap = t && atol(t) > 0 ? (size_t)atol(t) : SL_SHARD_RS_STAGE / sizeof(float);
+
+	if (cap < (size_t)S)
+		cap = S;	/* a round takes at least one element of each rank's shard */
+	return max_padded < cap ? max_padded : cap;
+}
+
 /* opts.grad_room's memory for unit @unit's accumulator of @need bytes, or NULL */
 static void *lend_grads(const struct sl_shard *s, const struct sl_shard_opts *o, int unit,
 			size_t need)
@@ -191,9 +203,21 @@ void sl_shard_reduce_to(struct sl_shard *s, int unit, const void *gbuf, float *d
 
 	if (u->S == 1) {
 		b->to_f32(b, dst, gbuf, u->numel);
-	} else {
+	} else if (u->padded <= s->g32_elems) {
 		b->to_f32(b, s->g32_full, gbuf, u->padded);
 		sl_comm_reduce_scatter(u->comm, dst, s->g32_full, u->shard, SL_COMM_F32);
+	} else {
+		/* in rounds: elements [k, k + n) of every rank's shard, rank r's at r n */
+		const size_t cs = s->g32_elems / u->S;
+
+		for (size_t k = 0; k < u->shard; k += cs) {
+			const size_t n = u->shard - k < cs ? u->shard - k : cs;
+
+			for (int r = 0; r < u->S; r++)
+				b->to_f32(b, s->g32_full + r * n,
+					  (const char *)gbuf + ((size_t)r * u->shard + k) * b->elt, n);
+			sl_comm_reduce_scatter(u->comm, dst + k, s->g32_full, n, SL_COMM_F32);
+		}
 	}
 }
 
@@ -350,7 +374,7 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 		s->gslots[i].unit = -1;
 	}
 	if (any_gather)
-		s->g32_full = b->alloc(b, max_padded * sizeof(float));
+		s->g32_full = b->alloc(b, (s->g32_elems = g32_elems(max_padded, s->S)) * sizeof(float));
 	/* the second micro-batch's reduced shard on its way into the accumulator */
 	if (s->host_state || s->accum != 1)
 		s->rs_out = b->alloc(b, max_shard * sizeof(float));

@@ -101,7 +101,10 @@ struct sl_shard {
 	enum sl_comm_dtype compute_dtype;
 	int n_wslots, n_gslots;
 	struct sl_shard_slot *wslots, *gslots;
-	float *g32_full;		/* (max padded) f32 scratch: the unit's gradient */
+	float *g32_full;		/* f32 scratch: the unit's gradient on its way into the
+					 * reduce-scatter, at most g32_elems (SL_SHARD_RS_STAGE
+					 * bytes): larger units go through it in pieces */
+	size_t g32_elems;
 	float *rs_out;			/* (max shard) f32 scratch: its reduced shard; NULL
 					 * until needed when a step has one micro-batch */
 	size_t max_shard;		/* the largest unit shard */
@@ -135,6 +138,13 @@ struct sl_shard {
 	size_t *shard_counts;		/* (n_units) each unit's count */
 	struct sl_unit_source src;	/* what the model reads units through */
 };
+
+/*
+ * The reduce-scatter's fp32 staging: a unit whose fp32 gradient is larger goes through it in
+ * rounds, each taking the same piece of every rank's shard (a vocabulary-sized embedding would
+ * otherwise size it: 5 GB for the 27B hybrid's).
+ */
+#define SL_SHARD_RS_STAGE ((size_t)512 << 20)
 
 struct sl_shard_opts {
 	struct sl_comm *shard_comm;	/* may be NULL (one rank) */

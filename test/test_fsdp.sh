@@ -64,7 +64,13 @@ run np3 3 4 2
 run np4 4 6 1
 run hsdp8 8 3 1 --set parallel.shard_group=node --set parallel.node_size=4
 run fsdp8 8 3 1
-for r in np2 np3 np4 hsdp8 fsdp8; do close np1 $r 1e-5; done
+# the reduce-scatter's fp32 staging smaller than every unit (10 elements): each unit goes
+# through it in rounds (shard.c sl_shard_reduce_to), uneven shards, accum 2 and 1
+export SHARDLM_TEST_RS_STAGE=10
+run stage3 3 4 2
+run stage4 4 6 1
+unset SHARDLM_TEST_RS_STAGE
+for r in np2 np3 np4 hsdp8 fsdp8 stage3 stage4; do close np1 $r 1e-5; done
 grep -q "2 replica" "$T/hsdp8/train.log" || fail "hsdp8: log does not show 2 replicas"
 grep -q "4 rank(s) per shard group" "$T/hsdp8/train.log" || fail "hsdp8: shard group not 4"
 
