@@ -612,7 +612,8 @@ void *sl_model_grad_room(struct sl_model *m, int unit, bool during, size_t *byte
 	const int l = during ? unit : unit - 1;
 
 	*bytes = 0;
-	if (m->ckpt || m->q35 || m->n_acts != m->nL || l < 0 || l >= m->nL ||
+	/* one set per layer: not with checkpointing, nor for Qwen3.5 (its own, n_acts 0) */
+	if (m->ckpt || m->n_acts != m->nL || l < 0 || l >= m->nL ||
 	    (during && unit == 0 && m->tied))
 		return NULL;
 	*bytes = m->acts[l].bytes;

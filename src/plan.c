@@ -236,25 +236,21 @@ static void count_model(const struct counter *k, const struct sl_model_config *m
 }
 
 /*
- * shard.c: unit u padded to a multiple of the ranks sharing it, and this rank's shard of it;
- * an experts' unit split over parallel.expert = P ranks: its 1 / P, over the S / P ranks
- * holding the same experts
+ * shard.c: this rank's shard of unit u, and (@padded) the unit padded to a multiple of the ranks
+ * sharing it; an experts' unit split over parallel.expert = P ranks: its 1 / P, over the S / P
+ * ranks holding the same experts
  */
-static size_t unit_padded(const struct sl_config *c, const struct sl_layout *lay, int S0, int u)
+static size_t unit_shard(const struct sl_config *c, const struct sl_layout *lay, int S0, int u,
+			 size_t *padded)
 {
 	const int P = lay->unit_experts && lay->unit_experts[u] &&
 		c->parallel.expert > 1 ? c->parallel.expert : 1;
-	size_t numel = lay->unit_numel[u] / P, S = S0 / P > 0 ? (size_t)(S0 / P) : 1;
+	const size_t S = S0 / P > 0 ? (size_t)(S0 / P) : 1;
+	const size_t pad = (lay->unit_numel[u] / P + S - 1) / S * S;
 
-	return (numel + S - 1) / S * S;
-}
-
-static size_t unit_shard(const struct sl_config *c, const struct sl_layout *lay, int S0, int u)
-{
-	const int P = lay->unit_experts && lay->unit_experts[u] &&
-		c->parallel.expert > 1 ? c->parallel.expert : 1;
-
-	return unit_padded(c, lay, S0, u) / (S0 / P > 0 ? (size_t)(S0 / P) : 1);
+	if (padded)
+		*padded = pad;
+	return pad / S;
 }
 
 /* the plan with offload's micro-batch accumulation on the device (@accum_dev) or not */
@@ -301,7 +297,7 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	 * experts
 	 */
 	for (int u = 0; u < lay->n_units; u++) {
-		size_t shard = unit_shard(c, lay, p->S, u), padded = unit_padded(c, lay, p->S, u);
+		size_t padded, shard = unit_shard(c, lay, p->S, u, &padded);
 
 		p->params += lay->unit_numel[u];
 		n_x += lay->unit_experts && lay->unit_experts[u];
@@ -377,13 +373,10 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 			3 * A(&dk, B * sizeof(int32_t)) + A(&dk, 2 * B * sizeof(int32_t));
 	}
 	/*
-	 * shard.c: grad32 (or offload's d_acc); a Qwen3 layer unit's grad32 lives in the layer's
-	 * activations when a step has one micro-batch and they are kept (model.c
-	 * sl_model_grad_room), if they are large enough
-	 */
-	/*
-	 * shard.c grad_direct: one GPU, one micro-batch a step, state on the GPU: gradients in the
-	 * compute type where the backward writes them, no slots
+	 * shard.c: grad32 (or offload's d_acc); with grad_direct (one GPU, one micro-batch a step,
+	 * state on the GPU) gradients in the compute type where the backward writes them, no
+	 * slots.  With one micro-batch a step and the activations kept, a Qwen3 layer unit's
+	 * gradient lives in a layer's activations when they are large enough.
 	 */
 	p->grad_direct = p->gpus == 1 && !host_state && c->train.accum == 1;
 	ge = p->grad_direct ? e : sizeof(float);
@@ -401,7 +394,7 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 			!sl_layout_find(lay, "lm_head.weight");
 
 		for (int u = p->grad_direct ? 0 : 1; u <= mc->n_layers - p->grad_direct; u++) {
-			size_t sh = unit_shard(c, lay, p->S, u) * ge;
+			size_t sh = unit_shard(c, lay, p->S, u, NULL) * ge;
 
 			if (p->grad_direct && u == 0 && tied)
 				continue;

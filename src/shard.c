@@ -295,7 +295,8 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	s->shard_sizes = calloc(lay->n_units, sizeof(size_t));
 	s->shard_starts = calloc(lay->n_units, sizeof(size_t));
 	s->shard_counts = calloc(lay->n_units, sizeof(size_t));
-	if (!s->u || !s->shard_sizes || !s->shard_starts || !s->shard_counts)
+	s->h_sumsq = calloc(lay->n_units, sizeof(double));
+	if (!s->u || !s->shard_sizes || !s->shard_starts || !s->shard_counts || !s->h_sumsq)
 		return -1;
 	for (int i = 0; i < lay->n_units; i++) {
 		struct sl_shard_unit *u = &s->u[i];
@@ -429,6 +430,7 @@ void sl_shard_destroy(struct sl_shard *s)
 	free(s->shard_sizes);
 	free(s->shard_starts);
 	free(s->shard_counts);
+	free(s->h_sumsq);
 	s->u = NULL;
 }
 
@@ -587,7 +589,7 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 {
 	struct sl_backend *b = s->be;
 	const struct sl_layout *lay = s->lay;
-	double sumsq = 0, *sums;
+	double sumsq = 0;
 
 	if (s->off) {
 		int r = sl_offload_optim_step(s, h, grad_norm);
@@ -612,13 +614,9 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 		b->sumsq_f32(b, s->d_sumsq + i, u->grad32, u->shard);
 	}
 	/* one download for all units; summed in unit order (the same sum on every run) */
-	sums = malloc(s->n_units * sizeof(*sums));
-	if (!sums)
-		sl_dist_abort("out of host memory");
-	b->download(b, sums, s->d_sumsq, s->n_units * sizeof(*sums));
+	b->download(b, s->h_sumsq, s->d_sumsq, s->n_units * sizeof(double));
 	for (int i = 0; i < s->n_units; i++)
-		sumsq += sums[i];
-	free(sums);
+		sumsq += s->h_sumsq[i];
 	if (!single(s))
 		/* a host scalar: MPI whatever carries the tensors (NCCL wants device memory) */
 		MPI_Allreduce(MPI_IN_PLACE, &sumsq, 1, MPI_DOUBLE, MPI_SUM, s->shard_comm->mpi);

@@ -118,6 +118,7 @@ struct sl_shard {
 	bool grad_direct;
 	size_t grad_elt;		/* bytes per gradient element: 4, or the compute type's */
 	double *d_sumsq;		/* (n_units) device scratch: each unit's sum of squares */
+	double *h_sumsq;		/* (n_units) their host copy */
 	enum sl_offload offload;
 	bool host_state;		/* master, m, v, grad32 in host memory */
 	bool host_params;		/* w_shard in host memory too */
