@@ -168,6 +168,16 @@ static const struct {
 };
 #define NSCALARS ((int)(sizeof(scalars) / sizeof(scalars[0])))
 
+/* seconds since the epoch on the clock the writer reads (time() may run on a coarser one that
+ * is not ordered with it in every sandbox) */
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 int main(void)
 {
 	char dir[] = "/tmp/sl-tb-XXXXXX", sub[256], path[512] = "", host[256] = "", want[300];
@@ -176,7 +186,7 @@ int main(void)
 	struct sl_tb *tb;
 	struct dirent *de;
 	size_t size = 0, off = 0;
-	double t0 = time(NULL) - 1, t1;
+	double t0 = now() - 1, t1;
 	int nrec = 0;
 	DIR *d;
 	FILE *f;
@@ -201,7 +211,7 @@ int main(void)
 		CHECK(sl_tb_scalar(tb, scalars[i].tag, scalars[i].step, scalars[i].value) == 0);
 	CHECK(sl_tb_flush(tb) == 0);
 	sl_tb_close(tb);
-	t1 = time(NULL) + 1;
+	t1 = now() + 1;
 
 	gethostname(host, sizeof(host) - 1);
 	d = opendir(sub);
@@ -237,7 +247,8 @@ int main(void)
 		CHECK(le(buf + off + 12 + len, 4) == ref_masked(buf + off + 12, len),
 		      "data CRC, record %d", nrec);
 		CHECK(parse_event(buf + off + 12, len, &e) == 0, "record %d is no Event", nrec);
-		CHECK(e.wall_time >= t0 && e.wall_time <= t1, "wall_time %f", e.wall_time);
+		CHECK(e.wall_time >= t0 && e.wall_time <= t1, "wall_time %f not in [%f, %f]", e.wall_time,
+		      t0, t1);
 		if (nrec == 0) {
 			CHECK(!strcmp(e.file_version, "brain.Event:2"), "file_version '%s'",
 			      e.file_version);
