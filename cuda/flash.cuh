@@ -112,6 +112,19 @@ static __device__ __forceinline__ void tile_async(bf16 *sh, const bf16 *g, size_
 	}
 }
 
+#include "wgmma.cuh"
+
+// a streamed tile: padded rows for ldmatrix (mma.sync kernels) or swizzled panels (wgmma, WG)
+template <int HD, int NR, bool WG>
+static __device__ __forceinline__ void fa_tile(bf16 *sh, const bf16 *g, size_t stride, int row0,
+					       int rend)
+{
+	if constexpr (WG)
+		tile_sw<HD, NR>(sh, g, stride, row0, rend, FA_THR);
+	else
+		tile_async<HD, NR>(sh, g, stride, row0, rend);
+}
+
 // Byte offsets of this lane's ldmatrix row address in a pitch-P tile, for the three operand
 // shapes (lane l addresses row l%8 of 8x8 matrix l/8):
 //  B, not transposed (tile rows are the n index, e.g. keys for S = Q K^T): matrices (n 0-7, k lo),
@@ -197,14 +210,14 @@ static __device__ __forceinline__ bool fa_skip_key(const fa_rows &x, int j)
 	return (owner == x.me) == (x.part == 2);
 }
 
-template <int HD, bool CP>
+template <int HD, bool CP, bool WG>
 __global__ void __launch_bounds__(FA_THR, 2)
 k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos, int L, int nh,
 	 int nkv, float sl2, fa_rows x)
 {
-	const int P = HD + 8, TILE = FA_BN * P;
+	const int P = HD + 8, TILE = WG ? FA_BN * HD : FA_BN * P;
 	extern __shared__ __align__(16) bf16 fa_sm[];
-	bf16 *ks = fa_sm, *vs = fa_sm + 2 * TILE;
+	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + 2 * TILE;
 	const int W = (nh + 2 * nkv) * HD, b = blockIdx.z, h = blockIdx.y, grp = nh / nkv;
 	const int Lq = CP ? x.Lq : L, KS = CP ? 2 * nkv * HD : W, part = CP ? x.part : 0;
 	// the longest blocks (last queries) first, so the short ones fill the tail
@@ -228,8 +241,8 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 	float o[HD / 8][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
 	if (nt > kt0) {
-		tile_async<HD, FA_BN>(ks, kg, KS, kt0 * FA_BN, kend);
-		tile_async<HD, FA_BN>(vs, vg, KS, kt0 * FA_BN, kend);
+		fa_tile<HD, FA_BN, WG>(ks, kg, KS, kt0 * FA_BN, kend);
+		fa_tile<HD, FA_BN, WG>(vs, vg, KS, kt0 * FA_BN, kend);
 	}
 	cp_commit();
 	load_afrag<HD>(qf, base + (size_t)r0 * W + (size_t)h * HD, W, p0 >= 0, p1 >= 0, tq);
@@ -240,11 +253,13 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 		const int k0 = t * FA_BN, st = (t - kt0) & 1;
 
 		if (t + 1 < nt) {
-			tile_async<HD, FA_BN>(ks + (st ^ 1) * TILE, kg, KS, k0 + FA_BN, kend);
-			tile_async<HD, FA_BN>(vs + (st ^ 1) * TILE, vg, KS, k0 + FA_BN, kend);
+			fa_tile<HD, FA_BN, WG>(ks + (st ^ 1) * TILE, kg, KS, k0 + FA_BN, kend);
+			fa_tile<HD, FA_BN, WG>(vs + (st ^ 1) * TILE, vg, KS, k0 + FA_BN, kend);
 		}
 		cp_commit();
 		cp_wait1();
+		if (WG)
+			fence_async_smem();
 		__syncthreads();
 		// a tile wholly in the chunks the part leaves out (chunks of 64 keys or more: a tile
 		// then spans two chunks at most): nothing to add
@@ -253,21 +268,30 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 			__syncthreads();
 			continue;
 		}
-		const uint32_t kb = smem_u32(ks + st * TILE) + ob, vb = smem_u32(vs + st * TILE) + obt;
+		const bf16 *kt = ks + st * TILE, *vt = vs + st * TILE;
 		float s[FA_BN / 8][4];
 
 #pragma unroll
 		for (int n = 0; n < FA_BN / 8; n++)
 			s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+		if constexpr (WG) {
+			wg_fence();
 #pragma unroll
-		for (int kk = 0; kk < HD / 16; kk++) {
+			for (int kk = 0; kk < HD / 16; kk++)
+				wgmma_rs<FA_BN, 0>(&s[0][0], qf[kk], desc_k<FA_BN>(kt, 0, kk));
+			wg_commit();
+			wg_wait0();
+		} else {
 #pragma unroll
-			for (int np = 0; np < FA_BN / 16; np++) {
-				uint32_t bb[4];
+			for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+				for (int np = 0; np < FA_BN / 16; np++) {
+					uint32_t bb[4];
 
-				ldsm4(bb, kb + (np * 16 * P + kk * 16) * 2);
-				mma16816(s[2 * np], qf[kk], bb);
-				mma16816(s[2 * np + 1], qf[kk], bb + 2);
+					ldsm4(bb, smem_u32(kt) + ob + (np * 16 * P + kk * 16) * 2);
+					mma16816(s[2 * np], qf[kk], bb);
+					mma16816(s[2 * np + 1], qf[kk], bb + 2);
+				}
 			}
 		}
 		// keys after a query, past the record, before a query's document, or left out by the
@@ -321,18 +345,32 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 			l0 += s[n][0] + s[n][1];
 			l1 += s[n][2] + s[n][3];
 		}
-#pragma unroll
-		for (int kk = 0; kk < FA_BN / 16; kk++) {
-			uint32_t pa[4];
+		if constexpr (WG) {
+			uint32_t pa[FA_BN / 16][4];
 
-			acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-			for (int np = 0; np < HD / 16; np++) {
-				uint32_t bb[4];
+			for (int kk = 0; kk < FA_BN / 16; kk++)
+				acc_to_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
+			wg_fence();
+#pragma unroll
+			for (int kk = 0; kk < FA_BN / 16; kk++)
+				wgmma_rs<HD, 1>(&o[0][0], pa[kk], desc_mn<FA_BN>(vt, kk * 16));
+			wg_commit();
+			wg_wait0();
+		} else {
+#pragma unroll
+			for (int kk = 0; kk < FA_BN / 16; kk++) {
+				uint32_t pa[4];
 
-				ldsm4t(bb, vb + (kk * 16 * P + np * 16) * 2);
-				mma16816(o[2 * np], pa, bb);
-				mma16816(o[2 * np + 1], pa, bb + 2);
+				acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+				for (int np = 0; np < HD / 16; np++) {
+					uint32_t bb[4];
+
+					ldsm4t(bb, smem_u32(vt) + obt + (kk * 16 * P + np * 16) * 2);
+					mma16816(o[2 * np], pa, bb);
+					mma16816(o[2 * np + 1], pa, bb + 2);
+				}
 			}
 		}
 		__syncthreads();	// the next iteration's prefetch overwrites this stage
@@ -395,14 +433,14 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 // dq: a warp's 16 queries hold Q and dO as A fragments; per key step S = Q K^T and dP = dO V^T
 // (K, V not transposed), dS = P (dP - D) rounded to bf16 is the A operand of dQ += dS K (K
 // transposed by ldmatrix)
-template <int HD, bool CP>
+template <int HD, bool CP, bool WG>
 __global__ void __launch_bounds__(FA_THR, 2)
 k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf16 *qkv,
 	const int *lens, const int *pos, int L, int nh, int nkv, float sl2, float scale, fa_rows x)
 {
-	const int P = HD + 8, TILE = FA_BN * P;
+	const int P = HD + 8, TILE = WG ? FA_BN * HD : FA_BN * P;
 	extern __shared__ __align__(16) bf16 fa_sm[];
-	bf16 *ks = fa_sm, *vs = fa_sm + 2 * TILE;
+	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + 2 * TILE;
 	const int W = (nh + 2 * nkv) * HD, OW = nh * HD, b = blockIdx.z, h = blockIdx.y;
 	const int Lq = CP ? x.Lq : L, KS = CP ? 2 * nkv * HD : W;
 	const int grp = nh / nkv, q0 = (gridDim.x - 1 - blockIdx.x) * FA_BM, warp = threadIdx.x >> 5;
@@ -421,15 +459,18 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 	const uint32_t ob = off_b<P>(lane), obt = off_bt<P>(lane);
 	uint32_t qf[HD / 16][4], gf[HD / 16][4];
 	float dq[HD / 8][4], ls0 = 0.f, ls1 = 0.f, D0 = 0.f, D1 = 0.f;
-	// the warp's last query index (-1: all padding): key steps after it are skipped
+	// the warp's last query index (-1: all padding): key steps after it are skipped; the
+	// warpgroup's products take the whole block, so there the block's last query (kend - 1)
 	int wmax = max(p0, p1);
 
 	wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, 4));
 	wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, 8));
 	wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, 16));
+	if (WG)
+		wmax = kend - 1;
 	if (nt > kt0) {
-		tile_async<HD, FA_BN>(ks, kg, KS, kt0 * FA_BN, kend);
-		tile_async<HD, FA_BN>(vs, vg, KS, kt0 * FA_BN, kend);
+		fa_tile<HD, FA_BN, WG>(ks, kg, KS, kt0 * FA_BN, kend);
+		fa_tile<HD, FA_BN, WG>(vs, vg, KS, kt0 * FA_BN, kend);
 	}
 	cp_commit();
 	load_afrag<HD>(qf, base + (size_t)r0 * W + (size_t)h * HD, W, p0 >= 0, p1 >= 0, tq);
@@ -449,13 +490,16 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 		const int k0 = t * FA_BN, st = (t - kt0) & 1;
 
 		if (t + 1 < nt) {
-			tile_async<HD, FA_BN>(ks + (st ^ 1) * TILE, kg, KS, k0 + FA_BN, kend);
-			tile_async<HD, FA_BN>(vs + (st ^ 1) * TILE, vg, KS, k0 + FA_BN, kend);
+			fa_tile<HD, FA_BN, WG>(ks + (st ^ 1) * TILE, kg, KS, k0 + FA_BN, kend);
+			fa_tile<HD, FA_BN, WG>(vs + (st ^ 1) * TILE, vg, KS, k0 + FA_BN, kend);
 		}
 		cp_commit();
 		cp_wait1();
+		if (WG)
+			fence_async_smem();
 		__syncthreads();
-		const uint32_t kb = smem_u32(ks + st * TILE), vb = smem_u32(vs + st * TILE);
+		const bf16 *kt = ks + st * TILE, *vt = vs + st * TILE;
+		const uint32_t kb = smem_u32(kt), vb = smem_u32(vt);
 
 #pragma unroll
 		for (int sub = 0; sub < FA_BN / FA_SUB; sub++) {
@@ -469,19 +513,33 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 #pragma unroll
 				for (int e = 0; e < 4; e++)
 					s[n][e] = dp[n][e] = 0.f;
+			if constexpr (WG) {
+				wg_fence();
 #pragma unroll
-			for (int kk = 0; kk < HD / 16; kk++) {
+				for (int kk = 0; kk < HD / 16; kk++) {
+					wgmma_rs<FA_SUB, 0>(&s[0][0], qf[kk],
+							    desc_k<FA_BN>(kt, sub * FA_SUB, kk));
+					wgmma_rs<FA_SUB, 0>(&dp[0][0], gf[kk],
+							    desc_k<FA_BN>(vt, sub * FA_SUB, kk));
+				}
+				wg_commit();
+				wg_wait0();
+			} else {
 #pragma unroll
-				for (int np = 0; np < FA_SUB / 16; np++) {
-					const uint32_t o = ((sub * FA_SUB + np * 16) * P + kk * 16) * 2;
-					uint32_t bk[4], bv[4];
+				for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+					for (int np = 0; np < FA_SUB / 16; np++) {
+						const uint32_t o =
+							((sub * FA_SUB + np * 16) * P + kk * 16) * 2;
+						uint32_t bk[4], bv[4];
 
-					ldsm4(bk, kb + ob + o);
-					ldsm4(bv, vb + ob + o);
-					mma16816(s[2 * np], qf[kk], bk);
-					mma16816(s[2 * np + 1], qf[kk], bk + 2);
-					mma16816(dp[2 * np], gf[kk], bv);
-					mma16816(dp[2 * np + 1], gf[kk], bv + 2);
+						ldsm4(bk, kb + ob + o);
+						ldsm4(bv, vb + ob + o);
+						mma16816(s[2 * np], qf[kk], bk);
+						mma16816(s[2 * np + 1], qf[kk], bk + 2);
+						mma16816(dp[2 * np], gf[kk], bv);
+						mma16816(dp[2 * np + 1], gf[kk], bv + 2);
+					}
 				}
 			}
 			const bool msk = c0 + FA_SUB - 1 > p0 || c0 + FA_SUB > len || c0 < ds1;
@@ -497,18 +555,34 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 					s[n][e] = p * (dp[n][e] - (e < 2 ? D0 : D1));
 				}
 			}
-#pragma unroll
-			for (int kk = 0; kk < FA_SUB / 16; kk++) {
-				uint32_t da[4];
+			if constexpr (WG) {
+				uint32_t da[FA_SUB / 16][4];
 
-				acc_to_a(da, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-				for (int np = 0; np < HD / 16; np++) {
-					uint32_t bk[4];
+				for (int kk = 0; kk < FA_SUB / 16; kk++)
+					acc_to_a(da[kk], s[2 * kk], s[2 * kk + 1]);
+				wg_fence();
+#pragma unroll
+				for (int kk = 0; kk < FA_SUB / 16; kk++)
+					wgmma_rs<HD, 1>(&dq[0][0], da[kk],
+							desc_mn<FA_BN>(kt, sub * FA_SUB + kk * 16));
+				wg_commit();
+				wg_wait0();
+			} else {
+#pragma unroll
+				for (int kk = 0; kk < FA_SUB / 16; kk++) {
+					uint32_t da[4];
 
-					ldsm4t(bk, kb + obt + ((sub * FA_SUB + kk * 16) * P + np * 16) * 2);
-					mma16816(dq[2 * np], da, bk);
-					mma16816(dq[2 * np + 1], da, bk + 2);
+					acc_to_a(da, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+					for (int np = 0; np < HD / 16; np++) {
+						uint32_t bk[4];
+
+						ldsm4t(bk, kb + obt +
+							       ((sub * FA_SUB + kk * 16) * P + np * 16) * 2);
+						mma16816(dq[2 * np], da, bk);
+						mma16816(dq[2 * np + 1], da, bk + 2);
+					}
 				}
 			}
 		}
@@ -551,15 +625,16 @@ static __device__ int fa_first_row(const fa_rows &x, int b, int j)
 // ascending).  Per step a warp's 16 keys give S^T = K Q^T and dP^T = V dO^T (A from K, V; B from
 // Q, dO untransposed), then dV += P^T dO and dK += dS^T Q (B transposed by ldmatrix).  Context
 // parallel: the keys are whole rows' (dk, dv into dkv), the queries the rank's own.
-template <int HD, bool CP>
+template <int HD, bool CP, bool WG>
 __global__ void __launch_bounds__(FA_THR, 2)
 k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float *D,
 	  const bf16 *qkv, const int *lens, const int *pos, int L, int nh, int nkv, float sl2,
 	  float scale, fa_rows x)
 {
-	const int P = HD + 8, TILE = FA_BN * P;
+	// the block's keys and values, then two stages of query and dout tiles (WG: all swizzled)
+	const int P = HD + 8, TILE = WG ? FA_BN * HD : FA_BN * P, KT = WG ? FA_BM * HD : FA_BM * P;
 	extern __shared__ __align__(16) bf16 fa_sm[];
-	bf16 *ks = fa_sm, *vs = ks + FA_BM * P, *qs = vs + FA_BM * P, *gs = qs + 2 * TILE;
+	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + KT, *qs = vs + KT, *gs = qs + 2 * TILE;
 	float *lss = (float *)(gs + 2 * TILE), *Ds = lss + 2 * FA_BN;
 	int *dss = (int *)(Ds + 2 * FA_BN);	// (2, FA_BN) the queries' document starts
 	int *qis = dss + 2 * FA_BN;		// (2, FA_BN) the queries' indices (-1: padding)
@@ -596,8 +671,8 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	auto issue = [&](int t) {
 		const int h = kv * grp + t / ntq, i0 = qs0 + (t % ntq) * FA_BN, st = t & 1;
 
-		tile_async<HD, FA_BN>(qs + st * TILE, base + (size_t)h * HD, W, i0, Lq);
-		tile_async<HD, FA_BN>(gs + st * TILE, gbase + (size_t)h * HD, OW, i0, Lq);
+		fa_tile<HD, FA_BN, WG>(qs + st * TILE, base + (size_t)h * HD, W, i0, Lq);
+		fa_tile<HD, FA_BN, WG>(gs + st * TILE, gbase + (size_t)h * HD, OW, i0, Lq);
 		for (int e = threadIdx.x; e < FA_BN; e += FA_THR) {
 			const size_t tr = ((size_t)b * Lq + i0 + e) * nh + h;
 			const int i = fa_qidx<CP>(x, b, len, i0 + e);
@@ -610,8 +685,8 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	};
 
 	if (nt > 0) {
-		tile_async<HD, FA_BM>(ks, kvb + (size_t)((CP ? 0 : nh) + kv) * HD, KS, j0, len);
-		tile_async<HD, FA_BM>(vs, kvb + (size_t)((CP ? 0 : nh) + nkv + kv) * HD, KS, j0, len);
+		fa_tile<HD, FA_BM, WG>(ks, kvb + (size_t)((CP ? 0 : nh) + kv) * HD, KS, j0, len);
+		fa_tile<HD, FA_BM, WG>(vs, kvb + (size_t)((CP ? 0 : nh) + nkv + kv) * HD, KS, j0, len);
 		issue(0);
 	}
 	cp_commit();
@@ -626,8 +701,11 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 			issue(t + 1);
 		cp_commit();
 		cp_wait1();
+		if (WG)
+			fence_async_smem();
 		__syncthreads();
-		const uint32_t qb = smem_u32(qs + st * TILE), gb = smem_u32(gs + st * TILE);
+		const bf16 *qt = qs + st * TILE, *gt = gs + st * TILE;
+		const uint32_t qb = smem_u32(qt), gb = smem_u32(gt);
 		const float *lsl = lss + st * FA_BN, *Dl = Ds + st * FA_BN;
 		const int *dsl = dss + st * FA_BN, *qil = qis + st * FA_BN;
 
@@ -637,31 +715,45 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 			float s[FA_SUB / 8][4], dp[FA_SUB / 8][4];
 
 			// all queries padding, or (the last one real, so the latest) every query
-			// before every key of this warp
-			if (qa < 0 || (qz >= 0 && qz < wk))
+			// before every key of this warp (of the block: the warpgroup's products)
+			if (qa < 0 || (qz >= 0 && qz < (WG ? j0 : wk)))
 				continue;
 #pragma unroll
 			for (int n = 0; n < FA_SUB / 8; n++)
 #pragma unroll
 				for (int e = 0; e < 4; e++)
 					s[n][e] = dp[n][e] = 0.f;
+			if constexpr (WG) {
+				wg_fence();
 #pragma unroll
-			for (int kk = 0; kk < HD / 16; kk++) {
-				uint32_t ak[4], av[4];
-
-				ldsm4(ak, ka + kk * 32);
-				ldsm4(av, va + kk * 32);
+				for (int kk = 0; kk < HD / 16; kk++) {
+					wgmma_ss32(&s[0][0], desc_k<FA_BM>(ks, 0, kk),
+						   desc_k<FA_BN>(qt, sub * FA_SUB, kk));
+					wgmma_ss32(&dp[0][0], desc_k<FA_BM>(vs, 0, kk),
+						   desc_k<FA_BN>(gt, sub * FA_SUB, kk));
+				}
+				wg_commit();
+				wg_wait0();
+			} else {
 #pragma unroll
-				for (int np = 0; np < FA_SUB / 16; np++) {
-					const uint32_t o = ((sub * FA_SUB + np * 16) * P + kk * 16) * 2;
-					uint32_t bq[4], bg[4];
+				for (int kk = 0; kk < HD / 16; kk++) {
+					uint32_t ak[4], av[4];
 
-					ldsm4(bq, qb + ob + o);
-					ldsm4(bg, gb + ob + o);
-					mma16816(s[2 * np], ak, bq);
-					mma16816(s[2 * np + 1], ak, bq + 2);
-					mma16816(dp[2 * np], av, bg);
-					mma16816(dp[2 * np + 1], av, bg + 2);
+					ldsm4(ak, ka + kk * 32);
+					ldsm4(av, va + kk * 32);
+#pragma unroll
+					for (int np = 0; np < FA_SUB / 16; np++) {
+						const uint32_t o =
+							((sub * FA_SUB + np * 16) * P + kk * 16) * 2;
+						uint32_t bq[4], bg[4];
+
+						ldsm4(bq, qb + ob + o);
+						ldsm4(bg, gb + ob + o);
+						mma16816(s[2 * np], ak, bq);
+						mma16816(s[2 * np + 1], ak, bq + 2);
+						mma16816(dp[2 * np], av, bg);
+						mma16816(dp[2 * np + 1], av, bg + 2);
+					}
 				}
 			}
 			const bool msk = CP || pos || qa < wk + 15 || qz < 0;
@@ -679,23 +771,44 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 					dp[n][e] = p * (dp[n][e] - Dl[qc]);
 				}
 			}
-#pragma unroll
-			for (int kk = 0; kk < FA_SUB / 16; kk++) {
-				uint32_t pa[4], da[4];
+			if constexpr (WG) {
+				uint32_t pa[FA_SUB / 16][4], da[FA_SUB / 16][4];
 
-				acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-				acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
 #pragma unroll
-				for (int np = 0; np < HD / 16; np++) {
-					const uint32_t o = ((sub * FA_SUB + kk * 16) * P + np * 16) * 2;
-					uint32_t bg[4], bq[4];
+				for (int kk = 0; kk < FA_SUB / 16; kk++) {
+					acc_to_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
+					acc_to_a(da[kk], dp[2 * kk], dp[2 * kk + 1]);
+				}
+				wg_fence();
+#pragma unroll
+				for (int kk = 0; kk < FA_SUB / 16; kk++) {
+					const int r = sub * FA_SUB + kk * 16;
 
-					ldsm4t(bg, gb + obt + o);
-					ldsm4t(bq, qb + obt + o);
-					mma16816(dv[2 * np], pa, bg);
-					mma16816(dv[2 * np + 1], pa, bg + 2);
-					mma16816(dk[2 * np], da, bq);
-					mma16816(dk[2 * np + 1], da, bq + 2);
+					wgmma_rs<HD, 1>(&dv[0][0], pa[kk], desc_mn<FA_BN>(gt, r));
+					wgmma_rs<HD, 1>(&dk[0][0], da[kk], desc_mn<FA_BN>(qt, r));
+				}
+				wg_commit();
+				wg_wait0();
+			} else {
+#pragma unroll
+				for (int kk = 0; kk < FA_SUB / 16; kk++) {
+					uint32_t pa[4], da[4];
+
+					acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+					acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+					for (int np = 0; np < HD / 16; np++) {
+						const uint32_t o =
+							((sub * FA_SUB + kk * 16) * P + np * 16) * 2;
+						uint32_t bg[4], bq[4];
+
+						ldsm4t(bg, gb + obt + o);
+						ldsm4t(bq, qb + obt + o);
+						mma16816(dv[2 * np], pa, bg);
+						mma16816(dv[2 * np + 1], pa, bg + 2);
+						mma16816(dk[2 * np], da, bq);
+						mma16816(dk[2 * np + 1], da, bq + 2);
+					}
 				}
 			}
 		}
@@ -722,15 +835,40 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	}
 }
 
-template <int HD> static size_t fa_smem_fwd(void)
+// WG: unpadded rows, and 1 KB to start the tiles on a 1024-byte boundary
+template <int HD, bool WG> static size_t fa_smem_fwd(void)
 {
-	return (size_t)4 * FA_BN * (HD + 8) * sizeof(bf16);
+	return (size_t)4 * FA_BN * (WG ? HD : HD + 8) * sizeof(bf16) + (WG ? 1024 : 0);
 }
 
-template <int HD> static size_t fa_smem_dkdv(void)
+template <int HD, bool WG> static size_t fa_smem_dkdv(void)
 {
-	return (size_t)(2 * FA_BM + 4 * FA_BN) * (HD + 8) * sizeof(bf16) + 4 * FA_BN * sizeof(float) +
-	       4 * FA_BN * sizeof(int);
+	return (size_t)(2 * FA_BM + 4 * FA_BN) * (WG ? HD : HD + 8) * sizeof(bf16) +
+	       4 * FA_BN * sizeof(float) + 4 * FA_BN * sizeof(int) + (WG ? 1024 : 0);
+}
+
+// the warpgroup (wgmma) kernels: built for sm_90a (SL_WGMMA), head_dim 64 or 128, on a device of
+// compute capability 9.0, and asked for with SHARDLM_FA_WGMMA=1.  Opt-in until they have run on a
+// GPU against the CPU reference (make check-gpu runs test_cuda_ops both ways).
+static bool fa_wg(int hd)
+{
+#ifdef SL_WGMMA
+	static int ok = -1;
+
+	if (ok < 0) {
+		const char *e = getenv("SHARDLM_FA_WGMMA");
+		int dev = 0, major = 0, minor = 0;
+
+		CUDA_CHECK(cudaGetDevice(&dev));
+		CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+		CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+		ok = major == 9 && minor == 0 && e && !strcmp(e, "1");
+	}
+	return ok && (hd == 64 || hd == 128);
+#else
+	(void)hd;
+	return false;
+#endif
 }
 
 // above 48 KB a kernel needs its dynamic shared-memory limit raised, once
@@ -748,13 +886,45 @@ template <int HD, bool CP>
 static void fa_fwd(struct sl_cuda *c, bf16 *out, float *lse, const bf16 *qkv, const int *lens,
 		   const int *pos, int B, int L, int nh, int nkv, float sl2, const fa_rows &x)
 {
-	static bool done;
-	size_t sm = fa_smem_fwd<HD>();
+	static bool done, done_wg;
+	const int Lq = CP ? x.Lq : L;
+	const dim3 grid((Lq + FA_BM - 1) / FA_BM, nh, B);
+
+	if constexpr (HD <= 128) {
+		if (fa_wg(HD)) {
+			const size_t sm = fa_smem_fwd<HD, true>();
+
+			fa_allow(k_fa_fwd<HD, CP, true>, sm, &done_wg);
+			k_fa_fwd<HD, CP, true><<<grid, FA_THR, sm, c->stream>>>(out, lse, qkv, lens, pos,
+										 L, nh, nkv, sl2, x);
+			CUDA_LAUNCHED();
+			return;
+		}
+	}
+	const size_t sm = fa_smem_fwd<HD, false>();
+
+	fa_allow(k_fa_fwd<HD, CP, false>, sm, &done);
+	k_fa_fwd<HD, CP, false><<<grid, FA_THR, sm, c->stream>>>(out, lse, qkv, lens, pos, L, nh,
+								  nkv, sl2, x);
+	CUDA_LAUNCHED();
+}
+
+template <int HD, bool CP, bool WG>
+static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse,
+		     const float *D, const bf16 *qkv, const int *lens, const int *pos, int B, int L,
+		     int nh, int nkv, float sl2, float scale, const fa_rows &x)
+{
+	static bool done_q, done_kv;
+	const size_t smq = fa_smem_fwd<HD, WG>(), smk = fa_smem_dkdv<HD, WG>();
 	const int Lq = CP ? x.Lq : L;
 
-	fa_allow(k_fa_fwd<HD, CP>, sm, &done);
-	k_fa_fwd<HD, CP><<<dim3((Lq + FA_BM - 1) / FA_BM, nh, B), FA_THR, sm, c->stream>>>(
-		out, lse, qkv, lens, pos, L, nh, nkv, sl2, x);
+	fa_allow(k_fa_dq<HD, CP, WG>, smq, &done_q);
+	fa_allow(k_fa_dkdv<HD, CP, WG>, smk, &done_kv);
+	k_fa_dq<HD, CP, WG><<<dim3((Lq + FA_BM - 1) / FA_BM, nh, B), FA_THR, smq, c->stream>>>(
+		dqkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x);
+	CUDA_LAUNCHED();
+	k_fa_dkdv<HD, CP, WG><<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), FA_THR, smk, c->stream>>>(
+		dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x);
 	CUDA_LAUNCHED();
 }
 
@@ -764,18 +934,15 @@ static void fa_bwd(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout, c
 		   const float *D, const bf16 *qkv, const int *lens, const int *pos, int B, int L,
 		   int nh, int nkv, float sl2, float scale, const fa_rows &x)
 {
-	static bool done_q, done_kv;
-	size_t smq = fa_smem_fwd<HD>(), smk = fa_smem_dkdv<HD>();
-	const int Lq = CP ? x.Lq : L;
-
-	fa_allow(k_fa_dq<HD, CP>, smq, &done_q);
-	fa_allow(k_fa_dkdv<HD, CP>, smk, &done_kv);
-	k_fa_dq<HD, CP><<<dim3((Lq + FA_BM - 1) / FA_BM, nh, B), FA_THR, smq, c->stream>>>(
-		dqkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x);
-	CUDA_LAUNCHED();
-	k_fa_dkdv<HD, CP><<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), FA_THR, smk, c->stream>>>(
-		dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x);
-	CUDA_LAUNCHED();
+	if constexpr (HD <= 128) {
+		if (fa_wg(HD)) {
+			fa_bwd_k<HD, CP, true>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv,
+					       sl2, scale, x);
+			return;
+		}
+	}
+	fa_bwd_k<HD, CP, false>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2,
+				scale, x);
 }
 
 #endif

@@ -3,7 +3,8 @@
 # after `make check` (or `make -C test test_dist_gpu`) in a build configured with CUDA.
 #   test_dist_gpu: NCCL with 1 rank; 2 and 4 ranks sharing the GPU through the host-staged MPI
 #   communicator (NCCL refuses two ranks on one device), also as 2 pretended nodes of 2.
-#   test_cuda_ops, test_cuda_model: the cuda backend's ops and the tiny model against the cpu one.
+#   test_cuda_ops, test_cuda_model: the cuda backend's ops and the tiny model against the cpu one,
+#   again with the wgmma flash-attention kernels (SHARDLM_FA_WGMMA=1).
 #   check-gpu-offload.sh: offloaded optimizer state and weights train to the on-GPU losses.
 #   check-gpu-sft.sh: task sft (untied, tied, packed, Qwen3-MoE) trains to the cpu backend's losses.
 #   test_cuda_qwen35: the same for the Qwen3.5 hybrid's ops and a tiny hybrid model.
@@ -54,6 +55,10 @@ fi
 # the cuda backend against the cpu one: every op, then the whole tiny model (loss and gradients)
 gpu_test "cuda ops vs cpu" "$top_builddir/test/test_cuda_ops"
 gpu_test "cuda model vs cpu" "$top_builddir/test/test_cuda_model"
+# the flash-attention kernels on Hopper's warpgroup MMA (opt-in, SHARDLM_FA_WGMMA=1)
+gpu_test "cuda ops vs cpu, wgmma attention" env SHARDLM_FA_WGMMA=1 "$top_builddir/test/test_cuda_ops"
+gpu_test "cuda model vs cpu, wgmma attention" env SHARDLM_FA_WGMMA=1 \
+	"$top_builddir/test/test_cuda_model"
 # parallel.offload: the copy streams and events, then optimizer and params against on-GPU
 # optimizer state (losses, 20 steps)
 gpu_test "cuda async copies" "$top_builddir/test/test_cuda_async"

@@ -1,0 +1,195 @@
+// wgmma.cuh: Hopper's warpgroup matrix multiply (wgmma.mma_async) for the flash-attention
+// kernels (flash.cuh): the 128-byte-swizzled shared-memory tiles it reads, their descriptors, and
+// the register-A forms the kernels use.  Device code only; the instructions exist on sm_90a, so a
+// build for another target compiles these to traps and the launchers never pick them (SL_WGMMA).
+#ifndef SL_WGMMA_CUH
+#define SL_WGMMA_CUH
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SL_WG_DEV 1
+#else
+#define SL_WG_DEV 0
+#endif
+
+// A tile of NR rows x HD bf16 columns lies as HD/64 panels of NR rows x 64 columns; a panel row is
+// 128 bytes, and its 16-byte chunk c sits at chunk c ^ (row % 8) (the hardware's 128-byte
+// swizzle, applied to address bits, so a tile starts on a 1024-byte boundary).  The same tile is
+// read as a K-major operand (rows are the n index: keys for S = Q K^T) or an MN-major one (rows
+// are the k index: keys for O += P V).
+template <int HD, int NR>
+static __device__ __forceinline__ void tile_sw(bf16 *sh, const bf16 *g, size_t stride, int row0,
+					       int rend, int nthr)
+{
+	const int CPR = HD / 8;
+
+#pragma unroll
+	for (int e = threadIdx.x; e < NR * CPR; e += nthr) {
+		const int r = e / CPR, c = e % CPR, pnl = c >> 3, ch = (c & 7) ^ (r & 7);
+		const bool ok = row0 + r < rend;
+
+		cp_async16(smem_u32(sh + (pnl * NR + r) * 64 + ch * 8),
+			   ok ? g + (size_t)(row0 + r) * stride + c * 8 : g, ok);
+	}
+}
+
+// the dynamic shared memory's first 1024-byte boundary (launchers ask for 1 KB more)
+static __device__ __forceinline__ bf16 *sw_base(bf16 *p)
+{
+	const uint32_t a = smem_u32(p);
+
+	return p + (((a + 1023u) & ~1023u) - a) / sizeof(bf16);
+}
+
+// matrix descriptor: start address, leading and stride byte offsets (all in 16-byte units),
+// 128-byte swizzle
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
+{
+	return (uint64_t)((addr & 0x3FFFFu) >> 4) | (uint64_t)(lbo >> 4) << 16 |
+	       (uint64_t)(sbo >> 4) << 32 | 1ull << 62;
+}
+
+// B operand, K-major, of k-step kk (16 columns) over rows [r0, r0 + n) of an NR-row tile: 8-row
+// groups 1024 bytes apart, 16 columns are 32 bytes inside a panel row
+template <int NR>
+static __device__ __forceinline__ uint64_t desc_k(const bf16 *tile, int r0, int kk)
+{
+	return wg_desc(smem_u32(tile) + (kk >> 2) * NR * 128 + r0 * 128 + (kk & 3) * 32, 16, 1024);
+}
+
+// B operand, MN-major, of the 16 tile rows from r0 (the k index): panels (64 n) NR * 128 bytes
+// apart, 8-row groups 1024 bytes apart
+template <int NR>
+static __device__ __forceinline__ uint64_t desc_mn(const bf16 *tile, int r0)
+{
+	return wg_desc(smem_u32(tile) + r0 * 128, NR * 128, 1024);
+}
+
+// cp.async wrote through the generic proxy; wgmma reads through the async one
+static __device__ __forceinline__ void fence_async_smem(void)
+{
+#if SL_WG_DEV
+	asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// registers written since the last wgmma (accumulators, A fragments) become visible to it
+static __device__ __forceinline__ void wg_fence(void)
+{
+#if SL_WG_DEV
+	asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void wg_commit(void)
+{
+#if SL_WG_DEV
+	asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+// every committed group done: the accumulators may be read
+static __device__ __forceinline__ void wg_wait0(void)
+{
+#if SL_WG_DEV
+	asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+
+// D (m64 x nN, fp32) += A (m64 x k16, bf16, registers) * B (k16 x nN, bf16, shared memory);
+// TB 0: B K-major, 1: MN-major.  A warp's part of A and of D is what mma.sync m16n8k16 gives a
+// warp for its 16 rows (warp w of the group: rows 16w..16w+15), D repeated per 8 columns.
+#if SL_WG_DEV
+template <int TB>
+static __device__ __forceinline__ void wgmma_rs32(float *d, const uint32_t *a, uint64_t b)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+		     "{%0,%1,%2,%3,%4,%5,%6,%7,"
+		     "%8,%9,%10,%11,%12,%13,%14,%15}, "
+		     "{%16,%17,%18,%19}, %20, p, 1, 1, %22;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+		       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+		       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(TB));
+}
+
+template <int TB>
+static __device__ __forceinline__ void wgmma_rs64(float *d, const uint32_t *a, uint64_t b)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+		     "{%0,%1,%2,%3,%4,%5,%6,%7,"
+		     "%8,%9,%10,%11,%12,%13,%14,%15,"
+		     "%16,%17,%18,%19,%20,%21,%22,%23,"
+		     "%24,%25,%26,%27,%28,%29,%30,%31}, "
+		     "{%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+		       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+		       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+		       "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+		       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+		       "+f"(d[30]), "+f"(d[31])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(TB));
+}
+
+template <int TB>
+static __device__ __forceinline__ void wgmma_rs128(float *d, const uint32_t *a, uint64_t b)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+		     "{%0,%1,%2,%3,%4,%5,%6,%7,"
+		     "%8,%9,%10,%11,%12,%13,%14,%15,"
+		     "%16,%17,%18,%19,%20,%21,%22,%23,"
+		     "%24,%25,%26,%27,%28,%29,%30,%31,"
+		     "%32,%33,%34,%35,%36,%37,%38,%39,"
+		     "%40,%41,%42,%43,%44,%45,%46,%47,"
+		     "%48,%49,%50,%51,%52,%53,%54,%55,"
+		     "%56,%57,%58,%59,%60,%61,%62,%63}, "
+		     "{%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+		       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+		       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+		       "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+		       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+		       "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+		       "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+		       "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+		       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+		       "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+		       "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(TB));
+}
+
+// D (m64 x n32) += A (m64 x k16, shared memory, K-major) * B (K-major)
+static __device__ __forceinline__ void wgmma_ss32(float *d, uint64_t a, uint64_t b)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+		     "{%0,%1,%2,%3,%4,%5,%6,%7,"
+		     "%8,%9,%10,%11,%12,%13,%14,%15}, "
+		     "%16, %17, p, 1, 1, 0, 0;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+		       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+		       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+		     : "l"(a), "l"(b), "r"(1));
+}
+#else
+static __device__ void wgmma_ss32(float *, uint64_t, uint64_t) { __trap(); }
+template <int TB> static __device__ void wgmma_rs32(float *, const uint32_t *, uint64_t) { __trap(); }
+template <int TB> static __device__ void wgmma_rs64(float *, const uint32_t *, uint64_t) { __trap(); }
+template <int TB> static __device__ void wgmma_rs128(float *, const uint32_t *, uint64_t) { __trap(); }
+#endif
+
+template <int N, int TB>
+static __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t *a, uint64_t b)
+{
+	static_assert(N == 32 || N == 64 || N == 128, "wgmma_rs: n 32, 64 or 128");
+	if constexpr (N == 32)
+		wgmma_rs32<TB>(d, a, b);
+	else if constexpr (N == 64)
+		wgmma_rs64<TB>(d, a, b);
+	else
+		wgmma_rs128<TB>(d, a, b);
+}
+
+#endif
