@@ -495,15 +495,7 @@ void sl_offload_prefetch(struct sl_shard *s, int ui, int dir)
 		/* never wait for the worker here: a unit not yet updated is fetched on demand */
 		if (!updated(s->off, v))
 			break;
-		for (int k = 0; k < s->n_wslots; k++) {
-			struct sl_shard_slot *sl = &s->wslots[k];
-
-			if (sl->in_use)
-				continue;
-			if (!best || sl->unit < 0 ||
-			    (best->unit >= 0 && sl->last_use < best->last_use))
-				best = sl;
-		}
+		best = sl_shard_pick_slot(s->wslots, s->n_wslots, s->u[v].padded);
 		if (!best)
 			break;
 		if (best->unit >= 0)

@@ -100,8 +100,25 @@ static void *lend_grads(const struct sl_shard *s, const struct sl_shard_opts *o,
 	return p && bytes >= need ? p : NULL;
 }
 
-/* Take a slot of @pool for unit @unit: prefer one that already holds it, then a free one, then
- * the least recently used.  *fresh says whether its content must be (re)made. */
+struct sl_shard_slot *sl_shard_pick_slot(struct sl_shard_slot *pool, int n, size_t need)
+{
+	struct sl_shard_slot *best = NULL;
+
+	for (int i = 0; i < n; i++) {
+		struct sl_shard_slot *c = &pool[i];
+
+		if (c->in_use || c->cap < need)
+			continue;
+		if (!best || c->cap < best->cap ||
+		    (c->cap == best->cap && best->unit >= 0 &&
+		     (c->unit < 0 || c->last_use < best->last_use)))
+			best = c;
+	}
+	return best;
+}
+
+/* Take a slot of @pool for unit @unit: one that already holds it, else sl_shard_pick_slot's.
+ * *fresh says whether its content must be (re)made. */
 static struct sl_shard_slot *take_slot(struct sl_shard *s, struct sl_shard_slot *pool, int n,
 				       int unit, bool *fresh)
 {
@@ -114,18 +131,15 @@ static struct sl_shard_slot *take_slot(struct sl_shard *s, struct sl_shard_slot 
 			goto out;
 		}
 	}
-	for (int i = 0; i < n; i++) {
-		if (pool[i].in_use)
-			continue;
-		if (!best || pool[i].unit < 0 ||
-		    (best->unit >= 0 && pool[i].last_use < best->last_use))
-			best = &pool[i];
-		if (best->unit < 0)
-			break;
+	best = sl_shard_pick_slot(pool, n, s->u[unit].padded);
+	if (!best) {
+		char why[200];
+
+		snprintf(why, sizeof(why), "internal error: no free %s slot holds unit %d (the model "
+			 "holds more units at once than the shard pool was sized for)",
+			 pool == s->wslots ? "gather" : "gradient", unit);
+		sl_dist_abort(why);
 	}
-	if (!best)
-		sl_dist_abort("internal error: every gather slot is in use (the model holds more "
-			      "units at once than the shard pool was sized for)");
 	*fresh = true;
 	if (pool == s->wslots && best->unit >= 0)
 		s->u[best->unit].wslot = -1;
@@ -261,6 +275,36 @@ static void release_grads(void *ctx, int unit)
 	release_weights(ctx, unit);
 }
 
+static int desc_size(const void *a, const void *b)
+{
+	const size_t x = *(const size_t *)a, y = *(const size_t *)b;
+
+	return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/*
+ * A pool of n slots holds at most n units at once: its slots take the n largest units' (padded)
+ * sizes, so any n units fit, and sl_shard_pick_slot's smallest-that-fits keeps the large slots
+ * for the large units (a vocabulary-sized embedding or head next to layers a fraction of it).
+ */
+static int pool_caps(struct sl_shard *s, struct sl_shard_slot *pool, int n)
+{
+	size_t *sz = malloc(s->n_units * sizeof(size_t));
+
+	if (!sz)
+		return -1;
+	for (int i = 0; i < s->n_units; i++)
+		sz[i] = s->u[i].padded;
+	qsort(sz, s->n_units, sizeof(size_t), desc_size);
+	for (int i = 0; i < n; i++) {
+		pool[i].cap = sz[i < s->n_units ? i : s->n_units - 1];
+		pool[i].buf = s->be->alloc(s->be, pool[i].cap * s->be->elt);
+		pool[i].unit = -1;
+	}
+	free(sz);
+	return 0;
+}
+
 int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_layout *lay,
 		    const struct sl_shard_opts *o)
 {
@@ -366,14 +410,8 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	s->n_gslots = s->grad_direct ? 0 : experts ? 3 : 2;
 	s->wslots = calloc(s->n_wslots ? s->n_wslots : 1, sizeof(*s->wslots));
 	s->gslots = calloc(s->n_gslots ? s->n_gslots : 1, sizeof(*s->gslots));
-	for (int i = 0; i < s->n_wslots; i++) {
-		s->wslots[i].buf = b->alloc(b, max_padded * b->elt);
-		s->wslots[i].unit = -1;
-	}
-	for (int i = 0; i < s->n_gslots; i++) {
-		s->gslots[i].buf = b->alloc(b, max_padded * b->elt);
-		s->gslots[i].unit = -1;
-	}
+	if (pool_caps(s, s->wslots, s->n_wslots) || pool_caps(s, s->gslots, s->n_gslots))
+		return -1;
 	if (any_gather)
 		s->g32_full = b->alloc(b, (s->g32_elems = g32_elems(max_padded, s->S)) * sizeof(float));
 	/* the second micro-batch's reduced shard on its way into the accumulator */

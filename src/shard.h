@@ -81,7 +81,8 @@ struct sl_shard_unit {
 };
 
 struct sl_shard_slot {
-	void *buf;			/* (max padded) compute precision */
+	void *buf;			/* cap elements, compute precision */
+	size_t cap;			/* the largest unit (padded) it can hold */
 	int unit;			/* unit whose full weights/grads it holds, -1 none */
 	bool in_use;
 	unsigned long last_use;
@@ -229,5 +230,12 @@ void sl_offload_stats(struct sl_shard *s, struct sl_offload_stats *st);
  * in the background after the return; whatever reads the weights or the state waits for it.
  */
 int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, double *grad_norm);
+
+/*
+ * The free slot of @pool (n slots) for a unit of @need elements: the smallest that holds it, of
+ * those an empty one, else the least recently used; NULL when none is free and large enough.
+ * (Slots take the largest units' sizes, shard.c pool_caps; offload.c's prefetch picks with it.)
+ */
+struct sl_shard_slot *sl_shard_pick_slot(struct sl_shard_slot *pool, int n, size_t need);
 
 #endif

@@ -236,48 +236,58 @@ struct want {
 
 /*
  * The six layouts of issue 6 and the advice's answer to the last, for either shape (P, the embedding E = the largest unit):
+ * A pool of n unit slots takes the n largest units' sizes: the embedding E and the largest layer
+ * Lm (bf16: 2E, 2Lm each rounded to 256 bytes; with 8 ranks the units padded to a multiple of 8).
  * S = 1, no offload: weights = bf16 shard of every unit = 2P (the model reads its own shard in
- * place: no gather slots); gradients = 2 unit slots of the largest unit 2 x 2E + fp32
+ * place: no gather slots); gradients = 2 unit slots 2E + 2Lm + fp32
  * accumulators 4P; master + m + v = 12P (each plus the rounding the shape gives); comm = rs_out
  * (largest shard, fp32) 4E + the units' sums of squares, 66 doubles = 528 bytes, rounded: 768.
  * S = 1, offload optimizer: the same minus the fp32 state (grads = the 2 slots only: with the
  * default accum 2 the fp32 accumulators of earlier micro-batches, 4P, about 96 GiB, do not fit
  * beside the rest, so they add up on the host); comm adds offload's gradient staging ring, 2
  * fp32 shards of the largest unit = 2 x 4E.
- * S = 1, offload params: weights = 3 gathered units in flight (prefetch 1 + 2) x 2E; comm as
+ * S = 1, offload params: weights = 3 gathered units in flight (prefetch 1 + 2): 2E + 2 x 2Lm; comm as
  * with offload optimizer (uploads go straight into the slots).
  * Host, offload: master + m + v 12P, grad32 4P plus the ring's host half (accumulating on the
  * host) 2 x 4E, the bf16 copy AdamW writes 2P.
  * S = 8: shards of ceil(unit/8) (each buffer rounded to 256 bytes); weights = bf16 shards + 3
- * gather slots; grads = 2 slots + fp32 shards; master+moments = 3 fp32 shards; comm = the fp32
+ * gather slots (2E + 2 x 2Lm); grads = 2 slots (2E + 2Lm) + fp32 shards; master+moments = 3 fp32 shards; comm = the fp32
  * reduce-scatter staging, 512 MiB (the embedding, 4E, goes through it in rounds) + the largest
  * fp32 shard 4 x E/8 + 768 (E is a multiple of 8 in both shapes); with checkpointing only the
  * activations change.
  */
+/* a unit slot of the largest layer, bf16, its elements padded to a multiple of S */
+static ull lslot(const struct shape *sh, ull S)
+{
+	const ull lm = sh->layer[0] > sh->layer[1] ? sh->layer[0] : sh->layer[1];
+
+	return r256(2 * ((lm + S - 1) / S * S));
+}
+
 static void check_27b(const struct shape *sh)
 {
 	struct sl_model_config mc;
 	struct sl_layout lay;
-	const ull P = sh->p_all, E = sh->emb, maxu2 = 2 * E;
+	const ull P = sh->p_all, E = sh->emb, maxu2 = 2 * E, s1 = lslot(sh, 1), s8 = lslot(sh, 8);
 	const ull w1 = 2 * P + sh->round2, f1 = 4 * P + sh->round4;	/* S = 1 bf16, fp32 */
 	const ull comm1 = E * 4 + 768, comm8 = STAGE + E / 8 * 4 + 768, ring = 2 * E * 4;
 	const struct want wants[] = {
 		{ "1 x 80 GB, no offload", 1, 80, SL_OFFLOAD_NONE, false,
-		  w1, 2 * maxu2 + f1, 3 * f1, sh->act_all, comm1, sh->fits[0] },
+		  w1, maxu2 + s1 + f1, 3 * f1, sh->act_all, comm1, sh->fits[0] },
 		{ "1 x 80 GB, offload optimizer", 1, 80, SL_OFFLOAD_OPTIMIZER, false,
-		  w1, 2 * maxu2, 0, sh->act_all, comm1 + ring, sh->fits[1] },
+		  w1, maxu2 + s1, 0, sh->act_all, comm1 + ring, sh->fits[1] },
 		{ "1 x 80 GB, offload optimizer + checkpointing", 1, 80, SL_OFFLOAD_OPTIMIZER, true,
-		  w1, 2 * maxu2, 0, sh->act_ckpt, comm1 + ring, sh->fits[2] },
+		  w1, maxu2 + s1, 0, sh->act_ckpt, comm1 + ring, sh->fits[2] },
 		{ "1 x 80 GB, offload params", 1, 80, SL_OFFLOAD_PARAMS, false,
-		  3 * maxu2, 2 * maxu2, 0, sh->act_all, comm1 + ring, sh->fits[3] },
+		  maxu2 + 2 * s1, maxu2 + s1, 0, sh->act_all, comm1 + ring, sh->fits[3] },
 		{ "1 x 141 GB, offload optimizer", 1, 141, SL_OFFLOAD_OPTIMIZER, false,
-		  w1, 2 * maxu2, 0, sh->act_all, comm1 + ring, sh->fits[4] },
+		  w1, maxu2 + s1, 0, sh->act_all, comm1 + ring, sh->fits[4] },
 		{ "8 x 80 GB FSDP", 8, 80, SL_OFFLOAD_NONE, false,
-		  units(sh, 8, 2) + 3 * maxu2, 2 * maxu2 + units(sh, 8, 4), 3 * units(sh, 8, 4),
-		  sh->act_all, comm8, sh->fits[5] },
+		  units(sh, 8, 2) + maxu2 + 2 * s8, maxu2 + s8 + units(sh, 8, 4),
+		  3 * units(sh, 8, 4), sh->act_all, comm8, sh->fits[5] },
 		{ "8 x 80 GB FSDP + checkpointing", 8, 80, SL_OFFLOAD_NONE, true,
-		  units(sh, 8, 2) + 3 * maxu2, 2 * maxu2 + units(sh, 8, 4), 3 * units(sh, 8, 4),
-		  sh->act_ckpt, comm8, sh->fits[6] },
+		  units(sh, 8, 2) + maxu2 + 2 * s8, maxu2 + s8 + units(sh, 8, 4),
+		  3 * units(sh, 8, 4), sh->act_ckpt, comm8, sh->fits[6] },
 	};
 	load_fixture(sh, &mc, &lay);
 	/* P written out, against the sum of the units above and the layout */
@@ -593,12 +603,13 @@ static void check_parse(void)
  * one layer's set 407,584,768 bytes (above).  1 GPU: a layer's gradient 4 x 393,226,496 =
  * 1,572,905,984 bytes does not fit in it; 8 GPUs: 4 x 393,226,496 / 8 = 196,613,248 does (its
  * block rounded up to 196,613,376), for
- * all 64 layers: grads = the 2 unit slots + the embedding's and the head's shards only.
+ * all 64 layers: grads = the 2 unit slots (2E + 2Lm) + the embedding's and the head's shards
+ * only.
  */
 static void check_lent(void)
 {
 	const struct shape *sh = &dense27;
-	const ull E = sh->emb, maxu2 = 2 * E, f1 = 4 * sh->p_all + sh->round4;
+	const ull E = sh->emb, maxu2 = 2 * E, f1 = 4 * sh->p_all + sh->round4, s8 = lslot(sh, 8);
 	const ull lay8 = r256(sh->layer[0] / 8 * 4);
 	struct {
 		const char *what;
@@ -610,9 +621,9 @@ static void check_lent(void)
 		 * grad_direct): the bf16 shards, no slots; a layer's 2 x 393,226,496 bytes do
 		 * not fit in its activations either */
 		{ "1 GPU, accum 1", 1, false, 2 * sh->p_all + sh->round2, 768, 0 },
-		{ "8 GPUs, accum 1", 8, false, 2 * maxu2 + units(sh, 8, 4) - 64 * lay8,
+		{ "8 GPUs, accum 1", 8, false, maxu2 + s8 + units(sh, 8, 4) - 64 * lay8,
 		  STAGE + 768, 64 * 196613248ull },
-		{ "8 GPUs, accum 1, checkpointing", 8, true, 2 * maxu2 + units(sh, 8, 4),
+		{ "8 GPUs, accum 1, checkpointing", 8, true, maxu2 + s8 + units(sh, 8, 4),
 		  STAGE + 768, 0 },
 	};
 	struct sl_model_config mc;
@@ -646,8 +657,36 @@ static void check_lent(void)
 	sl_model_config_free(&mc);
 }
 
+/*
+ * shard.c's slot choice, by hand: the free slot that holds the unit and is smallest, of those an
+ * empty one, else the least recently used; none when every large-enough slot is in use.
+ */
+static void check_pick_slot(void)
+{
+	struct sl_shard_slot pool[4] = {
+		{ .cap = 10, .unit = -1 }, { .cap = 5, .unit = 3, .last_use = 7 },
+		{ .cap = 5, .unit = 4, .last_use = 2 }, { .cap = 5, .unit = -1 },
+	};
+
+	CHECK(sl_shard_pick_slot(pool, 4, 5) == &pool[3], "an empty 5 before the held ones");
+	CHECK(sl_shard_pick_slot(pool, 4, 6) == &pool[0], "only the 10 holds 6");
+	CHECK(sl_shard_pick_slot(pool, 4, 10) == &pool[0]);
+	pool[3].in_use = true;
+	CHECK(sl_shard_pick_slot(pool, 4, 5) == &pool[2], "the least recently used 5");
+	pool[2].in_use = true;
+	CHECK(sl_shard_pick_slot(pool, 4, 1) == &pool[1]);
+	pool[1].in_use = true;
+	CHECK(sl_shard_pick_slot(pool, 4, 5) == &pool[0], "the 10 when every 5 is in use");
+	pool[0].in_use = true;
+	CHECK(sl_shard_pick_slot(pool, 4, 1) == NULL, "all in use");
+	pool[0].in_use = false;
+	pool[1].in_use = false;
+	CHECK(sl_shard_pick_slot(pool, 4, 11) == NULL, "nothing holds 11");
+}
+
 int main(void)
 {
+	check_pick_slot();
 	check_parse();
 	check_27b(&dense27);
 	check_27b(&hybrid27);
