@@ -11,7 +11,8 @@
 # attention times of test_cuda_ops --bench at the 4B shape.
 # Environment: STEPS (default 8), SHAPES (default "4b 1.7b"), PEERS (default "eager compile";
 # "none": shardlm alone), PEER_TIMEOUT seconds per peer run (default 300), OPS (default 1; 0
-# leaves out test_cuda_ops --bench).
+# leaves out test_cuda_ops --bench), VARIANTS (default "-": shardlm as it is; a list of NAME=VALUE
+# environment settings, "-" for none, runs shardlm once per entry, e.g. "- SHARDLM_FA_WGMMA=1").
 set -u
 OUT=${1:-/tmp/train-vs-fsdp2}
 mkdir -p "$OUT"
@@ -59,8 +60,16 @@ checkpoint: {every: 0}
 export: {dtype: bf16}
 run: {dir: $T/run-$shape, log_every: 1}
 YAML
-	shardlm train "$T/$shape.yaml" >"$OUT/shardlm-$shape.log" 2>&1
-	python3 - "$T/run-$shape/training_metrics.json" "$M/config.json" "$shape" "$B" >>"$RES" <<'PY'
+	for var in ${VARIANTS:--}; do
+	if [ "$var" = - ]; then
+		impl=shardlm; log="$OUT/shardlm-$shape.log"
+		shardlm train "$T/$shape.yaml" >"$log" 2>&1
+	else
+		impl="shardlm $var"; log="$OUT/shardlm-$shape-${var%%=*}.log"
+		env "$var" shardlm train "$T/$shape.yaml" >"$log" 2>&1
+	fi
+	python3 - "$T/run-$shape/training_metrics.json" "$M/config.json" "$shape" "$B" "$impl" \
+		>>"$RES" <<'PY'
 import json, statistics, sys
 m = json.load(open(sys.argv[1])); c = json.load(open(sys.argv[2]))
 st = m["steps"][2:] or m["steps"]
@@ -72,11 +81,12 @@ hd = c.get("head_dim") or H // nh
 p = nl * (H * nh * hd + 2 * H * nkv * hd + nh * hd * H + 3 * H * I) + H
 n = 2048
 fl = 6 * p + 12.0 * hd * nh * nl * (n + 1) / 2
-print(json.dumps({"shape": sys.argv[3], "impl": "shardlm", "batch": int(sys.argv[4]),
+print(json.dumps({"shape": sys.argv[3], "impl": sys.argv[5], "batch": int(sys.argv[4]),
                   "s_per_step": t, "tokens_per_s": tok / t, "mfu": fl * tok / t / 989e12,
                   "peak_gb": max(s.get("peak_gpu_bytes", 0) for s in m["steps"]) / 1e9}))
 PY
 	rm -rf "$T/run-$shape"
+	done
 	for peer in $PEERS; do
 		flag=""
 		[ "$peer" = compile ] && flag=--compile
