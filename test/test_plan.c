@@ -52,7 +52,7 @@ struct shape {
 	ull round2, round4;
 	ull act_all, act_ckpt;		/* activations bytes without / with checkpointing */
 	ull ws_gdn;			/* the chunked delta rule's scratch past the 64 MiB */
-	bool fits[7];			/* the verdicts, in the order of wants[] below */
+	bool fits[9];			/* the verdicts, in the order of wants[] below */
 };
 
 /*
@@ -96,10 +96,10 @@ static const struct shape dense27 = {
 	.head = 10240ull, .p_all = 25944418304ull, .round2 = 0, .round4 = 0,
 	.act_all = 1669332992ull + 64 * 407584768ull, .act_ckpt = 1669332992ull + 407584768ull,
 	/*
-	 * totals (GiB, the sums of the terms in check_27b): 468.52, 87.71, 63.80, 43.74, 87.71,
-	 * 90.27, 66.36, against 80 GB = 74.51 GiB (141 GB = 131.32 GiB)
+	 * totals (GiB, the sums of the terms in check_27b): 467.80, 87.00, 63.08, 41.59, 87.00,
+	 * 88.12, 64.21, 60.76, 36.84 against 80 GB = 74.51 GiB (141 GB = 131.32 GiB)
 	 */
-	.fits = { false, false, true, true, true, false, true },
+	.fits = { false, false, true, true, true, false, true, true, true },
 };
 
 /*
@@ -181,11 +181,12 @@ static const struct shape hybrid27 = {
 	 */
 	.ws_gdn = 71303168ull,
 	/*
-	 * totals (GiB): 476.40, 104.04, 71.39, 63.41, 104.04, 103.99, 71.35 against 80 GB = 74.51
-	 * GiB (141 GB = 131.32 GiB): 8 x 80 GB with checkpointing fits by 3.16 GiB (it missed by
-	 * 1.07 GiB while the reduce-scatter staged the whole embedding in fp32, 4.74 GiB)
+	 * totals (GiB): 474.75, 102.38, 69.74, 58.45, 102.38, 99.03, 66.39, 71.89, 39.24 against
+	 * 80 GB = 74.51 GiB (141 GB = 131.32 GiB): 8 x 80 GB with checkpointing fits by 8.12 GiB
+	 * (it missed by 1.07 GiB while the reduce-scatter staged the whole embedding in fp32, 4.74
+	 * GiB, and every slot was the embedding's size); 16 GPUs fit without checkpointing
 	 */
-	.fits = { false, false, true, true, true, false, true },
+	.fits = { false, false, true, true, true, false, true, true, true },
 };
 
 /*
@@ -251,10 +252,11 @@ struct want {
  * Host, offload: master + m + v 12P, grad32 4P plus the ring's host half (accumulating on the
  * host) 2 x 4E, the bf16 copy AdamW writes 2P.
  * S = 8: shards of ceil(unit/8) (each buffer rounded to 256 bytes); weights = bf16 shards + 3
- * gather slots (2E + 2 x 2Lm); grads = 2 slots (2E + 2Lm) + fp32 shards; master+moments = 3 fp32 shards; comm = the fp32
- * reduce-scatter staging, 512 MiB (the embedding, 4E, goes through it in rounds) + the largest
- * fp32 shard 4 x E/8 + 768 (E is a multiple of 8 in both shapes); with checkpointing only the
- * activations change.
+ * gather slots (2E + 2 x 2Lm); grads = 2 slots (2E + 2Lm) + fp32 shards; master+moments = 3
+ * fp32 shards; comm = the fp32 reduce-scatter staging, 512 MiB (the embedding, 4E, goes through
+ * it in rounds) + the largest fp32 shard 4 x E/8 + 768; with checkpointing only the activations
+ * change.  S = 16 (two nodes of 8, FSDP over both): the same with 16 (E is a multiple of 16 in
+ * both shapes).
  */
 /* a unit slot of the largest layer, bf16, its elements padded to a multiple of S */
 static ull lslot(const struct shape *sh, ull S)
@@ -269,6 +271,7 @@ static void check_27b(const struct shape *sh)
 	struct sl_model_config mc;
 	struct sl_layout lay;
 	const ull P = sh->p_all, E = sh->emb, maxu2 = 2 * E, s1 = lslot(sh, 1), s8 = lslot(sh, 8);
+	const ull s16 = lslot(sh, 16), comm16 = STAGE + E / 16 * 4 + 768;
 	const ull w1 = 2 * P + sh->round2, f1 = 4 * P + sh->round4;	/* S = 1 bf16, fp32 */
 	const ull comm1 = E * 4 + 768, comm8 = STAGE + E / 8 * 4 + 768, ring = 2 * E * 4;
 	const struct want wants[] = {
@@ -288,6 +291,12 @@ static void check_27b(const struct shape *sh)
 		{ "8 x 80 GB FSDP + checkpointing", 8, 80, SL_OFFLOAD_NONE, true,
 		  units(sh, 8, 2) + maxu2 + 2 * s8, maxu2 + s8 + units(sh, 8, 4),
 		  3 * units(sh, 8, 4), sh->act_ckpt, comm8, sh->fits[6] },
+		{ "16 x 80 GB FSDP (2 nodes)", 16, 80, SL_OFFLOAD_NONE, false,
+		  units(sh, 16, 2) + maxu2 + 2 * s16, maxu2 + s16 + units(sh, 16, 4),
+		  3 * units(sh, 16, 4), sh->act_all, comm16, sh->fits[7] },
+		{ "16 x 80 GB FSDP + checkpointing", 16, 80, SL_OFFLOAD_NONE, true,
+		  units(sh, 16, 2) + maxu2 + 2 * s16, maxu2 + s16 + units(sh, 16, 4),
+		  3 * units(sh, 16, 4), sh->act_ckpt, comm16, sh->fits[8] },
 	};
 	load_fixture(sh, &mc, &lay);
 	/* P written out, against the sum of the units above and the layout */
