@@ -266,14 +266,25 @@ static ull lslot(const struct shape *sh, ull S)
 	return r256(2 * ((lm + S - 1) / S * S));
 }
 
+/* the FSDP layout over S GPUs of 80 GB, no offload (fits: the shape's verdict for it) */
+static struct want fsdp_want(const struct shape *sh, const char *what, ull S, bool ckpt,
+			     bool fits)
+{
+	const ull units4 = units(sh, S, 4), E = sh->emb;
+
+	return (struct want){ what, (int)S, 80, SL_OFFLOAD_NONE, ckpt,
+			      units(sh, S, 2) + 2 * E + 2 * lslot(sh, S),
+			      2 * E + lslot(sh, S) + units4, 3 * units4,
+			      ckpt ? sh->act_ckpt : sh->act_all, STAGE + E / S * 4 + 768, fits };
+}
+
 static void check_27b(const struct shape *sh)
 {
 	struct sl_model_config mc;
 	struct sl_layout lay;
-	const ull P = sh->p_all, E = sh->emb, maxu2 = 2 * E, s1 = lslot(sh, 1), s8 = lslot(sh, 8);
-	const ull s16 = lslot(sh, 16), comm16 = STAGE + E / 16 * 4 + 768;
+	const ull P = sh->p_all, E = sh->emb, maxu2 = 2 * E, s1 = lslot(sh, 1);
 	const ull w1 = 2 * P + sh->round2, f1 = 4 * P + sh->round4;	/* S = 1 bf16, fp32 */
-	const ull comm1 = E * 4 + 768, comm8 = STAGE + E / 8 * 4 + 768, ring = 2 * E * 4;
+	const ull comm1 = E * 4 + 768, ring = 2 * E * 4;
 	const struct want wants[] = {
 		{ "1 x 80 GB, no offload", 1, 80, SL_OFFLOAD_NONE, false,
 		  w1, maxu2 + s1 + f1, 3 * f1, sh->act_all, comm1, sh->fits[0] },
@@ -285,18 +296,10 @@ static void check_27b(const struct shape *sh)
 		  maxu2 + 2 * s1, maxu2 + s1, 0, sh->act_all, comm1 + ring, sh->fits[3] },
 		{ "1 x 141 GB, offload optimizer", 1, 141, SL_OFFLOAD_OPTIMIZER, false,
 		  w1, maxu2 + s1, 0, sh->act_all, comm1 + ring, sh->fits[4] },
-		{ "8 x 80 GB FSDP", 8, 80, SL_OFFLOAD_NONE, false,
-		  units(sh, 8, 2) + maxu2 + 2 * s8, maxu2 + s8 + units(sh, 8, 4),
-		  3 * units(sh, 8, 4), sh->act_all, comm8, sh->fits[5] },
-		{ "8 x 80 GB FSDP + checkpointing", 8, 80, SL_OFFLOAD_NONE, true,
-		  units(sh, 8, 2) + maxu2 + 2 * s8, maxu2 + s8 + units(sh, 8, 4),
-		  3 * units(sh, 8, 4), sh->act_ckpt, comm8, sh->fits[6] },
-		{ "16 x 80 GB FSDP (2 nodes)", 16, 80, SL_OFFLOAD_NONE, false,
-		  units(sh, 16, 2) + maxu2 + 2 * s16, maxu2 + s16 + units(sh, 16, 4),
-		  3 * units(sh, 16, 4), sh->act_all, comm16, sh->fits[7] },
-		{ "16 x 80 GB FSDP + checkpointing", 16, 80, SL_OFFLOAD_NONE, true,
-		  units(sh, 16, 2) + maxu2 + 2 * s16, maxu2 + s16 + units(sh, 16, 4),
-		  3 * units(sh, 16, 4), sh->act_ckpt, comm16, sh->fits[8] },
+		fsdp_want(sh, "8 x 80 GB FSDP", 8, false, sh->fits[5]),
+		fsdp_want(sh, "8 x 80 GB FSDP + checkpointing", 8, true, sh->fits[6]),
+		fsdp_want(sh, "16 x 80 GB FSDP (2 nodes)", 16, false, sh->fits[7]),
+		fsdp_want(sh, "16 x 80 GB FSDP + checkpointing", 16, true, sh->fits[8]),
 	};
 	load_fixture(sh, &mc, &lay);
 	/* P written out, against the sum of the units above and the layout */
