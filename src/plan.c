@@ -253,21 +253,15 @@ static size_t unit_shard(const struct sl_config *c, const struct sl_layout *lay,
 	return pad / S;
 }
 
-static int desc_size(const void *a, const void *b)
-{
-	const size_t x = *(const size_t *)a, y = *(const size_t *)b;
-
-	return x < y ? 1 : x > y ? -1 : 0;
-}
-
-/* shard.c pool_caps: a pool of n slots, each the size of one of the n largest units (padded) */
-static size_t pool_bytes(const struct counter *k, const size_t *desc, int n_units, int n,
-			 size_t e)
+/* a pool of n unit slots at sl_shard_pool_caps's sizes, in bytes (@caps: its scratch) */
+static size_t pool_bytes(const struct counter *k, const size_t *pad, int n_units, int n,
+			 size_t e, size_t *caps)
 {
 	size_t b = 0;
 
+	sl_shard_pool_caps(pad, n_units, n, caps);
 	for (int i = 0; i < n; i++)
-		b += A(k, desc[i < n_units ? i : n_units - 1] * e);
+		b += A(k, caps[i] * e);
 	return b;
 }
 
@@ -280,7 +274,7 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	size_t e, sum_w = 0, sum_f = 0, sum_hf = 0, sum_hw = 0, T, B, L, Lrow, load, ge, sum_g;
 	int n_x = 0;			/* experts' units */
 	bool host_state, host_params;
-	size_t *desc;			/* the units' padded sizes, largest first */
+	size_t *pad, *caps;
 
 	memset(p, 0, sizeof(*p));
 	if (o->gpus < 1) {
@@ -315,15 +309,19 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	 * split over parallel.expert = P ranks: its 1 / P, over the S / P ranks holding the same
 	 * experts
 	 */
-	desc = malloc(lay->n_units * sizeof(size_t));
-	if (!desc) {
+	/* the units' padded sizes, and sl_shard_pool_caps's room: n_units, or 3 gradient slots */
+	pad = malloc(lay->n_units * sizeof(size_t));
+	caps = malloc((lay->n_units + 3) * sizeof(size_t));
+	if (!pad || !caps) {
+		free(pad);
+		free(caps);
 		sl_error("plan: out of memory");
 		return -1;
 	}
 	for (int u = 0; u < lay->n_units; u++) {
 		size_t padded, shard = unit_shard(c, lay, p->S, u, &padded);
 
-		desc[u] = padded;
+		pad[u] = padded;
 		p->params += lay->unit_numel[u];
 		n_x += lay->unit_experts && lay->unit_experts[u];
 		p->shard_elems += shard;
@@ -343,9 +341,8 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	else
 		p->n_wslots = lay->n_units;
 
-	qsort(desc, lay->n_units, sizeof(size_t), desc_size);
 	p->dev[SL_PLAN_WEIGHTS] = (host_params ? 0 : sum_w) +
-		pool_bytes(&dk, desc, lay->n_units, p->n_wslots, e);
+		pool_bytes(&dk, pad, lay->n_units, p->n_wslots, e, caps);
 	p->dev[SL_PLAN_OPTIM] = host_state ? 0 : 3 * sum_f;		/* master, m, v */
 	p->dev[SL_PLAN_COMM] = (p->S > 1 ? A(&dk, zmin(p->max_padded * sizeof(float),
 						       SL_SHARD_RS_STAGE)) : 0) /* g32_full */
@@ -431,8 +428,8 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 			}
 		}
 	}
-	p->dev[SL_PLAN_GRADS] = pool_bytes(&dk, desc, lay->n_units,	/* gslots */
-					   p->grad_direct ? 0 : n_x ? 3 : 2, e) +
+	p->dev[SL_PLAN_GRADS] = pool_bytes(&dk, pad, lay->n_units,	/* gslots */
+					   p->grad_direct ? 0 : n_x ? 3 : 2, e, caps) +
 		(!host_state || p->accum_dev ? sum_g : 0) +	/* grad32 (gradc), or d_acc */
 		(p->lean ? A(&dk, lay->n_units * sizeof(double)) : 0);	/* per-unit sumsq */
 	for (int i = 0; i < SL_PLAN_N; i++)
@@ -465,7 +462,8 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 
 	p->gpu_fits = !p->cuda || !p->gpu_mem || p->dev_total <= p->gpu_mem;
 	p->host_fits = !p->host_mem || p->host_node <= p->host_mem;
-	free(desc);
+	free(pad);
+	free(caps);
 	return 0;
 }
 

@@ -282,26 +282,35 @@ static int desc_size(const void *a, const void *b)
 	return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/*
- * A pool of n slots holds at most n units at once: its slots take the n largest units' (padded)
- * sizes, so any n units fit, and sl_shard_pick_slot's smallest-that-fits keeps the large slots
- * for the large units (a vocabulary-sized embedding or head next to layers a fraction of it).
- */
-static int pool_caps(struct sl_shard *s, struct sl_shard_slot *pool, int n)
+void sl_shard_pool_caps(const size_t *padded, int n_units, int n, size_t *caps)
 {
-	size_t *sz = malloc(s->n_units * sizeof(size_t));
+	memcpy(caps, padded, n_units * sizeof(size_t));
+	qsort(caps, n_units, sizeof(size_t), desc_size);
+	for (int i = n_units; i < n; i++)
+		caps[i] = caps[n_units - 1];
+}
 
-	if (!sz)
+/* the slots of @pool (n of them) at sl_shard_pool_caps's sizes */
+static int pool_alloc(struct sl_shard *s, struct sl_shard_slot *pool, int n)
+{
+	const int m = n > s->n_units ? n : s->n_units;
+	size_t *pad = malloc(s->n_units * sizeof(size_t)), *caps = malloc(m * sizeof(size_t));
+
+	if (!pad || !caps) {
+		free(pad);
+		free(caps);
 		return -1;
+	}
 	for (int i = 0; i < s->n_units; i++)
-		sz[i] = s->u[i].padded;
-	qsort(sz, s->n_units, sizeof(size_t), desc_size);
+		pad[i] = s->u[i].padded;
+	sl_shard_pool_caps(pad, s->n_units, n, caps);
 	for (int i = 0; i < n; i++) {
-		pool[i].cap = sz[i < s->n_units ? i : s->n_units - 1];
+		pool[i].cap = caps[i];
 		pool[i].buf = s->be->alloc(s->be, pool[i].cap * s->be->elt);
 		pool[i].unit = -1;
 	}
-	free(sz);
+	free(pad);
+	free(caps);
 	return 0;
 }
 
@@ -410,7 +419,7 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	s->n_gslots = s->grad_direct ? 0 : experts ? 3 : 2;
 	s->wslots = calloc(s->n_wslots ? s->n_wslots : 1, sizeof(*s->wslots));
 	s->gslots = calloc(s->n_gslots ? s->n_gslots : 1, sizeof(*s->gslots));
-	if (pool_caps(s, s->wslots, s->n_wslots) || pool_caps(s, s->gslots, s->n_gslots))
+	if (pool_alloc(s, s->wslots, s->n_wslots) || pool_alloc(s, s->gslots, s->n_gslots))
 		return -1;
 	if (any_gather)
 		s->g32_full = b->alloc(b, (s->g32_elems = g32_elems(max_padded, s->S)) * sizeof(float));

@@ -232,9 +232,19 @@ void sl_offload_stats(struct sl_shard *s, struct sl_offload_stats *st);
 int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, double *grad_norm);
 
 /*
+ * The sizes (elements) of a pool of n unit slots, into caps[0..n): a pool holds at most n units at
+ * once, so its slots take the n largest of the units' padded sizes (@padded, n_units of them),
+ * largest first; more slots than units repeat the smallest.  caps has room for max(n, n_units).
+ * shard.c allocates its pools at these sizes and the planner counts them.
+ */
+void sl_shard_pool_caps(const size_t *padded, int n_units, int n, size_t *caps);
+
+/*
  * The free slot of @pool (n slots) for a unit of @need elements: the smallest that holds it, of
  * those an empty one, else the least recently used; NULL when none is free and large enough.
- * (Slots take the largest units' sizes, shard.c pool_caps; offload.c's prefetch picks with it.)
+ * (sl_shard_pick_slot's smallest-that-fits keeps the large slots for the large units, a
+ * vocabulary-sized embedding or head next to layers a fraction of it; offload.c's prefetch
+ * picks with it too.)
  */
 struct sl_shard_slot *sl_shard_pick_slot(struct sl_shard_slot *pool, int n, size_t need);
 
