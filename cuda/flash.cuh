@@ -848,8 +848,8 @@ template <int HD, bool WG> static size_t fa_smem_dkdv(void)
 }
 
 // the warpgroup (wgmma) kernels: built for sm_90a (SL_WGMMA), head_dim 64 or 128, on a device of
-// compute capability 9.0, and asked for with SHARDLM_FA_WGMMA=1.  Opt-in until they have run on a
-// GPU against the CPU reference (make check-gpu runs test_cuda_ops both ways).
+// compute capability 9.0; SHARDLM_FA_WGMMA=0 falls back to the mma.sync kernels (make check-gpu
+// runs test_cuda_ops and test_cuda_model both ways).
 static bool fa_wg(int hd)
 {
 #ifdef SL_WGMMA
@@ -862,7 +862,7 @@ static bool fa_wg(int hd)
 		CUDA_CHECK(cudaGetDevice(&dev));
 		CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
 		CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-		ok = major == 9 && minor == 0 && e && !strcmp(e, "1");
+		ok = major == 9 && minor == 0 && !(e && !strcmp(e, "0"));
 	}
 	return ok && (hd == 64 || hd == 128);
 #else

@@ -4,7 +4,7 @@
 #   test_dist_gpu: NCCL with 1 rank; 2 and 4 ranks sharing the GPU through the host-staged MPI
 #   communicator (NCCL refuses two ranks on one device), also as 2 pretended nodes of 2.
 #   test_cuda_ops, test_cuda_model: the cuda backend's ops and the tiny model against the cpu one,
-#   again with the wgmma flash-attention kernels (SHARDLM_FA_WGMMA=1).
+#   again with the mma.sync flash-attention kernels in place of the wgmma ones (SHARDLM_FA_WGMMA=0).
 #   check-gpu-offload.sh: offloaded optimizer state and weights train to the on-GPU losses.
 #   check-gpu-sft.sh: task sft (untied, tied, packed, Qwen3-MoE) trains to the cpu backend's losses.
 #   test_cuda_qwen35: the same for the Qwen3.5 hybrid's ops and a tiny hybrid model.
@@ -55,9 +55,10 @@ fi
 # the cuda backend against the cpu one: every op, then the whole tiny model (loss and gradients)
 gpu_test "cuda ops vs cpu" "$top_builddir/test/test_cuda_ops"
 gpu_test "cuda model vs cpu" "$top_builddir/test/test_cuda_model"
-# the flash-attention kernels on Hopper's warpgroup MMA (opt-in, SHARDLM_FA_WGMMA=1)
-gpu_test "cuda ops vs cpu, wgmma attention" env SHARDLM_FA_WGMMA=1 "$top_builddir/test/test_cuda_ops"
-gpu_test "cuda model vs cpu, wgmma attention" env SHARDLM_FA_WGMMA=1 \
+# the flash-attention kernels on mma.sync instead of Hopper's warpgroup MMA (SHARDLM_FA_WGMMA=0;
+# the fallback where the device is not compute capability 9.0)
+gpu_test "cuda ops vs cpu, mma.sync attention" env SHARDLM_FA_WGMMA=0 "$top_builddir/test/test_cuda_ops"
+gpu_test "cuda model vs cpu, mma.sync attention" env SHARDLM_FA_WGMMA=0 \
 	"$top_builddir/test/test_cuda_model"
 # parallel.offload: the copy streams and events, then optimizer and params against on-GPU
 # optimizer state (losses, 20 steps)

@@ -2,7 +2,8 @@
  * test_cuda_model: the whole tiny model on the cuda backend against the cpu backend: the same
  * random weights (rounded to bf16, so both start from identical values) and micro-batch, one
  * forward + backward each.  The loss must agree to 1e-2 relative and the whole gradient (all
- * parameters as one vector) to 3e-2 in norm-relative error.  Per tensor, the bound is 3e-2 or,
+ * parameters as one vector) to 3e-2 in norm-relative error or, where bf16 activations alone cost
+ * more, three times that cost.  Per tensor, the bound is 3e-2 or,
  * where storing activations in bf16 alone costs more, three times that cost: a third run, the cpu
  * backend with every op's output rounded to bf16 ("cpu-bf16"), measures it (twice was too tight
  * for an expert's weights, which see only their own tokens: 1.02 and 1.07 of that bound in 2 of
@@ -337,7 +338,7 @@ static void run(const char *name, int V, int H, int nh, int nkv, int hd, int I, 
 		CHECK_CLOSE(scores[1][b], scores[0][b], 2e-2, 2e-2);
 
 	/* gradients: the whole vector, then tensor by tensor against the bf16 noise floor */
-	double worst = 0, gnum = 0, gden = 0;
+	double worst = 0, gnum = 0, gden = 0, genm = 0;
 	const char *worst_name = "";
 	float *gr[3];
 
@@ -370,6 +371,7 @@ static void run(const char *name, int V, int H, int nh, int nkv, int hd, int I, 
 		}
 		gnum += num;
 		gden += den;
+		genm += enm;
 		rel = den > 0 ? sqrt(num / den) : sqrt(num);
 		erel = den > 0 ? sqrt(enm / den) : sqrt(enm);
 		/* a tensor whose gradient is far below its share (a sum of cancelling terms: the
@@ -384,11 +386,16 @@ static void run(const char *name, int V, int H, int nh, int nkv, int hd, int I, 
 			worst_name = t->name;
 		}
 	}
-	double grel = sqrt(gnum / gden);
+	/* the whole gradient, like each tensor: 3e-2, or three times what bf16 activations alone
+	 * cost (the head_dim-8 model reached 4.7e-2 against 3e-2 in one H200 run, 2026-11-30, with
+	 * every tensor inside its own bound) */
+	double grel = sqrt(gnum / gden), gerel = sqrt(genm / gden);
+	double gtol = fmax(3e-2, 3 * gerel);
 
-	CHECK(grel <= 3e-2, "%s: whole gradient: rel %.3g", name, grel);
-	printf("%-34s %-26s %10s %10.3e  %s\n", name, "whole gradient", "", grel,
-	       grel <= 3e-2 ? "ok" : "FAIL");
+	CHECK(grel <= gtol, "%s: whole gradient: rel %.3g, bound %.3g (cpu-bf16 %.3g)", name, grel,
+	      gtol, gerel);
+	printf("%-34s %-26s %10.3e %10.3e  %s\n", name, "whole gradient (cpu-bf16)", gerel, grel,
+	       grel <= gtol ? "ok" : "FAIL");
 	printf("%-34s %-26s %10s %10.3f  %s\n", name, "worst tensor err/bound", "", worst,
 	       worst <= 1 ? "ok" : "FAIL");
 	printf("%-34s   (%s)\n", "", worst_name);
