@@ -118,9 +118,11 @@ static struct gemm_entry *gemm_get(struct sl_cuda *c, const struct gemm_key *key
 	return e;
 }
 
-// C(m,n) = op(A) op(B) (+ bias(m)) + beta C, column-major
-static void gemm(struct sl_cuda *c, int ta, int tb, int m, int n, int k, const void *A, int lda,
-		 const void *B, int ldb, void *C, int ldc, float beta, const void *bias)
+// D(m,n) = op(A) op(B) (+ bias(m)) + beta C, column-major; C and D share a layout (C: D when
+// NULL)
+static void gemm_cd(struct sl_cuda *c, int ta, int tb, int m, int n, int k, const void *A,
+		    int lda, const void *B, int ldb, const void *Cin, void *C, int ldc, float beta,
+		    const void *bias)
 {
 	struct gemm_key key = { ta, tb, m, n, k, lda, ldb, ldc, bias != NULL, 0 };
 	struct gemm_entry *e;
@@ -135,19 +137,36 @@ static void gemm(struct sl_cuda *c, int ta, int tb, int m, int n, int k, const v
 	}
 	al = align_of(B) < al ? align_of(B) : al;
 	al = align_of(C) < al ? align_of(C) : al;
+	if (Cin)
+		al = align_of(Cin) < al ? align_of(Cin) : al;
 	key.align = al;
 	e = gemm_get(c, &key);
 	if (bias)
 		CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e->desc,
 			CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-	CUBLAS_CHECK(cublasLtMatmul(c->lt, e->desc, &alpha, A, e->a, B, e->b, &beta, C, e->c, C,
-				    e->c, &e->algo, c->ws, c->ws_bytes, c->stream));
+	CUBLAS_CHECK(cublasLtMatmul(c->lt, e->desc, &alpha, A, e->a, B, e->b, &beta,
+				    Cin ? Cin : C, e->c, C, e->c, &e->algo, c->ws, c->ws_bytes,
+				    c->stream));
+}
+
+// C(m,n) = op(A) op(B) (+ bias(m)) + beta C, column-major
+static void gemm(struct sl_cuda *c, int ta, int tb, int m, int n, int k, const void *A, int lda,
+		 const void *B, int ldb, void *C, int ldc, float beta, const void *bias)
+{
+	gemm_cd(c, ta, tb, m, n, k, A, lda, B, ldb, NULL, C, ldc, beta, bias);
 }
 
 extern "C" void sl_cuda_matmul_fwd(struct sl_cuda *c, void *out, const void *x, const void *w,
 				   const void *bias, int T, int K, int N)
 {
 	gemm(c, 1, 0, N, T, K, w, K, x, K, out, N, 0.f, bias);
+}
+
+// the residual in cuBLASLt's C input, the sum in D: one rounding, no separate add
+extern "C" void sl_cuda_matmul_fwd_res(struct sl_cuda *c, void *out, const void *x, const void *w,
+				       const void *res, int T, int K, int N)
+{
+	gemm_cd(c, 1, 0, N, T, K, w, K, x, K, res, out, N, 1.f, NULL);
 }
 
 extern "C" void sl_cuda_matmul_bwd(struct sl_cuda *c, void *dx, void *dw, void *dbias,

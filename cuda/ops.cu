@@ -593,53 +593,85 @@ k_qk_norm_rope_fwd_w(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, co
 	}
 }
 
+// A warp per (token, head) in turn (warps stride over them: warp w of block b takes every
+// (gridDim.x * QK_WARPS)-th one from b * QK_WARPS + w), and the norm weights' gradients on the
+// way: each lane sums dn x rstd of its columns over its warp's q heads and k heads, the block
+// adds its warps' sums in order into part[(kind * gridDim.x + block) * HD + i] (kind 0 q, 1 k),
+// which k_norm_dw_final adds up in block order: the same sums on every run.
 template <int HD>
 __global__ void __launch_bounds__(QK_WARPS * 32)
-k_qk_norm_rope_bwd_w(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *qw,
+k_qk_norm_rope_bwd_w(bf16 *dqkv, float *part, const bf16 *dout, const bf16 *qkv, const bf16 *qw,
 		     const bf16 *kw, const float *rstd, const float *tab, int T, int L,
 		     const int *pos, int nh, int nkv, float theta)
 {
 	constexpr int NK = HD / 32, HK = NK / 2;
-	const int nj = nh + 2 * nkv, nq = nh + nkv, lane = threadIdx.x & 31;
-	const size_t wid = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
+	__shared__ float red[QK_WARPS][2][HD];
+	const int nj = nh + 2 * nkv, nq = nh + nkv, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const size_t n = (size_t)T * nj, stride = (size_t)gridDim.x * QK_WARPS;
+	float aq[NK], ak[NK];
 
-	if (wid >= (size_t)T * nj)
-		return;
-	const int t = (int)(wid / nj), j = (int)(wid % nj);
-	const size_t off = (size_t)t * nj * HD + (size_t)j * HD;
+#pragma unroll
+	for (int k = 0; k < NK; k++)
+		aq[k] = ak[k] = 0.f;
+	for (size_t wid = (size_t)blockIdx.x * QK_WARPS + warp; wid < n; wid += stride) {
+		const int t = (int)(wid / nj), j = (int)(wid % nj);
+		const size_t off = (size_t)t * nj * HD + (size_t)j * HD;
 
-	if (j >= nq) {
+		if (j >= nq) {
+#pragma unroll
+			for (int k = 0; k < NK; k++)
+				dqkv[off + lane + 32 * k] = dout[off + lane + 32 * k];
+			continue;
+		}
+		const bool isq = j < nh;
+		const bf16 *w = isq ? qw : kw;
+		const int p = rope_pos(pos, t, L);
+		float dy[NK], dn[NK], x[NK], wv[NK], r = rstd[(size_t)t * nq + j], s = 0.f, kk;
+
+#pragma unroll
+		for (int k = 0; k < NK; k++) {
+			dy[k] = bf(dout[off + lane + 32 * k]);
+			x[k] = bf(qkv[off + lane + 32 * k]);
+			wv[k] = bf(w[lane + 32 * k]);
+		}
+#pragma unroll
+		for (int k = 0; k < HK; k++) {
+			float c, sn;
+
+			rope_pair(tab, p, HD, theta, lane + 32 * k, &c, &sn);
+			dn[k] = dy[k] * c + dy[k + HK] * sn;
+			dn[k + HK] = -dy[k] * sn + dy[k + HK] * c;
+		}
+#pragma unroll
+		for (int k = 0; k < NK; k++) {
+			const float e = dn[k] * x[k];
+
+			s += e * wv[k];
+			if (isq)
+				aq[k] += e * r;
+			else
+				ak[k] += e * r;
+		}
+		s = warp_sum(s);
+		kk = s * r * r * r / HD;
 #pragma unroll
 		for (int k = 0; k < NK; k++)
-			dqkv[off + lane + 32 * k] = dout[off + lane + 32 * k];
-		return;
+			dqkv[off + lane + 32 * k] = tobf(r * wv[k] * dn[k] - x[k] * kk);
 	}
-	const bf16 *w = j < nh ? qw : kw;
-	const int p = rope_pos(pos, t, L);
-	float dy[NK], dn[NK], x[NK], wv[NK], r = rstd[(size_t)t * nq + j], s = 0.f, kk;
-
 #pragma unroll
 	for (int k = 0; k < NK; k++) {
-		dy[k] = bf(dout[off + lane + 32 * k]);
-		x[k] = bf(qkv[off + lane + 32 * k]);
-		wv[k] = bf(w[lane + 32 * k]);
+		red[warp][0][lane + 32 * k] = aq[k];
+		red[warp][1][lane + 32 * k] = ak[k];
 	}
-#pragma unroll
-	for (int k = 0; k < HK; k++) {
-		float c, sn;
+	__syncthreads();
+	for (int e = threadIdx.x; e < 2 * HD; e += QK_WARPS * 32) {
+		const int kind = e / HD, i = e % HD;
+		float acc = 0.f;
 
-		rope_pair(tab, p, HD, theta, lane + 32 * k, &c, &sn);
-		dn[k] = dy[k] * c + dy[k + HK] * sn;
-		dn[k + HK] = -dy[k] * sn + dy[k + HK] * c;
+		for (int w = 0; w < QK_WARPS; w++)
+			acc += red[w][kind][i];
+		part[((size_t)kind * gridDim.x + blockIdx.x) * HD + i] = acc;
 	}
-#pragma unroll
-	for (int k = 0; k < NK; k++)
-		s += dn[k] * wv[k] * x[k];
-	s = warp_sum(s);
-	kk = s * r * r * r / HD;
-#pragma unroll
-	for (int k = 0; k < NK; k++)
-		dqkv[off + lane + 32 * k] = tobf(r * wv[k] * dn[k] - x[k] * kk);
 }
 
 // norm weight gradients, pass 1: blockIdx.y 0 = q heads, 1 = k heads; block (hd, R) sums the
@@ -737,20 +769,30 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 					 float theta)
 {
 	const size_t warps = (size_t)T * (nh + 2 * nkv);
-	const unsigned blocks = (unsigned)((warps + QK_WARPS - 1) / QK_WARPS);
 	int R, tpc, nchunk;
 	const float *tab;
 
 	check_hd(hd, "qk_norm_rope_bwd");
 	if (T <= 0)
 		return;
-	R = 256 / hd > 0 ? 256 / hd : 1;
-	tpc = 32;
-	nchunk = (T + tpc - 1) / tpc;
-	if (nchunk > 1024) {
-		nchunk = 1024;
-		tpc = (T + nchunk - 1) / nchunk;
+	// the warp-per-head kernel sums the weight gradients itself, each block a partial: as many
+	// blocks as fill the GPU (each warp then walks about 8 or more heads); otherwise a second
+	// pass over the tokens, in chunks
+	const bool fused = hd == 64 || hd == 128 || hd == 256;
+
+	if (fused) {
+		nchunk = (int)((warps + QK_WARPS * 8 - 1) / (QK_WARPS * 8));
+		nchunk = nchunk < 2048 ? nchunk : 2048;
+		tpc = R = 0;
+	} else {
+		R = 256 / hd > 0 ? 256 / hd : 1;
+		tpc = 32;
 		nchunk = (T + tpc - 1) / tpc;
+		if (nchunk > 1024) {
+			nchunk = 1024;
+			tpc = (T + nchunk - 1) / nchunk;
+			nchunk = (T + tpc - 1) / tpc;
+		}
 	}
 	// the weight gradients' partials after the rotary table in the scratch (no table when
 	// the rows are too long for it)
@@ -762,19 +804,25 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 	float *part = sl_cuda_scratch(c, (tf + pf) * sizeof(float), "qk norm dw") + tf;
 
 	tab = tf ? rope_table(c, L, hd, theta, "rotary table") : NULL;
-	if (!by_hd(hd, [&](auto k) {
-		    k_qk_norm_rope_bwd_w<decltype(k)::value><<<blocks, QK_WARPS * 32, 0, c->stream>>>(
-			    (bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, (const bf16 *)qw,
-			    (const bf16 *)kw, rstd, tab, T, L, (const int *)pos, nh, nkv, theta);
-	    }))
+	if (fused) {
+		by_hd(hd, [&](auto k) {
+			k_qk_norm_rope_bwd_w<decltype(k)::value>
+				<<<nchunk, QK_WARPS * 32, 0, c->stream>>>(
+				(bf16 *)dqkv, part, (const bf16 *)dout, (const bf16 *)qkv,
+				(const bf16 *)qw, (const bf16 *)kw, rstd, tab, T, L, (const int *)pos,
+				nh, nkv, theta);
+		});
+		CUDA_LAUNCHED();
+	} else {
 		k_qk_norm_rope_bwd<<<T, QK_WARPS * 32, 0, c->stream>>>(
 			(bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, (const bf16 *)qw,
 			(const bf16 *)kw, rstd, tab, L, (const int *)pos, nh, nkv, hd, theta);
-	CUDA_LAUNCHED();
-	k_qk_dw_partial<<<dim3(nchunk, 2), dim3(hd, R), (size_t)R * hd * sizeof(float),
-			  c->stream>>>(part, (const bf16 *)dout, (const bf16 *)qkv, rstd, tab, T, L,
-				       (const int *)pos, nh, nkv, hd, theta, tpc);
-	CUDA_LAUNCHED();
+		CUDA_LAUNCHED();
+		k_qk_dw_partial<<<dim3(nchunk, 2), dim3(hd, R), (size_t)R * hd * sizeof(float),
+				  c->stream>>>(part, (const bf16 *)dout, (const bf16 *)qkv, rstd, tab,
+					       T, L, (const int *)pos, nh, nkv, hd, theta, tpc);
+		CUDA_LAUNCHED();
+	}
 	k_norm_dw_final<<<2, hd, 0, c->stream>>>((bf16 *)dqw, (bf16 *)dkw, part, nchunk, hd);
 	CUDA_LAUNCHED();
 }

@@ -71,6 +71,8 @@ void sl_cuda_rmsnorm_bwd(struct sl_cuda *c, void *dx, void *dw, const void *dout
 			 const void *w, const float *rstd, int T, int H, int accumulate);
 void sl_cuda_matmul_fwd(struct sl_cuda *c, void *out, const void *x, const void *w,
 			const void *bias, int T, int K, int N);
+void sl_cuda_matmul_fwd_res(struct sl_cuda *c, void *out, const void *x, const void *w,
+			    const void *res, int T, int K, int N);
 void sl_cuda_matmul_bwd(struct sl_cuda *c, void *dx, void *dw, void *dbias, const void *dout,
 			const void *x, const void *w, int T, int K, int N, int accumulate);
 void sl_cuda_qk_norm_rope_fwd(struct sl_cuda *c, void *out, float *rstd, const void *qkv,

@@ -71,6 +71,10 @@ struct sl_backend {
 	/* out(T,N) = x(T,K) . w(N,K)^T (+ bias(N) when non-NULL) */
 	void (*matmul_fwd)(struct sl_backend *be, void *out, const void *x, const void *w,
 			   const void *bias, int T, int K, int N);
+	/* out(T,N) = x(T,K) w(N,K)^T + res(T,N), one rounding (a residual connection); out and
+	 * res are different buffers */
+	void (*matmul_fwd_res)(struct sl_backend *be, void *out, const void *x, const void *w,
+			       const void *res, int T, int K, int N);
 	/* dx(T,K) (= or += per accumulate; skipped when NULL), dw(N,K) +=, dbias(N) += when non-NULL */
 	void (*matmul_bwd)(struct sl_backend *be, void *dx, void *dw, void *dbias,
 			   const void *dout, const void *x, const void *w, int T, int K, int N,

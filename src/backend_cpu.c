@@ -246,6 +246,15 @@ static void cpu_matmul_fwd(struct sl_backend *be, void *out, const void *x, cons
 	gemm_rows(CblasNoTrans, CblasTrans, T, N, K, x, K, w, K, beta, o, N);
 }
 
+static void cpu_matmul_fwd_res(struct sl_backend *be, void *out, const void *x, const void *w,
+			       const void *res, int T, int K, int N)
+{
+	if (T <= 0 || N <= 0)
+		return;
+	memcpy(out, res, (size_t)T * N * sizeof(real));
+	gemm_rows(CblasNoTrans, CblasTrans, T, N, K, x, K, w, K, 1, out, N);
+}
+
 static void cpu_matmul_bwd(struct sl_backend *be, void *dx, void *dw, void *dbias,
 			   const void *dout, const void *x, const void *w, int T, int K, int N,
 			   bool accumulate)
@@ -826,6 +835,7 @@ struct sl_backend *CPU_CREATE(void)
 	be->rmsnorm_fwd = cpu_rmsnorm_fwd;
 	be->rmsnorm_bwd = cpu_rmsnorm_bwd;
 	be->matmul_fwd = cpu_matmul_fwd;
+	be->matmul_fwd_res = cpu_matmul_fwd_res;
 	be->matmul_bwd = cpu_matmul_bwd;
 	be->add = cpu_add;
 	be->add_f32 = cpu_add_f32;

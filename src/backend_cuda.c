@@ -198,6 +198,12 @@ static void cuda_matmul_fwd(struct sl_backend *be, void *out, const void *x, con
 	sl_cuda_matmul_fwd(C(be), out, x, w, bias, T, K, N);
 }
 
+static void cuda_matmul_fwd_res(struct sl_backend *be, void *out, const void *x, const void *w,
+				const void *res, int T, int K, int N)
+{
+	sl_cuda_matmul_fwd_res(C(be), out, x, w, res, T, K, N);
+}
+
 static void cuda_matmul_bwd(struct sl_backend *be, void *dx, void *dw, void *dbias,
 			    const void *dout, const void *x, const void *w, int T, int K, int N,
 			    bool accumulate)
@@ -440,6 +446,7 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	be->rmsnorm_fwd = cuda_rmsnorm_fwd;
 	be->rmsnorm_bwd = cuda_rmsnorm_bwd;
 	be->matmul_fwd = cuda_matmul_fwd;
+	be->matmul_fwd_res = cuda_matmul_fwd_res;
 	be->matmul_bwd = cuda_matmul_bwd;
 	be->add = cuda_add;
 	be->add_f32 = cuda_add_f32;

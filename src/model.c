@@ -545,9 +545,13 @@ static void layer_fwd(const struct sl_model *m, int l, const void *w, const stru
 		be->attention_fwd(be, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh,
 				  m->nkv, m->hd);
 	}
-	be->matmul_fwd(be, a->h, a->att, at(m, w, lo->wo), at_opt(m, w, lo->bo), T,
-		       m->nh * m->hd, H);
-	be->add(be, a->h, x, (size_t)T * H);
+	if (lo->bo != NO_OFF) {
+		be->matmul_fwd(be, a->h, a->att, at(m, w, lo->wo), at(m, w, lo->bo), T,
+			       m->nh * m->hd, H);
+		be->add(be, a->h, x, (size_t)T * H);
+	} else {
+		be->matmul_fwd_res(be, a->h, a->att, at(m, w, lo->wo), x, T, m->nh * m->hd, H);
+	}
 	be->rmsnorm_fwd(be, a->xn2, a->rstd2, a->h, at(m, w, lo->ln2), T, H, m->eps);
 	if (lo->wr != NO_OFF) {
 		sl_moe_fwd((struct sl_model *)m, l, w, a, xout, b, full);
@@ -557,8 +561,7 @@ static void layer_fwd(const struct sl_model *m, int l, const void *w, const stru
 	be->swiglu_fwd(be, a->act, a->gu, T, m->I);
 	if (!full)
 		return;
-	be->matmul_fwd(be, xout, a->act, at(m, w, lo->wd), NULL, T, m->I, H);
-	be->add(be, xout, a->h, (size_t)T * H);
+	be->matmul_fwd_res(be, xout, a->act, at(m, w, lo->wd), a->h, T, m->I, H);
 }
 
 /* m->gx: gradient of the layer's output in, of its input x out; grads g of its unit += */

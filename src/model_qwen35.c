@@ -410,8 +410,9 @@ static int moe_slot(const struct sl_model *m, int l)
 /* ---- forward ------------------------------------------------------------------------------- */
 
 /* context parallel: rotary by position in the row, the rank's queries against whole rows' keys */
+/* a->h = x + the gated attention of a->xn1 */
 static void gated_attn_fwd(const struct sl_model *m, const struct q35_off *lo, const void *w,
-			   struct q35_acts *a, const struct sl_batch_dev *b)
+			   struct q35_acts *a, const void *x, const struct sl_batch_dev *b)
 {
 	struct sl_backend *be = m->be;
 	struct sl_q35 *q = m->q35;
@@ -430,7 +431,7 @@ static void gated_attn_fwd(const struct sl_model *m, const struct q35_off *lo, c
 		be->attention_fwd(be, a->o, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh,
 				  m->nkv, m->hd);
 	be->sigmoid_mul_fwd(be, a->y, a->o, a->gate, (size_t)T * m->nh * m->hd);
-	be->matmul_fwd(be, a->h, a->y, at(m, w, lo->wo), NULL, T, m->nh * m->hd, m->H);
+	be->matmul_fwd_res(be, a->h, a->y, at(m, w, lo->wo), x, T, m->nh * m->hd, m->H);
 }
 
 /*
@@ -618,8 +619,9 @@ static void gdn_relay(const struct sl_model *m, const struct q35_acts *a,
 	cc->sendrecv(cc->ctx, Y, r - 1, NULL, -1, bytes);
 }
 
+/* a->h = x + the Gated DeltaNet of a->xn1 */
 static void gdn_fwd(const struct sl_model *m, const struct q35_off *lo, const void *w,
-		    struct q35_acts *a, const struct sl_batch_dev *b)
+		    struct q35_acts *a, const void *x, const struct sl_batch_dev *b)
 {
 	struct sl_backend *be = m->be;
 	struct sl_q35 *q = m->q35;
@@ -636,7 +638,7 @@ static void gdn_fwd(const struct sl_model *m, const struct q35_off *lo, const vo
 	gdn_relay(m, a, b, false);
 	be->gated_rmsnorm_fwd(be, a->y, a->rstd_o, a->o, proj + (size_t)q->Cc * be->elt, q->P,
 			      at(m, w, lo->gnorm), T, q->nv, q->dv, m->eps);
-	be->matmul_fwd(be, a->h, a->y, at(m, w, lo->wout), NULL, T, vd, m->H);
+	be->matmul_fwd_res(be, a->h, a->y, at(m, w, lo->wout), x, T, vd, m->H);
 }
 
 /* @full: also the MLP's down projection and the output (the backward's recompute needs neither) */
@@ -651,10 +653,9 @@ static void layer_fwd(struct sl_model *m, int l, const void *w, struct q35_acts 
 	be->rmsnorm_fwd(be, a->xn1, a->rstd1, x, eff_weight(m, q->wn1, at(m, w, lo->ln1), H), T,
 			H, m->eps);
 	if (lo->kind == SL_LAYER_GATED_ATTENTION)
-		gated_attn_fwd(m, lo, w, a, b);
+		gated_attn_fwd(m, lo, w, a, x, b);
 	else
-		gdn_fwd(m, lo, w, a, b);
-	be->add(be, a->h, x, (size_t)T * H);
+		gdn_fwd(m, lo, w, a, x, b);
 	be->rmsnorm_fwd(be, a->xn2, a->rstd2, a->h, eff_weight(m, q->wn2, at(m, w, lo->ln2), H),
 			T, H, m->eps);
 	if (lo->moe) {
@@ -665,8 +666,7 @@ static void layer_fwd(struct sl_model *m, int l, const void *w, struct q35_acts 
 	be->swiglu_fwd(be, a->act, a->gu, T, m->I);
 	if (!full)
 		return;
-	be->matmul_fwd(be, xout, a->act, at(m, w, lo->wd), NULL, T, m->I, H);
-	be->add(be, xout, a->h, (size_t)T * H);
+	be->matmul_fwd_res(be, xout, a->act, at(m, w, lo->wd), a->h, T, m->I, H);
 }
 
 void sl_q35_layer_fwd(struct sl_model *m, int l, const void *w, const void *x, void *xout,

@@ -67,6 +67,16 @@ static void test_matmul(struct sl_backend *be, int T, int K, int N)
 		}
 	close_all("matmul_fwd", out, ref, T * N, 1e-4);
 
+	/* with a residual instead of the bias: the product plus g, in a naive double sum */
+	be->matmul_fwd_res(be, out, x, w, g, T, K, N);
+	for (int t = 0; t < T; t++)
+		for (int n = 0; n < N; n++) {
+			ref[t * N + n] = g[t * N + n];
+			for (int k = 0; k < K; k++)
+				ref[t * N + n] += (double)x[t * K + k] * w[n * K + k];
+		}
+	close_all("matmul_fwd_res", out, ref, T * N, 1e-4);
+
 	/* accumulate into dx = 1, dw and db start at 0 */
 	for (int i = 0; i < T * K; i++)
 		dx[i] = 1;

@@ -68,6 +68,13 @@ static void e_mm_fwd(struct sl_backend *be, void *o, const void *x, const void *
 	rb(o, (size_t)T * N);
 }
 
+static void e_mm_fwd_res(struct sl_backend *be, void *o, const void *x, const void *w,
+			 const void *r, int T, int K, int N)
+{
+	CPU->matmul_fwd_res(CPU, o, x, w, r, T, K, N);
+	rb(o, (size_t)T * N);
+}
+
 static void e_mm_bwd(struct sl_backend *be, void *dx, void *dw, void *db, const void *g,
 		     const void *x, const void *w, int T, int K, int N, bool acc)
 {
@@ -149,6 +156,7 @@ static struct sl_backend *cpu_bf16_create(void)
 	be->rmsnorm_fwd = e_rms_fwd;
 	be->rmsnorm_bwd = e_rms_bwd;
 	be->matmul_fwd = e_mm_fwd;
+	be->matmul_fwd_res = e_mm_fwd_res;
 	be->matmul_bwd = e_mm_bwd;
 	be->add = e_add;
 	be->qk_norm_rope_fwd = e_qk_fwd;

@@ -321,6 +321,10 @@ static void t_matmul(int T, int K, int N, bool bias, bool acc)
 	cpu->matmul_fwd(cpu, o->c, x->c, w->c, b ? b->c : NULL, T, K, N);
 	TIMED(gpu->matmul_fwd(gpu, o->g, x->g, w->g, b ? b->g : NULL, T, K, N));
 	cmp("matmul_fwd", sh, "out", o, TOL);
+	/* the residual form: out = x w^T + g (g stands for the residual) */
+	cpu->matmul_fwd_res(cpu, o->c, x->c, w->c, g->c, T, K, N);
+	TIMED(gpu->matmul_fwd_res(gpu, o->g, x->g, w->g, g->g, T, K, N));
+	cmp("matmul_fwd_res", sh, "out", o, TOL);
 	cpu->matmul_bwd(cpu, dx->c, dw->c, db ? db->c : NULL, g->c, x->c, w->c, T, K, N, acc);
 	TIMED(gpu->matmul_bwd(gpu, dx->g, dw->g, db ? db->g : NULL, g->g, x->g, w->g, T, K, N,
 			      acc));
