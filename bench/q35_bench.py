@@ -507,7 +507,10 @@ def cmd_table(a):
         out.append(f"- shardlm q35 MFU / shardlm dense Qwen3 MFU: {ratio:.2f} (target >= 0.80: "
                    f"{'met' if ratio >= 0.8 else 'NOT met'})")
     else:
-        out.append("- shardlm q35 MFU / shardlm dense Qwen3 MFU: - (a shardlm run failed)")
+        dense_ran = any(r["run"] == "shardlm dense" for r in rows)
+        why = ("no shardlm q35 result" if not q else
+               "the dense run failed" if dense_ran else "the dense model was not run")
+        out.append(f"- shardlm q35 MFU / shardlm dense Qwen3 MFU: - ({why})")
     kern = next((r.get("gdn_kernels") for r in peers if r.get("gdn_kernels")), None)
     ver = next((r for r in peers if r.get("transformers")), {})
     if kern or ver:
