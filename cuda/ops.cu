@@ -775,9 +775,9 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 	check_hd(hd, "qk_norm_rope_bwd");
 	if (T <= 0)
 		return;
-	// the warp-per-head kernel sums the weight gradients itself, each block a partial: as many
-	// blocks as fill the GPU (each warp then walks about 8 or more heads); otherwise a second
-	// pass over the tokens, in chunks
+	// the warp-per-head kernel sums the weight gradients itself, each block a partial: one block
+	// per 8 heads a warp (at most 2048 blocks, each warp then walking 8 or more heads);
+	// otherwise a second pass over the tokens, in chunks
 	const bool fused = hd == 64 || hd == 128 || hd == 256;
 
 	if (fused) {
