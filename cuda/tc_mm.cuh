@@ -232,7 +232,11 @@ static __device__ void tc_mm(int M, int N, int K, struct mmop A, struct mmop B, 
 	else
 		mm_shape<false, false>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
 #else
-	// the host: each thread sums its own elements of 16 x 16 tiles, in order
+	// the host: each thread sums its own elements of 16 x 16 tiles, in order; the operands in
+	// fp32 unless the emulator rounds them (test_gdn_chunk built with GDN_EMU_OPERAND_BITS)
+#ifndef TC_MM_HOST_OPERAND
+#define TC_MM_HOST_OPERAND(x) (x)
+#endif
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 	const int tn = (N + 15) >> 4, tiles = ((M + 15) >> 4) * tn;
 
@@ -248,7 +252,8 @@ static __device__ void tc_mm(int M, int N, int K, struct mmop A, struct mmop B, 
 				if (m >= M || n >= N)
 					continue;
 				for (int k = 0; k < K; k++)
-					v += mm_ld(A, m, k) * (sk ? sk[k] : 1.f) * mm_ld(B, k, n);
+					v += TC_MM_HOST_OPERAND(mm_ld(A, m, k) * (sk ? sk[k] : 1.f)) *
+					     TC_MM_HOST_OPERAND(mm_ld(B, k, n));
 				o = (size_t)m * crs + (size_t)n * ccs;
 				v *= alpha;
 				if (rs)

@@ -221,6 +221,28 @@ static void emu_free(void)
 #define __syncthreads() emu_sync()
 #define __syncwarp() emu_sync()
 
+/*
+ * Built with -DGDN_EMU_OPERAND_BITS=n, the emulated products round each operand to n mantissa
+ * bits (to nearest, ties to even) before multiplying: 10 is the GPU's tf32, 7 would be bf16
+ * operands.  Not for the test's verdicts (its bounds are for fp32 operands): for measuring what
+ * another operand type would cost, e.g.
+ *   make -C test test_gdn_chunk CPPFLAGS=-DGDN_EMU_OPERAND_BITS=7 && test/test_gdn_chunk full
+ * (delete test/test_gdn_chunk.o before and after).
+ */
+#ifdef GDN_EMU_OPERAND_BITS
+static inline float emu_operand(float x)
+{
+	const unsigned drop = 23 - GDN_EMU_OPERAND_BITS;
+	unsigned u;
+
+	memcpy(&u, &x, sizeof(u));
+	u = (u + (1u << (drop - 1)) - 1 + ((u >> drop) & 1)) & ~((1u << drop) - 1);
+	memcpy(&x, &u, sizeof(x));
+	return x;
+}
+#define TC_MM_HOST_OPERAND(x) emu_operand(x)
+#endif
+
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunknown-pragmas"
 #pragma GCC diagnostic ignored "-Wunused-function"
