@@ -778,7 +778,7 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 	// the warp-per-head kernel sums the weight gradients itself, each block a partial: one block
 	// per 8 heads a warp (at most 2048 blocks, each warp then walking 8 or more heads);
 	// otherwise a second pass over the tokens, in chunks
-	const bool fused = hd == 64 || hd == 128 || hd == 256;
+	const bool fused = by_hd(hd, [](auto) {});	// the head dims with a warp-per-head kernel
 
 	if (fused) {
 		nchunk = (int)((warps + QK_WARPS * 8 - 1) / (QK_WARPS * 8));
