@@ -45,6 +45,10 @@ train() {	# NAME [--set ...]: 2 ranks in the background, pid in $pid
 	pid=$!
 }
 
+rank1() {	# NAME: the pid of that run's last-started rank process (not mpirun's, nor a wrapper's)
+	pgrep -f "^$SHARDLM train $T/base.yaml --set run.dir=$T/$1( |\$)" | sort -n | tail -n 1
+}
+
 wait_step() {	# NAME STEP: until the log shows that step (60 s at most)
 	for i in $(seq 1 1200); do
 		grep -q "\] step $2/" "$T/$1/train.log" 2>/dev/null && return 0
@@ -102,7 +106,7 @@ ok
 train kill --set parallel.timeout_s=20
 if wait_step kill 5; then
 	t0=$(date +%s)
-	victim=$(pgrep -P "$pid" -f "shardlm train" | sort -n | tail -n 1)
+	victim=$(rank1 kill)
 	kill -9 "$victim"
 	wait "$pid"
 	rc=$?
@@ -121,7 +125,7 @@ ok
 train hang --set parallel.timeout_s=4
 if wait_step hang 5; then
 	t0=$(date +%s)
-	victim=$(pgrep -P "$pid" -f "shardlm train" | sort -n | tail -n 1)
+	victim=$(rank1 hang)
 	kill -STOP "$victim"
 	wait "$pid"
 	rc=$?
