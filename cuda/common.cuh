@@ -119,6 +119,14 @@ static __device__ __forceinline__ float warp_sum(float v)
 	return v;
 }
 
+// the sum over each four lanes 4i .. 4i + 3, (v0 + v1) + (v2 + v3) in every one of them (the
+// whole warp calls it)
+static __device__ __forceinline__ float quad_sum(float v)
+{
+	v += __shfl_xor_sync(0xffffffffu, v, 1);
+	return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 // sum over the block (blockDim a multiple of 32, <= 1024); every thread gets the result
 static __device__ __forceinline__ float block_sum(float v)
 {

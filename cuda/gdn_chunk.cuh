@@ -9,6 +9,9 @@
 #define GC 64		// positions per chunk (GDN_CHUNK)
 #define NTH 256		// threads per block (8 warps share each product)
 #define DKMAX 128	// key dim bound of the chunked kernels (X2 = T^T dW fits the quarters)
+#if NTH != 4 * GC
+#error "the row sums give each chunk row four threads (quad_sum)"
+#endif
 
 #include "tc_mm.cuh"
 
@@ -309,18 +312,23 @@ static __device__ void gq_carve(struct gq *q, float *p, int dk)
 	q->qz = p, q->de = p + GC, q->xv = p + 2 * GC, q->dG = p + 3 * GC, q->db = p + 4 * GC;
 }
 
+// The row sums of the gradient kernel: row r of the chunk to threads 4r .. 4r + 3, each taking
+// the columns j = 4i + (thread % 4), their sums added by quad_sum (every thread calls it).
+#define QROW() ((int)(threadIdx.x >> 2))
+#define FOR_Q(j, w) for (int j = (int)(threadIdx.x & 3); j < (w); j += 4)
+
 // acc[r] += the dot product of row r of X (float, stride lx) and of Y (bf16, stride ly) over w
-// columns, thread r for each of the GC rows
+// columns, for each of the GC rows
 static __device__ void rows_dot(float *acc, const float *X, int lx, const bf16 *Y, int ly, int w)
 {
-	if (threadIdx.x < GC) {
-		int r = threadIdx.x;
-		float a = 0.f;
+	const int r = QROW();
+	float a = 0.f;
 
-		for (int j = 0; j < w; j++)
-			a += X[r * lx + j] * bf(Y[r * ly + j]);
+	FOR_Q(j, w)
+		a += X[r * lx + j] * bf(Y[r * ly + j]);
+	a = quad_sum(a);
+	if (!(threadIdx.x & 3))
 		acc[r] += a;
-	}
 }
 
 // floats of the backward's scratch for per_wave groups: dS at every chunk's end of their value
@@ -414,15 +422,17 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 			tc_mm(GC, w, GC, mm_f(c.P, 1, ldg), mm_b(q.dO, lo, 1), NULL, NULL, 1.f, 0.f,
 			      q.DD, lq, 1);
 			__syncthreads();
-			if (tid < GC) {
-				int r = tid;
+			{
+				const int r = QROW();
 				float d = 0.f;
 
-				for (int j = 0; j < w; j++) {
+				FOR_Q(j, w) {
 					d += q.R[r * lq + j] * q.D[r * lq + j];
 					q.DD[r * lq + j] += c.e[r] * q.R[r * lq + j];
 				}
-				q.de[r] += d;
+				d = quad_sum(d);
+				if (!(tid & 3))
+					q.de[r] += d;
 			}
 			__syncthreads();
 			// Q S0 into R, for qz
@@ -457,14 +467,16 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 		}
 		sd = block_sum(sd);	// <S0, dS> (synchronizes)
 		// dG: through O (Ga q.Z, dP o P) and S_end (Ga_last <S0,dS>, de o e)
-		if (tid < GC) {
-			int r = tid;
-			float a = c.Ga[r] * q.qz[r] - q.de[r] * c.e[r];
+		{
+			const int r = QROW();
+			float a = 0.f;
 
-			for (int s = 0; s < GC; s++)
+			FOR_Q(s, GC)
 				a += q.dP[r * ldg + s] * c.P[r * ldg + s] -
 				     q.dP[s * ldg + r] * c.P[s * ldg + r];
-			q.dG[r] = a;
+			a = quad_sum(a);
+			if (!(tid & 3))
+				q.dG[r] = c.Ga[r] * q.qz[r] - q.de[r] * c.e[r] + a;
 		}
 		// X2 = T^T dW (into R, D, dD, spent); U = dW K^T
 		tc_mm(GC, dk, GC, mm_f(c.T, 1, ldg), mm_f(q.dW, ldw, 1), NULL, NULL, 1.f, 0.f, q.R,
@@ -491,14 +503,17 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 			q.dT[o] = c.bet[s] * (q.dT[o] + c.Ga[s] * U[o]);
 		}
 		__syncthreads();	// thread 0's dG[GC - 1] before thread GC - 1's
-		if (tid < GC) {	// dbeta, dG through W
-			int r = tid;
+		{	// dbeta, dG through W
+			const int r = QROW();
 			float a = 0.f;
 
-			for (int i = 0; i < dk; i++)
+			FOR_Q(i, dk)
 				a += q.R[r * ldw + i] * bf(c.K[r * ldk + i]);
-			q.db[r] = q.xv[r] + c.Ga[r] * a;
-			q.dG[r] += c.bet[r] * c.Ga[r] * a;
+			a = quad_sum(a);
+			if (!(tid & 3)) {
+				q.db[r] = q.xv[r] + c.Ga[r] * a;
+				q.dG[r] += c.bet[r] * c.Ga[r] * a;
+			}
 		}
 		__syncthreads();
 		// dq += M K, dk += M^T Q; dP2 = dT T^T (into U)
@@ -519,17 +534,21 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 			if (x % GC >= x / GC)
 				q.dT[(x / GC) * ldg + x % GC] = 0.f;
 		__syncthreads();
-		if (tid < GC) {	// through A_rs = beta_r KE_rs: dbeta, dG
-			int r = tid;
+		{	// through A_rs = beta_r KE_rs: dbeta, dG
+			const int r = QROW();
 			float a = 0.f, d = 0.f;
 
-			for (int s = 0; s < GC; s++) {
+			FOR_Q(s, GC) {
 				a += q.dT[r * ldg + s] * c.A[r * ldg + s];
 				d += q.dT[r * ldg + s] * c.bet[r] * c.A[r * ldg + s] -
 				     q.dT[s * ldg + r] * c.bet[s] * c.A[s * ldg + r];
 			}
-			q.db[r] += a;
-			q.dG[r] += d;
+			a = quad_sum(a);
+			d = quad_sum(d);
+			if (!(tid & 3)) {
+				q.db[r] += a;
+				q.dG[r] += d;
+			}
 		}
 		__syncthreads();
 		for (int x = tid; x < GC * GC; x += NTH) {	// D = dA o beta_r E
@@ -544,16 +563,14 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 		      dk, 1);
 		tc_mm(GC, dk, GC, mm_f(q.dT, 1, ldg), mm_b(c.K, ldk, 1), NULL, NULL, 1.f, 1.f, acck,
 		      dk, 1);
-		if (!tid) {	// dg = the reverse cumulative sum of dG; dbeta
+		if (tid < GC && c0 + tid < L) {	// dg = the reverse cumulative sum of dG; dbeta
+			int r = tid;
 			float a = 0.f;
 
-			for (int r = GC - 1; r >= 0; r--) {
-				a += q.dG[r];
-				if (c0 + r >= L)
-					continue;
-				dbeta[(t0 + r) * nv + h] = tobf(r < n ? q.db[r] : 0.f);
-				dg[(t0 + r) * nv + h] = tobf(r < n ? a : 0.f);
-			}
+			for (int s = GC - 1; s >= r; s--)	// each row its own sum, from the end
+				a += q.dG[s];
+			dbeta[(t0 + r) * nv + h] = tobf(r < n ? q.db[r] : 0.f);
+			dg[(t0 + r) * nv + h] = tobf(r < n ? a : 0.f);
 		}
 	}
 	__syncthreads();

@@ -5,16 +5,20 @@
 //
 // The block's NTH threads share the output in warp tiles, warp w taking tiles w, w + NTH/32, ...:
 // 32 x 32 where that still gives every warp a tile, else 16 x 32, else 16 x 16 (by M and N
-// alone); within each 16 x 8, lane (g = lane / 4, t = lane % 4) owns rows g, g + 8 and columns
-// 2t, 2t + 1 (the accumulator layout of m16n8k8).  A call with the same M and N therefore gives
-// every output element to the same thread, so calls that accumulate into one C need no barrier
-// between them.  Rows and columns past M, N, K are masked (any shape works; multiples of 32 and
-// 8 waste nothing).
+// alone), each made of 16 x 8 mma tiles whose rows and columns are permuted (mm_warp) so that a
+// lane's elements of an operand lie side by side: where the shape is whole tiles and the
+// operands k-contiguous or m- (n-) contiguous and aligned, a lane loads them as vectors (2 or
+// 4 elements) with 32-bit offsets; else element by element, masked.  Which thread owns an
+// output element depends on M and N alone, so calls with the same M and N that accumulate into
+// one C need no barrier between them.  Rows and columns past M, N, K are masked (any shape
+// works; multiples of 32 and 8 waste nothing).
 //
-// Device code only.  The host side is C: test/gdn_chunk_emu.h runs the kernels on the host,
-// where tc_mm's #else branch has each thread sum its own elements of 16 x 16 tiles in order (no
-// tensor cores; the fragment loads and the mma of the C++ branch are what only the GPU runs:
-// test_cuda_qwen35 holds them to a host product, each warp tile and operand type).
+// Device code.  The host side is C: test/gdn_chunk_emu.h runs the kernels on the host, where
+// tc_mm's #else branch has each thread sum its own elements of 16 x 16 tiles in order (no
+// tensor cores).  The device branch's fragments and epilogue run on the host in
+// test/test_tc_frag.cc (TC_MM_FRAG_HOST, the mma emulated from the PTX ISA's fragment layouts,
+// exact sums); on the GPU, test_cuda_qwen35 holds tc_mm to a host product, each warp tile,
+// layout and operand type.
 #ifndef SL_TC_MM_CUH
 #define SL_TC_MM_CUH
 
@@ -47,6 +51,7 @@ static __device__ __forceinline__ float mm_ld(struct mmop o, int i, int j)
 	return o.bf ? bf(((const bf16 *)o.p)[x]) : ((const float *)o.p)[x];
 }
 
+#if defined(__CUDA_ARCH__) || defined(TC_MM_FRAG_HOST)
 #ifdef __CUDA_ARCH__
 static __device__ __forceinline__ unsigned mm_tf32(float x)
 {
@@ -56,6 +61,16 @@ static __device__ __forceinline__ unsigned mm_tf32(float x)
 	return r;
 }
 
+static __device__ __forceinline__ unsigned mm_bits(float x)
+{
+	return __float_as_uint(x);
+}
+
+static __device__ __forceinline__ float mm_float(unsigned u)
+{
+	return __uint_as_float(u);
+}
+
 static __device__ __forceinline__ void mm_mma(float *c, const unsigned *a, const unsigned *b)
 {
 	asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
@@ -63,67 +78,150 @@ static __device__ __forceinline__ void mm_mma(float *c, const unsigned *a, const
 		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
 		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+#endif
+// (TC_MM_FRAG_HOST: test/test_tc_frag.cc compiles this branch on the host, giving mm_tf32,
+// mm_bits, mm_float and mm_mma, the last a warp's mma emulated from the PTX ISA's fragment
+// layouts, and float2, float4, uint2)
 
-// element x of an operand as a tf32 register: a bf16 is its own tf32 (its bits, shifted); a
-// float is rounded to nearest (times s when SK)
-template <bool BF, bool SK>
-static __device__ __forceinline__ unsigned mm_reg(const void *p, int x, float s)
+// V consecutive elements from element x of p (float, or bf16 when BF) as floats; x and p aligned
+// to V elements (one load)
+template <bool BF, int V>
+static __device__ __forceinline__ void mm_ldv(const void *p, int x, float *v)
 {
-	if (BF && !SK)
-		return (unsigned)((const unsigned short *)p)[x] << 16;
-	if (BF)
-		return mm_tf32(bf(((const bf16 *)p)[x]) * s);
-	return mm_tf32(SK ? ((const float *)p)[x] * s : ((const float *)p)[x]);
+	if (BF && V == 1) {
+		v[0] = mm_float((unsigned)((const unsigned short *)p)[x] << 16);
+	} else if (BF && V == 2) {
+		unsigned u = ((const unsigned *)p)[x >> 1];
+
+		v[0] = mm_float(u << 16);
+		v[1] = mm_float(u & 0xffff0000u);
+	} else if (BF && V == 4) {
+		uint2 u = ((const uint2 *)p)[x >> 2];
+
+		v[0] = mm_float(u.x << 16);
+		v[1] = mm_float(u.x & 0xffff0000u);
+		v[2] = mm_float(u.y << 16);
+		v[3] = mm_float(u.y & 0xffff0000u);
+	} else if (V == 1) {
+		v[0] = ((const float *)p)[x];
+	} else if (V == 2) {
+		float2 u = ((const float2 *)p)[x >> 1];
+
+		v[0] = u.x, v[1] = u.y;
+	} else {
+		float4 u = ((const float4 *)p)[x >> 2];
+
+		v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+	}
 }
 
-// one warp's TM x TN blocks of 16 x 8 at (m0, n0), summed over K into c.  CHK: rows, columns or
-// K ragged (masked loads); else every index is in range.  SK: A's columns scaled by sk.
-template <bool ABF, bool BBF, int TM, int TN, bool SK, bool CHK>
+// a value as a tf32 register: a bf16 is its own tf32 (its bits); anything else (a float, or a
+// bf16 times a scale) rounded to nearest
+template <bool BF>
+static __device__ __forceinline__ unsigned mm_reg(float v, bool scaled)
+{
+	return BF && !scaled ? mm_bits(v) : mm_tf32(v);
+}
+
+// The layouts that load with vectors (LA for A, LB for B; 0 = any, element by element):
+#define MM_KC 1	// k-contiguous: A's columns (cs 1), B's rows (rs 1)
+#define MM_MN 2	// A m-contiguous (rs 1), B n-contiguous (cs 1)
+//
+// The fragments are permuted, so that each lane's elements lie side by side.  Within a k-step
+// of 8, mma slots t and t + 4 (lane t's) take k0 + 2t and k0 + 2t + 1: a pair.  A's row slots g
+// and g + 8 of the warp's tile i are rows mr + 2i and mr + 2i + 1, mr = m0 + 2 TM g: the lane's
+// 2 TM rows are a run.  B's column slot g of tile j is column n0 + TN g + j: the lane's TN
+// columns are a run.  So an accumulator's column slot s of tile j is column n0 + TN s + j.
+// Which thread owns an output element still depends on M and N alone.
+template <bool ABF, bool BBF, int TM, int TN, int LA, int LB, bool CHK>
 static __device__ __forceinline__ void mm_warp(int M, int N, int K, struct mmop A, struct mmop B,
 					       const float *sk, int m0, int n0, int g, int t,
 					       float (&c)[TM][TN][4])
 {
-	int ar[TM][2], bc[TN];
-	bool am[TM][2], bn[TN];
+	const int mr = m0 + 2 * TM * g, nc = n0 + TN * g;
+	const bool sc = sk != 0;
 
-#pragma unroll
-	for (int i = 0; i < TM; i++)
-#pragma unroll
-		for (int h = 0; h < 2; h++) {
-			int m = m0 + 16 * i + g + 8 * h;
-
-			am[i][h] = !CHK || m < M;
-			ar[i][h] = (!CHK || m < M ? m : 0) * A.rs;
-		}
-#pragma unroll
-	for (int j = 0; j < TN; j++) {
-		int n = n0 + 8 * j + g;
-
-		bn[j] = !CHK || n < N;
-		bc[j] = (!CHK || n < N ? n : 0) * B.cs;
-	}
 #pragma unroll 2
 	for (int k0 = 0; k0 < K; k0 += 8) {
-		const int k1 = k0 + t, k2 = k1 + 4;
-		const bool o1 = !CHK || k1 < K, o2 = !CHK || k2 < K;
-		const int a1 = (o1 ? k1 : 0) * A.cs, a2 = (o2 ? k2 : 0) * A.cs;
-		const int b1 = (o1 ? k1 : 0) * B.rs, b2 = (o2 ? k2 : 0) * B.rs;
-		const float s1 = SK && o1 ? sk[k1] : 1.f, s2 = SK && o2 ? sk[k2] : 1.f;
+		const int ka = k0 + 2 * t;
+		float av[2][2 * TM], bv[2][TN];	// [k - ka][row - mr], [k - ka][column - nc]
 		unsigned a[TM][4], b[TN][2];
 
-		// a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)
+		if (LA == MM_KC) {
+#pragma unroll
+			for (int r = 0; r < 2 * TM; r++) {
+				float v[2];
+
+				mm_ldv<ABF, 2>(A.p, (mr + r) * A.rs + ka, v);
+				av[0][r] = v[0], av[1][r] = v[1];
+			}
+		} else if (LA == MM_MN) {
+#pragma unroll
+			for (int x = 0; x < 2; x++)
+				mm_ldv<ABF, 2 * TM>(A.p, (ka + x) * A.cs + mr, av[x]);
+		} else {
+#pragma unroll
+			for (int x = 0; x < 2; x++)
+#pragma unroll
+				for (int r = 0; r < 2 * TM; r++) {
+					bool ok = !CHK || (mr + r < M && ka + x < K);
+
+					if (ok)
+						mm_ldv<ABF, 1>(A.p, (mr + r) * A.rs + (ka + x) * A.cs,
+							       &av[x][r]);
+					else
+						av[x][r] = 0.f;
+				}
+		}
+		if (LB == MM_KC) {
+#pragma unroll
+			for (int j = 0; j < TN; j++) {
+				float v[2];
+
+				mm_ldv<BBF, 2>(B.p, (nc + j) * B.cs + ka, v);
+				bv[0][j] = v[0], bv[1][j] = v[1];
+			}
+		} else if (LB == MM_MN) {
+#pragma unroll
+			for (int x = 0; x < 2; x++)
+				mm_ldv<BBF, TN>(B.p, (ka + x) * B.rs + nc, bv[x]);
+		} else {
+#pragma unroll
+			for (int x = 0; x < 2; x++)
+#pragma unroll
+				for (int j = 0; j < TN; j++) {
+					bool ok = !CHK || (nc + j < N && ka + x < K);
+
+					if (ok)
+						mm_ldv<BBF, 1>(B.p, (ka + x) * B.rs + (nc + j) * B.cs,
+							       &bv[x][j]);
+					else
+						bv[x][j] = 0.f;
+				}
+		}
+		if (sc) {
+#pragma unroll
+			for (int x = 0; x < 2; x++) {
+				float s = !CHK || ka + x < K ? sk[ka + x] : 0.f;
+
+#pragma unroll
+				for (int r = 0; r < 2 * TM; r++)
+					av[x][r] *= s;
+			}
+		}
+		// a0 (row slot g, k slot t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4);
+		// b0 (k slot t, column slot g), b1 (t + 4, g)
 #pragma unroll
 		for (int i = 0; i < TM; i++) {
-			a[i][0] = am[i][0] && o1 ? mm_reg<ABF, SK>(A.p, ar[i][0] + a1, s1) : 0u;
-			a[i][1] = am[i][1] && o1 ? mm_reg<ABF, SK>(A.p, ar[i][1] + a1, s1) : 0u;
-			a[i][2] = am[i][0] && o2 ? mm_reg<ABF, SK>(A.p, ar[i][0] + a2, s2) : 0u;
-			a[i][3] = am[i][1] && o2 ? mm_reg<ABF, SK>(A.p, ar[i][1] + a2, s2) : 0u;
+			a[i][0] = mm_reg<ABF>(av[0][2 * i], sc);
+			a[i][1] = mm_reg<ABF>(av[0][2 * i + 1], sc);
+			a[i][2] = mm_reg<ABF>(av[1][2 * i], sc);
+			a[i][3] = mm_reg<ABF>(av[1][2 * i + 1], sc);
 		}
-		// b0 (k = t, n = g), b1 (k = t + 4, n = g)
 #pragma unroll
 		for (int j = 0; j < TN; j++) {
-			b[j][0] = bn[j] && o1 ? mm_reg<BBF, false>(B.p, b1 + bc[j], 1.f) : 0u;
-			b[j][1] = bn[j] && o2 ? mm_reg<BBF, false>(B.p, b2 + bc[j], 1.f) : 0u;
+			b[j][0] = mm_reg<BBF>(bv[0][j], false);
+			b[j][1] = mm_reg<BBF>(bv[1][j], false);
 		}
 #pragma unroll
 		for (int i = 0; i < TM; i++)
@@ -133,9 +231,9 @@ static __device__ __forceinline__ void mm_warp(int M, int N, int K, struct mmop 
 	}
 }
 
-// the block's tiles of (16 TM) x (8 TN), and the epilogue: c0 (g, 2t), c1 (g, 2t + 1),
-// c2 (g + 8, 2t), c3 (g + 8, 2t + 1) of each 16 x 8
-template <bool ABF, bool BBF, int TM, int TN, bool SK, bool CHK>
+// the block's tiles of (16 TM) x (8 TN), and the epilogue: c0 (row slot g, column slot 2t),
+// c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1) of each 16 x 8, permuted as mm_warp says
+template <bool ABF, bool BBF, int TM, int TN, int LA, int LB, bool CHK>
 static __device__ __noinline__ void mm_block(int M, int N, int K, struct mmop A, struct mmop B,
 					     const float *sk, const float *rs, float alpha,
 					     float cb, float *C, int crs, int ccs)
@@ -143,6 +241,9 @@ static __device__ __noinline__ void mm_block(int M, int N, int K, struct mmop A,
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 	const int tn = (N + 8 * TN - 1) / (8 * TN), tiles = (M + 16 * TM - 1) / (16 * TM) * tn;
 
+#ifdef TC_MM_FRAG_HOST
+	tc_frag_path(TM, TN, LA, LB, CHK);	// the host test asks which path ran
+#endif
 	for (int tile = warp; tile < tiles; tile += NTH / 32) {
 		int m0 = tile / tn * 16 * TM, n0 = tile % tn * 8 * TN;
 		float c[TM][TN][4];
@@ -152,50 +253,86 @@ static __device__ __noinline__ void mm_block(int M, int N, int K, struct mmop A,
 #pragma unroll
 			for (int j = 0; j < TN; j++)
 				c[i][j][0] = c[i][j][1] = c[i][j][2] = c[i][j][3] = 0.f;
-		mm_warp<ABF, BBF, TM, TN, SK, CHK>(M, N, K, A, B, sk, m0, n0, g, t, c);
+		mm_warp<ABF, BBF, TM, TN, LA, LB, CHK>(M, N, K, A, B, sk, m0, n0, g, t, c);
 #pragma unroll
 		for (int i = 0; i < TM; i++)
 #pragma unroll
-			for (int j = 0; j < TN; j++)
-#pragma unroll
-				for (int x = 0; x < 4; x++) {
-					int m = m0 + 16 * i + g + 8 * (x >> 1);
-					int n = n0 + 8 * j + 2 * t + (x & 1);
-					float v;
-					size_t o;
+			for (int x = 0; x < 4; x++) {
+				int m = m0 + 2 * TM * g + 2 * i + (x >> 1);
+				float r = alpha;
 
-					if (CHK && (m >= M || n >= N))
+				if (CHK && m >= M)
+					continue;
+				if (rs)
+					r *= rs[m];
+#pragma unroll
+				for (int j = 0; j < TN; j++) {
+					int n = n0 + TN * (2 * t + (x & 1)) + j;
+					float *o, v;
+
+					if (CHK && n >= N)
 						continue;
-					o = (size_t)m * crs + (size_t)n * ccs;
-					v = alpha * c[i][j][x];
-					if (rs)
-						v *= rs[m];
+					o = C + m * crs + n * ccs;
+					v = r * c[i][j][x];
 					if (cb != 0.f)
-						v += cb * C[o];
-					C[o] = v;
+						v += cb * *o;
+					*o = v;
 				}
+			}
 	}
 }
 
+// A's layout for loads of 2 (k-contiguous) or 2 TM (m-contiguous) elements; 0: neither
+template <int TM>
+static __device__ __forceinline__ int mm_lay_a(struct mmop A, int esz)
+{
+	unsigned long long p = (unsigned long long)A.p;
+
+	if (A.cs == 1 && A.rs % 2 == 0 && p % (2 * esz) == 0)
+		return MM_KC;
+	if (A.rs == 1 && A.cs % (2 * TM) == 0 && p % (2 * TM * esz) == 0)
+		return MM_MN;
+	return 0;
+}
+
+// B's layout for loads of 2 (k-contiguous) or TN (n-contiguous) elements; 0: neither
+template <int TN>
+static __device__ __forceinline__ int mm_lay_b(struct mmop B, int esz)
+{
+	unsigned long long p = (unsigned long long)B.p;
+
+	if (B.rs == 1 && B.cs % 2 == 0 && p % (2 * esz) == 0)
+		return MM_KC;
+	if (B.cs == 1 && B.rs % TN == 0 && p % (TN * esz) == 0)
+		return MM_MN;
+	return 0;
+}
+
+// vector loads where the shape is whole tiles and both layouts allow them; else element by
+// element, masked
 template <bool ABF, bool BBF, int TM, int TN>
 static __device__ __forceinline__ void mm_tiled(int M, int N, int K, struct mmop A, struct mmop B,
 						const float *sk, const float *rs, float alpha,
 						float cb, float *C, int crs, int ccs)
 {
 	const bool chk = M % (16 * TM) || N % (8 * TN) || K % 8;
+	const int la = mm_lay_a<TM>(A, ABF ? 2 : 4), lb = mm_lay_b<TN>(B, BBF ? 2 : 4);
 
-	if (sk && chk)
-		mm_block<ABF, BBF, TM, TN, true, true>(M, N, K, A, B, sk, rs, alpha, cb, C, crs,
+	if (chk || !la || !lb)
+		mm_block<ABF, BBF, TM, TN, 0, 0, true>(M, N, K, A, B, sk, rs, alpha, cb, C, crs,
 						       ccs);
-	else if (sk)
-		mm_block<ABF, BBF, TM, TN, true, false>(M, N, K, A, B, sk, rs, alpha, cb, C, crs,
-							ccs);
-	else if (chk)
-		mm_block<ABF, BBF, TM, TN, false, true>(M, N, K, A, B, sk, rs, alpha, cb, C, crs,
-							ccs);
+	else if (la == MM_KC && lb == MM_KC)
+		mm_block<ABF, BBF, TM, TN, MM_KC, MM_KC, false>(M, N, K, A, B, sk, rs, alpha, cb,
+								C, crs, ccs);
+	else if (la == MM_KC)
+		mm_block<ABF, BBF, TM, TN, MM_KC, MM_MN, false>(M, N, K, A, B, sk, rs, alpha, cb,
+								C, crs, ccs);
+	else if (lb == MM_KC)
+		mm_block<ABF, BBF, TM, TN, MM_MN, MM_KC, false>(M, N, K, A, B, sk, rs, alpha, cb,
+								C, crs, ccs);
 	else
-		mm_block<ABF, BBF, TM, TN, false, false>(M, N, K, A, B, sk, rs, alpha, cb, C, crs,
-							 ccs);
+		mm_block<ABF, BBF, TM, TN, MM_MN, MM_MN, false>(M, N, K, A, B, sk, rs, alpha, cb,
+								C, crs, ccs);
 }
 
 // the warp tile by shape: 32 x 32 where that still gives every warp a tile, else 16 x 32, else
@@ -222,7 +359,7 @@ static __device__ __forceinline__ void mm_shape(int M, int N, int K, struct mmop
 static __device__ void tc_mm(int M, int N, int K, struct mmop A, struct mmop B, const float *sk,
 			     const float *rs, float alpha, float cb, float *C, int crs, int ccs)
 {
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__) || defined(TC_MM_FRAG_HOST)
 	if (A.bf && B.bf)
 		mm_shape<true, true>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
 	else if (A.bf)

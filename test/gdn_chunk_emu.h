@@ -4,7 +4,8 @@
  * that the kernels' indexing, tiling, masking and wave logic are checked where no GPU is.  A
  * barrier that some threads of a block skip is reported (it would hang or misbehave on a GPU);
  * the order within a phase is fixed (thread 0 first), so a missing barrier may go unseen.
- * What common.cuh gives the kernels (bf16, bf(), tobf(), block_sum()) is redefined here.
+ * What common.cuh gives the kernels (bf16, bf(), tobf(), block_sum(), quad_sum()) is redefined
+ * here.
  * Not compiled on its own: included by test_gdn_chunk.c.
  */
 #include <stdbool.h>
@@ -112,6 +113,15 @@ static float block_sum(float v)
 	for (int i = 0; i < EMU_T; i++)
 		s += x[i];
 	return s;
+}
+
+/* common.cuh's quad_sum: each four threads 4i .. 4i + 3 get (v0 + v1) + (v2 + v3) */
+static float quad_sum(float v)
+{
+	float *x = emu_put(v);
+	int q = emu_cur & ~3;
+
+	return (x[q] + x[q + 1]) + (x[q + 2] + x[q + 3]);
 }
 
 static void emu_entry(void)
