@@ -40,10 +40,40 @@ extern "C" int sl_cuda_gdn_chunk_fits(struct sl_cuda *c, int dk, int dv, int L, 
 extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states, const void *qn,
 				      const void *kn, const void *v, int vs, const float *beta,
 				      const float *g, const int *lens, int B, int L, int nk,
-				      int nv, int dk, int dv)
+				      int nv, int dk, int dv, int split)
 {
-	size_t smem = fwd_smem(dk, dv);
+	int nch = (L + GC - 1) / GC, blocks = B * nv * nch;
+	size_t smem = fwd_smem(dk, dv), need = (size_t)blocks * fslot_floats(dk, dv) * sizeof(float);
 
+	// three passes where every chunk's slot fits the scratch (grown once, as the backward's)
+	if (split && need <= SCRATCH_GROW_MAX)
+		sl_cuda_scratch_grow(c, need);	// -1: the old one kept, too small
+	if (split && need <= c->scratch_bytes && fwd_h_smem(dk, dv) <= SMEM_MAX) {
+		float *scr = sl_cuda_scratch(c, need, "chunked gated delta rule forward");
+		size_t ps = prep_smem(dk, dv), hs = fwd_h_smem(dk, dv), os = fwd_o_smem(dk, dv);
+
+		CUDA_CHECK(cudaFuncSetAttribute(k_gdn_prep,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						(int)ps));
+		CUDA_CHECK(cudaFuncSetAttribute(k_gdn_fwd_h,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						(int)hs));
+		CUDA_CHECK(cudaFuncSetAttribute(k_gdn_fwd_o,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						(int)os));
+		k_gdn_prep<<<blocks, NTH, ps, c->stream>>>(scr, (const bf16 *)qn, (const bf16 *)kn,
+							   (const bf16 *)v, vs, beta, g, lens, L,
+							   nk, nv, dk, dv);
+		CUDA_LAUNCHED();
+		k_gdn_fwd_h<<<B * nv, NTH, hs, c->stream>>>(states, scr, (const bf16 *)kn, lens, L,
+							    nk, nv, dk, dv);
+		CUDA_LAUNCHED();
+		k_gdn_fwd_o<<<blocks, NTH, os, c->stream>>>((bf16 *)o, states, scr,
+							    (const bf16 *)qn, lens, L, nk, nv, dk,
+							    dv);
+		CUDA_LAUNCHED();
+		return;
+	}
 	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_fwd, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					(int)smem));
 	k_gdn_fwd<<<B * nv, NTH, smem, c->stream>>>((bf16 *)o, states, (const bf16 *)qn,

@@ -219,6 +219,168 @@ __global__ void __launch_bounds__(NTH) k_gdn_fwd(bf16 *o, float *states, const b
 	}
 }
 
+// ---- the forward in three passes (as flash-linear-attention splits it) -------------------------
+//
+// The chunk-local work needs no state: k_gdn_prep makes it for every (record, value head, chunk)
+// at once, W = T diag(beta Ga) K and U = T diag(beta) V, with P and G, into the chunk's slot of
+// the scratch.  The pass over the chunks, k_gdn_fwd_h, is then two products a chunk: delta =
+// U - W S (written over U), S = Ga_last S + K^T diag(e) delta.  k_gdn_fwd_o makes every chunk's
+// o = diag(Ga) Q S + P delta at once from the saved start states.  The same sums as k_gdn_fwd.
+
+// a chunk's slot: W (GC, dk), U then delta (GC, dv), P (GC, GC), G = cumsum(g) (GC), floats
+struct fslot {
+	float *W, *U, *P, *G;
+};
+
+static __host__ __device__ size_t fslot_floats(int dk, int dv)
+{
+	return (size_t)GC * dk + (size_t)GC * dv + (size_t)GC * GC + GC;
+}
+
+// slot i = (record * nv + value head) * nch + chunk
+static __device__ struct fslot fslot_at(float *scr, size_t i, int dk, int dv)
+{
+	struct fslot f;
+
+	f.W = scr + i * fslot_floats(dk, dv);
+	f.U = f.W + (size_t)GC * dk;
+	f.P = f.U + (size_t)GC * dv;
+	f.G = f.P + (size_t)GC * GC;
+	return f;
+}
+
+// block (record, value head, chunk); shared memory: tl, then V (GC, dv + 8) bf16
+__global__ void __launch_bounds__(NTH) k_gdn_prep(float *scr, const bf16 *qn, const bf16 *kn,
+						  const bf16 *v, int vs, const float *beta,
+						  const float *g, const int *lens, int L, int nk,
+						  int nv, int dk, int dv)
+{
+	extern __shared__ float sm[];
+	struct tl c;
+	const int tid = threadIdx.x, ldk = dk + 8, ldg = GC + 4, ldv = dv + 8;
+	int nch = (L + GC - 1) / GC, bh = blockIdx.x / nch, ch = blockIdx.x % nch;
+	int b = bh / nv, h = bh % nv, kh = h / (nv / nk), c0 = ch * GC, n = chunk_n(lens[b], c0);
+	size_t t0 = (size_t)b * L + c0;
+	bf16 *V = (bf16 *)tl_carve(&c, sm, dk);
+	struct fslot f = fslot_at(scr, blockIdx.x, dk, dv);
+
+	if (!n)		// past the record: the other passes skip the chunk
+		return;
+	tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
+	FOR_RC(r, j, GC, dv)
+		V[r * ldv + j] = r < n ? v[(t0 + r) * vs + (size_t)h * dv + j] : tobf(0.f);
+	FOR_RC(r, s, GC, GC)
+		f.P[r * GC + s] = c.P[r * ldg + s];
+	if (tid < GC)
+		f.G[tid] = c.G[tid];
+	tc_mm(GC, dk, GC, mm_f(c.T, ldg, 1), mm_b(c.K, ldk, 1), c.bg, NULL, 1.f, 0.f, f.W, dk, 1);
+	__syncthreads();
+	tc_mm(GC, dv, GC, mm_f(c.T, ldg, 1), mm_b(V, ldv, 1), c.bet, NULL, 1.f, 0.f, f.U, dv, 1);
+}
+
+static __host__ size_t prep_smem(int dk, int dv)
+{
+	return tl_floats(dk) * sizeof(float) + (size_t)GC * (dv + 8) * 2;
+}
+
+// block (record, value head): the state walks the chunks; the chunk-start states out, delta
+// over U.  Shared memory: S (dk, dv + 4), W (GC, dk + 4), delta (GC, dv + 4), e (GC), K (GC,
+// dk + 8) bf16.
+__global__ void __launch_bounds__(NTH) k_gdn_fwd_h(float *states, float *scr, const bf16 *kn,
+						   const int *lens, int L, int nk, int nv, int dk,
+						   int dv)
+{
+	extern __shared__ float sm[];
+	const int tid = threadIdx.x, lds = dv + 4, ldw = dk + 4, ldk = dk + 8;
+	int b = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk), len = lens[b];
+	int nch = (L + GC - 1) / GC;
+	float *S = sm, *W = S + (size_t)dk * lds, *D = W + (size_t)GC * ldw, *e = D + GC * lds;
+	bf16 *K = (bf16 *)(e + GC);
+	size_t SS = (size_t)dk * dv;
+
+	for (int x = tid; x < dk * lds; x += NTH)
+		S[x] = 0.f;
+	for (int ch = 0; ch < nch; ch++) {
+		int c0 = ch * GC, n = chunk_n(len, c0);
+		size_t t0 = (size_t)b * L + c0;
+		struct fslot f = fslot_at(scr, (size_t)blockIdx.x * nch + ch, dk, dv);
+		float *sv = states + (((size_t)b * nch + ch) * nv + h) * SS, gl;
+
+		__syncthreads();
+		FOR_RC(i, j, dk, dv)
+			sv[(size_t)i * dv + j] = S[i * lds + j];
+		if (!n)
+			continue;
+		FOR_RC(r, i, GC, dk) {
+			W[r * ldw + i] = f.W[r * dk + i];
+			K[r * ldk + i] = r < n ? kn[(t0 + r) * nk * dk + (size_t)kh * dk + i] :
+						 tobf(0.f);
+		}
+		FOR_RC(r, j, GC, dv)
+			D[r * lds + j] = f.U[r * dv + j];
+		if (tid < GC)
+			e[tid] = expf(f.G[GC - 1] - f.G[tid]);
+		gl = expf(f.G[GC - 1]);
+		__syncthreads();
+		// delta = U - W S
+		tc_mm(GC, dv, dk, mm_f(W, ldw, 1), mm_f(S, lds, 1), NULL, NULL, -1.f, 1.f, D, lds,
+		      1);
+		__syncthreads();
+		FOR_RC(r, j, GC, dv)
+			f.U[r * dv + j] = D[r * lds + j];
+		// S = Ga_last S + K^T diag(e) delta
+		tc_mm(dk, dv, GC, mm_b(K, 1, ldk), mm_f(D, lds, 1), e, NULL, 1.f, gl, S, lds, 1);
+	}
+}
+
+static __host__ size_t fwd_h_smem(int dk, int dv)
+{
+	return ((size_t)dk * (dv + 4) + (size_t)GC * (dk + 4) + (size_t)GC * (dv + 4) + GC) *
+		       sizeof(float) + (size_t)GC * (dk + 8) * 2;
+}
+
+// block (record, value head, chunk): o = diag(Ga) Q S + P delta.  Shared memory: O (GC, dv + 4),
+// P (GC, GC + 4), Ga (GC), Q (GC, dk + 8) bf16.
+__global__ void __launch_bounds__(NTH) k_gdn_fwd_o(bf16 *o, const float *states,
+						   float *scr, const bf16 *qn, const int *lens,
+						   int L, int nk, int nv, int dk, int dv)
+{
+	extern __shared__ float sm[];
+	const int tid = threadIdx.x, lds = dv + 4, ldg = GC + 4, ldk = dk + 8;
+	int nch = (L + GC - 1) / GC, bh = blockIdx.x / nch, ch = blockIdx.x % nch;
+	int b = bh / nv, h = bh % nv, kh = h / (nv / nk), c0 = ch * GC, n = chunk_n(lens[b], c0);
+	int rows = L - c0 < GC ? L - c0 : GC;
+	size_t t0 = (size_t)b * L + c0, od = (size_t)nv * dv;
+	float *O = sm, *P = O + GC * lds, *Ga = P + GC * ldg;
+	bf16 *Q = (bf16 *)(Ga + GC);
+	struct fslot f = fslot_at(scr, blockIdx.x, dk, dv);
+	const float *S0 = states + (((size_t)b * nch + ch) * nv + h) * dk * dv;
+
+	if (!n) {
+		FOR_RC(r, j, rows, dv)
+			o[(t0 + r) * od + (size_t)h * dv + j] = tobf(0.f);
+		return;
+	}
+	FOR_RC(r, i, GC, dk)
+		Q[r * ldk + i] = r < n ? qn[(t0 + r) * nk * dk + (size_t)kh * dk + i] : tobf(0.f);
+	FOR_RC(r, s, GC, GC)
+		P[r * ldg + s] = f.P[r * GC + s];
+	if (tid < GC)
+		Ga[tid] = expf(f.G[tid]);
+	__syncthreads();
+	tc_mm(GC, dv, dk, mm_b(Q, ldk, 1), mm_f(S0, dv, 1), NULL, Ga, 1.f, 0.f, O, lds, 1);
+	tc_mm(GC, dv, GC, mm_f(P, ldg, 1), mm_f(f.U, dv, 1), NULL, NULL, 1.f, 1.f, O, lds, 1);
+	__syncthreads();
+	FOR_RC(r, j, rows, dv)
+		o[(t0 + r) * od + (size_t)h * dv + j] = tobf(r < n ? O[r * lds + j] : 0.f);
+}
+
+static __host__ size_t fwd_o_smem(int dk, int dv)
+{
+	return ((size_t)GC * (dv + 4) + (size_t)GC * (GC + 4) + GC) * sizeof(float) +
+	       (size_t)GC * (dk + 8) * 2;
+}
+
 // the backward's state pass: dS at every chunk's end into dst.  Block = slot of the wave's
 // (record, value head), head bh = first * grp + slot.
 __global__ void __launch_bounds__(NTH) k_gdn_bwd_state(float *dst, const bf16 *dout,

@@ -55,11 +55,14 @@ static void cuda_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void 
 }
 
 /*
- * The chunked kernels (cuda/gdn_chunk.cu), chosen per backend at its creation by
- * SHARDLM_GDN_KERNEL=chunked (the default; recurrent: gdn.cu's per-token walk).  A shape they do not
- * take (key dim over 128, a group's dS over the scratch), or a chunk of rows with a start or end
- * state (context parallel), runs the recurrence.
+ * The chunked kernels (cuda/gdn_chunk.cu), chosen at the backend's creation by
+ * SHARDLM_GDN_KERNEL=chunked (the default: the forward in three passes where the scratch holds
+ * them), chunked-fused (the forward in one kernel) or recurrent (gdn.cu's per-token walk).  A
+ * shape they do not take (key dim over 128, a group's dS over the scratch), or a chunk of rows
+ * with a start or end state (context parallel), runs the recurrence.
  */
+static int gdn_fwd_split = 1;
+
 static void cuda_gdn_chunk_fwd(struct sl_backend *be, void *o, void *states, const void *qn,
 			       const void *kn, const void *v, int vs, const void *beta,
 			       const void *g, const int32_t *lens, int B, int L, int rs, int nk,
@@ -70,7 +73,8 @@ static void cuda_gdn_chunk_fwd(struct sl_backend *be, void *o, void *states, con
 				  dk, dv, s0, s_end);
 		return;
 	}
-	sl_cuda_gdn_chunk_fwd(C(be), o, states, qn, kn, v, vs, beta, g, lens, B, L, nk, nv, dk, dv);
+	sl_cuda_gdn_chunk_fwd(C(be), o, states, qn, kn, v, vs, beta, g, lens, B, L, nk, nv, dk, dv,
+			      gdn_fwd_split);
 }
 
 static void cuda_gdn_chunk_bwd(struct sl_backend *be, void *dqn, void *dkn, void *dval,
@@ -136,13 +140,16 @@ static void cuda_sigmoid_mul_bwd(struct sl_backend *be, void *dx, void *dgate, c
 static int cuda_gdn_init(struct sl_backend *be)
 {
 	const char *k = getenv("SHARDLM_GDN_KERNEL");
-	bool chunked = !k || !*k || !strcmp(k, "chunked");	/* the default */
+	bool fused = k && !strcmp(k, "chunked-fused");
+	bool chunked = !k || !*k || !strcmp(k, "chunked") || fused;	/* the default */
 
 	if (k && *k && !chunked && strcmp(k, "recurrent")) {
 		fprintf(stderr,
-			"cuda backend: SHARDLM_GDN_KERNEL=%s: expected chunked or recurrent\n", k);
+			"cuda backend: SHARDLM_GDN_KERNEL=%s: expected chunked, chunked-fused or "
+			"recurrent\n", k);
 		return -1;
 	}
+	gdn_fwd_split = !fused;
 	be->conv1d_silu_fwd = cuda_conv1d_silu_fwd;
 	be->conv1d_silu_bwd = cuda_conv1d_silu_bwd;
 	be->gdn_prep_fwd = cuda_gdn_prep_fwd;

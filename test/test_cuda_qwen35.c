@@ -5,12 +5,13 @@
  * rounded to bf16 before the cpu sees them, bf16 outputs within about 1e-2 relative.  Padded
  * batches whose longest record crosses 64-token chunks; the backward ops get the cpu's saved
  * statistics so that only their own arithmetic is compared.  Then the tiny hybrid model's loss
- * and gradients, cuda against cpu.  The gated delta rule's cases and the model run with both
- * delta-rule kernels (gdn.cu's recurrence, gdn_chunk.cu's chunked form: a cuda backend each,
- * made under SHARDLM_GDN_KERNEL), then the two kernels at the Qwen3.5 4B layer's shape against
- * each other, timed.  SL_TEST_RULE_ONLY=1: the delta rule's cases alone (for compute-sanitizer);
- * SL_TEST_RULE_ONLY=chunked: three small cases of the chunked kernel alone (racecheck);
- * SL_TEST_RULE_ONLY=pair: the two kernels at the Qwen3.5 4B's shape alone (profiling).
+ * and gradients, cuda against cpu.  The gated delta rule's cases run with each delta-rule kernel
+ * (gdn.cu's recurrence; gdn_chunk.cu's chunked form, its forward in three passes, and in one
+ * kernel: a cuda backend each, made under SHARDLM_GDN_KERNEL), the model with the first two;
+ * then, at the Qwen3.5 4B layer's shape, chunked against recurrent and the three-pass forward
+ * against the fused one, timed.  SL_TEST_RULE_ONLY=1: the delta rule's cases alone (for
+ * compute-sanitizer); SL_TEST_RULE_ONLY=chunked: three small cases of the chunked kernel alone
+ * (racecheck); SL_TEST_RULE_ONLY=pair: the 4B-shaped pairs alone (profiling).
  */
 #include <math.h>
 #include <stdint.h>
@@ -24,7 +25,7 @@
 #include "../cuda/sl_cuda.h"
 #include "testutil.h"
 
-static struct sl_backend *cpu, *gpu, *gpu_rec, *gpu_chk;	/* gpu: the one under test */
+static struct sl_backend *cpu, *gpu, *gpu_rec, *gpu_chk, *gpu_fus;	/* gpu: the one under test */
 
 /* ---- random numbers and bf16 on the host --------------------------------------------------- */
 
@@ -577,8 +578,8 @@ static double dev_diff(struct sl_backend *a, void *da, struct sl_backend *b, voi
  * (no threshold); the outputs must agree within 2e-2 (norm-relative: both round to bf16, the
  * recurrence's dq, dk once per value head).
  */
-static void t_rule_pair(struct sl_backend *gr, struct sl_backend *gc, int B, int L, int nk, int nv,
-			int dk, int dv)
+static void t_rule_pair(struct sl_backend *gr, struct sl_backend *gc, const char *nr,
+			const char *nc, int B, int L, int nk, int nv, int dk, int dv)
 {
 	struct sl_backend *be[2] = { gr, gc };
 	int T = B * L, vs = nv * dv, nch = (L + 63) / 64;
@@ -653,16 +654,15 @@ static void t_rule_pair(struct sl_backend *gr, struct sl_backend *gc, int B, int
 	e[3] = dev_diff(gc, dv_[1], gr, dv_[0], nvv);
 	e[4] = dev_diff(gc, db[1], gr, db[0], nb);
 	e[5] = dev_diff(gc, dg[1], gr, dg[0], nb);
-	printf("%-18s %-28s %-8s %10s %10s %8.3f\n", "gdn_rule_fwd", sh, "recur", "", "", ms[0][0]);
-	printf("%-18s %-28s %-8s %10.2e %10s %8.3f\n", "gdn_rule_fwd", sh, "chunked", e[0], "",
-	       ms[1][0]);
-	printf("%-18s %-28s %-8s %10s %10s %8.3f\n", "gdn_rule_bwd", sh, "recur", "", "", ms[0][1]);
-	printf("%-18s %-28s %-8s %10.2e %10s %8.3f  (dq dk dv db dg vs recur: %.1e %.1e %.1e "
-	       "%.1e %.1e)\n", "gdn_rule_bwd", sh, "chunked", e[1], "", ms[1][1], e[1], e[2],
-	       e[3], e[4], e[5]);
+	printf("%-18s %-28s %-8s %10s %10s %8.3f\n", "gdn_rule_fwd", sh, nr, "", "", ms[0][0]);
+	printf("%-18s %-28s %-8s %10.2e %10s %8.3f\n", "gdn_rule_fwd", sh, nc, e[0], "", ms[1][0]);
+	printf("%-18s %-28s %-8s %10s %10s %8.3f\n", "gdn_rule_bwd", sh, nr, "", "", ms[0][1]);
+	printf("%-18s %-28s %-8s %10.2e %10s %8.3f  (dq dk dv db dg vs %s: %.1e %.1e %.1e "
+	       "%.1e %.1e)\n", "gdn_rule_bwd", sh, nc, e[1], "", ms[1][1], nr, e[1], e[2], e[3],
+	       e[4], e[5]);
 	for (int i = 0; i < 6; i++)
-		CHECK(e[i] <= 2e-2, "%s: chunked vs recurrent, output %d: relative difference %g",
-		      sh, i, e[i]);
+		CHECK(e[i] <= 2e-2, "%s: %s vs %s, output %d: relative difference %g", sh, nc, nr,
+		      i, e[i]);
 	for (int s = 0; s < 2; s++) {
 		void *all[] = { q[s], k[s], v[s], go[s], bt[s], g[s], lens[s], o[s], st[s], dq[s],
 				dk_[s], dv_[s], db[s], dg[s] };
@@ -1041,8 +1041,11 @@ int main(int argc, char **argv)
 	setenv("SHARDLM_GDN_KERNEL", "chunked", 1);
 	gpu_chk = sl_backend_cuda_create(0);
 	CHECK(gpu_chk, "cuda backend with SHARDLM_GDN_KERNEL=chunked");
+	setenv("SHARDLM_GDN_KERNEL", "chunked-fused", 1);
+	gpu_fus = sl_backend_cuda_create(0);
+	CHECK(gpu_fus, "cuda backend with SHARDLM_GDN_KERNEL=chunked-fused");
 	unsetenv("SHARDLM_GDN_KERNEL");
-	if (!gpu_chk)
+	if (!gpu_chk || !gpu_fus)
 		return test_exit("test_cuda_qwen35");
 	printf("%-18s %-28s %-8s %10s %10s %8s\n", "op", "shape", "output", "rel.err", "max/scale",
 	       "gpu ms");
@@ -1050,7 +1053,8 @@ int main(int argc, char **argv)
 	/* SL_TEST_RULE_ONLY=chunked: the chunked kernel's cases alone, small (racecheck is slow) */
 	rule_only = getenv("SL_TEST_RULE_ONLY");
 	if (rule_only && !strcmp(rule_only, "pair")) {	/* the 4B-shaped pair alone (profiling) */
-		t_rule_pair(gpu_rec, gpu_chk, 4, 2048, 16, 32, 128, 128);
+		t_rule_pair(gpu_rec, gpu_chk, "recur", "chunked", 4, 2048, 16, 32, 128, 128);
+		t_rule_pair(gpu_fus, gpu_chk, "fused", "3-pass", 4, 2048, 16, 32, 128, 128);
 		goto out;
 	}
 	if (rule_only && !strcmp(rule_only, "chunked")) {
@@ -1068,9 +1072,10 @@ int main(int argc, char **argv)
 	t_prep(5, 1, 2, 4, 3, 9);
 	t_prep(140, 2, 4, 16, 24, 10);
 	t_prep(700, 16, 48, 128, 128, 100);
-	for (int kk = 0; kk < 2; kk++) {	/* the recurrent kernel, then the chunked one */
-		gpu = kk ? gpu_chk : gpu_rec;
-		printf("-- gated delta rule: %s kernel\n", kk ? "chunked" : "recurrent");
+	for (int kk = 0; kk < 3; kk++) {	/* recurrent, chunked, chunked with a fused forward */
+		gpu = kk == 2 ? gpu_fus : kk ? gpu_chk : gpu_rec;
+		printf("-- gated delta rule: %s kernel\n",
+		       kk == 2 ? "chunked-fused" : kk ? "chunked" : "recurrent");
 		t_rule(2, 9, 1, 2, 4, 3);
 		t_rule(3, 150, 2, 4, 16, 24);
 		t_rule(2, 200, 2, 6, 128, 128);
@@ -1101,13 +1106,16 @@ int main(int argc, char **argv)
 			t_model("3x150 moe sft k=E=4 no shared", true, 4, 0);
 	}
 	/* the Qwen3.5 4B's Gated DeltaNet layer: chunked against recurrent, both timed */
-	t_rule_pair(gpu_rec, gpu_chk, 4, 2048, 16, 32, 128, 128);
+	t_rule_pair(gpu_rec, gpu_chk, "recur", "chunked", 4, 2048, 16, 32, 128, 128);
+	/* the forward in three passes (the default) against the one-kernel forward */
+	t_rule_pair(gpu_fus, gpu_chk, "fused", "3-pass", 4, 2048, 16, 32, 128, 128);
 	gpu = gpu_rec;
 out:
 	printf("peak %zu bytes, reserved %zu\n", sl_backend_cuda_peak_bytes(gpu),
 	       sl_backend_cuda_reserved_bytes(gpu));
+	gpu_fus->destroy(gpu_fus);
 	gpu_chk->destroy(gpu_chk);
-	gpu_rec->destroy(gpu_rec);	/* gpu is one of the two */
+	gpu_rec->destroy(gpu_rec);	/* gpu is one of the three */
 	cpu->destroy(cpu);
 	return test_exit("test_cuda_qwen35");
 }

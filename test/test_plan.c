@@ -177,7 +177,8 @@ static const struct shape hybrid27 = {
 	/*
 	 * cuda/gdn_chunk.cu's backward grows the reduction scratch to dS at every chunk's end and
 	 * fp32 dq, dk: (T/64 + B) chunks x (48*128 + 2*64*16)*128*4 = 33 x 4,194,304 = 138,412,032:
-	 * 71,303,168 past 64 MiB
+	 * 71,303,168 past 64 MiB (its three-pass forward needs less: 33 x 48 x (64 x (128 + 128 +
+	 * 64) + 64) x 4 = 130,166,784)
 	 */
 	.ws_gdn = 71303168ull,
 	/*
