@@ -34,6 +34,8 @@ extern "C" int sl_cuda_gdn_chunk_fits(struct sl_cuda *c, int dk, int dv, int L, 
 
 	return dk <= DKMAX && dv > 0 && dv <= DVMAX && gq_smem(dk) <= SMEM_MAX &&
 	       state_smem(dk, dv) <= SMEM_MAX && fwd_smem(dk, dv) <= SMEM_MAX &&
+	       prep_smem(dk, dv) <= SMEM_MAX && fwd_h_smem(dk, dv) <= SMEM_MAX &&
+	       fwd_o_smem(dk, dv) <= SMEM_MAX && bwd_h_smem(dk, dv) <= SMEM_MAX &&
 	       per_group <= c->scratch_bytes;
 }
 
@@ -48,7 +50,7 @@ extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states,
 	// three passes where every chunk's slot fits the scratch (grown once, as the backward's)
 	if (split && need <= SCRATCH_GROW_MAX)
 		sl_cuda_scratch_grow(c, need);	// -1: the old one kept, too small
-	if (split && need <= c->scratch_bytes && fwd_h_smem(dk, dv) <= SMEM_MAX) {
+	if (split && need <= c->scratch_bytes) {
 		float *scr = sl_cuda_scratch(c, need, "chunked gated delta rule forward");
 		size_t ps = prep_smem(dk, dv), hs = fwd_h_smem(dk, dv), os = fwd_o_smem(dk, dv);
 
@@ -62,8 +64,8 @@ extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
 						(int)os));
 		k_gdn_prep<<<blocks, NTH, ps, c->stream>>>(scr, (const bf16 *)qn, (const bf16 *)kn,
-							   (const bf16 *)v, vs, beta, g, lens, L,
-							   nk, nv, dk, dv);
+							   (const bf16 *)v, vs, NULL, beta, g, lens,
+							   L, nk, nv, dk, dv, 0);
 		CUDA_LAUNCHED();
 		k_gdn_fwd_h<<<B * nv, NTH, hs, c->stream>>>(states, scr, (const bf16 *)kn, lens, L,
 							    nk, nv, dk, dv);
@@ -86,11 +88,12 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 				      void *dbeta, void *dg, const void *dout, const float *states,
 				      const void *qn, const void *kn, const void *v, int vs,
 				      const float *beta, const float *g, const int *lens, int B,
-				      int L, int nk, int nv, int dk, int dv)
+				      int L, int nk, int nv, int dk, int dv, int split)
 {
 	int grp = nv / nk, nch = (L + GC - 1) / GC;
 	size_t per_group = bwd_scratch_floats(1, grp, nch, dk, dv) * sizeof(float);
-	size_t ss = state_smem(dk, dv), gs = gq_smem(dk);
+	size_t ss = state_smem(dk, dv), gs = gq_smem(dk), ps = prep_smem(dk, dv);
+	size_t hs = bwd_h_smem(dk, dv);
 	int per_wave;
 	float *dst;
 
@@ -103,14 +106,29 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 	dst = sl_cuda_scratch(c, (size_t)per_wave * per_group, "chunked gated delta rule backward");
 	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_bwd_state,
 					cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss));
+	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_prep, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					(int)ps));
+	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_bwd_h, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					(int)hs));
 	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_bwd_grad,
 					cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gs));
 	for (int first = 0; first < B * nk; first += per_wave) {
 		int ng = B * nk - first < per_wave ? B * nk - first : per_wave;
+		float *slots = dst + bwd_slots(per_wave, grp, nch, dk, dv);
 
-		k_gdn_bwd_state<<<ng * grp, NTH, ss, c->stream>>>(
-			dst, (const bf16 *)dout, (const bf16 *)qn, (const bf16 *)kn, beta, g, lens,
-			L, nk, nv, dk, dv, first);
+		if (split) {	// every chunk's W, X, P, G, then the walk: three products a chunk
+			k_gdn_prep<<<ng * grp * nch, NTH, ps, c->stream>>>(
+				slots, (const bf16 *)qn, (const bf16 *)kn, (const bf16 *)v, vs,
+				(const bf16 *)dout, beta, g, lens, L, nk, nv, dk, dv, first * grp);
+			CUDA_LAUNCHED();
+			k_gdn_bwd_h<<<ng * grp, NTH, hs, c->stream>>>(
+				dst, slots, (const bf16 *)dout, (const bf16 *)qn, (const bf16 *)kn,
+				lens, L, nk, nv, dk, dv, first);
+		} else {
+			k_gdn_bwd_state<<<ng * grp, NTH, ss, c->stream>>>(
+				dst, (const bf16 *)dout, (const bf16 *)qn, (const bf16 *)kn, beta,
+				g, lens, L, nk, nv, dk, dv, first);
+		}
 		CUDA_LAUNCHED();
 		k_gdn_bwd_grad<<<ng * nch, NTH, gs, c->stream>>>(
 			(bf16 *)dqn, (bf16 *)dkn, (bf16 *)dval, (bf16 *)dbeta, (bf16 *)dg,

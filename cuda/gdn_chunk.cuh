@@ -249,16 +249,18 @@ static __device__ struct fslot fslot_at(float *scr, size_t i, int dk, int dv)
 	return f;
 }
 
-// block (record, value head, chunk); shared memory: tl, then V (GC, dv + 8) bf16
+// Block (value head bh0 + blockIdx.x / nch, chunk blockIdx.x % nch) into slot blockIdx.x; value
+// head bh = record * nv + head.  The forward (dout NULL): W, U, P, G; the backward: W, X =
+// P^T dO (in U's place), P, G.  Shared memory: tl, then V or dO (GC, dv + 8) bf16.
 __global__ void __launch_bounds__(NTH) k_gdn_prep(float *scr, const bf16 *qn, const bf16 *kn,
-						  const bf16 *v, int vs, const float *beta,
-						  const float *g, const int *lens, int L, int nk,
-						  int nv, int dk, int dv)
+						  const bf16 *v, int vs, const bf16 *dout,
+						  const float *beta, const float *g, const int *lens,
+						  int L, int nk, int nv, int dk, int dv, int bh0)
 {
 	extern __shared__ float sm[];
 	struct tl c;
 	const int tid = threadIdx.x, ldk = dk + 8, ldg = GC + 4, ldv = dv + 8;
-	int nch = (L + GC - 1) / GC, bh = blockIdx.x / nch, ch = blockIdx.x % nch;
+	int nch = (L + GC - 1) / GC, bh = bh0 + blockIdx.x / nch, ch = blockIdx.x % nch;
 	int b = bh / nv, h = bh % nv, kh = h / (nv / nk), c0 = ch * GC, n = chunk_n(lens[b], c0);
 	size_t t0 = (size_t)b * L + c0;
 	bf16 *V = (bf16 *)tl_carve(&c, sm, dk);
@@ -267,15 +269,24 @@ __global__ void __launch_bounds__(NTH) k_gdn_prep(float *scr, const bf16 *qn, co
 	if (!n)		// past the record: the other passes skip the chunk
 		return;
 	tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
-	FOR_RC(r, j, GC, dv)
-		V[r * ldv + j] = r < n ? v[(t0 + r) * vs + (size_t)h * dv + j] : tobf(0.f);
+	FOR_RC(r, j, GC, dv) {
+		size_t t = t0 + r;
+
+		V[r * ldv + j] = r >= n ? tobf(0.f) : dout ? dout[t * nv * dv + (size_t)h * dv + j] :
+						  v[t * vs + (size_t)h * dv + j];
+	}
 	FOR_RC(r, s, GC, GC)
 		f.P[r * GC + s] = c.P[r * ldg + s];
 	if (tid < GC)
 		f.G[tid] = c.G[tid];
 	tc_mm(GC, dk, GC, mm_f(c.T, ldg, 1), mm_b(c.K, ldk, 1), c.bg, NULL, 1.f, 0.f, f.W, dk, 1);
 	__syncthreads();
-	tc_mm(GC, dv, GC, mm_f(c.T, ldg, 1), mm_b(V, ldv, 1), c.bet, NULL, 1.f, 0.f, f.U, dv, 1);
+	if (dout)
+		tc_mm(GC, dv, GC, mm_f(c.P, 1, ldg), mm_b(V, ldv, 1), NULL, NULL, 1.f, 0.f, f.U,
+		      dv, 1);
+	else
+		tc_mm(GC, dv, GC, mm_f(c.T, ldg, 1), mm_b(V, ldv, 1), c.bet, NULL, 1.f, 0.f, f.U,
+		      dv, 1);
 }
 
 static __host__ size_t prep_smem(int dk, int dv)
@@ -433,6 +444,73 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_state(float *dst, const bf16 *d
 	}
 }
 
+// The backward's state pass after k_gdn_prep (dout given): dS at every chunk's end into dst,
+// three products a chunk: ddelta = X + diag(e) K dS, dS = Ga_last dS + Q^T diag(Ga) dO -
+// W^T ddelta.  Block = slot of the wave's value heads (as k_gdn_bwd_state), its chunks' slots
+// at scr + (slot * nch + chunk).  Shared memory: dS (dk, dv + 4), W (GC, dk + 4), ddelta
+// (GC, dv + 4), e and Ga (GC each), K and Q (GC, dk + 8) and dO (GC, dv + 8), bf16.
+__global__ void __launch_bounds__(NTH) k_gdn_bwd_h(float *dst, float *scr, const bf16 *dout,
+						   const bf16 *qn, const bf16 *kn, const int *lens,
+						   int L, int nk, int nv, int dk, int dv, int first)
+{
+	extern __shared__ float sm[];
+	const int tid = threadIdx.x, lds = dv + 4, ldw = dk + 4, ldk = dk + 8, ldo = dv + 8;
+	const int grp = nv / nk;
+	int slot = blockIdx.x, bh = first * grp + slot, b = bh / nv, h = bh % nv, kh = h / grp;
+	int len = lens[b], nch = (L + GC - 1) / GC;
+	float *dS = sm, *W = dS + (size_t)dk * lds, *dD = W + (size_t)GC * ldw;
+	float *e = dD + (size_t)GC * lds, *Ga = e + GC;
+	bf16 *K = (bf16 *)(Ga + GC), *Q = K + (size_t)GC * ldk, *dO = Q + (size_t)GC * ldk;
+	size_t SS = (size_t)dk * dv;
+
+	for (int x = tid; x < dk * lds; x += NTH)
+		dS[x] = 0.f;
+	for (int ch = nch - 1; ch >= 0; ch--) {
+		int c0 = ch * GC, n = chunk_n(len, c0);
+		size_t t0 = (size_t)b * L + c0;
+		struct fslot f = fslot_at(scr, (size_t)slot * nch + ch, dk, dv);
+		float *dv_ = dst + ((size_t)slot * nch + ch) * SS, gl;
+
+		__syncthreads();
+		FOR_RC(i, j, dk, dv)
+			dv_[(size_t)i * dv + j] = dS[i * lds + j];
+		if (!n)
+			continue;
+		FOR_RC(r, i, GC, dk) {
+			size_t o = (t0 + r) * nk * dk + (size_t)kh * dk + i;
+
+			W[r * ldw + i] = f.W[r * dk + i];
+			K[r * ldk + i] = r < n ? kn[o] : tobf(0.f);
+			Q[r * ldk + i] = r < n ? qn[o] : tobf(0.f);
+		}
+		FOR_RC(r, j, GC, dv) {
+			dD[r * lds + j] = f.U[r * dv + j];
+			dO[r * ldo + j] = r < n ? dout[(t0 + r) * nv * dv + (size_t)h * dv + j] :
+						  tobf(0.f);
+		}
+		if (tid < GC) {
+			e[tid] = expf(f.G[GC - 1] - f.G[tid]);
+			Ga[tid] = expf(f.G[tid]);
+		}
+		gl = expf(f.G[GC - 1]);
+		__syncthreads();
+		// ddelta = X + diag(e) K dS
+		tc_mm(GC, dv, dk, mm_b(K, ldk, 1), mm_f(dS, lds, 1), NULL, e, 1.f, 1.f, dD, lds, 1);
+		__syncthreads();
+		// dS = Ga_last dS + Q^T diag(Ga) dO - W^T ddelta (both calls own the same elements)
+		tc_mm(dk, dv, GC, mm_b(Q, 1, ldk), mm_b(dO, ldo, 1), Ga, NULL, 1.f, gl, dS, lds, 1);
+		tc_mm(dk, dv, GC, mm_f(W, 1, ldw), mm_f(dD, lds, 1), NULL, NULL, -1.f, 1.f, dS, lds,
+		      1);
+	}
+}
+
+static __host__ size_t bwd_h_smem(int dk, int dv)
+{
+	return ((size_t)dk * (dv + 4) + (size_t)GC * (dk + 4) + (size_t)GC * (dv + 4) + 2 * GC) *
+		       sizeof(float) +
+	       ((size_t)2 * GC * (dk + 8) + (size_t)GC * (dv + 8)) * 2;
+}
+
 // ---- the backward's gradients of a chunk, on the tensor cores ----------------------------------
 //
 // Block (group of the wave, chunk): group = (record, key head) first + blockIdx.x / nch; the value
@@ -494,9 +572,17 @@ static __device__ void rows_dot(float *acc, const float *X, int lx, const bf16 *
 }
 
 // floats of the backward's scratch for per_wave groups: dS at every chunk's end of their value
-// heads (dst), then dq and dk in fp32 per chunk (acc)
+// heads (dst), then dq and dk in fp32 per chunk (acc), then k_gdn_prep's slot for every chunk
+// of their value heads (bwd_slots)
 static __host__ __device__ size_t bwd_scratch_floats(size_t per_wave, int grp, int nch, int dk,
 						     int dv)
+{
+	return per_wave * nch * ((size_t)grp * dk * dv + (size_t)2 * GC * dk +
+				 (size_t)grp * fslot_floats(dk, dv));
+}
+
+// where the slots start in that scratch
+static __host__ __device__ size_t bwd_slots(size_t per_wave, int grp, int nch, int dk, int dv)
 {
 	return per_wave * nch * ((size_t)grp * dk * dv + (size_t)2 * GC * dk);
 }

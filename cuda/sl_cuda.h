@@ -166,8 +166,8 @@ void sl_cuda_gdn_rule_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, v
 /* the chunked gated delta rule (gdn_chunk.cu): the same contract as sl_cuda_gdn_rule_fwd/_bwd
  * for whole records (rs = L, no start or end state: the caller keeps the recurrence otherwise);
  * sl_cuda_gdn_chunk_fits says whether it takes the shape (key dim <= 128, shared memory, scratch).
- * The forward runs in three passes where split is set and the scratch holds every chunk's slot,
- * else in one kernel. */
+ * Where split is set the forward runs in three passes (when the scratch holds every chunk's
+ * slot; else in one kernel) and the backward's state pass in two (else one kernel). */
 int sl_cuda_gdn_chunk_fits(struct sl_cuda *c, int dk, int dv, int L, int nk, int nv);
 void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states, const void *qn,
 			   const void *kn, const void *v, int vs, const float *beta, const float *g,
@@ -175,7 +175,7 @@ void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states, const void
 void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, void *dbeta,
 			   void *dg, const void *dout, const float *states, const void *qn,
 			   const void *kn, const void *v, int vs, const float *beta, const float *g,
-			   const int *lens, int B, int L, int nk, int nv, int dk, int dv);
+			   const int *lens, int B, int L, int nk, int nv, int dk, int dv, int split);
 /* C = alpha diag(rs) A diag(sk) B + cb C on the chunked rule's tensor-core product (tc_mm.cuh),
  * one block, operands in device memory with any strides (bf16 where abf / bbf, else float) */
 void sl_cuda_tc_mm_test(struct sl_cuda *c, int M, int N, int K, const void *A, int ars, int acs,

@@ -57,11 +57,12 @@ static void cuda_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void 
 /*
  * The chunked kernels (cuda/gdn_chunk.cu), chosen at the backend's creation by
  * SHARDLM_GDN_KERNEL=chunked (the default: the forward in three passes where the scratch holds
- * them), chunked-fused (the forward in one kernel) or recurrent (gdn.cu's per-token walk).  A
+ * them, the backward's state pass in two), chunked-fused (each in one kernel) or recurrent
+ * (gdn.cu's per-token walk).  A
  * shape they do not take (key dim over 128, a group's dS over the scratch), or a chunk of rows
  * with a start or end state (context parallel), runs the recurrence.
  */
-static int gdn_fwd_split = 1;
+static int gdn_fwd_split = 1;	/* and the backward's state pass in two */
 
 static void cuda_gdn_chunk_fwd(struct sl_backend *be, void *o, void *states, const void *qn,
 			       const void *kn, const void *v, int vs, const void *beta,
@@ -89,7 +90,7 @@ static void cuda_gdn_chunk_bwd(struct sl_backend *be, void *dqn, void *dkn, void
 		return;
 	}
 	sl_cuda_gdn_chunk_bwd(C(be), dqn, dkn, dval, dbeta, dg, dout, states, qn, kn, v, vs, beta,
-			      g, lens, B, L, nk, nv, dk, dv);
+			      g, lens, B, L, nk, nv, dk, dv, gdn_fwd_split);
 }
 
 static void cuda_gated_rmsnorm_fwd(struct sl_backend *be, void *out, void *rstd, const void *x,

@@ -175,15 +175,15 @@ static const struct shape hybrid27 = {
 	.head = 10240ull, .p_all = 25624605184ull, .round2 = 48 * 64, .round4 = 48 * 128,
 	.act_all = 37954561024ull, .act_ckpt = 2903483392ull,
 	/*
-	 * cuda/gdn_chunk.cu's backward grows the reduction scratch to dS at every chunk's end and
-	 * fp32 dq, dk: (T/64 + B) chunks x (48*128 + 2*64*16)*128*4 = 33 x 4,194,304 = 138,412,032:
-	 * 71,303,168 past 64 MiB (its three-pass forward needs less: 33 x 48 x (64 x (128 + 128 +
-	 * 64) + 64) x 4 = 130,166,784)
+	 * cuda/gdn_chunk.cu's backward grows the reduction scratch to dS at every chunk's end,
+	 * fp32 dq, dk and every chunk's slot of k_gdn_prep: (T/64 + B) chunks x ((48*128 +
+	 * 2*64*16)*128 + 48 x (64 x (128 + 128 + 64) + 64)) x 4 = 33 x (4,194,304 + 3,944,448) =
+	 * 268,578,816: 201,469,952 past 64 MiB
 	 */
-	.ws_gdn = 71303168ull,
+	.ws_gdn = 201469952ull,
 	/*
-	 * totals (GiB): 474.75, 102.38, 69.74, 58.45, 102.38, 99.03, 66.39, 71.89, 39.24 against
-	 * 80 GB = 74.51 GiB (141 GB = 131.32 GiB): 8 x 80 GB with checkpointing fits by 8.12 GiB
+	 * totals (GiB): 474.87, 102.51, 69.86, 58.57, 102.51, 99.15, 66.51, 72.01, 39.36 against
+	 * 80 GB = 74.51 GiB (141 GB = 131.32 GiB): 8 x 80 GB with checkpointing fits by 8.00 GiB
 	 * (it missed by 1.07 GiB while the reduce-scatter staged the whole embedding in fp32, 4.74
 	 * GiB, and every slot was the embedding's size); 16 GPUs fit without checkpointing
 	 */
