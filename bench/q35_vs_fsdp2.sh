@@ -27,7 +27,9 @@
 # Environment: STEPS (6), WARMUP (2), PEER_STEPS (STEPS), PEER_TIMEOUT s (240), PEER_RETRY_BATCH
 # (2; empty: no retry), SHARDLM_TIMEOUT s per shardlm run (180), BUDGET s for the whole script
 # (480: a peer run gets at most what is left of it less 10 s, and none under 60 s), PEER=0 skips
-# the peer, DENSE=0 skips the dense reference, SHARDLM and MKMODEL (program paths).
+# the peer, DENSE=0 skips the dense reference, SHARDLM and MKMODEL (program paths), VARIANTS
+# (default "-": the hybrid run as it is; a list of NAME=VALUE environment settings, "-" for none,
+# runs the hybrid once per entry, e.g. "- SHARDLM_GDN_KERNEL=chunked-fused").
 # SMOKE=1: the same pipeline on a tiny model, backend cpu, 128-token records (the peer only where
 # torch with CUDA is importable): for checking the script without a GPU.
 set -u
@@ -95,9 +97,12 @@ $PY flops "$T/q35" --batch "$B" --seq "$SEQ" >"$OUT/flops-q35.json" 2>>"$OUT/mod
 	{ tail -2 "$OUT/model-q35.log" >&2; exit 1; }
 tail -1 "$OUT/model-q35.log"
 
-# shardlm_run NAME MODEL DATA: one shardlm training run and its result row
+# shardlm_run NAME KIND [NAME=VALUE]: one shardlm training run of model KIND (q35 or dense, with
+# that environment setting) and its result row
 shardlm_run() {
-	local name=$1 model=$2 data=$3 tag=${1// /-}
+	local name=$1 kind=$2 var=${3:-} tag=${1// /-}
+	local model=$T/$2 data=$T/$2.jsonl
+	tag=${tag//=/-}
 	cat >"$T/$tag.yaml" <<YAML
 model: {path: $model}
 task: classify
@@ -110,17 +115,24 @@ gpu_log: {every_s: 0}
 run: {dir: $T/run-$tag, log_every: 1}
 YAML
 	stamp "$name (timeout $SHARDLM_TIMEOUT s)"
-	timeout -k 15 "$SHARDLM_TIMEOUT" "$SHARDLM" train "$T/$tag.yaml" >"$OUT/$tag.log" 2>&1
+	timeout -k 15 "$SHARDLM_TIMEOUT" env ${var:+"$var"} "$SHARDLM" train "$T/$tag.yaml" \
+		>"$OUT/$tag.log" 2>&1
 	local rc=$?
 	cp "$T/run-$tag/training_metrics.json" "$OUT/$tag-metrics.json" 2>/dev/null
 	$PY shardlm-row --name "$name" --run "$T/run-$tag" --log "$OUT/$tag.log" --rc $rc \
-		--flops "$OUT/flops-${tag#shardlm-}.json" --warmup "$WARMUP" --steps "$STEPS" \
+		--flops "$OUT/flops-$kind.json" --warmup "$WARMUP" --steps "$STEPS" \
 		--timeout "$SHARDLM_TIMEOUT" >>"$RES"
 	echo "exit $rc; $(grep -E "step $STEPS/$STEPS" "$OUT/$tag.log" | tail -1)"
 	rm -rf "$T/run-$tag"
 }
 
-shardlm_run "shardlm q35" "$T/q35" "$T/q35.jsonl"
+for var in ${VARIANTS:--}; do
+	if [ "$var" = - ]; then
+		shardlm_run "shardlm q35" q35
+	else
+		shardlm_run "shardlm q35 $var" q35 "$var"
+	fi
+done
 
 if [ "$DENSE" = 1 ]; then
 	if [ -z "$MKMODEL" ]; then
@@ -133,7 +145,7 @@ if [ "$DENSE" = 1 ]; then
 		if $PY flops "$T/dense" --batch "$B" --seq "$SEQ" >"$OUT/flops-dense.json" \
 			2>"$OUT/flops-dense.log"; then
 			tail -1 "$OUT/flops-dense.log"
-			shardlm_run "shardlm dense" "$T/dense" "$T/dense.jsonl"
+			shardlm_run "shardlm dense" dense
 		else
 			cat "$OUT/flops-dense.log" >&2
 		fi
