@@ -157,6 +157,37 @@ static __device__ void tc_local(const struct tl *c, const bf16 *qn, const bf16 *
 	tri_inv(c);
 }
 
+// tc_local's results from a chunk's full slot (k_gdn_prep's): K, Q and beta as tc_local loads
+// them, A, T, P and G from the slot.  Starts and ends with every thread past a barrier.
+static __device__ void tl_load(const struct tl *c, const float *sP, const float *sG,
+			       const float *sT, const float *sA, const bf16 *qn, const bf16 *kn,
+			       const float *beta, size_t t0, int n, int nk, int nv, int dk, int kh,
+			       int h)
+{
+	const int tid = threadIdx.x, ldk = dk + 8, ldg = GC + 4;
+
+	__syncthreads();
+	FOR_RC(r, i, GC, dk) {
+		size_t o = (t0 + r) * nk * dk + (size_t)kh * dk + i;
+
+		c->K[r * ldk + i] = r < n ? kn[o] : tobf(0.f);
+		c->Q[r * ldk + i] = r < n ? qn[o] : tobf(0.f);
+	}
+	FOR_RC(r, s, GC, GC) {
+		c->A[r * ldg + s] = sA[r * GC + s];
+		c->T[r * ldg + s] = sT[r * GC + s];
+		c->P[r * ldg + s] = sP[r * GC + s];
+	}
+	if (tid < GC) {
+		c->bet[tid] = tid < n ? beta[(t0 + tid) * nv + h] : 0.f;
+		c->G[tid] = sG[tid];
+		c->Ga[tid] = expf(sG[tid]);
+		c->e[tid] = expf(sG[GC - 1] - sG[tid]);
+		c->bg[tid] = c->bet[tid] * c->Ga[tid];
+	}
+	__syncthreads();
+}
+
 // the forward: o, and the chunk-start states.  Block (record, value head).
 __global__ void __launch_bounds__(NTH) k_gdn_fwd(bf16 *o, float *states, const bf16 *qn,
 						 const bf16 *kn, const bf16 *v, int vs,
@@ -227,31 +258,35 @@ __global__ void __launch_bounds__(NTH) k_gdn_fwd(bf16 *o, float *states, const b
 // U - W S (written over U), S = Ga_last S + K^T diag(e) delta.  k_gdn_fwd_o makes every chunk's
 // o = diag(Ga) Q S + P delta at once from the saved start states.  The same sums as k_gdn_fwd.
 
-// a chunk's slot: W (GC, dk), U then delta (GC, dv), P (GC, GC), G = cumsum(g) (GC), floats
+// a chunk's slot: W (GC, dk), U then delta (GC, dv), P (GC, GC), G = cumsum(g) (GC), floats;
+// the backward's (full) also T and A (GC, GC each), for k_gdn_bwd_grad
 struct fslot {
-	float *W, *U, *P, *G;
+	float *W, *U, *P, *G, *T, *A;
 };
 
-static __host__ __device__ size_t fslot_floats(int dk, int dv)
+static __host__ __device__ size_t fslot_floats(int dk, int dv, int full)
 {
-	return (size_t)GC * dk + (size_t)GC * dv + (size_t)GC * GC + GC;
+	return (size_t)GC * dk + (size_t)GC * dv + (size_t)(full ? 3 : 1) * GC * GC + GC;
 }
 
 // slot i = (record * nv + value head) * nch + chunk
-static __device__ struct fslot fslot_at(float *scr, size_t i, int dk, int dv)
+static __device__ struct fslot fslot_at(float *scr, size_t i, int dk, int dv, int full)
 {
 	struct fslot f;
 
-	f.W = scr + i * fslot_floats(dk, dv);
+	f.W = scr + i * fslot_floats(dk, dv, full);
 	f.U = f.W + (size_t)GC * dk;
 	f.P = f.U + (size_t)GC * dv;
 	f.G = f.P + (size_t)GC * GC;
+	f.T = full ? f.G + GC : NULL;
+	f.A = full ? f.T + GC * GC : NULL;
 	return f;
 }
 
 // Block (value head bh0 + blockIdx.x / nch, chunk blockIdx.x % nch) into slot blockIdx.x; value
 // head bh = record * nv + head.  The forward (dout NULL): W, U, P, G; the backward: W, X =
-// P^T dO (in U's place), P, G.  Shared memory: tl, then V or dO (GC, dv + 8) bf16.
+// P^T dO (in U's place), P, G, T, A (full slots).  Shared memory: tl, then V or dO (GC, dv + 8)
+// bf16.
 __global__ void __launch_bounds__(NTH) k_gdn_prep(float *scr, const bf16 *qn, const bf16 *kn,
 						  const bf16 *v, int vs, const bf16 *dout,
 						  const float *beta, const float *g, const int *lens,
@@ -264,7 +299,7 @@ __global__ void __launch_bounds__(NTH) k_gdn_prep(float *scr, const bf16 *qn, co
 	int b = bh / nv, h = bh % nv, kh = h / (nv / nk), c0 = ch * GC, n = chunk_n(lens[b], c0);
 	size_t t0 = (size_t)b * L + c0;
 	bf16 *V = (bf16 *)tl_carve(&c, sm, dk);
-	struct fslot f = fslot_at(scr, blockIdx.x, dk, dv);
+	struct fslot f = fslot_at(scr, blockIdx.x, dk, dv, dout != NULL);
 
 	if (!n)		// past the record: the other passes skip the chunk
 		return;
@@ -275,8 +310,13 @@ __global__ void __launch_bounds__(NTH) k_gdn_prep(float *scr, const bf16 *qn, co
 		V[r * ldv + j] = r >= n ? tobf(0.f) : dout ? dout[t * nv * dv + (size_t)h * dv + j] :
 						  v[t * vs + (size_t)h * dv + j];
 	}
-	FOR_RC(r, s, GC, GC)
+	FOR_RC(r, s, GC, GC) {
 		f.P[r * GC + s] = c.P[r * ldg + s];
+		if (dout) {
+			f.T[r * GC + s] = c.T[r * ldg + s];
+			f.A[r * GC + s] = c.A[r * ldg + s];
+		}
+	}
 	if (tid < GC)
 		f.G[tid] = c.G[tid];
 	tc_mm(GC, dk, GC, mm_f(c.T, ldg, 1), mm_b(c.K, ldk, 1), c.bg, NULL, 1.f, 0.f, f.W, dk, 1);
@@ -314,7 +354,7 @@ __global__ void __launch_bounds__(NTH) k_gdn_fwd_h(float *states, float *scr, co
 	for (int ch = 0; ch < nch; ch++) {
 		int c0 = ch * GC, n = chunk_n(len, c0);
 		size_t t0 = (size_t)b * L + c0;
-		struct fslot f = fslot_at(scr, (size_t)blockIdx.x * nch + ch, dk, dv);
+		struct fslot f = fslot_at(scr, (size_t)blockIdx.x * nch + ch, dk, dv, 0);
 		float *sv = states + (((size_t)b * nch + ch) * nv + h) * SS, gl;
 
 		__syncthreads();
@@ -364,7 +404,7 @@ __global__ void __launch_bounds__(NTH) k_gdn_fwd_o(bf16 *o, const float *states,
 	size_t t0 = (size_t)b * L + c0, od = (size_t)nv * dv;
 	float *O = sm, *P = O + GC * lds, *Ga = P + GC * ldg;
 	bf16 *Q = (bf16 *)(Ga + GC);
-	struct fslot f = fslot_at(scr, blockIdx.x, dk, dv);
+	struct fslot f = fslot_at(scr, blockIdx.x, dk, dv, 0);
 	const float *S0 = states + (((size_t)b * nch + ch) * nv + h) * dk * dv;
 
 	if (!n) {
@@ -468,7 +508,7 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_h(float *dst, float *scr, const
 	for (int ch = nch - 1; ch >= 0; ch--) {
 		int c0 = ch * GC, n = chunk_n(len, c0);
 		size_t t0 = (size_t)b * L + c0;
-		struct fslot f = fslot_at(scr, (size_t)slot * nch + ch, dk, dv);
+		struct fslot f = fslot_at(scr, (size_t)slot * nch + ch, dk, dv, 1);
 		float *dv_ = dst + ((size_t)slot * nch + ch) * SS, gl;
 
 		__syncthreads();
@@ -517,7 +557,9 @@ static __host__ size_t bwd_h_smem(int dk, int dv)
 // heads of the key head in order, each in quarters of VQ value columns.  The chunk-start state S0
 // and dS at its end are read from global memory (states, dst) as product operands; dq and dk sum
 // over the value heads in fp32 in the block's own slice of the scratch (acc, after dst), in a
-// fixed order (deterministic), and go out as bf16 at the end.  The algebra: test/gdn_chunk_ref.h.
+// fixed order (deterministic), and go out as bf16 at the end.  With slots (k_gdn_prep's full
+// slots of the wave) a head's local quantities are loaded (tl_load) instead of made (tc_local).
+// The algebra: test/gdn_chunk_ref.h.
 
 #define VQ 64		// value columns per quarter (a half of the Qwen3.5's 128)
 
@@ -578,7 +620,7 @@ static __host__ __device__ size_t bwd_scratch_floats(size_t per_wave, int grp, i
 						     int dv)
 {
 	return per_wave * nch * ((size_t)grp * dk * dv + (size_t)2 * GC * dk +
-				 (size_t)grp * fslot_floats(dk, dv));
+				 (size_t)grp * fslot_floats(dk, dv, 1));
 }
 
 // where the slots start in that scratch
@@ -590,7 +632,8 @@ static __host__ __device__ size_t bwd_slots(size_t per_wave, int grp, int nch, i
 __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16 *dval,
 						      bf16 *dbeta, bf16 *dg, const bf16 *dout,
 						      const float *states, const float *dst,
-						      float *accs, const bf16 *qn, const bf16 *kn,
+						      float *accs, float *slots, const bf16 *qn,
+						      const bf16 *kn,
 						      const bf16 *v, int vs, const float *beta,
 						      const float *g, const int *lens, int L, int nk,
 						      int nv, int dk, int dv, int first)
@@ -635,7 +678,14 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 		const float *dS = dst + (((size_t)gi * grp + h - kh * grp) * nch + ch) * SS;
 		float sd = 0.f;
 
-		tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
+		if (slots) {	// k_gdn_prep's (full slots, the wave's value heads in order)
+			struct fslot f = fslot_at(slots, ((size_t)gi * grp + h - kh * grp) * nch + ch,
+						  dk, dv, 1);
+
+			tl_load(&c, f.P, f.G, f.T, f.A, qn, kn, beta, t0, n, nk, nv, dk, kh, h);
+		} else {
+			tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
+		}
 		if (tid < GC)
 			q.qz[tid] = q.de[tid] = q.xv[tid] = 0.f;
 		for (int j0 = 0; j0 < dv; j0 += VQ) {

@@ -127,7 +127,7 @@ static void run(struct sl_backend *be, int B, int L, const int32_t *lens, int nk
 
 static struct {
 	bf16 *o, *q, *k, *v, *dout, *dq, *dk, *dv, *db, *dg;
-	float *states, *dst, *acc, *beta, *g, *scr, *slots;
+	float *states, *dst, *acc, *beta, *g, *scr, *slots, *gslots;
 	int *lens;
 	int vs, L, nk, nv, dk_, dv_, first, grp;
 } E;
@@ -172,10 +172,11 @@ static void body_state(void)
 			E.dv_, E.first);
 }
 
-static void body_grad(void)
+static void body_grad(void)	/* slots: k_gdn_prep's, or NULL (tc_local) */
 {
-	k_gdn_bwd_grad(E.dq, E.dk, E.dv, E.db, E.dg, E.dout, E.states, E.dst, E.acc, E.q, E.k,
-		       E.v, E.vs, E.beta, E.g, E.lens, E.L, E.nk, E.nv, E.dk_, E.dv_, E.first);
+	k_gdn_bwd_grad(E.dq, E.dk, E.dv, E.db, E.dg, E.dout, E.states, E.dst, E.acc, E.gslots,
+		       E.q, E.k, E.v, E.vs, E.beta, E.g, E.lens, E.L, E.nk, E.nv, E.dk_, E.dv_,
+		       E.first);
 }
 
 static bf16 *to_bf(double *x, size_t n)	/* x rounded to bf16 in place, and as bf16 */
@@ -287,8 +288,8 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 	e[5] = emu_err(E.db, true, db, NB, NB, NB);
 	e[6] = emu_err(E.dg, true, dg, NB, NB, NB);
 	/* the forward in three passes (k_gdn_prep, _fwd_h, _fwd_o), into fresh outputs */
-	E.scr = malloc((size_t)B * nv * nch * fslot_floats(dk, dv) * 4);
-	memset(E.scr, 0xff, (size_t)B * nv * nch * fslot_floats(dk, dv) * 4);
+	E.scr = malloc((size_t)B * nv * nch * fslot_floats(dk, dv, 0) * 4);
+	memset(E.scr, 0xff, (size_t)B * nv * nch * fslot_floats(dk, dv, 0) * 4);
 	memset(E.o, 0xff, NO * 2), memset(E.states, 0xff, NS * 4);
 	CHECK(prep_smem(dk, dv) <= EMU_SM * 4 && fwd_h_smem(dk, dv) <= EMU_SM * 4 &&
 	      fwd_o_smem(dk, dv) <= EMU_SM * 4, "split forward's shared memory within the H200's");
@@ -312,7 +313,9 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 		E.slots = E.dst + bwd_slots(per_wave, grp, nch, dk, dv);
 		emu_launch(ng * grp * nch, prep_smem(dk, dv), body_prep_b);
 		emu_launch(ng * grp, bwd_h_smem(dk, dv), body_bwd_h);
+		E.gslots = E.slots;
 		emu_launch(ng * nch, gq_smem(dk), body_grad);
+		E.gslots = NULL;
 	}
 	e[9] = emu_err(E.dq, true, dq, NQ, NQ, NQ);
 	e[10] = emu_err(E.dk, true, dk_, NQ, NQ, NQ);

@@ -177,10 +177,10 @@ static const struct shape hybrid27 = {
 	/*
 	 * cuda/gdn_chunk.cu's backward grows the reduction scratch to dS at every chunk's end,
 	 * fp32 dq, dk and every chunk's slot of k_gdn_prep: (T/64 + B) chunks x ((48*128 +
-	 * 2*64*16)*128 + 48 x (64 x (128 + 128 + 64) + 64)) x 4 = 33 x (4,194,304 + 3,944,448) =
-	 * 268,578,816: 201,469,952 past 64 MiB
+	 * 2*64*16)*128 + 48 x (64 x (128 + 128 + 3*64) + 64)) x 4 = 33 x (4,194,304 + 5,517,312)
+	 * = 320,483,328: 253,374,464 past 64 MiB
 	 */
-	.ws_gdn = 201469952ull,
+	.ws_gdn = 253374464ull,
 	/*
 	 * totals (GiB): 474.87, 102.51, 69.86, 58.57, 102.51, 99.15, 66.51, 72.01, 39.36 against
 	 * 80 GB = 74.51 GiB (141 GB = 131.32 GiB): 8 x 80 GB with checkpointing fits by 8.00 GiB
