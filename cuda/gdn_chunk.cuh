@@ -106,6 +106,21 @@ static __device__ void tri_inv(const struct tl *c)
 	}
 }
 
+// chunk rows [t0, t0 + n) of key head kh into K and Q (row stride dk + 8), zeros past n; no
+// barrier
+static __device__ void tl_kq(bf16 *K, bf16 *Q, const bf16 *qn, const bf16 *kn, size_t t0, int n,
+			     int nk, int dk, int kh)
+{
+	const int ldk = dk + 8;
+
+	FOR_RC(r, i, GC, dk) {
+		size_t o = (t0 + r) * nk * dk + (size_t)kh * dk + i;
+
+		K[r * ldk + i] = r < n ? kn[o] : tobf(0.f);
+		Q[r * ldk + i] = r < n ? qn[o] : tobf(0.f);
+	}
+}
+
 // chunk rows [t0, t0 + n) of key head kh (value head h for beta, g), zeros past n: K, Q, the
 // vectors, KE (in A), P and T.  Starts and ends with every thread past a barrier.
 static __device__ void tc_local(const struct tl *c, const bf16 *qn, const bf16 *kn,
@@ -115,12 +130,7 @@ static __device__ void tc_local(const struct tl *c, const bf16 *qn, const bf16 *
 	const int tid = threadIdx.x, ldk = dk + 8, ldg = GC + 4;
 
 	__syncthreads();
-	FOR_RC(r, i, GC, dk) {
-		size_t o = (t0 + r) * nk * dk + (size_t)kh * dk + i;
-
-		c->K[r * ldk + i] = r < n ? kn[o] : tobf(0.f);
-		c->Q[r * ldk + i] = r < n ? qn[o] : tobf(0.f);
-	}
+	tl_kq(c->K, c->Q, qn, kn, t0, n, nk, dk, kh);
 	if (tid < GC) {
 		c->bet[tid] = tid < n ? beta[(t0 + tid) * nv + h] : 0.f;
 		c->G[tid] = tid < n ? g[(t0 + tid) * nv + h] : 0.f;
@@ -164,15 +174,10 @@ static __device__ void tl_load(const struct tl *c, const float *sP, const float 
 			       const float *beta, size_t t0, int n, int nk, int nv, int dk, int kh,
 			       int h)
 {
-	const int tid = threadIdx.x, ldk = dk + 8, ldg = GC + 4;
+	const int tid = threadIdx.x, ldg = GC + 4;
 
 	__syncthreads();
-	FOR_RC(r, i, GC, dk) {
-		size_t o = (t0 + r) * nk * dk + (size_t)kh * dk + i;
-
-		c->K[r * ldk + i] = r < n ? kn[o] : tobf(0.f);
-		c->Q[r * ldk + i] = r < n ? qn[o] : tobf(0.f);
-	}
+	tl_kq(c->K, c->Q, qn, kn, t0, n, nk, dk, kh);
 	FOR_RC(r, s, GC, GC) {
 		c->A[r * ldg + s] = sA[r * GC + s];
 		c->T[r * ldg + s] = sT[r * GC + s];
@@ -516,13 +521,9 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_h(float *dst, float *scr, const
 			dv_[(size_t)i * dv + j] = dS[i * lds + j];
 		if (!n)
 			continue;
-		FOR_RC(r, i, GC, dk) {
-			size_t o = (t0 + r) * nk * dk + (size_t)kh * dk + i;
-
+		tl_kq(K, Q, qn, kn, t0, n, nk, dk, kh);
+		FOR_RC(r, i, GC, dk)
 			W[r * ldw + i] = f.W[r * dk + i];
-			K[r * ldk + i] = r < n ? kn[o] : tobf(0.f);
-			Q[r * ldk + i] = r < n ? qn[o] : tobf(0.f);
-		}
 		FOR_RC(r, j, GC, dv) {
 			dD[r * lds + j] = f.U[r * dv + j];
 			dO[r * ldo + j] = r < n ? dout[(t0 + r) * nv * dv + (size_t)h * dv + j] :
