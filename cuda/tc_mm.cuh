@@ -126,7 +126,39 @@ static __device__ __forceinline__ unsigned mm_reg(float v, bool scaled)
 // The layouts that load with vectors (LA for A, LB for B; 0 = any, element by element):
 #define MM_KC 1	// k-contiguous: A's columns (cs 1), B's rows (rs 1)
 #define MM_MN 2	// A m-contiguous (rs 1), B n-contiguous (cs 1)
-//
+
+// an operand's elements for a k-step, the operand seen as rows x k (A as it is, B transposed):
+// v[x][r] = element (row0 + r, ka + x) at p[row * ls + k * ks].  L = MM_KC: pairs along k (ks
+// 1); MM_MN: runs of R along the rows (ls 1); 0: one by one, masked past nr rows and K when CHK
+template <bool BF, int R, int L, bool CHK>
+static __device__ __forceinline__ void mm_frag(const void *p, int ls, int ks, int row0, int nr,
+					       int ka, int K, float (&v)[2][R])
+{
+	if (L == MM_KC) {
+#pragma unroll
+		for (int r = 0; r < R; r++) {
+			float u[2];
+
+			mm_ldv<BF, 2>(p, (row0 + r) * ls + ka, u);
+			v[0][r] = u[0], v[1][r] = u[1];
+		}
+	} else if (L == MM_MN) {
+#pragma unroll
+		for (int x = 0; x < 2; x++)
+			mm_ldv<BF, R>(p, (ka + x) * ks + row0, v[x]);
+	} else {
+#pragma unroll
+		for (int x = 0; x < 2; x++)
+#pragma unroll
+			for (int r = 0; r < R; r++) {
+				if (!CHK || (row0 + r < nr && ka + x < K))
+					mm_ldv<BF, 1>(p, (row0 + r) * ls + (ka + x) * ks, &v[x][r]);
+				else
+					v[x][r] = 0.f;
+			}
+	}
+}
+
 // The fragments are permuted, so that each lane's elements lie side by side.  Within a k-step
 // of 8, mma slots t and t + 4 (lane t's) take k0 + 2t and k0 + 2t + 1: a pair.  A's row slots g
 // and g + 8 of the warp's tile i are rows mr + 2i and mr + 2i + 1, mr = m0 + 2 TM g: the lane's
@@ -147,58 +179,8 @@ static __device__ __forceinline__ void mm_warp(int M, int N, int K, struct mmop 
 		float av[2][2 * TM], bv[2][TN];	// [k - ka][row - mr], [k - ka][column - nc]
 		unsigned a[TM][4], b[TN][2];
 
-		if (LA == MM_KC) {
-#pragma unroll
-			for (int r = 0; r < 2 * TM; r++) {
-				float v[2];
-
-				mm_ldv<ABF, 2>(A.p, (mr + r) * A.rs + ka, v);
-				av[0][r] = v[0], av[1][r] = v[1];
-			}
-		} else if (LA == MM_MN) {
-#pragma unroll
-			for (int x = 0; x < 2; x++)
-				mm_ldv<ABF, 2 * TM>(A.p, (ka + x) * A.cs + mr, av[x]);
-		} else {
-#pragma unroll
-			for (int x = 0; x < 2; x++)
-#pragma unroll
-				for (int r = 0; r < 2 * TM; r++) {
-					bool ok = !CHK || (mr + r < M && ka + x < K);
-
-					if (ok)
-						mm_ldv<ABF, 1>(A.p, (mr + r) * A.rs + (ka + x) * A.cs,
-							       &av[x][r]);
-					else
-						av[x][r] = 0.f;
-				}
-		}
-		if (LB == MM_KC) {
-#pragma unroll
-			for (int j = 0; j < TN; j++) {
-				float v[2];
-
-				mm_ldv<BBF, 2>(B.p, (nc + j) * B.cs + ka, v);
-				bv[0][j] = v[0], bv[1][j] = v[1];
-			}
-		} else if (LB == MM_MN) {
-#pragma unroll
-			for (int x = 0; x < 2; x++)
-				mm_ldv<BBF, TN>(B.p, (ka + x) * B.rs + nc, bv[x]);
-		} else {
-#pragma unroll
-			for (int x = 0; x < 2; x++)
-#pragma unroll
-				for (int j = 0; j < TN; j++) {
-					bool ok = !CHK || (nc + j < N && ka + x < K);
-
-					if (ok)
-						mm_ldv<BBF, 1>(B.p, (ka + x) * B.rs + (nc + j) * B.cs,
-							       &bv[x][j]);
-					else
-						bv[x][j] = 0.f;
-				}
-		}
+		mm_frag<ABF, 2 * TM, LA, CHK>(A.p, A.rs, A.cs, mr, M, ka, K, av);
+		mm_frag<BBF, TN, LB, CHK>(B.p, B.cs, B.rs, nc, N, ka, K, bv);
 		if (sc) {
 #pragma unroll
 			for (int x = 0; x < 2; x++) {
