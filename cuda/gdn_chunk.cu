@@ -45,7 +45,8 @@ extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states,
 				      int nv, int dk, int dv, int split)
 {
 	int nch = (L + GC - 1) / GC, blocks = B * nv * nch;
-	size_t smem = fwd_smem(dk, dv), need = (size_t)blocks * fslot_floats(dk, dv, 0) * sizeof(float);
+	size_t smem = fwd_smem(dk, dv);
+	size_t need = (size_t)blocks * fslot_floats(dk, dv, 0) * sizeof(float);
 
 	// three passes where every chunk's slot fits the scratch (grown once, as the backward's)
 	if (split && need <= SCRATCH_GROW_MAX)
@@ -134,9 +135,8 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 			(bf16 *)dqn, (bf16 *)dkn, (bf16 *)dval, (bf16 *)dbeta, (bf16 *)dg,
 			(const bf16 *)dout, states, dst,
 			dst + (size_t)per_wave * grp * nch * dk * dv, split ? slots : NULL,
-			(const bf16 *)qn,
-			(const bf16 *)kn, (const bf16 *)v, vs, beta, g, lens, L, nk, nv, dk, dv,
-			first);
+			(const bf16 *)qn, (const bf16 *)kn, (const bf16 *)v, vs, beta, g, lens, L,
+			nk, nv, dk, dv, first);
 		CUDA_LAUNCHED();
 	}
 }
