@@ -527,6 +527,9 @@ static void t_tc_mm_all(void)
 	t_tc_mm(cu, 64, 64, 64, true, true, false, true, false, false, 1, 1);	/* dD V^T */
 	t_tc_mm(cu, 17, 23, 13, true, true, true, true, true, true, 0.5f, -2);	/* ragged */
 	t_tc_mm(cu, 5, 3, 4, false, false, false, false, false, true, 1, 0);
+	/* the vector loads' remaining pairing: A m-contiguous with B k-contiguous, both types */
+	t_tc_mm(cu, 64, 128, 64, true, false, true, true, false, true, 1, 0);
+	t_tc_mm(cu, 128, 64, 64, false, true, true, true, false, false, -1, 1);
 	sl_cuda_destroy(cu);
 }
 
