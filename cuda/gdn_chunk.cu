@@ -26,17 +26,21 @@
 #define SMEM_MAX (227 * 1024)
 #define SCRATCH_GROW_MAX ((size_t)4 << 30)	// the backward's scratch beyond this: waves
 
-// whether the chunked kernels take this shape (else the caller keeps the recurrence)
+// whether the chunked kernels take this shape (else the caller keeps the recurrence): the
+// shared memory, and the scratch holding one (record, key head) group's share of the backward,
+// grown to it here where it is short (long records; once)
 extern "C" int sl_cuda_gdn_chunk_fits(struct sl_cuda *c, int dk, int dv, int L, int nk, int nv)
 {
 	size_t per_group = bwd_scratch_floats(1, nv / nk, (L + GC - 1) / GC, dk, dv) *
 			   sizeof(float);
 
-	return dk <= DKMAX && dv > 0 && dv <= DVMAX && gq_smem(dk) <= SMEM_MAX &&
-	       state_smem(dk, dv) <= SMEM_MAX && fwd_smem(dk, dv) <= SMEM_MAX &&
-	       prep_smem(dk, dv) <= SMEM_MAX && fwd_h_smem(dk, dv) <= SMEM_MAX &&
-	       fwd_o_smem(dk, dv) <= SMEM_MAX && bwd_h_smem(dk, dv) <= SMEM_MAX &&
-	       per_group <= c->scratch_bytes;
+	if (!(dk <= DKMAX && dv > 0 && dv <= DVMAX && gq_smem(dk) <= SMEM_MAX &&
+	      state_smem(dk, dv) <= SMEM_MAX && fwd_smem(dk, dv) <= SMEM_MAX &&
+	      prep_smem(dk, dv) <= SMEM_MAX && fwd_h_smem(dk, dv) <= SMEM_MAX &&
+	      fwd_o_smem(dk, dv) <= SMEM_MAX && bwd_h_smem(dk, dv) <= SMEM_MAX))
+		return 0;
+	return per_group <= c->scratch_bytes ||
+	       (per_group <= SCRATCH_GROW_MAX && sl_cuda_scratch_grow(c, per_group) == 0);
 }
 
 extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states, const void *qn,

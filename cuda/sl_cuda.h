@@ -165,7 +165,8 @@ void sl_cuda_gdn_rule_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, v
 			  const float *ds_end, float *ds0);
 /* the chunked gated delta rule (gdn_chunk.cu): the same contract as sl_cuda_gdn_rule_fwd/_bwd
  * for whole records (rs = L, no start or end state: the caller keeps the recurrence otherwise);
- * sl_cuda_gdn_chunk_fits says whether it takes the shape (key dim <= 128, shared memory, scratch).
+ * sl_cuda_gdn_chunk_fits says whether it takes the shape (key dim <= 128, shared memory, scratch
+ * for one group of the backward, which it grows to that where it can).
  * Where split is set the forward runs in three passes (when the scratch holds every chunk's
  * slot; else in one kernel) and the backward's state pass in two (else one kernel). */
 int sl_cuda_gdn_chunk_fits(struct sl_cuda *c, int dk, int dv, int L, int nk, int nv);

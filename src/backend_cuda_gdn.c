@@ -58,9 +58,9 @@ static void cuda_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void 
  * The chunked kernels (cuda/gdn_chunk.cu), chosen at the backend's creation by
  * SHARDLM_GDN_KERNEL=chunked (the default: the forward in three passes where the scratch holds
  * them, the backward's state pass in two), chunked-fused (each in one kernel) or recurrent
- * (gdn.cu's per-token walk).  A
- * shape they do not take (key dim over 128, a group's dS over the scratch), or a chunk of rows
- * with a start or end state (context parallel), runs the recurrence.
+ * (gdn.cu's per-token walk).  A shape they do not take (key dim over 128, a group's share of
+ * the backward's scratch over 4 GiB or the device's room), or a chunk of rows with a start or
+ * end state (context parallel), runs the recurrence.
  */
 static int gdn_fwd_split = 1;	/* and the backward's state pass in two */
 
