@@ -13,7 +13,14 @@
 #    zombies for 30 s it reads their exit statuses from /proc (a zombie's /proc/PID/stat keeps
 #    its waitpid status), says so, kills mpirun and takes 0 if every rank exited 0, else 1.  A
 #    job whose ranks are still alive is never touched (timed.sh deals with real hangs).
+# What it does is said on stderr and appended to $top_builddir/test/mpirun-guard.log (where
+# .ci/run shows it: test outputs are removed when their test passes).
 mpirun=${SL_MPIRUN:-mpirun}
+say() {
+	echo "mpirun-guard: $*" >&2
+	[ -n "${top_builddir:-}" ] && [ -d "$top_builddir/test" ] &&
+		echo "$(date -u +%FT%TZ) $*" >>"$top_builddir/test/mpirun-guard.log"
+}
 work=$(mktemp -d "${TMPDIR:-/tmp}/mpirun-guard.XXXXXX") || exit 1
 trap 'rm -rf "$work"' EXIT
 m=
@@ -67,11 +74,10 @@ launch() {
 		bad=0
 		while read -r p w; do
 			[ "$w" = 0 ] || bad=1
-			echo "mpirun-guard: rank process $p exited with wait status $w" >&2
+			say "rank process $p exited with wait status $w"
 		done <<<"$z"
-		echo "mpirun-guard: every rank exited but $mpirun (pid $m) has not returned for" \
-			"$stuck s (Open MPI's PMIx finalize hang); killed it; ranks' verdict:" \
-			"exit $bad" >&2
+		say "every rank exited but $mpirun (pid $m) has not returned for $stuck s" \
+			"(Open MPI's PMIx finalize hang); killed it; ranks' verdict: exit $bad"
 		kill -KILL "$m" 2>/dev/null
 		wait "$m" 2>/dev/null
 		rc=$bad
@@ -84,7 +90,7 @@ for try in 1 2 3; do
 	launch "$@"
 	[ "$rc" != 0 ] && [ "$try" -lt 3 ] &&
 		grep -q "before MPI_INIT completed" "$work/err" || break
-	echo "mpirun-guard: a rank failed inside MPI_Init (Open MPI's PMIx start-up); launching" \
-		"the job again (try $((try + 1)) of 3)" >&2
+	say "a rank failed inside MPI_Init (Open MPI's PMIx start-up); launching the job again" \
+		"(try $((try + 1)) of 3): $*"
 done
 exit "$rc"
