@@ -26,6 +26,7 @@
 struct cuda_priv {
 	struct sl_cuda *c;
 	struct sl_arena arena;		/* backend_arena.h: chunks from cudaMalloc */
+	bool gdn_split;			/* backend_cuda_gdn.c: the chunked rule's split passes */
 };
 
 static struct cuda_priv *P(struct sl_backend *be)

@@ -1,6 +1,6 @@
 /*
  * backend_cuda_gdn: the cuda backend's Qwen3.5 hybrid ops (issue 12) over cuda/gdn.cu.
- * Not compiled on its own: backend_cuda.c includes it (it uses that file's C()).
+ * Not compiled on its own: backend_cuda.c includes it (it uses that file's C() and P()).
  */
 
 static void cuda_conv1d_silu_fwd(struct sl_backend *be, void *out, void *pre, const void *x,
@@ -62,8 +62,6 @@ static void cuda_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void 
  * the backward's scratch over 4 GiB or the device's room), or a chunk of rows with a start or
  * end state (context parallel), runs the recurrence.
  */
-static int gdn_fwd_split = 1;	/* and the backward's state pass in two */
-
 static void cuda_gdn_chunk_fwd(struct sl_backend *be, void *o, void *states, const void *qn,
 			       const void *kn, const void *v, int vs, const void *beta,
 			       const void *g, const int32_t *lens, int B, int L, int rs, int nk,
@@ -75,7 +73,7 @@ static void cuda_gdn_chunk_fwd(struct sl_backend *be, void *o, void *states, con
 		return;
 	}
 	sl_cuda_gdn_chunk_fwd(C(be), o, states, qn, kn, v, vs, beta, g, lens, B, L, nk, nv, dk, dv,
-			      gdn_fwd_split);
+			      P(be)->gdn_split);
 }
 
 static void cuda_gdn_chunk_bwd(struct sl_backend *be, void *dqn, void *dkn, void *dval,
@@ -90,7 +88,7 @@ static void cuda_gdn_chunk_bwd(struct sl_backend *be, void *dqn, void *dkn, void
 		return;
 	}
 	sl_cuda_gdn_chunk_bwd(C(be), dqn, dkn, dval, dbeta, dg, dout, states, qn, kn, v, vs, beta,
-			      g, lens, B, L, nk, nv, dk, dv, gdn_fwd_split);
+			      g, lens, B, L, nk, nv, dk, dv, P(be)->gdn_split);
 }
 
 static void cuda_gated_rmsnorm_fwd(struct sl_backend *be, void *out, void *rstd, const void *x,
@@ -150,7 +148,7 @@ static int cuda_gdn_init(struct sl_backend *be)
 			"recurrent\n", k);
 		return -1;
 	}
-	gdn_fwd_split = !fused;
+	P(be)->gdn_split = !fused;	/* per backend: a process may hold several */
 	be->conv1d_silu_fwd = cuda_conv1d_silu_fwd;
 	be->conv1d_silu_bwd = cuda_conv1d_silu_bwd;
 	be->gdn_prep_fwd = cuda_gdn_prep_fwd;
