@@ -559,7 +559,8 @@ static __host__ size_t bwd_h_smem(int dk, int dv)
 // and dS at its end are read from global memory (states, dst) as product operands; dq and dk sum
 // over the value heads in fp32 in the block's own slice of the scratch (acc, after dst), in a
 // fixed order (deterministic), and go out as bf16 at the end.  With slots (k_gdn_prep's full
-// slots of the wave) a head's local quantities are loaded (tl_load) instead of made (tc_local).
+// slots of the wave) a head's local quantities are loaded (tl_load) instead of made (tc_local),
+// and so is P^T dO.
 // The algebra: test/gdn_chunk_ref.h.
 
 #define VQ 64		// value columns per quarter (a half of the Qwen3.5's 128)
@@ -679,11 +680,14 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 		const float *dS = dst + (((size_t)gi * grp + h - kh * grp) * nch + ch) * SS;
 		float sd = 0.f;
 
+		const float *X = NULL;	// P^T dO, k_gdn_prep's, where it ran
+
 		if (slots) {	// k_gdn_prep's (full slots, the wave's value heads in order)
 			struct fslot f = fslot_at(slots, ((size_t)gi * grp + h - kh * grp) * nch + ch,
 						  dk, dv, 1);
 
 			tl_load(&c, f.P, f.G, f.T, f.A, qn, kn, beta, t0, n, nk, nv, dk, kh, h);
+			X = f.U;
 		} else {
 			tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
 		}
@@ -718,8 +722,12 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 			// K dS into R (spent); dD = P^T dO (+ diag(e) K dS below)
 			tc_mm(GC, w, dk, mm_b(c.K, ldk, 1), mm_f(dS + j0, dv, 1), NULL, NULL, 1.f,
 			      0.f, q.R, lq, 1);
-			tc_mm(GC, w, GC, mm_f(c.P, 1, ldg), mm_b(q.dO, lo, 1), NULL, NULL, 1.f, 0.f,
-			      q.DD, lq, 1);
+			if (X)
+				FOR_RC(r, j, GC, w)
+					q.DD[r * lq + j] = X[r * dv + j0 + j];
+			else
+				tc_mm(GC, w, GC, mm_f(c.P, 1, ldg), mm_b(q.dO, lo, 1), NULL, NULL,
+				      1.f, 0.f, q.DD, lq, 1);
 			__syncthreads();
 			{
 				const int r = QROW();
