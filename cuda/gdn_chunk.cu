@@ -151,8 +151,24 @@ __global__ void __launch_bounds__(NTH) k_tc_mm_test(int M, int N, int K, const v
 						    int acs, int abf, const void *B, int brs,
 						    int bcs, int bbf, const float *sk,
 						    const float *rs, float alpha, float cb,
-						    float *C, int crs, int ccs)
+						    float *C, int crs, int ccs, int sh)
 {
+	extern __shared__ float sm[];
+	size_t na = (size_t)M * K * (abf ? 2 : 4), nb = (size_t)K * N * (bbf ? 2 : 4);
+	unsigned char *s = (unsigned char *)sm;
+
+	if (sh) {	// A (sh 1), or A and B (sh 2), copied into shared memory first
+		for (size_t x = threadIdx.x; x < na; x += NTH)
+			s[x] = ((const unsigned char *)A)[x];
+		A = s;
+		if (sh == 2) {
+			s += (na + 15) & ~(size_t)15;
+			for (size_t x = threadIdx.x; x < nb; x += NTH)
+				s[x] = ((const unsigned char *)B)[x];
+			B = s;
+		}
+		__syncthreads();
+	}
 	struct mmop a = abf ? mm_b((const bf16 *)A, ars, acs) : mm_f((const float *)A, ars, acs);
 	struct mmop b = bbf ? mm_b((const bf16 *)B, brs, bcs) : mm_f((const float *)B, brs, bcs);
 
@@ -162,9 +178,14 @@ __global__ void __launch_bounds__(NTH) k_tc_mm_test(int M, int N, int K, const v
 extern "C" void sl_cuda_tc_mm_test(struct sl_cuda *c, int M, int N, int K, const void *A,
 				   int ars, int acs, int abf, const void *B, int brs, int bcs,
 				   int bbf, const float *sk, const float *rs, float alpha, float cb,
-				   float *C, int crs, int ccs)
+				   float *C, int crs, int ccs, int sh)
 {
-	k_tc_mm_test<<<1, NTH, 0, c->stream>>>(M, N, K, A, ars, acs, abf, B, brs, bcs, bbf, sk, rs,
-					       alpha, cb, C, crs, ccs);
+	size_t smem = sh ? (((size_t)M * K * (abf ? 2 : 4) + 15) & ~(size_t)15) +
+				   (sh == 2 ? (size_t)K * N * (bbf ? 2 : 4) : 0) : 0;
+
+	CUDA_CHECK(cudaFuncSetAttribute(k_tc_mm_test, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					(int)smem));
+	k_tc_mm_test<<<1, NTH, smem, c->stream>>>(M, N, K, A, ars, acs, abf, B, brs, bcs, bbf, sk,
+						  rs, alpha, cb, C, crs, ccs, sh);
 	CUDA_LAUNCHED();
 }

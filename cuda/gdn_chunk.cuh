@@ -6,6 +6,9 @@
 #ifndef SL_GDN_CHUNK_CUH
 #define SL_GDN_CHUNK_CUH
 
+// Register bounds: the kernels whose shared memory leaves room for one block an SM say so
+// (__launch_bounds__(NTH, 1): up to 255 registers; without it ptxas held them to 128 and
+// spilled around the tc_mm calls), k_gdn_prep and k_gdn_fwd_o, two blocks an SM, to 128.
 #define GC 64		// positions per chunk (GDN_CHUNK)
 #define NTH 256		// threads per block (8 warps share each product)
 #define DKMAX 128	// key dim bound of the chunked kernels (X2 = T^T dW fits the quarters)
@@ -25,6 +28,78 @@ static __device__ __forceinline__ int chunk_n(int len, int c0)
 	int n = len - c0;
 
 	return n < 0 ? 0 : n > GC ? GC : n;
+}
+
+// Tiles from global into shared memory.  On the GPU, where the shapes and addresses allow, a
+// lane moves 2 bf16 or 4 floats at a time (one element each took an instruction and an address
+// of its own, and the stores waited on each load); the emulator moves them one by one.
+
+// rows [0, GC) x columns [0, wc) of dst (bf16, row stride ds): element (r, j) = src[r ss + j]
+// for r < n and j < w, else 0; no barrier
+static __device__ void ld_tile_bf(bf16 *dst, int ds, const bf16 *src, size_t ss, int n, int w,
+				  int wc)
+{
+#ifdef __CUDA_ARCH__
+	if (!((w | wc | ds | (int)(ss & 1)) & 1) && !((unsigned long long)src & 3) &&
+	    !((unsigned long long)dst & 3)) {
+		const int lane = threadIdx.x & 31;
+
+		for (int r = (int)(threadIdx.x >> 5); r < GC; r += NTH / 32)
+			for (int j = 2 * lane; j < wc; j += 64) {
+				unsigned u = 0;
+
+				if (r < n && j < w)
+					u = *(const unsigned *)(src + r * ss + j);
+				*(unsigned *)(dst + r * ds + j) = u;
+			}
+		return;
+	}
+#endif
+	FOR_RC(r, j, GC, wc)
+		dst[r * ds + j] = r < n && j < w ? src[r * ss + j] : tobf(0.f);
+}
+
+// R x C floats, either way between global and shared memory: dst[r ds + j] = src[r ss + j]; no
+// barrier
+static __device__ void cp_tile_f(float *dst, int ds, const float *src, int ss, int R, int C)
+{
+#ifdef __CUDA_ARCH__
+	if (!((C | ds | ss) & 3) && !((unsigned long long)src & 15) &&
+	    !((unsigned long long)dst & 15)) {
+		const int c4 = C / 4;
+
+		for (int x = threadIdx.x; x < R * c4; x += NTH) {
+			int r = x / c4, j = 4 * (x % c4);
+
+			*(float4 *)(dst + r * ds + j) = *(const float4 *)(src + r * ss + j);
+		}
+		return;
+	}
+#endif
+	FOR_RC(r, j, R, C)
+		dst[r * ds + j] = src[r * ss + j];
+}
+
+// the dot product of n floats of x and y (global memory), the block's sum to every thread
+// (synchronizes); a fixed order
+static __device__ float blk_dot(const float *x, const float *y, int n)
+{
+	float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+
+#ifdef __CUDA_ARCH__
+	if (!(n & 3) && !(((unsigned long long)x | (unsigned long long)y) & 15)) {
+#pragma unroll 4
+		for (int i = threadIdx.x; i < n / 4; i += NTH) {
+			float4 u = ((const float4 *)x)[i], v = ((const float4 *)y)[i];
+
+			a0 += u.x * v.x, a1 += u.y * v.y, a2 += u.z * v.z, a3 += u.w * v.w;
+		}
+		return block_sum((a0 + a1) + (a2 + a3));
+	}
+#endif
+	for (int i = threadIdx.x; i < n; i += NTH)
+		a0 += x[i] * y[i];
+	return block_sum((a0 + a1) + (a2 + a3));
 }
 
 // ---- the sequential passes, on the tensor cores ------------------------------------------------
@@ -112,13 +187,10 @@ static __device__ void tl_kq(bf16 *K, bf16 *Q, const bf16 *qn, const bf16 *kn, s
 			     int nk, int dk, int kh)
 {
 	const int ldk = dk + 8;
+	const size_t o = t0 * nk * dk + (size_t)kh * dk;
 
-	FOR_RC(r, i, GC, dk) {
-		size_t o = (t0 + r) * nk * dk + (size_t)kh * dk + i;
-
-		K[r * ldk + i] = r < n ? kn[o] : tobf(0.f);
-		Q[r * ldk + i] = r < n ? qn[o] : tobf(0.f);
-	}
+	ld_tile_bf(K, ldk, kn + o, (size_t)nk * dk, n, dk, dk);
+	ld_tile_bf(Q, ldk, qn + o, (size_t)nk * dk, n, dk, dk);
 }
 
 // chunk rows [t0, t0 + n) of key head kh (value head h for beta, g), zeros past n: K, Q, the
@@ -178,11 +250,9 @@ static __device__ void tl_load(const struct tl *c, const float *sP, const float 
 
 	__syncthreads();
 	tl_kq(c->K, c->Q, qn, kn, t0, n, nk, dk, kh);
-	FOR_RC(r, s, GC, GC) {
-		c->A[r * ldg + s] = sA[r * GC + s];
-		c->T[r * ldg + s] = sT[r * GC + s];
-		c->P[r * ldg + s] = sP[r * GC + s];
-	}
+	cp_tile_f(c->A, ldg, sA, GC, GC, GC);
+	cp_tile_f(c->T, ldg, sT, GC, GC, GC);
+	cp_tile_f(c->P, ldg, sP, GC, GC, GC);
 	if (tid < GC) {
 		c->bet[tid] = tid < n ? beta[(t0 + tid) * nv + h] : 0.f;
 		c->G[tid] = sG[tid];
@@ -194,7 +264,7 @@ static __device__ void tl_load(const struct tl *c, const float *sP, const float 
 }
 
 // the forward: o, and the chunk-start states.  Block (record, value head).
-__global__ void __launch_bounds__(NTH) k_gdn_fwd(bf16 *o, float *states, const bf16 *qn,
+__global__ void __launch_bounds__(NTH, 1) k_gdn_fwd(bf16 *o, float *states, const bf16 *qn,
 						 const bf16 *kn, const bf16 *v, int vs,
 						 const float *beta, const float *g, const int *lens,
 						 int L, int nk, int nv, int dk, int dv)
@@ -292,7 +362,7 @@ static __device__ struct fslot fslot_at(float *scr, size_t i, int dk, int dv, in
 // head bh = record * nv + head.  The forward (dout NULL): W, U, P, G; the backward: W, X =
 // P^T dO (in U's place), P, G, T, A (full slots).  Shared memory: tl, then V or dO (GC, dv + 8)
 // bf16.
-__global__ void __launch_bounds__(NTH) k_gdn_prep(float *scr, const bf16 *qn, const bf16 *kn,
+__global__ void __launch_bounds__(NTH, 2) k_gdn_prep(float *scr, const bf16 *qn, const bf16 *kn,
 						  const bf16 *v, int vs, const bf16 *dout,
 						  const float *beta, const float *g, const int *lens,
 						  int L, int nk, int nv, int dk, int dv, int bh0)
@@ -342,7 +412,7 @@ static __host__ size_t prep_smem(int dk, int dv)
 // block (record, value head): the state walks the chunks; the chunk-start states out, delta
 // over U.  Shared memory: S (dk, dv + 4), W (GC, dk + 4), delta (GC, dv + 4), e (GC), K (GC,
 // dk + 8) bf16.
-__global__ void __launch_bounds__(NTH) k_gdn_fwd_h(float *states, float *scr, const bf16 *kn,
+__global__ void __launch_bounds__(NTH, 1) k_gdn_fwd_h(float *states, float *scr, const bf16 *kn,
 						   const int *lens, int L, int nk, int nv, int dk,
 						   int dv)
 {
@@ -363,17 +433,12 @@ __global__ void __launch_bounds__(NTH) k_gdn_fwd_h(float *states, float *scr, co
 		float *sv = states + (((size_t)b * nch + ch) * nv + h) * SS, gl;
 
 		__syncthreads();
-		FOR_RC(i, j, dk, dv)
-			sv[(size_t)i * dv + j] = S[i * lds + j];
+		cp_tile_f(sv, dv, S, lds, dk, dv);
 		if (!n)
 			continue;
-		FOR_RC(r, i, GC, dk) {
-			W[r * ldw + i] = f.W[r * dk + i];
-			K[r * ldk + i] = r < n ? kn[(t0 + r) * nk * dk + (size_t)kh * dk + i] :
-						 tobf(0.f);
-		}
-		FOR_RC(r, j, GC, dv)
-			D[r * lds + j] = f.U[r * dv + j];
+		cp_tile_f(W, ldw, f.W, dk, GC, dk);
+		ld_tile_bf(K, ldk, kn + t0 * nk * dk + (size_t)kh * dk, (size_t)nk * dk, n, dk, dk);
+		cp_tile_f(D, lds, f.U, dv, GC, dv);
 		if (tid < GC)
 			e[tid] = expf(f.G[GC - 1] - f.G[tid]);
 		gl = expf(f.G[GC - 1]);
@@ -382,8 +447,7 @@ __global__ void __launch_bounds__(NTH) k_gdn_fwd_h(float *states, float *scr, co
 		tc_mm(GC, dv, dk, mm_f(W, ldw, 1), mm_f(S, lds, 1), NULL, NULL, -1.f, 1.f, D, lds,
 		      1);
 		__syncthreads();
-		FOR_RC(r, j, GC, dv)
-			f.U[r * dv + j] = D[r * lds + j];
+		cp_tile_f(f.U, dv, D, lds, GC, dv);
 		// S = Ga_last S + K^T diag(e) delta
 		tc_mm(dk, dv, GC, mm_b(K, 1, ldk), mm_f(D, lds, 1), e, NULL, 1.f, gl, S, lds, 1);
 	}
@@ -397,7 +461,7 @@ static __host__ size_t fwd_h_smem(int dk, int dv)
 
 // block (record, value head, chunk): o = diag(Ga) Q S + P delta.  Shared memory: O (GC, dv + 4),
 // P (GC, GC + 4), Ga (GC), Q (GC, dk + 8) bf16.
-__global__ void __launch_bounds__(NTH) k_gdn_fwd_o(bf16 *o, const float *states,
+__global__ void __launch_bounds__(NTH, 2) k_gdn_fwd_o(bf16 *o, const float *states,
 						   float *scr, const bf16 *qn, const int *lens,
 						   int L, int nk, int nv, int dk, int dv)
 {
@@ -417,10 +481,8 @@ __global__ void __launch_bounds__(NTH) k_gdn_fwd_o(bf16 *o, const float *states,
 			o[(t0 + r) * od + (size_t)h * dv + j] = tobf(0.f);
 		return;
 	}
-	FOR_RC(r, i, GC, dk)
-		Q[r * ldk + i] = r < n ? qn[(t0 + r) * nk * dk + (size_t)kh * dk + i] : tobf(0.f);
-	FOR_RC(r, s, GC, GC)
-		P[r * ldg + s] = f.P[r * GC + s];
+	ld_tile_bf(Q, ldk, qn + t0 * nk * dk + (size_t)kh * dk, (size_t)nk * dk, n, dk, dk);
+	cp_tile_f(P, ldg, f.P, GC, GC, GC);
 	if (tid < GC)
 		Ga[tid] = expf(f.G[tid]);
 	__syncthreads();
@@ -439,7 +501,7 @@ static __host__ size_t fwd_o_smem(int dk, int dv)
 
 // the backward's state pass: dS at every chunk's end into dst.  Block = slot of the wave's
 // (record, value head), head bh = first * grp + slot.
-__global__ void __launch_bounds__(NTH) k_gdn_bwd_state(float *dst, const bf16 *dout,
+__global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_state(float *dst, const bf16 *dout,
 						       const bf16 *qn, const bf16 *kn,
 						       const float *beta, const float *g,
 						       const int *lens, int L, int nk, int nv,
@@ -494,7 +556,7 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_state(float *dst, const bf16 *d
 // W^T ddelta.  Block = slot of the wave's value heads (as k_gdn_bwd_state), its chunks' slots
 // at scr + (slot * nch + chunk).  Shared memory: dS (dk, dv + 4), W (GC, dk + 4), ddelta
 // (GC, dv + 4), e and Ga (GC each), K and Q (GC, dk + 8) and dO (GC, dv + 8), bf16.
-__global__ void __launch_bounds__(NTH) k_gdn_bwd_h(float *dst, float *scr, const bf16 *dout,
+__global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_h(float *dst, float *scr, const bf16 *dout,
 						   const bf16 *qn, const bf16 *kn, const int *lens,
 						   int L, int nk, int nv, int dk, int dv, int first)
 {
@@ -517,18 +579,13 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_h(float *dst, float *scr, const
 		float *dv_ = dst + ((size_t)slot * nch + ch) * SS, gl;
 
 		__syncthreads();
-		FOR_RC(i, j, dk, dv)
-			dv_[(size_t)i * dv + j] = dS[i * lds + j];
+		cp_tile_f(dv_, dv, dS, lds, dk, dv);
 		if (!n)
 			continue;
 		tl_kq(K, Q, qn, kn, t0, n, nk, dk, kh);
-		FOR_RC(r, i, GC, dk)
-			W[r * ldw + i] = f.W[r * dk + i];
-		FOR_RC(r, j, GC, dv) {
-			dD[r * lds + j] = f.U[r * dv + j];
-			dO[r * ldo + j] = r < n ? dout[(t0 + r) * nv * dv + (size_t)h * dv + j] :
-						  tobf(0.f);
-		}
+		cp_tile_f(W, ldw, f.W, dk, GC, dk);
+		cp_tile_f(dD, lds, f.U, dv, GC, dv);
+		ld_tile_bf(dO, ldo, dout + t0 * nv * dv + (size_t)h * dv, (size_t)nv * dv, n, dv, dv);
 		if (tid < GC) {
 			e[tid] = expf(f.G[GC - 1] - f.G[tid]);
 			Ga[tid] = expf(f.G[tid]);
@@ -631,7 +688,7 @@ static __host__ __device__ size_t bwd_slots(size_t per_wave, int grp, int nch, i
 	return per_wave * nch * ((size_t)grp * dk * dv + (size_t)2 * GC * dk);
 }
 
-__global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16 *dval,
+__global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16 *dval,
 						      bf16 *dbeta, bf16 *dg, const bf16 *dout,
 						      const float *states, const float *dst,
 						      float *accs, float *slots, const bf16 *qn,
@@ -678,7 +735,7 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 	for (int h = kh * grp; h < (kh + 1) * grp; h++) {
 		const float *S0 = states + (((size_t)b * nch + ch) * nv + h) * SS;
 		const float *dS = dst + (((size_t)gi * grp + h - kh * grp) * nch + ch) * SS;
-		float sd = 0.f;
+		float sd;
 
 		const float *X = NULL;	// P^T dO, k_gdn_prep's, where it ran
 
@@ -698,15 +755,9 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 			float cq = j0 ? 1.f : 0.f, ca = fresh ? 0.f : 1.f;
 
 			__syncthreads();
-			FOR_RC(r, j, GC, VQ) {
-				bool ok = r < n && j < w;
-				size_t t = t0 + r, hj = (size_t)h * dv + j0 + j;
-
-				q.dO[r * lo + j] = ok ? dout[t * nv * dv + hj] : tobf(0.f);
-				q.V[r * lo + j] = ok ? v[t * vs + hj] : tobf(0.f);
-			}
-			FOR_RC(i, j, dk, w)
-				sd += S0[(size_t)i * dv + j0 + j] * dS[(size_t)i * dv + j0 + j];
+			ld_tile_bf(q.dO, lo, dout + t0 * nv * dv + (size_t)h * dv + j0,
+				   (size_t)nv * dv, n, w, VQ);
+			ld_tile_bf(q.V, lo, v + t0 * vs + (size_t)h * dv + j0, (size_t)vs, n, w, VQ);
 			__syncthreads();
 			// R = diag(beta) V - diag(beta Ga) K S0
 			FOR_RC(r, j, GC, w)
@@ -772,7 +823,7 @@ __global__ void __launch_bounds__(NTH) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16
 					dval[(t0 + r) * vs + (size_t)h * dv + j0 + j] =
 						tobf(r < n ? c.bet[r] * q.R[r * lq + j] : 0.f);
 		}
-		sd = block_sum(sd);	// <S0, dS> (synchronizes)
+		sd = blk_dot(S0, dS, dk * dv);	// <S0, dS> (synchronizes)
 		// dG: through O (Ga q.Z, dP o P) and S_end (Ga_last <S0,dS>, de o e)
 		{
 			const int r = QROW();

@@ -178,10 +178,11 @@ void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, 
 			   const void *kn, const void *v, int vs, const float *beta, const float *g,
 			   const int *lens, int B, int L, int nk, int nv, int dk, int dv, int split);
 /* C = alpha diag(rs) A diag(sk) B + cb C on the chunked rule's tensor-core product (tc_mm.cuh),
- * one block, operands in device memory with any strides (bf16 where abf / bbf, else float) */
+ * one block, operands in device memory with any strides (bf16 where abf / bbf, else float),
+ * copied into shared memory first when sh is 1 (A) or 2 (A and B) */
 void sl_cuda_tc_mm_test(struct sl_cuda *c, int M, int N, int K, const void *A, int ars, int acs,
 			int abf, const void *B, int brs, int bcs, int bbf, const float *sk,
-			const float *rs, float alpha, float cb, float *C, int crs, int ccs);
+			const float *rs, float alpha, float cb, float *C, int crs, int ccs, int sh);
 void sl_cuda_gated_rmsnorm_fwd(struct sl_cuda *c, void *out, float *rstd, const void *x,
 			       const void *z, int zs, const void *w, int T, int nh, int d,
 			       float eps);

@@ -53,12 +53,55 @@ static __device__ __forceinline__ float mm_ld(struct mmop o, int i, int j)
 
 #if defined(__CUDA_ARCH__) || defined(TC_MM_FRAG_HOST)
 #ifdef __CUDA_ARCH__
+// to nearest (ties away from zero) at tf32's 10 mantissa bits: the mma ignores the 13 low bits,
+// so adding half of their unit is the rounding (what cvt.rna.tf32.f32 compiles to on sm_90,
+// less its test for inf and NaN: an inf becomes a NaN, a NaN stays one but for payloads of
+// 0x7ffff000 and above, which no product here makes)
 static __device__ __forceinline__ unsigned mm_tf32(float x)
 {
-	unsigned r;
+	return __float_as_uint(x) + 0x1000u;
+}
 
-	asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-	return r;
+// loads from shared memory by 32-bit address (a generic load of a pointer the compiler cannot
+// place costs a 64-bit address and a descriptor): no volatile, no clobber, so the compiler may
+// schedule them freely; nothing in a product writes its own operands
+static __device__ __forceinline__ unsigned mm_sa(const void *p, int byte)
+{
+	return (unsigned)__cvta_generic_to_shared(p) + (unsigned)byte;
+}
+
+static __device__ __forceinline__ unsigned short mm_lds16(unsigned a)
+{
+	unsigned short v;
+
+	asm("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(a));
+	return v;
+}
+
+static __device__ __forceinline__ unsigned mm_lds32(unsigned a)
+{
+	unsigned v;
+
+	asm("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(a));
+	return v;
+}
+
+static __device__ __forceinline__ uint2 mm_lds64(unsigned a)
+{
+	uint2 v;
+
+	asm("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(a));
+	return v;
+}
+
+static __device__ __forceinline__ uint4 mm_lds128(unsigned a)
+{
+	uint4 v;
+
+	asm("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+	    : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+	    : "r"(a));
+	return v;
 }
 
 static __device__ __forceinline__ unsigned mm_bits(float x)
@@ -71,6 +114,11 @@ static __device__ __forceinline__ float mm_float(unsigned u)
 	return __uint_as_float(u);
 }
 
+static __device__ __forceinline__ bool mm_shared(const void *p)
+{
+	return __isShared(p);
+}
+
 static __device__ __forceinline__ void mm_mma(float *c, const unsigned *a, const unsigned *b)
 {
 	asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
@@ -80,14 +128,48 @@ static __device__ __forceinline__ void mm_mma(float *c, const unsigned *a, const
 }
 #endif
 // (TC_MM_FRAG_HOST: test/test_tc_frag.cc compiles this branch on the host, giving mm_tf32,
-// mm_bits, mm_float and mm_mma, the last a warp's mma emulated from the PTX ISA's fragment
+// mm_bits, mm_float, mm_shared (its choice: the loads are the same there) and mm_mma, the last a warp's mma emulated from the PTX ISA's fragment
 // layouts, and float2, float4, uint2)
 
 // V consecutive elements from element x of p (float, or bf16 when BF) as floats; x and p aligned
-// to V elements (one load)
-template <bool BF, int V>
+// to V elements (one load); SH: p in shared memory (on the host, where the test emulates the
+// fragments, the same loads)
+template <bool BF, int V, bool SH>
 static __device__ __forceinline__ void mm_ldv(const void *p, int x, float *v)
 {
+#ifdef __CUDA_ARCH__
+	if (SH) {
+		const unsigned a = mm_sa(p, x * (BF ? 2 : 4));
+
+		if (BF && V == 1) {
+			v[0] = mm_float((unsigned)mm_lds16(a) << 16);
+		} else if (BF && V == 2) {
+			unsigned u = mm_lds32(a);
+
+			v[0] = mm_float(u << 16);
+			v[1] = mm_float(u & 0xffff0000u);
+		} else if (BF && V == 4) {
+			uint2 u = mm_lds64(a);
+
+			v[0] = mm_float(u.x << 16);
+			v[1] = mm_float(u.x & 0xffff0000u);
+			v[2] = mm_float(u.y << 16);
+			v[3] = mm_float(u.y & 0xffff0000u);
+		} else if (V == 1) {
+			v[0] = mm_float(mm_lds32(a));
+		} else if (V == 2) {
+			uint2 u = mm_lds64(a);
+
+			v[0] = mm_float(u.x), v[1] = mm_float(u.y);
+		} else {
+			uint4 u = mm_lds128(a);
+
+			v[0] = mm_float(u.x), v[1] = mm_float(u.y);
+			v[2] = mm_float(u.z), v[3] = mm_float(u.w);
+		}
+		return;
+	}
+#endif
 	if (BF && V == 1) {
 		v[0] = mm_float((unsigned)((const unsigned short *)p)[x] << 16);
 	} else if (BF && V == 2) {
@@ -115,6 +197,23 @@ static __device__ __forceinline__ void mm_ldv(const void *p, int x, float *v)
 	}
 }
 
+// V floats to p (aligned to V)
+template <int V>
+static __device__ __forceinline__ void mm_stv(float *p, const float *v)
+{
+	if (V == 2) {
+		float2 u;
+
+		u.x = v[0], u.y = v[1];
+		*(float2 *)p = u;
+	} else {
+		float4 u;
+
+		u.x = v[0], u.y = v[1], u.z = v[2], u.w = v[3];
+		*(float4 *)p = u;
+	}
+}
+
 // a value as a tf32 register: a bf16 is its own tf32 (its bits); anything else (a float, or a
 // bf16 times a scale) rounded to nearest
 template <bool BF>
@@ -129,8 +228,9 @@ static __device__ __forceinline__ unsigned mm_reg(float v, bool scaled)
 
 // an operand's elements for a k-step, the operand seen as rows x k (A as it is, B transposed):
 // v[x][r] = element (row0 + r, ka + x) at p[row * ls + k * ks].  L = MM_KC: pairs along k (ks
-// 1); MM_MN: runs of R along the rows (ls 1); 0: one by one, masked past nr rows and K when CHK
-template <bool BF, int R, int L, bool CHK>
+// 1); MM_MN: runs of R along the rows (ls 1); 0: one by one, masked past nr rows and K when CHK.
+// SH: p in shared memory
+template <bool BF, int R, int L, bool CHK, bool SH>
 static __device__ __forceinline__ void mm_frag(const void *p, int ls, int ks, int row0, int nr,
 					       int ka, int K, float (&v)[2][R])
 {
@@ -139,20 +239,20 @@ static __device__ __forceinline__ void mm_frag(const void *p, int ls, int ks, in
 		for (int r = 0; r < R; r++) {
 			float u[2];
 
-			mm_ldv<BF, 2>(p, (row0 + r) * ls + ka, u);
+			mm_ldv<BF, 2, SH>(p, (row0 + r) * ls + ka, u);
 			v[0][r] = u[0], v[1][r] = u[1];
 		}
 	} else if (L == MM_MN) {
 #pragma unroll
 		for (int x = 0; x < 2; x++)
-			mm_ldv<BF, R>(p, (ka + x) * ks + row0, v[x]);
+			mm_ldv<BF, R, SH>(p, (ka + x) * ks + row0, v[x]);
 	} else {
 #pragma unroll
 		for (int x = 0; x < 2; x++)
 #pragma unroll
 			for (int r = 0; r < R; r++) {
 				if (!CHK || (row0 + r < nr && ka + x < K))
-					mm_ldv<BF, 1>(p, (row0 + r) * ls + (ka + x) * ks, &v[x][r]);
+					mm_ldv<BF, 1, SH>(p, (row0 + r) * ls + (ka + x) * ks, &v[x][r]);
 				else
 					v[x][r] = 0.f;
 			}
@@ -165,7 +265,11 @@ static __device__ __forceinline__ void mm_frag(const void *p, int ls, int ks, in
 // 2 TM rows are a run.  B's column slot g of tile j is column n0 + TN g + j: the lane's TN
 // columns are a run.  So an accumulator's column slot s of tile j is column n0 + TN s + j.
 // Which thread owns an output element still depends on M and N alone.
-template <bool ABF, bool BBF, int TM, int TN, int LA, int LB, bool CHK>
+// SM: which operands are in shared memory (MM_SH_A: A, MM_SH_AB: both, else neither)
+#define MM_SH_A 1
+#define MM_SH_AB 2
+
+template <bool ABF, bool BBF, int TM, int TN, int LA, int LB, bool CHK, int SM>
 static __device__ __forceinline__ void mm_warp(int M, int N, int K, struct mmop A, struct mmop B,
 					       const float *sk, int m0, int n0, int g, int t,
 					       float (&c)[TM][TN][4])
@@ -179,8 +283,8 @@ static __device__ __forceinline__ void mm_warp(int M, int N, int K, struct mmop 
 		float av[2][2 * TM], bv[2][TN];	// [k - ka][row - mr], [k - ka][column - nc]
 		unsigned a[TM][4], b[TN][2];
 
-		mm_frag<ABF, 2 * TM, LA, CHK>(A.p, A.rs, A.cs, mr, M, ka, K, av);
-		mm_frag<BBF, TN, LB, CHK>(B.p, B.cs, B.rs, nc, N, ka, K, bv);
+		mm_frag<ABF, 2 * TM, LA, CHK, SM != 0>(A.p, A.rs, A.cs, mr, M, ka, K, av);
+		mm_frag<BBF, TN, LB, CHK, SM == MM_SH_AB>(B.p, B.cs, B.rs, nc, N, ka, K, bv);
 		if (sc) {
 #pragma unroll
 			for (int x = 0; x < 2; x++) {
@@ -215,16 +319,22 @@ static __device__ __forceinline__ void mm_warp(int M, int N, int K, struct mmop 
 
 // the block's tiles of (16 TM) x (8 TN), and the epilogue: c0 (row slot g, column slot 2t),
 // c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1) of each 16 x 8, permuted as mm_warp says
-template <bool ABF, bool BBF, int TM, int TN, int LA, int LB, bool CHK>
+template <bool ABF, bool BBF, int TM, int TN, int LA, int LB, bool CHK, int SM>
 static __device__ __noinline__ void mm_block(int M, int N, int K, struct mmop A, struct mmop B,
 					     const float *sk, const float *rs, float alpha,
 					     float cb, float *C, int crs, int ccs)
 {
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 	const int tn = (N + 8 * TN - 1) / (8 * TN), tiles = (M + 16 * TM - 1) / (16 * TM) * tn;
+	// a lane's TN columns of a row and column slot are a run: one vector store (and load, when
+	// accumulating) where C is row-major and aligned (element by element, the 4-row steps of
+	// the lanes' rows made every store an 8-way bank conflict)
+	const bool vec = !CHK && ccs == 1 && crs % TN == 0 &&
+			 (unsigned long long)C % (4 * TN) == 0;
 
 #ifdef TC_MM_FRAG_HOST
-	tc_frag_path(TM, TN, LA, LB, CHK);	// the host test asks which path ran
+	tc_frag_path(TM, TN, LA, LB, CHK, SM);	// the host test asks which path ran
+	tc_frag_store(vec);
 #endif
 	for (int tile = warp; tile < tiles; tile += NTH / 32) {
 		int m0 = tile / tn * 16 * TM, n0 = tile % tn * 8 * TN;
@@ -235,7 +345,7 @@ static __device__ __noinline__ void mm_block(int M, int N, int K, struct mmop A,
 #pragma unroll
 			for (int j = 0; j < TN; j++)
 				c[i][j][0] = c[i][j][1] = c[i][j][2] = c[i][j][3] = 0.f;
-		mm_warp<ABF, BBF, TM, TN, LA, LB, CHK>(M, N, K, A, B, sk, m0, n0, g, t, c);
+		mm_warp<ABF, BBF, TM, TN, LA, LB, CHK, SM>(M, N, K, A, B, sk, m0, n0, g, t, c);
 #pragma unroll
 		for (int i = 0; i < TM; i++)
 #pragma unroll
@@ -247,6 +357,22 @@ static __device__ __noinline__ void mm_block(int M, int N, int K, struct mmop A,
 					continue;
 				if (rs)
 					r *= rs[m];
+				if (vec) {
+					float *o = C + m * crs + n0 + TN * (2 * t + (x & 1));
+					float v[TN], u[TN];
+
+#pragma unroll
+					for (int j = 0; j < TN; j++)
+						v[j] = r * c[i][j][x];
+					if (cb != 0.f) {
+						mm_ldv<false, TN, false>(o, 0, u);
+#pragma unroll
+						for (int j = 0; j < TN; j++)
+							v[j] += cb * u[j];
+					}
+					mm_stv<TN>(o, v);
+					continue;
+				}
 #pragma unroll
 				for (int j = 0; j < TN; j++) {
 					int n = n0 + TN * (2 * t + (x & 1)) + j;
@@ -290,8 +416,28 @@ static __device__ __forceinline__ int mm_lay_b(struct mmop B, int esz)
 	return 0;
 }
 
-// vector loads where the shape is whole tiles and both layouts allow them; else element by
-// element, masked
+// the vector layouts' products, by which operands are in shared memory
+template <bool ABF, bool BBF, int TM, int TN, int SM>
+static __device__ __forceinline__ void mm_lay(int la, int lb, int M, int N, int K, struct mmop A,
+					      struct mmop B, const float *sk, const float *rs,
+					      float alpha, float cb, float *C, int crs, int ccs)
+{
+	if (la == MM_KC && lb == MM_KC)
+		mm_block<ABF, BBF, TM, TN, MM_KC, MM_KC, false, SM>(M, N, K, A, B, sk, rs, alpha,
+								    cb, C, crs, ccs);
+	else if (la == MM_KC)
+		mm_block<ABF, BBF, TM, TN, MM_KC, MM_MN, false, SM>(M, N, K, A, B, sk, rs, alpha,
+								    cb, C, crs, ccs);
+	else if (lb == MM_KC)
+		mm_block<ABF, BBF, TM, TN, MM_MN, MM_KC, false, SM>(M, N, K, A, B, sk, rs, alpha,
+								    cb, C, crs, ccs);
+	else
+		mm_block<ABF, BBF, TM, TN, MM_MN, MM_MN, false, SM>(M, N, K, A, B, sk, rs, alpha,
+								    cb, C, crs, ccs);
+}
+
+// vector loads where the shape is whole tiles and both layouts allow them (by 32-bit shared
+// addresses where the operands are there: A alone or both); else element by element, masked
 template <bool ABF, bool BBF, int TM, int TN>
 static __device__ __forceinline__ void mm_tiled(int M, int N, int K, struct mmop A, struct mmop B,
 						const float *sk, const float *rs, float alpha,
@@ -301,20 +447,16 @@ static __device__ __forceinline__ void mm_tiled(int M, int N, int K, struct mmop
 	const int la = mm_lay_a<TM>(A, ABF ? 2 : 4), lb = mm_lay_b<TN>(B, BBF ? 2 : 4);
 
 	if (chk || !la || !lb)
-		mm_block<ABF, BBF, TM, TN, 0, 0, true>(M, N, K, A, B, sk, rs, alpha, cb, C, crs,
-						       ccs);
-	else if (la == MM_KC && lb == MM_KC)
-		mm_block<ABF, BBF, TM, TN, MM_KC, MM_KC, false>(M, N, K, A, B, sk, rs, alpha, cb,
-								C, crs, ccs);
-	else if (la == MM_KC)
-		mm_block<ABF, BBF, TM, TN, MM_KC, MM_MN, false>(M, N, K, A, B, sk, rs, alpha, cb,
-								C, crs, ccs);
-	else if (lb == MM_KC)
-		mm_block<ABF, BBF, TM, TN, MM_MN, MM_KC, false>(M, N, K, A, B, sk, rs, alpha, cb,
-								C, crs, ccs);
+		mm_block<ABF, BBF, TM, TN, 0, 0, true, 0>(M, N, K, A, B, sk, rs, alpha, cb, C, crs,
+							  ccs);
+	else if (!mm_shared(A.p))
+		mm_lay<ABF, BBF, TM, TN, 0>(la, lb, M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
+	else if (!mm_shared(B.p))
+		mm_lay<ABF, BBF, TM, TN, MM_SH_A>(la, lb, M, N, K, A, B, sk, rs, alpha, cb, C, crs,
+						  ccs);
 	else
-		mm_block<ABF, BBF, TM, TN, MM_MN, MM_MN, false>(M, N, K, A, B, sk, rs, alpha, cb,
-								C, crs, ccs);
+		mm_lay<ABF, BBF, TM, TN, MM_SH_AB>(la, lb, M, N, K, A, B, sk, rs, alpha, cb, C,
+						   crs, ccs);
 }
 
 // the warp tile by shape: 32 x 32 where that still gives every warp a tile, else 16 x 32, else
@@ -337,8 +479,10 @@ static __device__ __forceinline__ void mm_shape(int M, int N, int K, struct mmop
 
 // C (M x N, element (i, j) at C[i * crs + j * ccs]) = alpha diag(rs) A diag(sk) B + cb C, with
 // A (M x K) and B (K x N); rs, sk may be NULL (ones); C is read only when cb != 0.  Every thread
-// of the block calls it; it has no barrier of its own.
-static __device__ void tc_mm(int M, int N, int K, struct mmop A, struct mmop B, const float *sk,
+// of the block calls it; it has no barrier of its own.  Inlined: a dispatcher to the mm_block
+// functions (called, it was register-starved: ptxas gave its callers 128 registers and 2 kB of
+// spills)
+static __device__ __forceinline__ void tc_mm(int M, int N, int K, struct mmop A, struct mmop B, const float *sk,
 			     const float *rs, float alpha, float cb, float *C, int crs, int ccs)
 {
 #if defined(__CUDA_ARCH__) || defined(TC_MM_FRAG_HOST)

@@ -225,7 +225,7 @@ static void emu_free(void)
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __shared__
 #define sm emu_sm
 #define __syncthreads() emu_sync()

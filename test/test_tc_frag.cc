@@ -67,14 +67,21 @@ static float mm_float(unsigned u)
 	return f;
 }
 
-/* cvt.rna.tf32.f32: to 10 mantissa bits, to nearest, ties away from zero */
+/* the device's rounding to tf32 (to nearest, ties away from zero, for finite values): half the
+ * unit of the 13 bits the mma ignores added */
 static unsigned mm_tf32(float x)
 {
-	unsigned u = mm_bits(x);
+	return mm_bits(x) + 0x1000u;
+}
 
-	if ((u & 0x7f800000u) != 0x7f800000u)
-		u = (u + 0x1000u) & ~0x1fffu;
-	return u;
+/* which operands tc_mm takes to be in shared memory (the device loads them by 32-bit shared
+ * addresses; here the loads are the same): each case runs with none, A, and both */
+static const void *sh_a, *sh_b;
+static long sm_runs[3];
+
+static bool mm_shared(const void *p)
+{
+	return p && (p == sh_a || p == sh_b);
 }
 
 /* the emulated warp: pass 0 records each lane's operands, pass 1 hands out its results */
@@ -102,9 +109,18 @@ static void mm_mma(float *c, const unsigned *a, const unsigned *b)
 /* which mm_block instantiations ran: [TM - 1][TN / 2 - 1][LA][LB][CHK] */
 static long paths[2][2][3][3][2];
 
-static void tc_frag_path(int TM, int TN, int LA, int LB, bool CHK)
+static void tc_frag_path(int TM, int TN, int LA, int LB, bool CHK, int SM)
 {
 	paths[TM - 1][TN / 2 - 1][LA][LB][CHK]++;
+	sm_runs[SM]++;
+}
+
+/* how the epilogue stored C: element by element, or a lane's run of columns as one vector */
+static long store_runs[2];
+
+static void tc_frag_store(bool vec)
+{
+	store_runs[vec]++;
 }
 
 #define __device__
@@ -273,7 +289,7 @@ static struct opnd make(int R, int Cc, int lay, int pad, int off, bool isbf, boo
 /* round to tf32 as the device does, for the reference of inexact operands */
 static double rt(double v)
 {
-	return mm_float(mm_tf32((float)v));
+	return tf32v(mm_tf32((float)v));
 }
 
 struct tcase {
@@ -290,7 +306,10 @@ static void one(const struct tcase &c, bool exact)
 	struct opnd A = make(c.M, c.K, c.alay, c.apad, c.aoff, c.abf, exact);
 	struct opnd B = make(c.K, c.N, c.blay, c.bpad, c.boff, c.bbf, exact);
 	std::vector<float> sk(c.K), rs(c.M);
-	const int crs = c.N + 3, ccs = 1;	/* C with a gap after each row, and a row more */
+	static int cpad = 3;
+	/* C with a gap after each row (3 or 4 wide: rows misaligned for vector stores or not), and
+	 * a row more */
+	const int crs = c.N + (cpad = 7 - cpad), ccs = 1;
 	size_t csize = (size_t)(c.M + 1) * crs;
 	std::vector<float> C(csize), C0;
 	long before[2][2][3][3][2], ran_vec = 0, ran_chk = 0;
@@ -305,7 +324,12 @@ static void one(const struct tcase &c, bool exact)
 	for (size_t i = 0; i < csize; i++)
 		C[i] = rval(true);
 	C0 = C;
+	static int sh_mode;
+
 	memcpy(before, paths, sizeof(paths));
+	sh_mode = (sh_mode + 1) % 3;
+	sh_a = sh_mode ? A.op().p : NULL;
+	sh_b = sh_mode == 2 ? B.op().p : NULL;
 	snprintf(what, sizeof what,
 		 "%dx%dx%d A %s%s pad %d off %d, B %s%s pad %d off %d%s%s alpha %g cb %g%s", c.M,
 		 c.N, c.K, c.abf ? "bf16 " : "", c.alay == ROWM ? "row" : c.alay == COLM ? "col" :
@@ -415,5 +439,10 @@ int main(void)
 		for (const auto &c : odd)
 			one(c, exact != 0);
 	}
+	CHECK(store_runs[0] && store_runs[1], "both epilogues ran (by element %ld, by vector %ld)",
+	      store_runs[0], store_runs[1]);
+	CHECK(sm_runs[0] && sm_runs[1] && sm_runs[2],
+	      "every shared-memory form ran (neither %ld, A %ld, both %ld)", sm_runs[0], sm_runs[1],
+	      sm_runs[2]);
 	return test_exit("test_tc_frag");
 }
