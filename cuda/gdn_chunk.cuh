@@ -12,7 +12,7 @@
 #define GC 64		// positions per chunk (GDN_CHUNK)
 #define NTH 256		// threads per block (8 warps share each product)
 #define DKMAX 128	// key dim bound of the chunked kernels (X2 = T^T dW fits the quarters)
-#if NTH != 4 * GC
+#if NTH != 4 * GC || GC % (NTH / 32)
 #error "the row sums give each chunk row four threads (quad_sum)"
 #endif
 
@@ -42,16 +42,22 @@ static __device__ void ld_tile_bf(bf16 *dst, int ds, const bf16 *src, size_t ss,
 #ifdef __CUDA_ARCH__
 	if (!((w | wc | ds | (int)(ss & 1)) & 1) && !((unsigned long long)src & 3) &&
 	    !((unsigned long long)dst & 3)) {
-		const int lane = threadIdx.x & 31;
+		const int lane = threadIdx.x & 31, r0 = (int)(threadIdx.x >> 5);
+		const int RW = GC / (NTH / 32);	// rows a warp
 
-		for (int r = (int)(threadIdx.x >> 5); r < GC; r += NTH / 32)
-			for (int j = 2 * lane; j < wc; j += 64) {
-				unsigned u = 0;
+		for (int j = 2 * lane; j < wc; j += 64) {	// every load, then every store
+			unsigned u[RW];
 
-				if (r < n && j < w)
-					u = *(const unsigned *)(src + r * ss + j);
-				*(unsigned *)(dst + r * ds + j) = u;
+#pragma unroll
+			for (int i = 0; i < RW; i++) {
+				int r = r0 + i * (NTH / 32);
+
+				u[i] = r < n && j < w ? *(const unsigned *)(src + r * ss + j) : 0u;
 			}
+#pragma unroll
+			for (int i = 0; i < RW; i++)
+				*(unsigned *)(dst + (r0 + i * (NTH / 32)) * ds + j) = u[i];
+		}
 		return;
 	}
 #endif
@@ -66,12 +72,25 @@ static __device__ void cp_tile_f(float *dst, int ds, const float *src, int ss, i
 #ifdef __CUDA_ARCH__
 	if (!((C | ds | ss) & 3) && !((unsigned long long)src & 15) &&
 	    !((unsigned long long)dst & 15)) {
-		const int c4 = C / 4;
+		const int c4 = C / 4, n4 = R * c4;
 
-		for (int x = threadIdx.x; x < R * c4; x += NTH) {
-			int r = x / c4, j = 4 * (x % c4);
+		for (int x0 = threadIdx.x; x0 < n4; x0 += 4 * NTH) {	// 4 loads, then 4 stores
+			float4 u[4];
 
-			*(float4 *)(dst + r * ds + j) = *(const float4 *)(src + r * ss + j);
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				int x = x0 + i * NTH;
+
+				if (x < n4)
+					u[i] = *(const float4 *)(src + x / c4 * ss + 4 * (x % c4));
+			}
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				int x = x0 + i * NTH;
+
+				if (x < n4)
+					*(float4 *)(dst + x / c4 * ds + 4 * (x % c4)) = u[i];
+			}
 		}
 		return;
 	}

@@ -276,15 +276,17 @@ static __device__ __forceinline__ void mm_warp(int M, int N, int K, struct mmop 
 {
 	const int mr = m0 + 2 * TM * g, nc = n0 + TN * g;
 	const bool sc = sk != 0;
+	float av[2][2 * TM], bv[2][TN];	// [k - ka][row - mr], [k - ka][column - nc]
 
+	// software-pipelined: a k-step's operands are loaded while the step before multiplies
+	// (one step ahead; operands in global memory had every mma wait on its loads)
+	mm_frag<ABF, 2 * TM, LA, CHK, SM != 0>(A.p, A.rs, A.cs, mr, M, 2 * t, K, av);
+	mm_frag<BBF, TN, LB, CHK, SM == MM_SH_AB>(B.p, B.cs, B.rs, nc, N, 2 * t, K, bv);
 #pragma unroll 2
 	for (int k0 = 0; k0 < K; k0 += 8) {
 		const int ka = k0 + 2 * t;
-		float av[2][2 * TM], bv[2][TN];	// [k - ka][row - mr], [k - ka][column - nc]
 		unsigned a[TM][4], b[TN][2];
 
-		mm_frag<ABF, 2 * TM, LA, CHK, SM != 0>(A.p, A.rs, A.cs, mr, M, ka, K, av);
-		mm_frag<BBF, TN, LB, CHK, SM == MM_SH_AB>(B.p, B.cs, B.rs, nc, N, ka, K, bv);
 		if (sc) {
 #pragma unroll
 			for (int x = 0; x < 2; x++) {
@@ -308,6 +310,11 @@ static __device__ __forceinline__ void mm_warp(int M, int N, int K, struct mmop 
 		for (int j = 0; j < TN; j++) {
 			b[j][0] = mm_reg<BBF>(bv[0][j], false);
 			b[j][1] = mm_reg<BBF>(bv[1][j], false);
+		}
+		if (k0 + 8 < K) {	// the next step's operands
+			mm_frag<ABF, 2 * TM, LA, CHK, SM != 0>(A.p, A.rs, A.cs, mr, M, ka + 8, K, av);
+			mm_frag<BBF, TN, LB, CHK, SM == MM_SH_AB>(B.p, B.cs, B.rs, nc, N, ka + 8, K,
+								 bv);
 		}
 #pragma unroll
 		for (int i = 0; i < TM; i++)
