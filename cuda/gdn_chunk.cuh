@@ -793,8 +793,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 			tc_mm(GC, w, dk, mm_b(c.K, ldk, 1), mm_f(dS + j0, dv, 1), NULL, NULL, 1.f,
 			      0.f, q.R, lq, 1);
 			if (X)
-				FOR_RC(r, j, GC, w)
-					q.DD[r * lq + j] = X[r * dv + j0 + j];
+				cp_tile_f(q.DD, lq, X + j0, dv, GC, w);
 			else
 				tc_mm(GC, w, GC, mm_f(c.P, 1, ldg), mm_b(q.dO, lo, 1), NULL, NULL,
 				      1.f, 0.f, q.DD, lq, 1);
