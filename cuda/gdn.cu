@@ -166,30 +166,48 @@ __global__ void k_conv_bwd_dx_any(bf16 *dx, int xs, const bf16 *g, const bf16 *p
 
 // dw in two passes, in a fixed order (no atomics): thread (channel c, token chunk) sums its
 // chunk's tokens for each of the K taps into part(nchunk, C, K); k_dw_final adds the
-// chunks in order.  K <= CONV_KMAX; a larger K takes the one-pass kernel.
+// chunks in order.  K <= CONV_KMAX; a larger K takes the one-pass kernel.  The thread keeps the
+// last K inputs in registers (win[j]: x at position p - (K - 1 - j)), reading each token's once
+// and refilling the window where a record starts; the position p counts along (no division a
+// token).
 __global__ void k_conv_bwd_dw_partial(float *part, const bf16 *g, const bf16 *x, int xs,
 				      const bf16 *pre, int T, int L, int C, int K, const bf16 *halo,
 				      int tpc)
 {
 	const int c = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * tpc;
 	const int t1 = min(T, t0 + tpc);
-	float acc[CONV_KMAX];
+	float acc[CONV_KMAX], win[CONV_KMAX];
+	int p = t0 % L;
 
 	if (c >= C)
 		return;
 #pragma unroll
-	for (int j = 0; j < CONV_KMAX; j++)
+	for (int j = 0; j < CONV_KMAX; j++) {
+		const int back = K - 1 - j;
+
 		acc[j] = 0.f;
+		win[j] = j < K ? conv_in(x, halo, xs, t0, p, back, L, K, c) : 0.f;
+	}
 	for (int t = t0; t < t1; t++) {
+		if (t > t0 && p == 0) {	// a record starts: the halo's rows, or zeros
+#pragma unroll
+			for (int j = 0; j < CONV_KMAX; j++)
+				win[j] = j < K ? conv_in(x, halo, xs, t, 0, K - 1 - j, L, K, c) : 0.f;
+		} else if (t > t0) {	// slide by one token
+			const float xt = bf(x[(size_t)t * xs + c]);
+
+#pragma unroll
+			for (int j = 0; j < CONV_KMAX; j++)
+				win[j] = j + 1 < K ? win[j + 1] : j + 1 == K ? xt : win[j];
+		}
 		const float d = dsilu_g(g, pre, (size_t)t * C + c);
 
 #pragma unroll
-		for (int j = 0; j < CONV_KMAX; j++) {
-			const int back = K - 1 - j;
-
-			if (j < K && (t % L - back >= 0 || halo))
-				acc[j] += d * conv_in(x, halo, xs, t, t % L, back, L, K, c);
-		}
+		for (int j = 0; j < CONV_KMAX; j++)
+			if (j < K && (p - (K - 1 - j) >= 0 || halo))
+				acc[j] += d * win[j];
+		if (++p == L)
+			p = 0;
 	}
 #pragma unroll
 	for (int j = 0; j < CONV_KMAX; j++)

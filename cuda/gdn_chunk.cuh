@@ -99,26 +99,34 @@ static __device__ void cp_tile_f(float *dst, int ds, const float *src, int ss, i
 		dst[r * ds + j] = src[r * ss + j];
 }
 
-// the dot product of n floats of x and y (global memory), the block's sum to every thread
-// (synchronizes); a fixed order
-static __device__ float blk_dot(const float *x, const float *y, int n)
+// s + the sum of x[i ld + j] y[i ld + j] over this thread's elements of an R x C block (C <= 64)
+// in FOR_RC's order (the order of the sums is the kernels' since they were first checked), the
+// loads issued four rows at a time (one at a time, each product waited on its global loads)
+static __device__ float dot_rc(float s, const float *x, const float *y, int ld, int R, int C)
 {
-	float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+	const int w = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31), RB = 4;
 
-#ifdef __CUDA_ARCH__
-	if (!(n & 3) && !(((unsigned long long)x | (unsigned long long)y) & 15)) {
-#pragma unroll 4
-		for (int i = threadIdx.x; i < n / 4; i += NTH) {
-			float4 u = ((const float4 *)x)[i], v = ((const float4 *)y)[i];
+	for (int i0 = w; i0 < R; i0 += RB * (NTH / 32)) {
+		float a[RB][2], b[RB][2];
 
-			a0 += u.x * v.x, a1 += u.y * v.y, a2 += u.z * v.z, a3 += u.w * v.w;
-		}
-		return block_sum((a0 + a1) + (a2 + a3));
+#pragma unroll
+		for (int r = 0; r < RB; r++)
+#pragma unroll
+			for (int m = 0; m < 2; m++) {
+				int i = i0 + r * (NTH / 32), j = lane + 32 * m;
+				bool ok = i < R && j < C;
+
+				a[r][m] = ok ? x[i * ld + j] : 0.f;
+				b[r][m] = ok ? y[i * ld + j] : 0.f;
+			}
+#pragma unroll
+		for (int r = 0; r < RB; r++)
+#pragma unroll
+			for (int m = 0; m < 2; m++)
+				if (i0 + r * (NTH / 32) < R && lane + 32 * m < C)
+					s += a[r][m] * b[r][m];
 	}
-#endif
-	for (int i = threadIdx.x; i < n; i += NTH)
-		a0 += x[i] * y[i];
-	return block_sum((a0 + a1) + (a2 + a3));
+	return s;
 }
 
 // ---- the sequential passes, on the tensor cores ------------------------------------------------
@@ -640,6 +648,9 @@ static __host__ size_t bwd_h_smem(int dk, int dv)
 // The algebra: test/gdn_chunk_ref.h.
 
 #define VQ 64		// value columns per quarter (a half of the Qwen3.5's 128)
+#if VQ > 64
+#error "dot_rc takes two columns a lane"
+#endif
 
 // the block's shared memory past tl: the quarter's V and dO (bf16, VQ + 8 wide), R (then the
 // products K dS, Q S0, then X = T^T dD), D and dD (float, VQ + 4 wide), dW (dk + 4), dP and dT
@@ -754,7 +765,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 	for (int h = kh * grp; h < (kh + 1) * grp; h++) {
 		const float *S0 = states + (((size_t)b * nch + ch) * nv + h) * SS;
 		const float *dS = dst + (((size_t)gi * grp + h - kh * grp) * nch + ch) * SS;
-		float sd;
+		float sd = 0.f;
 
 		const float *X = NULL;	// P^T dO, k_gdn_prep's, where it ran
 
@@ -777,6 +788,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 			ld_tile_bf(q.dO, lo, dout + t0 * nv * dv + (size_t)h * dv + j0,
 				   (size_t)nv * dv, n, w, VQ);
 			ld_tile_bf(q.V, lo, v + t0 * vs + (size_t)h * dv + j0, (size_t)vs, n, w, VQ);
+			sd = dot_rc(sd, S0 + j0, dS + j0, dv, dk, w);
 			__syncthreads();
 			// R = diag(beta) V - diag(beta Ga) K S0
 			FOR_RC(r, j, GC, w)
@@ -841,7 +853,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 					dval[(t0 + r) * vs + (size_t)h * dv + j0 + j] =
 						tobf(r < n ? c.bet[r] * q.R[r * lq + j] : 0.f);
 		}
-		sd = blk_dot(S0, dS, dk * dv);	// <S0, dS> (synchronizes)
+		sd = block_sum(sd);	// <S0, dS> (synchronizes)
 		// dG: through O (Ga q.Z, dP o P) and S_end (Ga_last <S0,dS>, de o e)
 		{
 			const int r = QROW();

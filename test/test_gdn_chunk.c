@@ -360,6 +360,9 @@ int main(int argc, char **argv)
 	run_emu(be, 2, 9, l1, 1, 2, 4, 3, -0.5, 2);
 	run_emu(be, 2, 150, l5, 1, 2, 24, 72, -0.5, 1);	/* two waves, two value quarters */
 	run_emu(be, 2, 130, l7, 2, 6, 16, 24, -0.5, 3);	/* 3 heads a key head, a part wave */
+	/* weak decay over four chunks: the end state's gradient reaches back (Ga_last <S0, dS>
+	 * in dg is not lost in the decay), and a quarter of 40 value columns */
+	run_emu(be, 1, 200, l4, 1, 2, 16, 40, -0.05, 1);
 	if (argc > 1 && !strcmp(argv[1], "full"))	/* the Qwen3.5 head dims (a minute) */
 		run_emu(be, 2, 100, l6, 1, 2, 128, 128, -0.5, 1);
 	emu_free();
