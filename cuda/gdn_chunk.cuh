@@ -406,12 +406,10 @@ __global__ void __launch_bounds__(NTH, 2) k_gdn_prep(float *scr, const bf16 *qn,
 	if (!n)		// past the record: the other passes skip the chunk
 		return;
 	tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
-	FOR_RC(r, j, GC, dv) {
-		size_t t = t0 + r;
-
-		V[r * ldv + j] = r >= n ? tobf(0.f) : dout ? dout[t * nv * dv + (size_t)h * dv + j] :
-						  v[t * vs + (size_t)h * dv + j];
-	}
+	if (dout)
+		ld_tile_bf(V, ldv, dout + t0 * nv * dv + (size_t)h * dv, (size_t)nv * dv, n, dv, dv);
+	else
+		ld_tile_bf(V, ldv, v + t0 * vs + (size_t)h * dv, (size_t)vs, n, dv, dv);
 	FOR_RC(r, s, GC, GC) {
 		f.P[r * GC + s] = c.P[r * ldg + s];
 		if (dout) {
@@ -556,9 +554,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_state(float *dst, const bf16
 			dv_[(size_t)i * dv + j] = dS[i * lds + j];
 		if (!n)
 			continue;
-		FOR_RC(r, j, GC, dv)
-			dO[r * ldo + j] = r < n ? dout[(t0 + r) * nv * dv + (size_t)h * dv + j] :
-						  tobf(0.f);
+		ld_tile_bf(dO, ldo, dout + t0 * nv * dv + (size_t)h * dv, (size_t)nv * dv, n, dv, dv);
 		tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
 		// W = T diag(beta Ga) K
 		tc_mm(GC, dk, GC, mm_f(c.T, ldg, 1), mm_b(c.K, ldk, 1), c.bg, NULL, 1.f, 0.f, W,

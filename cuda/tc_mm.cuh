@@ -128,73 +128,66 @@ static __device__ __forceinline__ void mm_mma(float *c, const unsigned *a, const
 }
 #endif
 // (TC_MM_FRAG_HOST: test/test_tc_frag.cc compiles this branch on the host, giving mm_tf32,
-// mm_bits, mm_float, mm_shared (its choice: the loads are the same there) and mm_mma, the last a warp's mma emulated from the PTX ISA's fragment
-// layouts, and float2, float4, uint2)
+// mm_bits, mm_float, mm_shared (its choice: the loads are the same there) and mm_mma, the last
+// a warp's mma emulated from the PTX ISA's fragment layouts, and float2, float4, uint2)
 
-// V consecutive elements from element x of p (float, or bf16 when BF) as floats; x and p aligned
-// to V elements (one load); SH: p in shared memory (on the host, where the test emulates the
-// fragments, the same loads)
+// the bits of V consecutive elements from element x of p (float, or bf16 when BF) in one load,
+// as 32-bit words (bf16: two a word, the first in the low half); x and p aligned to V elements.
+// SH: p in shared memory (on the host, where the test emulates the fragments, the same loads)
 template <bool BF, int V, bool SH>
-static __device__ __forceinline__ void mm_ldv(const void *p, int x, float *v)
+static __device__ __forceinline__ void mm_raw(const void *p, int x, unsigned *w)
 {
 #ifdef __CUDA_ARCH__
 	if (SH) {
-		const unsigned a = mm_sa(p, x * (BF ? 2 : 4));
+		const unsigned a = mm_sa(p, x * (BF ? 2 : 4)), nb = V * (BF ? 2 : 4);
 
-		if (BF && V == 1) {
-			v[0] = mm_float((unsigned)mm_lds16(a) << 16);
-		} else if (BF && V == 2) {
-			unsigned u = mm_lds32(a);
-
-			v[0] = mm_float(u << 16);
-			v[1] = mm_float(u & 0xffff0000u);
-		} else if (BF && V == 4) {
+		if (nb == 2) {
+			w[0] = mm_lds16(a);
+		} else if (nb == 4) {
+			w[0] = mm_lds32(a);
+		} else if (nb == 8) {
 			uint2 u = mm_lds64(a);
 
-			v[0] = mm_float(u.x << 16);
-			v[1] = mm_float(u.x & 0xffff0000u);
-			v[2] = mm_float(u.y << 16);
-			v[3] = mm_float(u.y & 0xffff0000u);
-		} else if (V == 1) {
-			v[0] = mm_float(mm_lds32(a));
-		} else if (V == 2) {
-			uint2 u = mm_lds64(a);
-
-			v[0] = mm_float(u.x), v[1] = mm_float(u.y);
+			w[0] = u.x, w[1] = u.y;
 		} else {
 			uint4 u = mm_lds128(a);
 
-			v[0] = mm_float(u.x), v[1] = mm_float(u.y);
-			v[2] = mm_float(u.z), v[3] = mm_float(u.w);
+			w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
 		}
 		return;
 	}
 #endif
 	if (BF && V == 1) {
-		v[0] = mm_float((unsigned)((const unsigned short *)p)[x] << 16);
+		w[0] = ((const unsigned short *)p)[x];
 	} else if (BF && V == 2) {
-		unsigned u = ((const unsigned *)p)[x >> 1];
-
-		v[0] = mm_float(u << 16);
-		v[1] = mm_float(u & 0xffff0000u);
+		w[0] = ((const unsigned *)p)[x >> 1];
 	} else if (BF && V == 4) {
 		uint2 u = ((const uint2 *)p)[x >> 2];
 
-		v[0] = mm_float(u.x << 16);
-		v[1] = mm_float(u.x & 0xffff0000u);
-		v[2] = mm_float(u.y << 16);
-		v[3] = mm_float(u.y & 0xffff0000u);
+		w[0] = u.x, w[1] = u.y;
 	} else if (V == 1) {
-		v[0] = ((const float *)p)[x];
+		w[0] = mm_bits(((const float *)p)[x]);
 	} else if (V == 2) {
 		float2 u = ((const float2 *)p)[x >> 1];
 
-		v[0] = u.x, v[1] = u.y;
+		w[0] = mm_bits(u.x), w[1] = mm_bits(u.y);
 	} else {
 		float4 u = ((const float4 *)p)[x >> 2];
 
-		v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+		w[0] = mm_bits(u.x), w[1] = mm_bits(u.y), w[2] = mm_bits(u.z), w[3] = mm_bits(u.w);
 	}
+}
+
+// V consecutive elements from element x of p as floats (mm_raw's load)
+template <bool BF, int V, bool SH>
+static __device__ __forceinline__ void mm_ldv(const void *p, int x, float *v)
+{
+	unsigned w[4];
+
+	mm_raw<BF, V, SH>(p, x, w);
+#pragma unroll
+	for (int i = 0; i < V; i++)
+		v[i] = mm_float(!BF ? w[i] : i & 1 ? w[i >> 1] & 0xffff0000u : w[i >> 1] << 16);
 }
 
 // V floats to p (aligned to V)
@@ -489,8 +482,9 @@ static __device__ __forceinline__ void mm_shape(int M, int N, int K, struct mmop
 // of the block calls it; it has no barrier of its own.  Inlined: a dispatcher to the mm_block
 // functions (called, it was register-starved: ptxas gave its callers 128 registers and 2 kB of
 // spills)
-static __device__ __forceinline__ void tc_mm(int M, int N, int K, struct mmop A, struct mmop B, const float *sk,
-			     const float *rs, float alpha, float cb, float *C, int crs, int ccs)
+static __device__ __forceinline__ void tc_mm(int M, int N, int K, struct mmop A, struct mmop B,
+					    const float *sk, const float *rs, float alpha,
+					    float cb, float *C, int crs, int ccs)
 {
 #if defined(__CUDA_ARCH__) || defined(TC_MM_FRAG_HOST)
 	if (A.bf && B.bf)
