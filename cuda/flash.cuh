@@ -27,6 +27,22 @@
 #define FA_THR 128
 #define LOG2E 1.4426950408889634f
 
+// The warpgroup kernels at head_dim 256 (BIG): a warpgroup's 64 x 256 fp32 accumulator takes 128
+// registers a thread, so what the head_dim-128 kernels hold in registers besides moves to shared
+// memory, and a block has two warpgroups (one block an SM).  The forward and dq: 128 query rows
+// a block (64 a warpgroup), Q (and dO) read by the products from shared memory; dq streams keys
+// in tiles of 32.  dk/dv: the block's 64 keys, each warpgroup accumulating dK and dV for half of
+// the head's columns (both make S^T and dP^T over all of them).
+template <int HD, bool WG> struct fa_cfg {
+	static constexpr bool BIG = WG && HD > 128;
+	static constexpr int NWG = BIG ? 2 : 1;		// warpgroups a block
+	static constexpr int NT = FA_THR * NWG;		// threads a block
+	static constexpr int MINB = BIG ? 1 : 2;		// blocks an SM
+	static constexpr int BMQ = FA_BM * NWG;		// query rows of a forward or dq block
+	static constexpr int BNQ = BIG ? 32 : FA_BN;	// key rows of a dq block's streamed tiles
+	static constexpr int HO = HD / NWG;		// dK and dV columns a warpgroup holds
+};
+
 static __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, const uint32_t *b)
 {
 	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
@@ -115,12 +131,12 @@ static __device__ __forceinline__ void tile_async(bf16 *sh, const bf16 *g, size_
 #include "wgmma.cuh"
 
 // a streamed tile: padded rows for ldmatrix (mma.sync kernels) or swizzled panels (wgmma, WG)
-template <int HD, int NR, bool WG>
+template <int HD, int NR, bool WG, int NT = FA_THR>
 static __device__ __forceinline__ void fa_tile(bf16 *sh, const bf16 *g, size_t stride, int row0,
 					       int rend)
 {
 	if constexpr (WG)
-		tile_sw<HD, NR>(sh, g, stride, row0, rend, FA_THR);
+		tile_sw<HD, NR>(sh, g, stride, row0, rend, NT);
 	else
 		tile_async<HD, NR>(sh, g, stride, row0, rend);
 }
@@ -211,17 +227,21 @@ static __device__ __forceinline__ bool fa_skip_key(const fa_rows &x, int j)
 }
 
 template <int HD, bool CP, bool WG>
-__global__ void __launch_bounds__(FA_THR, 2)
+__global__ void __launch_bounds__(fa_cfg<HD, WG>::NT, fa_cfg<HD, WG>::MINB)
 k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos, int L, int nh,
 	 int nkv, float sl2, fa_rows x)
 {
+	using C = fa_cfg<HD, WG>;
+	constexpr bool BIG = C::BIG;
+	constexpr int BM = C::BMQ, NT = C::NT;
 	const int P = HD + 8, TILE = WG ? FA_BN * HD : FA_BN * P;
 	extern __shared__ __align__(16) bf16 fa_sm[];
-	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + 2 * TILE;
+	// BIG: the block's queries (BM x HD, swizzled) after the key and value stages
+	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + 2 * TILE, *qsm = vs + 2 * TILE;
 	const int W = (nh + 2 * nkv) * HD, b = blockIdx.z, h = blockIdx.y, grp = nh / nkv;
 	const int Lq = CP ? x.Lq : L, KS = CP ? 2 * nkv * HD : W, part = CP ? x.part : 0;
 	// the longest blocks (last queries) first, so the short ones fill the tail
-	const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_BM, warp = threadIdx.x >> 5;
+	const int q0 = (gridDim.x - 1 - blockIdx.x) * BM, warp = threadIdx.x >> 5, wg = warp >> 2;
 	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, len = lens[b];
 	const bf16 *base = qkv + (size_t)b * Lq * W;
 	const bf16 *kvb = CP ? x.kv + (size_t)b * L * KS : base;
@@ -233,19 +253,23 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 	const int ds0 = p0 >= 0 ? fa_qdoc<CP>(x, pos, b, L, r0, p0) : 0;
 	const int ds1 = p1 >= 0 ? fa_qdoc<CP>(x, pos, b, L, r1, p1) : ds0;
 	// the block's keys: from its first query's document to its last query (or the record's end)
-	const int pf = fa_qidx<CP>(x, b, len, q0), pl = fa_qidx<CP>(x, b, len, min(q0 + FA_BM, Lq) - 1);
+	const int pf = fa_qidx<CP>(x, b, len, q0), pl = fa_qidx<CP>(x, b, len, min(q0 + BM, Lq) - 1);
 	const int kend = pf < 0 ? 0 : pl < 0 ? len : min(len, pl + 1), nt = (kend + FA_BN - 1) / FA_BN;
 	const int kt0 = pf >= 0 ? fa_qdoc<CP>(x, pos, b, L, q0, pf) / FA_BN : 0;
 	const uint32_t ob = off_b<P>(lane), obt = off_bt<P>(lane);
-	uint32_t qf[HD / 16][4];
+	uint32_t qf[BIG ? 1 : HD / 16][4];
 	float o[HD / 8][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
 	if (nt > kt0) {
-		fa_tile<HD, FA_BN, WG>(ks, kg, KS, kt0 * FA_BN, kend);
-		fa_tile<HD, FA_BN, WG>(vs, vg, KS, kt0 * FA_BN, kend);
+		fa_tile<HD, FA_BN, WG, NT>(ks, kg, KS, kt0 * FA_BN, kend);
+		fa_tile<HD, FA_BN, WG, NT>(vs, vg, KS, kt0 * FA_BN, kend);
+		if constexpr (BIG)	// padding rows too: every key is masked for them
+			fa_tile<HD, BM, WG, NT>(qsm, base + (size_t)h * HD, W, q0, Lq);
 	}
 	cp_commit();
-	load_afrag<HD>(qf, base + (size_t)r0 * W + (size_t)h * HD, W, p0 >= 0, p1 >= 0, tq);
+	if constexpr (!BIG)
+		load_afrag<HD>(qf, base + (size_t)r0 * W + (size_t)h * HD, W, p0 >= 0, p1 >= 0,
+			       tq);
 #pragma unroll
 	for (int n = 0; n < HD / 8; n++)
 		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -253,8 +277,8 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 		const int k0 = t * FA_BN, st = (t - kt0) & 1;
 
 		if (t + 1 < nt) {
-			fa_tile<HD, FA_BN, WG>(ks + (st ^ 1) * TILE, kg, KS, k0 + FA_BN, kend);
-			fa_tile<HD, FA_BN, WG>(vs + (st ^ 1) * TILE, vg, KS, k0 + FA_BN, kend);
+			fa_tile<HD, FA_BN, WG, NT>(ks + (st ^ 1) * TILE, kg, KS, k0 + FA_BN, kend);
+			fa_tile<HD, FA_BN, WG, NT>(vs + (st ^ 1) * TILE, vg, KS, k0 + FA_BN, kend);
 		}
 		cp_commit();
 		cp_wait1();
@@ -268,6 +292,11 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 			__syncthreads();
 			continue;
 		}
+		// BIG: a tile wholly after the warpgroup's queries (the block's other warpgroup's)
+		if (BIG && !CP && k0 > q0 + 64 * wg + 63) {
+			__syncthreads();
+			continue;
+		}
 		const bf16 *kt = ks + st * TILE, *vt = vs + st * TILE;
 		float s[FA_BN / 8][4];
 
@@ -277,8 +306,13 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 		if constexpr (WG) {
 			wg_fence();
 #pragma unroll
-			for (int kk = 0; kk < HD / 16; kk++)
-				wgmma_rs<FA_BN, 0>(&s[0][0], qf[kk], desc_k<FA_BN>(kt, 0, kk));
+			for (int kk = 0; kk < HD / 16; kk++) {
+				if constexpr (BIG)
+					wgmma_ss<FA_BN>(&s[0][0], desc_k<BM>(qsm, 64 * wg, kk),
+							desc_k<FA_BN>(kt, 0, kk));
+				else
+					wgmma_rs<FA_BN, 0>(&s[0][0], qf[kk], desc_k<FA_BN>(kt, 0, kk));
+			}
 			wg_commit();
 			wg_wait0();
 		} else {
@@ -354,7 +388,7 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 			wg_fence();
 #pragma unroll
 			for (int kk = 0; kk < FA_BN / 16; kk++)
-				wgmma_rs<HD, 1>(&o[0][0], pa[kk], desc_mn<FA_BN>(vt, kk * 16));
+				wgmma_rs_mn<HD, FA_BN>(&o[0][0], pa[kk], vt, kk * 16);
 			wg_commit();
 			wg_wait0();
 		} else {
@@ -434,16 +468,21 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 // (K, V not transposed), dS = P (dP - D) rounded to bf16 is the A operand of dQ += dS K (K
 // transposed by ldmatrix)
 template <int HD, bool CP, bool WG>
-__global__ void __launch_bounds__(FA_THR, 2)
+__global__ void __launch_bounds__(fa_cfg<HD, WG>::NT, fa_cfg<HD, WG>::MINB)
 k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf16 *qkv,
 	const int *lens, const int *pos, int L, int nh, int nkv, float sl2, float scale, fa_rows x)
 {
-	const int P = HD + 8, TILE = WG ? FA_BN * HD : FA_BN * P;
+	using C = fa_cfg<HD, WG>;
+	constexpr bool BIG = C::BIG;
+	constexpr int BM = C::BMQ, BN = C::BNQ, NT = C::NT;
+	const int P = HD + 8, TILE = WG ? BN * HD : BN * P;
 	extern __shared__ __align__(16) bf16 fa_sm[];
-	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + 2 * TILE;
+	// BIG: the block's queries and their dO (BM x HD each, swizzled) after the stages
+	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + 2 * TILE, *qsm = vs + 2 * TILE;
+	bf16 *gsm = qsm + BM * HD;
 	const int W = (nh + 2 * nkv) * HD, OW = nh * HD, b = blockIdx.z, h = blockIdx.y;
 	const int Lq = CP ? x.Lq : L, KS = CP ? 2 * nkv * HD : W;
-	const int grp = nh / nkv, q0 = (gridDim.x - 1 - blockIdx.x) * FA_BM, warp = threadIdx.x >> 5;
+	const int grp = nh / nkv, q0 = (gridDim.x - 1 - blockIdx.x) * BM, warp = threadIdx.x >> 5;
 	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, len = lens[b];
 	const bf16 *base = qkv + (size_t)b * Lq * W, *gbase = dout + (size_t)b * Lq * OW;
 	const bf16 *kvb = CP ? x.kv + (size_t)b * L * KS : base;
@@ -453,28 +492,36 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 	const int p0 = fa_qidx<CP>(x, b, len, r0), p1 = fa_qidx<CP>(x, b, len, r1);
 	const int ds0 = p0 >= 0 ? fa_qdoc<CP>(x, pos, b, L, r0, p0) : 0;
 	const int ds1 = p1 >= 0 ? fa_qdoc<CP>(x, pos, b, L, r1, p1) : ds0;
-	const int pf = fa_qidx<CP>(x, b, len, q0), pl = fa_qidx<CP>(x, b, len, min(q0 + FA_BM, Lq) - 1);
-	const int kend = pf < 0 ? 0 : pl < 0 ? len : min(len, pl + 1), nt = (kend + FA_BN - 1) / FA_BN;
-	const int kt0 = pf >= 0 ? fa_qdoc<CP>(x, pos, b, L, q0, pf) / FA_BN : 0;
+	const int pf = fa_qidx<CP>(x, b, len, q0), pl = fa_qidx<CP>(x, b, len, min(q0 + BM, Lq) - 1);
+	const int kend = pf < 0 ? 0 : pl < 0 ? len : min(len, pl + 1), nt = (kend + BN - 1) / BN;
+	const int kt0 = pf >= 0 ? fa_qdoc<CP>(x, pos, b, L, q0, pf) / BN : 0;
 	const uint32_t ob = off_b<P>(lane), obt = off_bt<P>(lane);
-	uint32_t qf[HD / 16][4], gf[HD / 16][4];
+	uint32_t qf[BIG ? 1 : HD / 16][4], gf[BIG ? 1 : HD / 16][4];
 	float dq[HD / 8][4], ls0 = 0.f, ls1 = 0.f, D0 = 0.f, D1 = 0.f;
 	// the warp's last query index (-1: all padding): key steps after it are skipped; the
-	// warpgroup's products take the whole block, so there the block's last query (kend - 1)
+	// warpgroup's products take the whole block, so there the block's last query (kend - 1),
+	// BIG the warpgroup's (its 64 rows')
 	int wmax = max(p0, p1);
 
 	wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, 4));
 	wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, 8));
 	wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, 16));
 	if (WG)
-		wmax = kend - 1;
+		wmax = BIG && !CP ? min(kend - 1, q0 + 64 * (warp >> 2) + 63) : kend - 1;
 	if (nt > kt0) {
-		fa_tile<HD, FA_BN, WG>(ks, kg, KS, kt0 * FA_BN, kend);
-		fa_tile<HD, FA_BN, WG>(vs, vg, KS, kt0 * FA_BN, kend);
+		fa_tile<HD, BN, WG, NT>(ks, kg, KS, kt0 * BN, kend);
+		fa_tile<HD, BN, WG, NT>(vs, vg, KS, kt0 * BN, kend);
+		if constexpr (BIG) {	// padding rows too: their dS is zero
+			fa_tile<HD, BM, WG, NT>(qsm, base + (size_t)h * HD, W, q0, Lq);
+			fa_tile<HD, BM, WG, NT>(gsm, gbase + (size_t)h * HD, OW, q0, Lq);
+		}
 	}
 	cp_commit();
-	load_afrag<HD>(qf, base + (size_t)r0 * W + (size_t)h * HD, W, p0 >= 0, p1 >= 0, tq);
-	load_afrag<HD>(gf, gbase + (size_t)r0 * OW + (size_t)h * HD, OW, p0 >= 0, p1 >= 0, tq);
+	if constexpr (!BIG) {
+		load_afrag<HD>(qf, base + (size_t)r0 * W + (size_t)h * HD, W, p0 >= 0, p1 >= 0, tq);
+		load_afrag<HD>(gf, gbase + (size_t)r0 * OW + (size_t)h * HD, OW, p0 >= 0, p1 >= 0,
+			       tq);
+	}
 	if (p0 >= 0) {
 		ls0 = lse[((size_t)b * Lq + r0) * nh + h] * LOG2E;
 		D0 = D[((size_t)b * Lq + r0) * nh + h];
@@ -487,11 +534,11 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 	for (int n = 0; n < HD / 8; n++)
 		dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
 	for (int t = kt0; t < nt; t++) {
-		const int k0 = t * FA_BN, st = (t - kt0) & 1;
+		const int k0 = t * BN, st = (t - kt0) & 1;
 
 		if (t + 1 < nt) {
-			fa_tile<HD, FA_BN, WG>(ks + (st ^ 1) * TILE, kg, KS, k0 + FA_BN, kend);
-			fa_tile<HD, FA_BN, WG>(vs + (st ^ 1) * TILE, vg, KS, k0 + FA_BN, kend);
+			fa_tile<HD, BN, WG, NT>(ks + (st ^ 1) * TILE, kg, KS, k0 + BN, kend);
+			fa_tile<HD, BN, WG, NT>(vs + (st ^ 1) * TILE, vg, KS, k0 + BN, kend);
 		}
 		cp_commit();
 		cp_wait1();
@@ -502,7 +549,7 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 		const uint32_t kb = smem_u32(kt), vb = smem_u32(vt);
 
 #pragma unroll
-		for (int sub = 0; sub < FA_BN / FA_SUB; sub++) {
+		for (int sub = 0; sub < BN / FA_SUB; sub++) {
 			const int c0 = k0 + sub * FA_SUB;
 			float s[FA_SUB / 8][4], dp[FA_SUB / 8][4];
 
@@ -517,10 +564,18 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 				wg_fence();
 #pragma unroll
 				for (int kk = 0; kk < HD / 16; kk++) {
-					wgmma_rs<FA_SUB, 0>(&s[0][0], qf[kk],
-							    desc_k<FA_BN>(kt, sub * FA_SUB, kk));
-					wgmma_rs<FA_SUB, 0>(&dp[0][0], gf[kk],
-							    desc_k<FA_BN>(vt, sub * FA_SUB, kk));
+					const uint64_t bk = desc_k<BN>(kt, sub * FA_SUB, kk);
+					const uint64_t bv = desc_k<BN>(vt, sub * FA_SUB, kk);
+
+					if constexpr (BIG) {
+						const int m0 = 64 * (warp >> 2);
+
+						wgmma_ss<FA_SUB>(&s[0][0], desc_k<BM>(qsm, m0, kk), bk);
+						wgmma_ss<FA_SUB>(&dp[0][0], desc_k<BM>(gsm, m0, kk), bv);
+					} else {
+						wgmma_rs<FA_SUB, 0>(&s[0][0], qf[kk], bk);
+						wgmma_rs<FA_SUB, 0>(&dp[0][0], gf[kk], bv);
+					}
 				}
 				wg_commit();
 				wg_wait0();
@@ -564,8 +619,8 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 				wg_fence();
 #pragma unroll
 				for (int kk = 0; kk < FA_SUB / 16; kk++)
-					wgmma_rs<HD, 1>(&dq[0][0], da[kk],
-							desc_mn<FA_BN>(kt, sub * FA_SUB + kk * 16));
+					wgmma_rs_mn<HD, BN>(&dq[0][0], da[kk], kt,
+							    sub * FA_SUB + kk * 16);
 				wg_commit();
 				wg_wait0();
 			} else {
@@ -626,12 +681,14 @@ static __device__ int fa_first_row(const fa_rows &x, int b, int j)
 // Q, dO untransposed), then dV += P^T dO and dK += dS^T Q (B transposed by ldmatrix).  Context
 // parallel: the keys are whole rows' (dk, dv into dkv), the queries the rank's own.
 template <int HD, bool CP, bool WG>
-__global__ void __launch_bounds__(FA_THR, 2)
+__global__ void __launch_bounds__(fa_cfg<HD, WG>::NT, fa_cfg<HD, WG>::MINB)
 k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float *D,
 	  const bf16 *qkv, const int *lens, const int *pos, int L, int nh, int nkv, float sl2,
 	  float scale, fa_rows x)
 {
 	// the block's keys and values, then two stages of query and dout tiles (WG: all swizzled)
+	using C = fa_cfg<HD, WG>;
+	constexpr int NT = C::NT, HO = C::HO;
 	const int P = HD + 8, TILE = WG ? FA_BN * HD : FA_BN * P, KT = WG ? FA_BM * HD : FA_BM * P;
 	extern __shared__ __align__(16) bf16 fa_sm[];
 	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + KT, *qs = vs + KT, *gs = qs + 2 * TILE;
@@ -640,7 +697,9 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	int *qis = dss + 2 * FA_BN;		// (2, FA_BN) the queries' indices (-1: padding)
 	const int W = (nh + 2 * nkv) * HD, OW = nh * HD, b = blockIdx.z, kv = blockIdx.y;
 	const int Lq = CP ? x.Lq : L, KS = CP ? 2 * nkv * HD : W;
-	const int grp = nh / nkv, j0 = blockIdx.x * FA_BM, warp = threadIdx.x >> 5;
+	// warp: of the warpgroup (its 16 keys); wg: the warpgroup (BIG: its half of the columns)
+	const int grp = nh / nkv, j0 = blockIdx.x * FA_BM, warp = (threadIdx.x >> 5) & 3;
+	const int wg = threadIdx.x >> 7;
 	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, len = lens[b];
 	const bf16 *base = qkv + (size_t)b * Lq * W, *gbase = dout + (size_t)b * Lq * OW;
 	const bf16 *kvb = CP ? x.kv + (size_t)b * L * KS : base;
@@ -665,14 +724,14 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	const uint32_t ob = off_b<P>(lane), obt = off_bt<P>(lane);
 	const uint32_t ka = smem_u32(ks + warp * 16 * P) + off_a<P>(lane);
 	const uint32_t va = smem_u32(vs + warp * 16 * P) + off_a<P>(lane);
-	float dk[HD / 8][4], dv[HD / 8][4];
+	float dk[HO / 8][4], dv[HO / 8][4];
 
 	// issue the loads of step t (query head, query tile) into stage t & 1
 	auto issue = [&](int t) {
 		const int h = kv * grp + t / ntq, i0 = qs0 + (t % ntq) * FA_BN, st = t & 1;
 
-		fa_tile<HD, FA_BN, WG>(qs + st * TILE, base + (size_t)h * HD, W, i0, Lq);
-		fa_tile<HD, FA_BN, WG>(gs + st * TILE, gbase + (size_t)h * HD, OW, i0, Lq);
+		fa_tile<HD, FA_BN, WG, NT>(qs + st * TILE, base + (size_t)h * HD, W, i0, Lq);
+		fa_tile<HD, FA_BN, WG, NT>(gs + st * TILE, gbase + (size_t)h * HD, OW, i0, Lq);
 		for (int e = threadIdx.x; e < FA_BN; e += FA_THR) {
 			const size_t tr = ((size_t)b * Lq + i0 + e) * nh + h;
 			const int i = fa_qidx<CP>(x, b, len, i0 + e);
@@ -685,13 +744,14 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	};
 
 	if (nt > 0) {
-		fa_tile<HD, FA_BM, WG>(ks, kvb + (size_t)((CP ? 0 : nh) + kv) * HD, KS, j0, len);
-		fa_tile<HD, FA_BM, WG>(vs, kvb + (size_t)((CP ? 0 : nh) + nkv + kv) * HD, KS, j0, len);
+		fa_tile<HD, FA_BM, WG, NT>(ks, kvb + (size_t)((CP ? 0 : nh) + kv) * HD, KS, j0, len);
+		fa_tile<HD, FA_BM, WG, NT>(vs, kvb + (size_t)((CP ? 0 : nh) + nkv + kv) * HD, KS, j0,
+					   len);
 		issue(0);
 	}
 	cp_commit();
 #pragma unroll
-	for (int n = 0; n < HD / 8; n++)
+	for (int n = 0; n < HO / 8; n++)
 		for (int e = 0; e < 4; e++)
 			dk[n][e] = dv[n][e] = 0.f;
 	for (int t = 0; t < nt; t++) {
@@ -782,10 +842,11 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 				wg_fence();
 #pragma unroll
 				for (int kk = 0; kk < FA_SUB / 16; kk++) {
-					const int r = sub * FA_SUB + kk * 16;
+					// the warpgroup's columns [wg HO, (wg + 1) HO): panels of 64
+					const int r = sub * FA_SUB + kk * 16, c = wg * (HO / 64) * FA_BN * 64;
 
-					wgmma_rs<HD, 1>(&dv[0][0], pa[kk], desc_mn<FA_BN>(gt, r));
-					wgmma_rs<HD, 1>(&dk[0][0], da[kk], desc_mn<FA_BN>(qt, r));
+					wgmma_rs_mn<HO, FA_BN>(&dv[0][0], pa[kk], gt + c, r);
+					wgmma_rs_mn<HO, FA_BN>(&dk[0][0], da[kk], qt + c, r);
 				}
 				wg_commit();
 				wg_wait0();
@@ -821,11 +882,12 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 
 		if (row >= L)
 			continue;
-		bf16 *yk = CP ? dkv + ((size_t)b * L + row) * KS + (size_t)kv * HD :
-				dqkv + ((size_t)b * L + row) * W + (size_t)(nh + kv) * HD;
+		bf16 *yk = (CP ? dkv + ((size_t)b * L + row) * KS + (size_t)kv * HD :
+				 dqkv + ((size_t)b * L + row) * W + (size_t)(nh + kv) * HD) +
+			   wg * HO;
 		bf16 *yv = yk + (size_t)nkv * HD;
 #pragma unroll
-		for (int n = 0; n < HD / 8; n++) {
+		for (int n = 0; n < HO / 8; n++) {
 			*(uint32_t *)(yk + n * 8 + tq * 2) =
 				pack_bf2(act ? dk[n][2 * half] * scale : 0.f,
 					 act ? dk[n][2 * half + 1] * scale : 0.f);
@@ -835,10 +897,22 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	}
 }
 
-// WG: unpadded rows, and 1 KB to start the tiles on a 1024-byte boundary
+// WG: unpadded rows, and 1 KB to start the tiles on a 1024-byte boundary; BIG: the queries
 template <int HD, bool WG> static size_t fa_smem_fwd(void)
 {
-	return (size_t)4 * FA_BN * (WG ? HD : HD + 8) * sizeof(bf16) + (WG ? 1024 : 0);
+	using C = fa_cfg<HD, WG>;
+
+	return (size_t)(4 * FA_BN + (C::BIG ? C::BMQ : 0)) * (WG ? HD : HD + 8) * sizeof(bf16) +
+	       (WG ? 1024 : 0);
+}
+
+// the dq kernel's: two stages of keys and values; BIG: the queries and their dO
+template <int HD, bool WG> static size_t fa_smem_dq(void)
+{
+	using C = fa_cfg<HD, WG>;
+
+	return (size_t)(4 * C::BNQ + (C::BIG ? 2 * C::BMQ : 0)) * (WG ? HD : HD + 8) *
+		       sizeof(bf16) + (WG ? 1024 : 0);
 }
 
 template <int HD, bool WG> static size_t fa_smem_dkdv(void)
@@ -847,7 +921,7 @@ template <int HD, bool WG> static size_t fa_smem_dkdv(void)
 	       4 * FA_BN * sizeof(float) + 4 * FA_BN * sizeof(int) + (WG ? 1024 : 0);
 }
 
-// the warpgroup (wgmma) kernels: built for sm_90a (SL_WGMMA), head_dim 64 or 128, on a device of
+// the warpgroup (wgmma) kernels: built for sm_90a (SL_WGMMA), head_dim 64, 128 or 256, on a device of
 // compute capability 9.0; SHARDLM_FA_WGMMA=0 falls back to the mma.sync kernels (make check-gpu
 // runs test_cuda_ops and test_cuda_model both ways).
 static bool fa_wg(int hd)
@@ -864,7 +938,7 @@ static bool fa_wg(int hd)
 		CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
 		ok = major == 9 && minor == 0 && !(e && !strcmp(e, "0"));
 	}
-	return ok && (hd == 64 || hd == 128);
+	return ok && (hd == 64 || hd == 128 || hd == 256);
 #else
 	(void)hd;
 	return false;
@@ -888,24 +962,23 @@ static void fa_fwd(struct sl_cuda *c, bf16 *out, float *lse, const bf16 *qkv, co
 {
 	static bool done, done_wg;
 	const int Lq = CP ? x.Lq : L;
-	const dim3 grid((Lq + FA_BM - 1) / FA_BM, nh, B);
 
-	if constexpr (HD <= 128) {
-		if (fa_wg(HD)) {
-			const size_t sm = fa_smem_fwd<HD, true>();
+	if (fa_wg(HD)) {
+		using C = fa_cfg<HD, true>;
+		const size_t sm = fa_smem_fwd<HD, true>();
+		const dim3 grid((Lq + C::BMQ - 1) / C::BMQ, nh, B);
 
-			fa_allow(k_fa_fwd<HD, CP, true>, sm, &done_wg);
-			k_fa_fwd<HD, CP, true><<<grid, FA_THR, sm, c->stream>>>(out, lse, qkv, lens, pos,
-										 L, nh, nkv, sl2, x);
-			CUDA_LAUNCHED();
-			return;
-		}
+		fa_allow(k_fa_fwd<HD, CP, true>, sm, &done_wg);
+		k_fa_fwd<HD, CP, true><<<grid, C::NT, sm, c->stream>>>(out, lse, qkv, lens, pos, L,
+									nh, nkv, sl2, x);
+		CUDA_LAUNCHED();
+		return;
 	}
 	const size_t sm = fa_smem_fwd<HD, false>();
 
 	fa_allow(k_fa_fwd<HD, CP, false>, sm, &done);
-	k_fa_fwd<HD, CP, false><<<grid, FA_THR, sm, c->stream>>>(out, lse, qkv, lens, pos, L, nh,
-								  nkv, sl2, x);
+	k_fa_fwd<HD, CP, false><<<dim3((Lq + FA_BM - 1) / FA_BM, nh, B), FA_THR, sm, c->stream>>>(
+		out, lse, qkv, lens, pos, L, nh, nkv, sl2, x);
 	CUDA_LAUNCHED();
 }
 
@@ -914,16 +987,17 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 		     const float *D, const bf16 *qkv, const int *lens, const int *pos, int B, int L,
 		     int nh, int nkv, float sl2, float scale, const fa_rows &x)
 {
+	using C = fa_cfg<HD, WG>;
 	static bool done_q, done_kv;
-	const size_t smq = fa_smem_fwd<HD, WG>(), smk = fa_smem_dkdv<HD, WG>();
+	const size_t smq = fa_smem_dq<HD, WG>(), smk = fa_smem_dkdv<HD, WG>();
 	const int Lq = CP ? x.Lq : L;
 
 	fa_allow(k_fa_dq<HD, CP, WG>, smq, &done_q);
 	fa_allow(k_fa_dkdv<HD, CP, WG>, smk, &done_kv);
-	k_fa_dq<HD, CP, WG><<<dim3((Lq + FA_BM - 1) / FA_BM, nh, B), FA_THR, smq, c->stream>>>(
+	k_fa_dq<HD, CP, WG><<<dim3((Lq + C::BMQ - 1) / C::BMQ, nh, B), C::NT, smq, c->stream>>>(
 		dqkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x);
 	CUDA_LAUNCHED();
-	k_fa_dkdv<HD, CP, WG><<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), FA_THR, smk, c->stream>>>(
+	k_fa_dkdv<HD, CP, WG><<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::NT, smk, c->stream>>>(
 		dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x);
 	CUDA_LAUNCHED();
 }
@@ -934,12 +1008,10 @@ static void fa_bwd(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout, c
 		   const float *D, const bf16 *qkv, const int *lens, const int *pos, int B, int L,
 		   int nh, int nkv, float sl2, float scale, const fa_rows &x)
 {
-	if constexpr (HD <= 128) {
-		if (fa_wg(HD)) {
-			fa_bwd_k<HD, CP, true>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv,
-					       sl2, scale, x);
-			return;
-		}
+	if (fa_wg(HD)) {
+		fa_bwd_k<HD, CP, true>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2,
+				       scale, x);
+		return;
 	}
 	fa_bwd_k<HD, CP, false>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2,
 				scale, x);

@@ -173,8 +173,28 @@ static __device__ __forceinline__ void wgmma_ss32(float *d, uint64_t a, uint64_t
 		       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
 		     : "l"(a), "l"(b), "r"(1));
 }
+
+// D (m64 x n64) += A (m64 x k16, shared memory, K-major) * B (K-major)
+static __device__ __forceinline__ void wgmma_ss64(float *d, uint64_t a, uint64_t b)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+		     "{%0,%1,%2,%3,%4,%5,%6,%7,"
+		     "%8,%9,%10,%11,%12,%13,%14,%15,"
+		     "%16,%17,%18,%19,%20,%21,%22,%23,"
+		     "%24,%25,%26,%27,%28,%29,%30,%31}, "
+		     "%32, %33, p, 1, 1, 0, 0;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+		       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+		       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+		       "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+		       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+		       "+f"(d[30]), "+f"(d[31])
+		     : "l"(a), "l"(b), "r"(1));
+}
 #else
 static __device__ void wgmma_ss32(float *, uint64_t, uint64_t) { __trap(); }
+static __device__ void wgmma_ss64(float *, uint64_t, uint64_t) { __trap(); }
 template <int TB> static __device__ void wgmma_rs32(float *, const uint32_t *, uint64_t) { __trap(); }
 template <int TB> static __device__ void wgmma_rs64(float *, const uint32_t *, uint64_t) { __trap(); }
 template <int TB> static __device__ void wgmma_rs128(float *, const uint32_t *, uint64_t) { __trap(); }
@@ -190,6 +210,33 @@ static __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t *a, uin
 		wgmma_rs64<TB>(d, a, b);
 	else
 		wgmma_rs128<TB>(d, a, b);
+}
+
+// D (m64 x nN) += A (shared memory) * B, both K-major
+template <int N>
+static __device__ __forceinline__ void wgmma_ss(float *d, uint64_t a, uint64_t b)
+{
+	static_assert(N == 32 || N == 64, "wgmma_ss: n 32 or 64");
+	if constexpr (N == 32)
+		wgmma_ss32(d, a, b);
+	else
+		wgmma_ss64(d, a, b);
+}
+
+// D (m64 x nN) += A (registers) * B, B the MN-major tile rows [r0, r0 + 16) of an NR-row tile
+// (tile_sw's panels), N up to 256: past 128 as two products, columns 128.. being panels 2 and 3
+// (D's second half 64 registers on)
+template <int N, int NR>
+static __device__ __forceinline__ void wgmma_rs_mn(float *d, const uint32_t *a, const bf16 *tile,
+						   int r0)
+{
+	static_assert(N <= 128 || N == 256, "wgmma_rs_mn: n up to 128, or 256");
+	if constexpr (N <= 128) {
+		wgmma_rs<N, 1>(d, a, desc_mn<NR>(tile, r0));
+	} else {
+		wgmma_rs<128, 1>(d, a, desc_mn<NR>(tile, r0));
+		wgmma_rs<128, 1>(d + 64, a, desc_mn<NR>(tile + 2 * NR * 64, r0));
+	}
 }
 
 #endif

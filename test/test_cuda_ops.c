@@ -782,6 +782,7 @@ int main(int argc, char **argv)
 	t_qk_p(2, 40, 4, 2, 64, true);
 	t_attention_p(3, 70, 4, 2, 16, 1, true);
 	t_attention_p(2, 45, 2, 1, 256, 1, true);
+	t_attention_p(2, 300, 4, 2, 256, 1, true);	/* hd 256 blocks of 128 queries, packed */
 	t_attention_p(2, 300, 8, 2, 128, 1, true);
 	t_attention_p(2, 333, 6, 2, 64, 2, true);
 	t_swiglu(7, 13);
