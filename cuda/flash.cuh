@@ -27,20 +27,26 @@
 #define FA_THR 128
 #define LOG2E 1.4426950408889634f
 
-// The warpgroup kernels at head_dim 256 (BIG): a warpgroup's 64 x 256 fp32 accumulator takes 128
+// The warpgroup kernels at head_dim 256: a warpgroup's 64 x 256 fp32 accumulator takes 128
 // registers a thread, so what the head_dim-128 kernels hold in registers besides moves to shared
-// memory, and a block has two warpgroups (one block an SM).  The forward and dq: 128 query rows
-// a block (64 a warpgroup), Q (and dO) read by the products from shared memory; dq streams keys
-// in tiles of 32.  dk/dv: the block's 64 keys, each warpgroup accumulating dK and dV for half of
-// the head's columns (both make S^T and dP^T over all of them).
+// memory, and a block has two warpgroups (one block an SM).  The forward and dq (BIG): 128 query
+// rows a block (64 a warpgroup), Q (and dO) read by the products from shared memory; dq streams
+// keys in tiles of 32.  dk/dv (SPLIT): the block's 64 keys, each warpgroup accumulating dK and dV
+// for half of the head's columns (both make S^T and dP^T over all of them).
+#ifndef FA_BIG_HD
+#define FA_BIG_HD 256	// the least head_dim whose forward and dq kernels are BIG
+#endif
 template <int HD, bool WG> struct fa_cfg {
-	static constexpr bool BIG = WG && HD > 128;
-	static constexpr int NWG = BIG ? 2 : 1;		// warpgroups a block
-	static constexpr int NT = FA_THR * NWG;		// threads a block
-	static constexpr int MINB = BIG ? 1 : 2;		// blocks an SM
-	static constexpr int BMQ = FA_BM * NWG;		// query rows of a forward or dq block
-	static constexpr int BNQ = BIG ? 32 : FA_BN;	// key rows of a dq block's streamed tiles
-	static constexpr int HO = HD / NWG;		// dK and dV columns a warpgroup holds
+	static constexpr bool BIG = WG && HD >= FA_BIG_HD;
+	static constexpr int NWG = BIG ? 2 : 1;		// warpgroups a forward or dq block
+	static constexpr int NT = FA_THR * NWG;		// its threads
+	static constexpr int MINB = BIG ? 1 : 2;		// its blocks an SM
+	static constexpr int BMQ = FA_BM * NWG;		// its query rows
+	static constexpr int BNQ = BIG && HD > 128 ? 32 : FA_BN;	// dq's streamed key rows
+	static constexpr bool SPLIT = WG && HD > 128;
+	static constexpr int KNWG = SPLIT ? 2 : 1;		// warpgroups a dk/dv block
+	static constexpr int KNT = FA_THR * KNWG, KMINB = SPLIT ? 1 : 2;
+	static constexpr int HO = HD / KNWG;		// dK and dV columns a warpgroup holds
 };
 
 static __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, const uint32_t *b)
@@ -681,14 +687,14 @@ static __device__ int fa_first_row(const fa_rows &x, int b, int j)
 // Q, dO untransposed), then dV += P^T dO and dK += dS^T Q (B transposed by ldmatrix).  Context
 // parallel: the keys are whole rows' (dk, dv into dkv), the queries the rank's own.
 template <int HD, bool CP, bool WG>
-__global__ void __launch_bounds__(fa_cfg<HD, WG>::NT, fa_cfg<HD, WG>::MINB)
+__global__ void __launch_bounds__(fa_cfg<HD, WG>::KNT, fa_cfg<HD, WG>::KMINB)
 k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float *D,
 	  const bf16 *qkv, const int *lens, const int *pos, int L, int nh, int nkv, float sl2,
 	  float scale, fa_rows x)
 {
 	// the block's keys and values, then two stages of query and dout tiles (WG: all swizzled)
 	using C = fa_cfg<HD, WG>;
-	constexpr int NT = C::NT, HO = C::HO;
+	constexpr int NT = C::KNT, HO = C::HO;
 	const int P = HD + 8, TILE = WG ? FA_BN * HD : FA_BN * P, KT = WG ? FA_BM * HD : FA_BM * P;
 	extern __shared__ __align__(16) bf16 fa_sm[];
 	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + KT, *qs = vs + KT, *gs = qs + 2 * TILE;
@@ -997,7 +1003,7 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 	k_fa_dq<HD, CP, WG><<<dim3((Lq + C::BMQ - 1) / C::BMQ, nh, B), C::NT, smq, c->stream>>>(
 		dqkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x);
 	CUDA_LAUNCHED();
-	k_fa_dkdv<HD, CP, WG><<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::NT, smk, c->stream>>>(
+	k_fa_dkdv<HD, CP, WG><<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::KNT, smk, c->stream>>>(
 		dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x);
 	CUDA_LAUNCHED();
 }
