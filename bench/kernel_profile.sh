@@ -6,8 +6,10 @@
 # MODELS (default "q35 dense"): q35 = bench/q35_bench.py's 4b-block preset (the Qwen3.5 4B's
 # widths, 3 Gated DeltaNet layers + 1 gated attention layer, vocab 248320); dense = the Qwen3 4B
 # shape of train_vs_fsdp2.sh (hidden 2560, 32/8 heads of 128, intermediate 9728, vocab 151936)
-# with LAYERS (4) layers.  Task classify, backend cuda, batch BATCH (4) x SEQ (2048), STEPS (2)
-# steps, no activation checkpointing.  ncu times each kernel alone (--clock-control none, the
+# with LAYERS (4) layers; moe = issue 8's Qwen3-MoE (bench/moe_model.py: hidden 2048, 64 experts
+# top 8, moe_intermediate 768, 32/4 heads of 128, vocab 151936) with LAYERS layers, task sft on
+# batch 2 x 4096.  Task classify (q35, dense), backend cuda, batch BATCH (4) x SEQ (2048), STEPS
+# (2) steps, no activation checkpointing.  ncu times each kernel alone (--clock-control none, the
 # clocks left as they are; kernels serialized, so overlap is not shown): gpu__time_duration per
 # launch, summed by kernel function, per step (the total over STEPS), biggest first.  Prints one
 # table per model; raw CSV and logs in OUTDIR.
@@ -37,18 +39,26 @@ for m in $MODELS; do
 		"$MKMODEL" --out "$T/$m" --vocab 151936 --hidden 2560 --layers "$LAYERS" --heads 32 \
 			--kv-heads 8 --head-dim 128 --intermediate 9728 --seed 1 --dtype bf16 \
 			>"$OUT/model-$m.log" 2>&1 ;;
+	moe)
+		python3 "$HERE/moe_model.py" "$T/$m" "$T/$m.jsonl" --layers "$LAYERS" \
+			--records $((2 * STEPS)) >"$OUT/model-$m.log" 2>&1 ;;
 	*)
-		echo "kernel_profile.sh: MODELS: unknown model $m (q35 or dense)" >&2
+		echo "kernel_profile.sh: MODELS: unknown model $m (q35, dense or moe)" >&2
 		exit 2 ;;
 	esac || { tail -3 "$OUT/model-$m.log" >&2; exit 1; }
-	$PY data "$T/$m.jsonl" --config "$T/$m/config.json" --records $((BATCH * STEPS)) \
-		--seq "$SEQ" 2>>"$OUT/model-$m.log" || exit 1
+	task=classify b=$BATCH n=$SEQ
+	if [ "$m" = moe ]; then
+		task=sft b=2 n=4096
+	else
+		$PY data "$T/$m.jsonl" --config "$T/$m/config.json" --records $((BATCH * STEPS)) \
+			--seq "$SEQ" 2>>"$OUT/model-$m.log" || exit 1
+	fi
 	cat >"$T/$m.yaml" <<YAML
 model: {path: $T/$m}
-task: classify
+task: $task
 backend: cuda
-data: {train: $T/$m.jsonl, max_state: $SEQ, seed: 1}
-train: {batch: $BATCH, accum: 1, steps: $STEPS, eval_every: 0, activation_checkpointing: false}
+data: {train: $T/$m.jsonl, max_state: $n, seed: 1}
+train: {batch: $b, accum: 1, steps: $STEPS, eval_every: 0, activation_checkpointing: false}
 checkpoint: {every: 0}
 export: {final: false}
 gpu_log: {every_s: 0}
