@@ -948,17 +948,25 @@ __global__ void k_gather_rows(bf16 *out, const bf16 *x, const int *idx, int n, i
 			out[(size_t)i * H + j] = x[(size_t)idx[i] * H + j];
 }
 
-// one thread per column walks the rows in order: repeated indices add in a fixed order, no races
+// a block per row (idx distinct: no two rows meet), two columns a thread
 __global__ void k_scatter_add_rows(bf16 *dx, const bf16 *g, const int *idx, int n, int H)
 {
-	int j = blockIdx.x * blockDim.x + threadIdx.x;
+	for (int i = blockIdx.x; i < n; i += gridDim.x) {
+		bf16 *d = dx + (size_t)idx[i] * H;
+		const bf16 *s = g + (size_t)i * H;
 
-	if (j >= H)
-		return;
-	for (int i = 0; i < n; i++) {
-		bf16 *d = dx + (size_t)idx[i] * H + j;
+		if (H % 2 == 0) {
+			for (int j = 2 * threadIdx.x; j < H; j += 2 * blockDim.x) {
+				__nv_bfloat162 a = *(__nv_bfloat162 *)(d + j);
+				const __nv_bfloat162 b = *(const __nv_bfloat162 *)(s + j);
+				const float2 fa = __bfloat1622float2(a), fb = __bfloat1622float2(b);
 
-		*d = tobf(bf(*d) + bf(g[(size_t)i * H + j]));
+				*(__nv_bfloat162 *)(d + j) = __floats2bfloat162_rn(fa.x + fb.x, fa.y + fb.y);
+			}
+		} else {
+			for (int j = threadIdx.x; j < H; j += blockDim.x)
+				d[j] = tobf(bf(d[j]) + bf(s[j]));
+		}
 	}
 }
 
@@ -977,8 +985,8 @@ extern "C" void sl_cuda_scatter_add_rows(struct sl_cuda *c, void *dx, const void
 {
 	if (n <= 0)
 		return;
-	k_scatter_add_rows<<<(H + NT - 1) / NT, NT, 0, c->stream>>>((bf16 *)dx,
-								   (const bf16 *)dout, idx, n, H);
+	k_scatter_add_rows<<<n < 65535 ? n : 65535, NT, 0, c->stream>>>((bf16 *)dx,
+									(const bf16 *)dout, idx, n, H);
 	CUDA_LAUNCHED();
 }
 

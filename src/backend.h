@@ -131,7 +131,8 @@ struct sl_backend {
 	/* out(n, H) = x(idx[i], :) */
 	void (*gather_rows)(struct sl_backend *be, void *out, const void *x, const int32_t *idx,
 			    int n, int H);
-	/* dx(idx[i], :) += dout(i, :) */
+	/* dx(idx[i], :) += dout(i, :); the idx[i] distinct (a row of dx is added to at most once:
+	 * the callers' target and last-token rows), so the rows may be added in parallel */
 	void (*scatter_add_rows)(struct sl_backend *be, void *dx, const void *dout,
 				 const int32_t *idx, int n, int H);
 

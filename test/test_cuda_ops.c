@@ -105,6 +105,28 @@ static struct buf *ints(size_t n, int lo, int hi)
 	return b;
 }
 
+/* min(n, R) distinct rows of [0, R) in a random order */
+static struct buf *distinct_ints(int n, int R)
+{
+	struct buf *b;
+	int *p = malloc((size_t)R * sizeof(*p));
+
+	if (n > R)
+		n = R;
+	b = mk(I32, (size_t)n);
+	for (int i = 0; i < R; i++)
+		p[i] = i;
+	for (int i = 0; i < n; i++) {
+		int j = i + (int)(rng_next() % (uint64_t)(R - i)), t = p[i];
+
+		p[i] = p[j], p[j] = t;
+		b->hi[i] = p[i];
+	}
+	free(p);
+	put(b);
+	return b;
+}
+
 static void drop(struct buf *b)
 {
 	cpu->free(cpu, b->c);
@@ -523,6 +545,10 @@ static void t_rows(int R, int n, int H)
 	cpu->gather_rows(cpu, o->c, x->c, idx->c, n, H);
 	TIMED(gpu->gather_rows(gpu, o->g, x->g, idx->g, n, H));
 	cmp("gather_rows", sh, "out", o, 0);
+	/* scatter: distinct rows (the op's contract), in a random order */
+	drop(idx);
+	idx = distinct_ints(n, R);
+	n = (int)idx->n;
 	cpu->scatter_add_rows(cpu, dx->c, g->c, idx->c, n, H);
 	TIMED(gpu->scatter_add_rows(gpu, dx->g, g->g, idx->g, n, H));
 	cmp("scatter_add_rows", sh, "dx", dx, TOL);
@@ -788,7 +814,9 @@ int main(int argc, char **argv)
 	t_swiglu(7, 13);
 	t_swiglu(64, 1000);
 	t_rows(50, 5, 70);
-	t_rows(9, 20, 300);	/* repeated indices */
+	t_rows(9, 20, 300);	/* repeated indices (gather) */
+	t_rows(40, 30, 33);	/* odd H */
+	t_rows(4096, 4095, 2048);	/* the sft head's targets */
 	t_bce(1);
 	t_bce(5);
 	t_bce(300);
