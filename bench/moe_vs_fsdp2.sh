@@ -55,6 +55,7 @@ shardlm_run() {
 	fi
 	echo "$name exit $? (log $log)"
 	tail -3 "$log"
+	cp "$T/run/training_metrics.json" "${log%.log}_metrics.json" 2>/dev/null
 	python3 - "$T/run/training_metrics.json" "$M/config.json" "$B" "$SEQ" "$name" >>"$RES" <<'PY'
 import json, statistics, sys
 m = json.load(open(sys.argv[1])); c = json.load(open(sys.argv[2]))
