@@ -3,7 +3,8 @@
 // routing values are float.  Reductions run in a fixed order (no atomics): results repeat bit for
 // bit.  The grouped matmuls are one cuBLASLt matmul per expert, with the algorithm chosen once per
 // shape class for a typical row count (SHARDLM_MOE_GEMM=batched: one cublasGemmGroupedBatchedEx
-// call instead, which ran at 40% of a dense matmul's speed on an H200).
+// call instead, which ran at 40% of a dense matmul's speed on an H200), spread over side streams
+// (lt_grouped).
 #include <cmath>
 #include <cstring>
 #include <cublas_v2.h>
@@ -349,6 +350,7 @@ struct lt_plan {
 };
 
 #define MAX_PLANS 32
+#define MOE_STREAMS 4
 
 // a context's cuBLAS handle (on its stream) and the grouped calls' argument arrays
 struct moe_gemm {
@@ -360,6 +362,11 @@ struct moe_gemm {
 	int *m, *n, *kk, *lda, *ldb, *ldc, *gs;	// host arrays of GMAX
 	float *alpha, *beta;
 	cublasOperation_t *ta, *tb;
+	// the per-expert matmuls spread over side streams (SHARDLM_MOE_STREAMS, default
+	// MOE_STREAMS; 1: all on the compute stream), each with its slice of the workspace
+	int nside;
+	cudaStream_t side[MOE_STREAMS];
+	cudaEvent_t fork, join[MOE_STREAMS];
 };
 
 void sl_cuda_moe_free(struct sl_cuda *c)
@@ -374,6 +381,12 @@ void sl_cuda_moe_free(struct sl_cuda *c)
 		cublasLtMatrixLayoutDestroy(g->plans[i].c);
 		cublasLtMatmulDescDestroy(g->plans[i].desc);
 	}
+	for (int i = 0; g->nside > 1 && i < g->nside; i++) {
+		cudaStreamDestroy(g->side[i]);
+		cudaEventDestroy(g->join[i]);
+	}
+	if (g->nside > 1)
+		cudaEventDestroy(g->fork);
 	cublasDestroy(g->h);
 	cudaFree(g->ptrs);
 	free(g->m);
@@ -413,6 +426,25 @@ static struct moe_gemm *grouped_init(struct sl_cuda *c)
 	g->beta = g->alpha + GMAX;
 	g->tb = g->ta + GMAX;
 	g->mode = getenv("SHARDLM_MOE_GEMM") && !strcmp(getenv("SHARDLM_MOE_GEMM"), "batched");
+	g->nside = MOE_STREAMS;
+	if (getenv("SHARDLM_MOE_STREAMS")) {
+		const char *v = getenv("SHARDLM_MOE_STREAMS");
+		char *end;
+		long n = strtol(v, &end, 10);
+
+		if (end == v || *end || n < 1 || n > MOE_STREAMS) {
+			fprintf(stderr, "cuda: SHARDLM_MOE_STREAMS=%s: want 1 to %d\n", v,
+				MOE_STREAMS);
+			exit(2);
+		}
+		g->nside = (int)n;
+	}
+	for (int i = 0; g->nside > 1 && i < g->nside; i++) {
+		CUDA_CHECK(cudaStreamCreateWithFlags(&g->side[i], cudaStreamNonBlocking));
+		CUDA_CHECK(cudaEventCreateWithFlags(&g->join[i], cudaEventDisableTiming));
+	}
+	if (g->nside > 1)
+		CUDA_CHECK(cudaEventCreateWithFlags(&g->fork, cudaEventDisableTiming));
 	c->moe = g;
 	return g;
 }
@@ -440,7 +472,8 @@ static void set_dims(cublasLtMatrixLayout_t l, uint64_t rows, uint64_t cols)
 }
 
 // the heuristic's first algorithm for the layouts as they are now; false when there is none
-static bool heuristic(struct sl_cuda *c, struct lt_plan *p, cublasLtMatmulAlgo_t *algo)
+static bool heuristic(struct sl_cuda *c, struct lt_plan *p, cublasLtMatmulAlgo_t *algo,
+		      size_t wsb)
 {
 	cublasLtMatmulPreference_t pref;
 	cublasLtMatmulHeuristicResult_t res;
@@ -449,7 +482,7 @@ static bool heuristic(struct sl_cuda *c, struct lt_plan *p, cublasLtMatmulAlgo_t
 
 	CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
 	CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref,
-		CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->ws_bytes, sizeof(c->ws_bytes)));
+		CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
 	CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref,
 		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof(al)));
 	CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref,
@@ -509,11 +542,15 @@ static struct lt_plan *plan_get(struct sl_cuda *c, struct moe_gemm *g, const int
 	// the algorithm of a typical expert (1024 rows) serves every row count it supports
 	dims(key[2], 1024, key[3], key[4], key[5], &m, &n, &k);
 	plan_dims(p, key[0], key[1], m, n, k);
-	p->have_algo = heuristic(c, p, &p->algo);
+	p->have_algo = heuristic(c, p, &p->algo, c->ws_bytes / g->nside);
 	return p;
 }
 
-// one cuBLASLt matmul per expert with rows, the plan's algorithm (else this shape's own)
+// one cuBLASLt matmul per expert with rows, the plan's algorithm (else this shape's own).  With
+// side streams the experts go to them largest first, each to the stream with the fewest rows so
+// far (the small experts' matmuls fill few SMs alone), every stream after the compute stream's
+// work so far and the compute stream after all of them; stream s uses workspace slice s.  Each
+// expert's matmul is the same whichever stream runs it: the results do not depend on the spread.
 static void lt_grouped(struct sl_cuda *c, struct moe_gemm *g, const int *h_offs, int E, int ta,
 		       int tb, int which_rows, int m0, int n0, int k0, const void *A, size_t sa,
 		       size_t ra, int lda, const void *B, size_t sb, size_t rb, int ldb, void *C,
@@ -521,35 +558,76 @@ static void lt_grouped(struct sl_cuda *c, struct moe_gemm *g, const int *h_offs,
 {
 	int key[10] = { ta, tb, which_rows, m0, n0, k0, lda, ldb, ldc, beta != 0.f };
 	struct lt_plan *p = plan_get(c, g, key);
+	const size_t wsb = c->ws_bytes / g->nside;
 	float alpha = 1.f;
+	int order[GMAX], sid[GMAX], ne = 0;
+	long load[MOE_STREAMS] = { 0 };
+	bool used[MOE_STREAMS] = { false };
 
-	for (int e = 0; e < E; e++) {
-		int rows = h_offs[e + 1] - h_offs[e], m, n, k;
+	for (int e = 0; e < E; e++) {	// the experts with rows, largest first (stable)
+		int rows = h_offs[e + 1] - h_offs[e], i = ne++;
+
+		if (rows <= 0) {	// no rows: nothing to write, nothing to add
+			ne--;
+			continue;
+		}
+		while (i > 0 && h_offs[order[i - 1] + 1] - h_offs[order[i - 1]] < rows) {
+			order[i] = order[i - 1];
+			i--;
+		}
+		order[i] = e;
+	}
+	const bool spread = g->nside > 1 && ne > 1;
+
+	for (int i = 0; i < ne; i++) {
+		int s = 0;
+
+		for (int j = 1; spread && j < g->nside; j++)
+			if (load[j] < load[s])
+				s = j;
+		sid[i] = s;
+		load[s] += h_offs[order[i] + 1] - h_offs[order[i]];
+		used[s] = true;
+	}
+	if (spread) {
+		CUDA_CHECK(cudaEventRecord(g->fork, c->stream));
+		for (int s = 0; s < g->nside; s++)
+			if (used[s])
+				CUDA_CHECK(cudaStreamWaitEvent(g->side[s], g->fork, 0));
+	}
+	for (int i = 0; i < ne; i++) {
+		const int e = order[i], rows = h_offs[e + 1] - h_offs[e];
 		size_t o = (size_t)h_offs[e];
 		const bf16 *a = (const bf16 *)A + sa * e + ra * o;
 		const bf16 *b = (const bf16 *)B + sb * e + rb * o;
 		bf16 *cc = (bf16 *)C + sc * e + rc * o;
+		cudaStream_t st = spread ? g->side[sid[i]] : c->stream;
+		void *ws = (char *)c->ws + (spread ? sid[i] : 0) * wsb;
 		cublasLtMatmulAlgo_t algo;
-		cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+		cublasStatus_t r = CUBLAS_STATUS_NOT_SUPPORTED;
+		int m, n, k;
 
-		if (rows <= 0)	// no rows: nothing to write, nothing to add
-			continue;
 		dims(which_rows, rows, m0, n0, k0, &m, &n, &k);
 		plan_dims(p, ta, tb, m, n, k);
 		if (p->have_algo)
-			st = cublasLtMatmul(c->lt, p->desc, &alpha, a, p->a, b, p->b, &beta, cc,
-					    p->c, cc, p->c, &p->algo, c->ws, c->ws_bytes,
-					    c->stream);
-		if (st == CUBLAS_STATUS_SUCCESS)
+			r = cublasLtMatmul(c->lt, p->desc, &alpha, a, p->a, b, p->b, &beta, cc,
+					   p->c, cc, p->c, &p->algo, ws, wsb, st);
+		if (r == CUBLAS_STATUS_SUCCESS)
 			continue;
-		if (!heuristic(c, p, &algo)) {
+		if (!heuristic(c, p, &algo, wsb)) {
 			fprintf(stderr, "cuda: cuBLASLt has no algorithm for an expert's matmul "
 				"(m %d n %d k %d)\n", m, n, k);
 			abort();
 		}
 		CUBLAS_CHECK(cublasLtMatmul(c->lt, p->desc, &alpha, a, p->a, b, p->b, &beta, cc,
-					    p->c, cc, p->c, &algo, c->ws, c->ws_bytes, c->stream));
+					    p->c, cc, p->c, &algo, ws, wsb, st));
 	}
+	if (spread)
+		for (int s = 0; s < g->nside; s++)
+			if (used[s]) {
+				CUDA_CHECK(cudaEventRecord(g->join[s], g->side[s]));
+				CUDA_CHECK(cudaStreamWaitEvent(c->stream, g->join[s], 0));
+			}
 }
 
 // column-major C(m,n) = op(A) op(B) + beta C per expert, m/n/k from the expert's row count
