@@ -542,7 +542,7 @@ static struct lt_plan *plan_get(struct sl_cuda *c, struct moe_gemm *g, const int
 	// the algorithm of a typical expert (1024 rows) serves every row count it supports
 	dims(key[2], 1024, key[3], key[4], key[5], &m, &n, &k);
 	plan_dims(p, key[0], key[1], m, n, k);
-	p->have_algo = heuristic(c, p, &p->algo, c->ws_bytes / g->nside);
+	p->have_algo = heuristic(c, p, &p->algo, c->ws_bytes / MOE_STREAMS);
 	return p;
 }
 
@@ -558,7 +558,8 @@ static void lt_grouped(struct sl_cuda *c, struct moe_gemm *g, const int *h_offs,
 {
 	int key[10] = { ta, tb, which_rows, m0, n0, k0, lda, ldb, ldc, beta != 0.f };
 	struct lt_plan *p = plan_get(c, g, key);
-	const size_t wsb = c->ws_bytes / g->nside;
+	// the same budget whatever the streams: the same algorithms, the same results
+	const size_t wsb = c->ws_bytes / MOE_STREAMS;
 	float alpha = 1.f;
 	int order[GMAX], sid[GMAX], ne = 0;
 	long load[MOE_STREAMS] = { 0 };
