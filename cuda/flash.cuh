@@ -26,6 +26,7 @@
 #define FA_SUB 32		// columns per compute step in the backward
 #define FA_THR 128
 #define LOG2E 1.4426950408889634f
+#define FA_RESCALE 8.f		// log2 of how far P may grow past 1 before O is rescaled
 
 // The warpgroup kernels at head_dim 256: a warpgroup's 64 x 256 fp32 accumulator takes 128
 // registers a thread, so what the head_dim-128 kernels hold in registers besides moves to shared
@@ -306,22 +307,23 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 		const bf16 *kt = ks + st * TILE, *vt = vs + st * TILE;
 		float s[FA_BN / 8][4];
 
-#pragma unroll
-		for (int n = 0; n < FA_BN / 8; n++)
-			s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-		if constexpr (WG) {
+		if constexpr (WG) {	// the first k-step writes S (acc 0): nothing to zero
 			wg_fence();
 #pragma unroll
 			for (int kk = 0; kk < HD / 16; kk++) {
 				if constexpr (BIG)
 					wgmma_ss<FA_BN>(&s[0][0], desc_k<BM>(qsm, 64 * wg, kk),
-							desc_k<FA_BN>(kt, 0, kk));
+							desc_k<FA_BN>(kt, 0, kk), kk > 0);
 				else
-					wgmma_rs<FA_BN, 0>(&s[0][0], qf[kk], desc_k<FA_BN>(kt, 0, kk));
+					wgmma_rs<FA_BN, 0>(&s[0][0], qf[kk], desc_k<FA_BN>(kt, 0, kk),
+							   kk > 0);
 			}
 			wg_commit();
 			wg_wait0();
 		} else {
+#pragma unroll
+			for (int n = 0; n < FA_BN / 8; n++)
+				s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
 			for (int kk = 0; kk < HD / 16; kk++) {
 #pragma unroll
@@ -360,22 +362,31 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 		mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
 		mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
 		mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-		// max in log2 units; a row with nothing unmasked yet subtracts 0 (no inf - inf)
-		const float b0 = mx0 == -INFINITY ? 0.f : mx0 * sl2;
-		const float b1 = mx1 == -INFINITY ? 0.f : mx1 * sl2;
-		const float c0 = fexp2(m0 * sl2 - b0), c1 = fexp2(m1 * sl2 - b1);
+		// The reference max m (log2 units: m sl2) moves only when a row's max passes it by
+		// more than FA_RESCALE (the whole warp then moves every row's): below that, P and
+		// the sums stay under 2^FA_RESCALE and O needs no rescaling this tile (a new
+		// max is rare after a row's first tiles).  A row with nothing unmasked yet
+		// subtracts 0 (no inf - inf).
+		if (__any_sync(0xffffffffu, (mx0 - m0) * sl2 > FA_RESCALE ||
+						    (mx1 - m1) * sl2 > FA_RESCALE)) {
+			const float n0 = mx0 == -INFINITY ? 0.f : mx0 * sl2;
+			const float n1 = mx1 == -INFINITY ? 0.f : mx1 * sl2;
+			const float c0 = fexp2(m0 * sl2 - n0), c1 = fexp2(m1 * sl2 - n1);
 
-		m0 = mx0;
-		m1 = mx1;
-		l0 *= c0;
-		l1 *= c1;
+			m0 = mx0;
+			m1 = mx1;
+			l0 *= c0;
+			l1 *= c1;
 #pragma unroll
-		for (int n = 0; n < HD / 8; n++) {
-			o[n][0] *= c0;
-			o[n][1] *= c0;
-			o[n][2] *= c1;
-			o[n][3] *= c1;
+			for (int n = 0; n < HD / 8; n++) {
+				o[n][0] *= c0;
+				o[n][1] *= c0;
+				o[n][2] *= c1;
+				o[n][3] *= c1;
+			}
 		}
+		const float b0 = m0 == -INFINITY ? 0.f : m0 * sl2;
+		const float b1 = m1 == -INFINITY ? 0.f : m1 * sl2;
 #pragma unroll
 		for (int n = 0; n < FA_BN / 8; n++) {
 			s[n][0] = fexp2(fmaf(s[n][0], sl2, -b0));
@@ -561,12 +572,7 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 
 			if (c0 > wmax)
 				continue;	// every key after every query of this warp
-#pragma unroll
-			for (int n = 0; n < FA_SUB / 8; n++)
-#pragma unroll
-				for (int e = 0; e < 4; e++)
-					s[n][e] = dp[n][e] = 0.f;
-			if constexpr (WG) {
+			if constexpr (WG) {	// the first k-step writes S and dP (acc 0)
 				wg_fence();
 #pragma unroll
 				for (int kk = 0; kk < HD / 16; kk++) {
@@ -576,16 +582,23 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 					if constexpr (BIG) {
 						const int m0 = 64 * (warp >> 2);
 
-						wgmma_ss<FA_SUB>(&s[0][0], desc_k<BM>(qsm, m0, kk), bk);
-						wgmma_ss<FA_SUB>(&dp[0][0], desc_k<BM>(gsm, m0, kk), bv);
+						wgmma_ss<FA_SUB>(&s[0][0], desc_k<BM>(qsm, m0, kk), bk,
+								 kk > 0);
+						wgmma_ss<FA_SUB>(&dp[0][0], desc_k<BM>(gsm, m0, kk), bv,
+								 kk > 0);
 					} else {
-						wgmma_rs<FA_SUB, 0>(&s[0][0], qf[kk], bk);
-						wgmma_rs<FA_SUB, 0>(&dp[0][0], gf[kk], bv);
+						wgmma_rs<FA_SUB, 0>(&s[0][0], qf[kk], bk, kk > 0);
+						wgmma_rs<FA_SUB, 0>(&dp[0][0], gf[kk], bv, kk > 0);
 					}
 				}
 				wg_commit();
 				wg_wait0();
 			} else {
+#pragma unroll
+				for (int n = 0; n < FA_SUB / 8; n++)
+#pragma unroll
+					for (int e = 0; e < 4; e++)
+						s[n][e] = dp[n][e] = 0.f;
 #pragma unroll
 				for (int kk = 0; kk < HD / 16; kk++) {
 #pragma unroll
@@ -784,23 +797,23 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 			// before every key of this warp (of the block: the warpgroup's products)
 			if (qa < 0 || (qz >= 0 && qz < (WG ? j0 : wk)))
 				continue;
-#pragma unroll
-			for (int n = 0; n < FA_SUB / 8; n++)
-#pragma unroll
-				for (int e = 0; e < 4; e++)
-					s[n][e] = dp[n][e] = 0.f;
-			if constexpr (WG) {
+			if constexpr (WG) {	// the first k-step writes S^T and dP^T (acc 0)
 				wg_fence();
 #pragma unroll
 				for (int kk = 0; kk < HD / 16; kk++) {
 					wgmma_ss32(&s[0][0], desc_k<FA_BM>(ks, 0, kk),
-						   desc_k<FA_BN>(qt, sub * FA_SUB, kk));
+						   desc_k<FA_BN>(qt, sub * FA_SUB, kk), kk > 0);
 					wgmma_ss32(&dp[0][0], desc_k<FA_BM>(vs, 0, kk),
-						   desc_k<FA_BN>(gt, sub * FA_SUB, kk));
+						   desc_k<FA_BN>(gt, sub * FA_SUB, kk), kk > 0);
 				}
 				wg_commit();
 				wg_wait0();
 			} else {
+#pragma unroll
+				for (int n = 0; n < FA_SUB / 8; n++)
+#pragma unroll
+					for (int e = 0; e < 4; e++)
+						s[n][e] = dp[n][e] = 0.f;
 #pragma unroll
 				for (int kk = 0; kk < HD / 16; kk++) {
 					uint32_t ak[4], av[4];

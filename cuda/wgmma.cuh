@@ -100,7 +100,7 @@ static __device__ __forceinline__ void wg_wait0(void)
 // warp for its 16 rows (warp w of the group: rows 16w..16w+15), D repeated per 8 columns.
 #if SL_WG_DEV
 template <int TB>
-static __device__ __forceinline__ void wgmma_rs32(float *d, const uint32_t *a, uint64_t b)
+static __device__ __forceinline__ void wgmma_rs32(float *d, const uint32_t *a, uint64_t b, int acc)
 {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
 		     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
@@ -110,11 +110,11 @@ static __device__ __forceinline__ void wgmma_rs32(float *d, const uint32_t *a, u
 		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
 		       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
 		       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(TB));
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
 }
 
 template <int TB>
-static __device__ __forceinline__ void wgmma_rs64(float *d, const uint32_t *a, uint64_t b)
+static __device__ __forceinline__ void wgmma_rs64(float *d, const uint32_t *a, uint64_t b, int acc)
 {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
 		     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
@@ -129,11 +129,12 @@ static __device__ __forceinline__ void wgmma_rs64(float *d, const uint32_t *a, u
 		       "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
 		       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
 		       "+f"(d[30]), "+f"(d[31])
-		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(TB));
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
 }
 
 template <int TB>
-static __device__ __forceinline__ void wgmma_rs128(float *d, const uint32_t *a, uint64_t b)
+static __device__ __forceinline__ void wgmma_rs128(float *d, const uint32_t *a, uint64_t b,
+						   int acc)
 {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
 		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
@@ -157,11 +158,11 @@ static __device__ __forceinline__ void wgmma_rs128(float *d, const uint32_t *a, 
 		       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
 		       "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
 		       "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(TB));
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
 }
 
 // D (m64 x n32) += A (m64 x k16, shared memory, K-major) * B (K-major)
-static __device__ __forceinline__ void wgmma_ss32(float *d, uint64_t a, uint64_t b)
+static __device__ __forceinline__ void wgmma_ss32(float *d, uint64_t a, uint64_t b, int acc)
 {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
 		     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
@@ -171,11 +172,11 @@ static __device__ __forceinline__ void wgmma_ss32(float *d, uint64_t a, uint64_t
 		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
 		       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
 		       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-		     : "l"(a), "l"(b), "r"(1));
+		     : "l"(a), "l"(b), "r"(acc));
 }
 
 // D (m64 x n64) += A (m64 x k16, shared memory, K-major) * B (K-major)
-static __device__ __forceinline__ void wgmma_ss64(float *d, uint64_t a, uint64_t b)
+static __device__ __forceinline__ void wgmma_ss64(float *d, uint64_t a, uint64_t b, int acc)
 {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
 		     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
@@ -190,37 +191,39 @@ static __device__ __forceinline__ void wgmma_ss64(float *d, uint64_t a, uint64_t
 		       "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
 		       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
 		       "+f"(d[30]), "+f"(d[31])
-		     : "l"(a), "l"(b), "r"(1));
+		     : "l"(a), "l"(b), "r"(acc));
 }
 #else
-static __device__ void wgmma_ss32(float *, uint64_t, uint64_t) { __trap(); }
-static __device__ void wgmma_ss64(float *, uint64_t, uint64_t) { __trap(); }
-template <int TB> static __device__ void wgmma_rs32(float *, const uint32_t *, uint64_t) { __trap(); }
-template <int TB> static __device__ void wgmma_rs64(float *, const uint32_t *, uint64_t) { __trap(); }
-template <int TB> static __device__ void wgmma_rs128(float *, const uint32_t *, uint64_t) { __trap(); }
+static __device__ void wgmma_ss32(float *, uint64_t, uint64_t, int) { __trap(); }
+static __device__ void wgmma_ss64(float *, uint64_t, uint64_t, int) { __trap(); }
+template <int TB> static __device__ void wgmma_rs32(float *, const uint32_t *, uint64_t, int) { __trap(); }
+template <int TB> static __device__ void wgmma_rs64(float *, const uint32_t *, uint64_t, int) { __trap(); }
+template <int TB> static __device__ void wgmma_rs128(float *, const uint32_t *, uint64_t, int) { __trap(); }
 #endif
 
+// acc 0: D = A B (D's old values ignored: the first k-step of a product needs no zeroed D)
 template <int N, int TB>
-static __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t *a, uint64_t b)
+static __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t *a, uint64_t b,
+						int acc = 1)
 {
 	static_assert(N == 32 || N == 64 || N == 128, "wgmma_rs: n 32, 64 or 128");
 	if constexpr (N == 32)
-		wgmma_rs32<TB>(d, a, b);
+		wgmma_rs32<TB>(d, a, b, acc);
 	else if constexpr (N == 64)
-		wgmma_rs64<TB>(d, a, b);
+		wgmma_rs64<TB>(d, a, b, acc);
 	else
-		wgmma_rs128<TB>(d, a, b);
+		wgmma_rs128<TB>(d, a, b, acc);
 }
 
 // D (m64 x nN) += A (shared memory) * B, both K-major
 template <int N>
-static __device__ __forceinline__ void wgmma_ss(float *d, uint64_t a, uint64_t b)
+static __device__ __forceinline__ void wgmma_ss(float *d, uint64_t a, uint64_t b, int acc = 1)
 {
 	static_assert(N == 32 || N == 64, "wgmma_ss: n 32 or 64");
 	if constexpr (N == 32)
-		wgmma_ss32(d, a, b);
+		wgmma_ss32(d, a, b, acc);
 	else
-		wgmma_ss64(d, a, b);
+		wgmma_ss64(d, a, b, acc);
 }
 
 // D (m64 x nN) += A (registers) * B, B the MN-major tile rows [r0, r0 + 16) of an NR-row tile
@@ -232,10 +235,10 @@ static __device__ __forceinline__ void wgmma_rs_mn(float *d, const uint32_t *a, 
 {
 	static_assert(N <= 128 || N == 256, "wgmma_rs_mn: n up to 128, or 256");
 	if constexpr (N <= 128) {
-		wgmma_rs<N, 1>(d, a, desc_mn<NR>(tile, r0));
+		wgmma_rs<N, 1>(d, a, desc_mn<NR>(tile, r0), 1);
 	} else {
-		wgmma_rs<128, 1>(d, a, desc_mn<NR>(tile, r0));
-		wgmma_rs<128, 1>(d + 64, a, desc_mn<NR>(tile + 2 * NR * 64, r0));
+		wgmma_rs<128, 1>(d, a, desc_mn<NR>(tile, r0), 1);
+		wgmma_rs<128, 1>(d + 64, a, desc_mn<NR>(tile + 2 * NR * 64, r0), 1);
 	}
 }
 
