@@ -804,6 +804,9 @@ int main(int argc, char **argv)
 	t_attention(2, 40, 3, 3, 6, 1);		/* hd not a power of 2 */
 	t_attention(2, 600, 8, 2, 128, 1);
 	t_attention(2, 333, 6, 2, 64, 2);	/* several key and query tiles, hd 64 */
+	/* peaked over eleven key tiles: a row's max passes the forward's reference by more than
+	 * 2^8 on some tiles (O rescaled) and by less on others (the reference kept) */
+	t_attention(2, 700, 4, 2, 128, 2.5);
 	/* packed rows (documents back to back): both paths, tiles that start mid-document */
 	t_qk_p(2, 40, 4, 2, 64, true);
 	t_attention_p(3, 70, 4, 2, 16, 1, true);
