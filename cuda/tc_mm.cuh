@@ -6,9 +6,11 @@
 // The block's NTH threads share the output in warp tiles, warp w taking tiles w, w + NTH/32, ...:
 // 32 x 32 where that still gives every warp a tile, else 16 x 32, else 16 x 16 (by M and N
 // alone), each made of 16 x 8 mma tiles whose rows and columns are permuted (mm_warp) so that a
-// lane's elements of an operand lie side by side: where the shape is whole tiles and the
-// operands k-contiguous or m- (n-) contiguous and aligned, a lane loads them as vectors (2 or
-// 4 elements) with 32-bit offsets; else element by element, masked.  Which thread owns an
+// lane's elements of an operand lie side by side: where the shape is whole tiles, the operands
+// k-contiguous or m- (n-) contiguous and aligned and C row-major and aligned, a lane loads them
+// as vectors (2 or 4 elements) with 32-bit offsets and stores C as vectors; else element by
+// element, masked.  Whether A's columns are scaled (sk) is a template argument too, so a
+// function carries only the code its calls run.  Which thread owns an
 // output element depends on M and N alone, so calls with the same M and N that accumulate into
 // one C need no barrier between them.  Rows and columns past M, N, K are masked (any shape
 // works; multiples of 32 and 8 waste nothing).
@@ -262,13 +264,13 @@ static __device__ __forceinline__ void mm_frag(const void *p, int ls, int ks, in
 #define MM_SH_A 1
 #define MM_SH_AB 2
 
-template <bool ABF, bool BBF, int TM, int TN, int LA, int LB, bool CHK, int SM>
+template <bool ABF, bool BBF, bool SC, int TM, int TN, int LA, int LB, bool CHK, int SM>
 static __device__ __forceinline__ void mm_warp(int M, int N, int K, struct mmop A, struct mmop B,
 					       const float *sk, int m0, int n0, int g, int t,
 					       float (&c)[TM][TN][4])
 {
 	const int mr = m0 + 2 * TM * g, nc = n0 + TN * g;
-	const bool sc = sk != 0;
+	const bool sc = SC;	// sk given (the callers that scale are few: no scaling code elsewhere)
 	float av[2][2 * TM], bv[2][TN];	// [k - ka][row - mr], [k - ka][column - nc]
 
 	// software-pipelined: a k-step's operands are loaded while the step before multiplies
@@ -318,23 +320,22 @@ static __device__ __forceinline__ void mm_warp(int M, int N, int K, struct mmop 
 }
 
 // the block's tiles of (16 TM) x (8 TN), and the epilogue: c0 (row slot g, column slot 2t),
-// c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1) of each 16 x 8, permuted as mm_warp says
-template <bool ABF, bool BBF, int TM, int TN, int LA, int LB, bool CHK, int SM>
+// c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1) of each 16 x 8, permuted as mm_warp says.
+// The unmasked forms (CHK false) store a lane's TN columns of a row as one vector (mm_tiled sends
+// them only a row-major, aligned C); the masked one element by element.  (Each form with both
+// epilogues was twice the code: the delta rule's gradient kernel ran 135 kB of these functions
+// a chunk, more than the SM's instruction cache holds.)
+template <bool ABF, bool BBF, bool SC, int TM, int TN, int LA, int LB, bool CHK, int SM>
 static __device__ __noinline__ void mm_block(int M, int N, int K, struct mmop A, struct mmop B,
 					     const float *sk, const float *rs, float alpha,
 					     float cb, float *C, int crs, int ccs)
 {
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 	const int tn = (N + 8 * TN - 1) / (8 * TN), tiles = (M + 16 * TM - 1) / (16 * TM) * tn;
-	// a lane's TN columns of a row and column slot are a run: one vector store (and load, when
-	// accumulating) where C is row-major and aligned (element by element, the 4-row steps of
-	// the lanes' rows made every store an 8-way bank conflict)
-	const bool vec = !CHK && ccs == 1 && crs % TN == 0 &&
-			 (unsigned long long)C % (4 * TN) == 0;
 
 #ifdef TC_MM_FRAG_HOST
 	tc_frag_path(TM, TN, LA, LB, CHK, SM);	// the host test asks which path ran
-	tc_frag_store(vec);
+	tc_frag_store(!CHK);
 #endif
 	for (int tile = warp; tile < tiles; tile += NTH / 32) {
 		int m0 = tile / tn * 16 * TM, n0 = tile % tn * 8 * TN;
@@ -345,7 +346,7 @@ static __device__ __noinline__ void mm_block(int M, int N, int K, struct mmop A,
 #pragma unroll
 			for (int j = 0; j < TN; j++)
 				c[i][j][0] = c[i][j][1] = c[i][j][2] = c[i][j][3] = 0.f;
-		mm_warp<ABF, BBF, TM, TN, LA, LB, CHK, SM>(M, N, K, A, B, sk, m0, n0, g, t, c);
+		mm_warp<ABF, BBF, SC, TM, TN, LA, LB, CHK, SM>(M, N, K, A, B, sk, m0, n0, g, t, c);
 #pragma unroll
 		for (int i = 0; i < TM; i++)
 #pragma unroll
@@ -357,7 +358,7 @@ static __device__ __noinline__ void mm_block(int M, int N, int K, struct mmop A,
 					continue;
 				if (rs)
 					r *= rs[m];
-				if (vec) {
+				if (!CHK) {	// a lane's TN columns of a row and column slot: a run
 					float *o = C + m * crs + n0 + TN * (2 * t + (x & 1));
 					float v[TN], u[TN];
 
@@ -378,7 +379,7 @@ static __device__ __noinline__ void mm_block(int M, int N, int K, struct mmop A,
 					int n = n0 + TN * (2 * t + (x & 1)) + j;
 					float *o, v;
 
-					if (CHK && n >= N)
+					if (n >= N)
 						continue;
 					o = C + m * crs + n * ccs;
 					v = r * c[i][j][x];
@@ -417,51 +418,54 @@ static __device__ __forceinline__ int mm_lay_b(struct mmop B, int esz)
 }
 
 // the vector layouts' products, by which operands are in shared memory
-template <bool ABF, bool BBF, int TM, int TN, int SM>
+template <bool ABF, bool BBF, bool SC, int TM, int TN, int SM>
 static __device__ __forceinline__ void mm_lay(int la, int lb, int M, int N, int K, struct mmop A,
 					      struct mmop B, const float *sk, const float *rs,
 					      float alpha, float cb, float *C, int crs, int ccs)
 {
 	if (la == MM_KC && lb == MM_KC)
-		mm_block<ABF, BBF, TM, TN, MM_KC, MM_KC, false, SM>(M, N, K, A, B, sk, rs, alpha,
-								    cb, C, crs, ccs);
+		mm_block<ABF, BBF, SC, TM, TN, MM_KC, MM_KC, false, SM>(M, N, K, A, B, sk, rs,
+									alpha, cb, C, crs, ccs);
 	else if (la == MM_KC)
-		mm_block<ABF, BBF, TM, TN, MM_KC, MM_MN, false, SM>(M, N, K, A, B, sk, rs, alpha,
-								    cb, C, crs, ccs);
+		mm_block<ABF, BBF, SC, TM, TN, MM_KC, MM_MN, false, SM>(M, N, K, A, B, sk, rs,
+									alpha, cb, C, crs, ccs);
 	else if (lb == MM_KC)
-		mm_block<ABF, BBF, TM, TN, MM_MN, MM_KC, false, SM>(M, N, K, A, B, sk, rs, alpha,
-								    cb, C, crs, ccs);
+		mm_block<ABF, BBF, SC, TM, TN, MM_MN, MM_KC, false, SM>(M, N, K, A, B, sk, rs,
+									alpha, cb, C, crs, ccs);
 	else
-		mm_block<ABF, BBF, TM, TN, MM_MN, MM_MN, false, SM>(M, N, K, A, B, sk, rs, alpha,
-								    cb, C, crs, ccs);
+		mm_block<ABF, BBF, SC, TM, TN, MM_MN, MM_MN, false, SM>(M, N, K, A, B, sk, rs,
+									alpha, cb, C, crs, ccs);
 }
 
-// vector loads where the shape is whole tiles and both layouts allow them (by 32-bit shared
-// addresses where the operands are there: A alone or both); else element by element, masked
-template <bool ABF, bool BBF, int TM, int TN>
+// vector loads where the shape is whole tiles, both layouts allow them and C takes a lane's run
+// of TN columns as one vector (row-major, rows and start aligned to TN floats); by 32-bit shared
+// addresses where the operands are there (A alone or both); else element by element, masked
+template <bool ABF, bool BBF, bool SC, int TM, int TN>
 static __device__ __forceinline__ void mm_tiled(int M, int N, int K, struct mmop A, struct mmop B,
 						const float *sk, const float *rs, float alpha,
 						float cb, float *C, int crs, int ccs)
 {
-	const bool chk = M % (16 * TM) || N % (8 * TN) || K % 8;
+	const bool chk = M % (16 * TM) || N % (8 * TN) || K % 8 || ccs != 1 || crs % TN ||
+			 (unsigned long long)C % (4 * TN);
 	const int la = mm_lay_a<TM>(A, ABF ? 2 : 4), lb = mm_lay_b<TN>(B, BBF ? 2 : 4);
 
 	if (chk || !la || !lb)
-		mm_block<ABF, BBF, TM, TN, 0, 0, true, 0>(M, N, K, A, B, sk, rs, alpha, cb, C, crs,
-							  ccs);
+		mm_block<ABF, BBF, SC, TM, TN, 0, 0, true, 0>(M, N, K, A, B, sk, rs, alpha, cb, C,
+							      crs, ccs);
 	else if (!mm_shared(A.p))
-		mm_lay<ABF, BBF, TM, TN, 0>(la, lb, M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
+		mm_lay<ABF, BBF, SC, TM, TN, 0>(la, lb, M, N, K, A, B, sk, rs, alpha, cb, C, crs,
+						ccs);
 	else if (!mm_shared(B.p))
-		mm_lay<ABF, BBF, TM, TN, MM_SH_A>(la, lb, M, N, K, A, B, sk, rs, alpha, cb, C, crs,
-						  ccs);
+		mm_lay<ABF, BBF, SC, TM, TN, MM_SH_A>(la, lb, M, N, K, A, B, sk, rs, alpha, cb, C,
+						      crs, ccs);
 	else
-		mm_lay<ABF, BBF, TM, TN, MM_SH_AB>(la, lb, M, N, K, A, B, sk, rs, alpha, cb, C,
-						   crs, ccs);
+		mm_lay<ABF, BBF, SC, TM, TN, MM_SH_AB>(la, lb, M, N, K, A, B, sk, rs, alpha, cb, C,
+						       crs, ccs);
 }
 
 // the warp tile by shape: 32 x 32 where that still gives every warp a tile, else 16 x 32, else
 // 16 x 16 (the choice depends on M and N alone)
-template <bool ABF, bool BBF>
+template <bool ABF, bool BBF, bool SC>
 static __device__ __forceinline__ void mm_shape(int M, int N, int K, struct mmop A,
 						struct mmop B, const float *sk, const float *rs,
 						float alpha, float cb, float *C, int crs, int ccs)
@@ -469,11 +473,23 @@ static __device__ __forceinline__ void mm_shape(int M, int N, int K, struct mmop
 	const int w = NTH / 32;
 
 	if (((M + 31) / 32) * ((N + 31) / 32) >= w)
-		mm_tiled<ABF, BBF, 2, 4>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
+		mm_tiled<ABF, BBF, SC, 2, 4>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
 	else if (((M + 15) / 16) * ((N + 31) / 32) >= w)
-		mm_tiled<ABF, BBF, 1, 4>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
+		mm_tiled<ABF, BBF, SC, 1, 4>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
 	else
-		mm_tiled<ABF, BBF, 1, 2>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
+		mm_tiled<ABF, BBF, SC, 1, 2>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
+}
+
+// by the operands' types and whether A's columns are scaled
+template <bool ABF, bool BBF>
+static __device__ __forceinline__ void mm_scaled(int M, int N, int K, struct mmop A,
+						 struct mmop B, const float *sk, const float *rs,
+						 float alpha, float cb, float *C, int crs, int ccs)
+{
+	if (sk)
+		mm_shape<ABF, BBF, true>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
+	else
+		mm_shape<ABF, BBF, false>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
 }
 #endif
 
@@ -488,13 +504,13 @@ static __device__ __forceinline__ void tc_mm(int M, int N, int K, struct mmop A,
 {
 #if defined(__CUDA_ARCH__) || defined(TC_MM_FRAG_HOST)
 	if (A.bf && B.bf)
-		mm_shape<true, true>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
+		mm_scaled<true, true>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
 	else if (A.bf)
-		mm_shape<true, false>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
+		mm_scaled<true, false>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
 	else if (B.bf)
-		mm_shape<false, true>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
+		mm_scaled<false, true>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
 	else
-		mm_shape<false, false>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
+		mm_scaled<false, false>(M, N, K, A, B, sk, rs, alpha, cb, C, crs, ccs);
 #else
 	// the host: each thread sums its own elements of 16 x 16 tiles, in order; the operands in
 	// fp32 unless the emulator rounds them (test_gdn_chunk built with GDN_EMU_OPERAND_BITS)
