@@ -9,9 +9,10 @@
 # with LAYERS (4) layers; moe = issue 8's Qwen3-MoE (bench/moe_model.py: hidden 2048, 64 experts
 # top 8, moe_intermediate 768, 32/4 heads of 128, vocab 151936) with LAYERS layers, task sft on
 # batch 2 x 4096.  Task classify (q35, dense), backend cuda, batch BATCH (4) x SEQ (2048), STEPS
-# (2) steps, no activation checkpointing.  ncu times each kernel alone (--clock-control none, the
-# clocks left as they are; kernels serialized, so overlap is not shown): gpu__time_duration per
-# launch, summed by kernel function, per step (the total over STEPS), biggest first.  Prints one
+# (2) steps, no activation checkpointing.  ncu times each kernel of the last step alone (the
+# trainer's NVTX range "step STEPS"; ALL_STEPS=1: every step, the total divided by STEPS;
+# --clock-control none, the clocks left as they are; kernels serialized, so overlap is not
+# shown): gpu__time_duration per launch, summed by kernel function, biggest first.  Prints one
 # table per model; raw CSV and logs in OUTDIR.
 set -u
 OUT=${1:-/tmp/kernel-profile}
@@ -64,11 +65,14 @@ export: {final: false}
 gpu_log: {every_s: 0}
 run: {dir: $T/run-$m, log_every: 1}
 YAML
-	"$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
-		--print-kernel-base function "$SHARDLM" train "$T/$m.yaml" \
+	# the last step alone (the trainer's NVTX range "step N"); ALL_STEPS=1: every step
+	filt=(--nvtx --nvtx-include "step $STEPS/") div=1
+	[ "${ALL_STEPS:-0}" = 1 ] && filt=() div=$STEPS
+	"$NCU" --clock-control none "${filt[@]}" --metrics gpu__time_duration.sum --csv \
+		--page raw --print-kernel-base function "$SHARDLM" train "$T/$m.yaml" \
 		>"$OUT/ncu-$m.csv" 2>"$OUT/ncu-$m.log"
 	echo "== $m: ncu exit $? ($(grep -c . "$OUT/ncu-$m.csv") lines)"
-	python3 - "$OUT/ncu-$m.csv" "$STEPS" <<'PY'
+	python3 - "$OUT/ncu-$m.csv" "$div" <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if r]
 start = next(i for i, r in enumerate(rows) if "Kernel Name" in r)

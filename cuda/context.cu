@@ -1,6 +1,8 @@
 // context.cu: the per-device context (stream, cuBLASLt handle, workspace, scratch) and the raw
 // memory calls the cuda backend's arena is built on.
+#include <cstdio>
 #include <cstring>
+#include <nvtx3/nvToolsExt.h>
 
 #include "common.cuh"
 
@@ -167,6 +169,20 @@ extern "C" void sl_cuda_download(struct sl_cuda *c, void *dst, const void *src, 
 extern "C" void sl_cuda_sync(struct sl_cuda *c)
 {
 	CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+// NVTX (header-only; a no-op unless a profiler is attached)
+extern "C" void sl_cuda_step_range(struct sl_cuda *c, int step)
+{
+	char name[32];
+
+	if (c->range_open)
+		nvtxRangePop();
+	c->range_open = step > 0;
+	if (step > 0) {
+		snprintf(name, sizeof(name), "step %d", step);
+		nvtxRangePushA(name);
+	}
 }
 
 // Stream-ordered timing for benchmarks and tests: start records an event; stop records another,

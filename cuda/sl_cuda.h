@@ -40,6 +40,8 @@ void sl_cuda_memset0(struct sl_cuda *c, void *p, size_t bytes);
 void sl_cuda_upload(struct sl_cuda *c, void *dst, const void *src, size_t bytes);
 void sl_cuda_download(struct sl_cuda *c, void *dst, const void *src, size_t bytes);
 void sl_cuda_sync(struct sl_cuda *c);
+/* closes the open NVTX range "step N" (if any) and, for step > 0, opens "step <step>" */
+void sl_cuda_step_range(struct sl_cuda *c, int step);
 
 /* ---- asynchronous host transfers (copy.cu; backend.h's upload_async and friends) ---- */
 /* page-locked host memory (cudaHostAlloc), not zeroed; NULL + message when it cannot be had */

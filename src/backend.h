@@ -49,6 +49,10 @@ struct sl_backend {
 	void (*upload)(struct sl_backend *be, void *dst, const void *host_src, size_t bytes);
 	void (*download)(struct sl_backend *be, void *host_dst, const void *src, size_t bytes);
 	void (*sync)(struct sl_backend *be);
+	/* optional (NULL: nothing to do): a profiler's named range "step N" around the work issued
+	 * from now on, closing the previous one; step 0 closes it (the cuda backend: an NVTX
+	 * push/pop range, for `ncu --nvtx --nvtx-include "step N/"`) */
+	void (*step_range)(struct sl_backend *be, int step);
 	/* device compute buffer <-> device f32 buffer, n elements */
 	void (*to_compute)(struct sl_backend *be, void *dst, const float *src, size_t n);
 	void (*to_f32)(struct sl_backend *be, float *dst, const void *src, size_t n);

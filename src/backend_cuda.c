@@ -99,6 +99,11 @@ static void cuda_sync(struct sl_backend *be)
 	sl_cuda_sync(C(be));
 }
 
+static void cuda_step_range(struct sl_backend *be, int step)
+{
+	sl_cuda_step_range(C(be), step);
+}
+
 static void cuda_to_compute(struct sl_backend *be, void *dst, const float *src, size_t n)
 {
 	sl_cuda_f32_to_bf16(C(be), dst, src, n);
@@ -440,6 +445,7 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	be->upload = cuda_upload;
 	be->download = cuda_download;
 	be->sync = cuda_sync;
+	be->step_range = cuda_step_range;
 	be->to_compute = cuda_to_compute;
 	be->to_f32 = cuda_to_f32;
 	be->embedding_fwd = cuda_embedding_fwd;

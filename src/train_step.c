@@ -233,6 +233,8 @@ int train_run_steps(struct job *j)
 		int status, stop;
 
 		sl_watchdog_arm(c->parallel.timeout_s, "step %d", step);
+		if (j->be->step_range)
+			j->be->step_range(j->be, step);
 		train_gpu_reset_peak(j);
 		sl_shard_begin_step(&j->sh);
 		if (lm) {
@@ -387,6 +389,8 @@ int train_run_steps(struct job *j)
 	sl_log("trained steps %d to %d in %s", j->first_step, j->steps, dur);
 	ret = 0;
 out:
+	if (j->be->step_range)
+		j->be->step_range(j->be, 0);
 	free(idx);
 	free(step_idx);
 	return ret;
