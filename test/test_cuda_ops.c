@@ -818,6 +818,7 @@ int main(int argc, char **argv)
 	t_swiglu(64, 1000);
 	t_rows(50, 5, 70);
 	t_rows(9, 20, 300);	/* repeated indices (gather) */
+	t_rows(9, 20, 24);	/* repeated indices, rows of 16-byte vectors */
 	t_rows(40, 30, 33);	/* odd H */
 	t_rows(4096, 4095, 2048);	/* the sft head's targets */
 	t_bce(1);
