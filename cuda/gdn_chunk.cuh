@@ -648,9 +648,9 @@ static __host__ size_t bwd_h_smem(int dk, int dv)
 #error "dot_rc takes two columns a lane"
 #endif
 
-// the block's shared memory past tl: the quarter's V and dO (bf16, VQ + 8 wide), R (then the
-// products K dS, Q S0, then X = T^T dD), D and dD (float, VQ + 4 wide), dW (dk + 4), dP and dT
-// (GC + 4), and the rows' sums
+// the block's shared memory past tl: the quarter's V and dO (bf16, VQ + 8 wide), R (K S0, then
+// the products K dS and X = T^T dD), D (Q S0, then delta) and dD (float, VQ + 4 wide; R and D
+// adjacent), dW (dk + 4), dP and dT (GC + 4), and the rows' sums
 struct gq {
 	bf16 *V, *dO;
 	float *R, *D, *DD, *dW, *dP, *dT;
@@ -785,13 +785,16 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 				   (size_t)nv * dv, n, w, VQ);
 			ld_tile_bf(q.V, lo, v + t0 * vs + (size_t)h * dv + j0, (size_t)vs, n, w, VQ);
 			sd = dot_rc(sd, S0 + j0, dS + j0, dv, dk, w);
+			// K S0 into R and Q S0 into D in one product: K and Q are one (2 GC, dk)
+			// matrix (tl_carve), R and D one (2 GC, lq) one (gq_carve); S0 read once
+			tc_mm(2 * GC, w, dk, mm_b(c.K, ldk, 1), mm_f(S0 + j0, dv, 1), NULL, NULL, 1.f,
+			      0.f, q.R, lq, 1);
 			__syncthreads();
-			// R = diag(beta) V - diag(beta Ga) K S0
+			// R = diag(beta) V - diag(beta Ga) K S0; qz += rows of Q S0 o dO
 			FOR_RC(r, j, GC, w)
-				q.R[r * lq + j] = c.bet[r] * bf(q.V[r * lo + j]);
-			__syncthreads();
-			tc_mm(GC, w, dk, mm_b(c.K, ldk, 1), mm_f(S0 + j0, dv, 1), NULL, c.bg, -1.f,
-			      1.f, q.R, lq, 1);
+				q.R[r * lq + j] = c.bet[r] * bf(q.V[r * lo + j]) -
+						  c.bg[r] * q.R[r * lq + j];
+			rows_dot(q.qz, q.D, lq, q.dO, lo, w);
 			__syncthreads();
 			// delta = T R
 			tc_mm(GC, w, GC, mm_f(c.T, ldg, 1), mm_f(q.R, lq, 1), NULL, NULL, 1.f, 0.f,
@@ -819,9 +822,6 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 					q.de[r] += d;
 			}
 			__syncthreads();
-			// Q S0 into R, for qz
-			tc_mm(GC, w, dk, mm_b(c.Q, ldk, 1), mm_f(S0 + j0, dv, 1), NULL, NULL, 1.f,
-			      0.f, q.R, lq, 1);
 			// dP += dO delta^T, dT += dD V^T (all s: the masks come later)
 			tc_mm(GC, GC, w, mm_b(q.dO, lo, 1), mm_f(q.D, 1, lq), NULL, NULL, 1.f, cq,
 			      q.dP, ldg, 1);
@@ -834,13 +834,10 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 			      acck, dk, 1);
 			tc_mm(GC, dk, w, mm_f(q.DD, lq, 1), mm_f(S0 + j0, 1, dv), NULL, NULL, -1.f,
 			      cq, q.dW, ldw, 1);
-			fresh = false;
-			__syncthreads();
-			rows_dot(q.qz, q.R, lq, q.dO, lo, w);
-			__syncthreads();
-			// X = T^T dD into R
+			// X = T^T dD into R (nothing in this phase reads R)
 			tc_mm(GC, w, GC, mm_f(c.T, 1, ldg), mm_f(q.DD, lq, 1), NULL, NULL, 1.f, 0.f,
 			      q.R, lq, 1);
+			fresh = false;
 			__syncthreads();
 			rows_dot(q.xv, q.R, lq, q.V, lo, w);
 			// dv = beta X
