@@ -865,13 +865,6 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 		tc_mm(GC, GC, dk, mm_f(q.dW, ldw, 1), mm_b(c.K, 1, ldk), NULL, NULL, 1.f, 0.f, U,
 		      ldg, 1);
 		__syncthreads();
-		if (!tid) {
-			float a = c.Ga[GC - 1] * sd;
-
-			for (int s = 0; s < GC; s++)
-				a += q.de[s] * c.e[s];
-			q.dG[GC - 1] += a;
-		}
 		// M = dP o E (in place), dT = beta_s (dT + Ga_s U), s <= r
 		for (int x = tid; x < GC * GC; x += NTH) {
 			int r = x / GC, s = x % GC, o = r * ldg + s;
@@ -883,8 +876,8 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 			q.dP[o] *= expf(c.G[r] - c.G[s]);
 			q.dT[o] = c.bet[s] * (q.dT[o] + c.Ga[s] * U[o]);
 		}
-		__syncthreads();	// thread 0's dG[GC - 1] before thread GC - 1's
-		{	// dbeta, dG through W
+		{	// dbeta, dG through W (the same phase: neither reads what the other writes);
+			// the last row's dG also through S_end first (Ga_last <S0, dS>, de o e)
 			const int r = QROW();
 			float a = 0.f;
 
@@ -892,6 +885,13 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 				a += q.R[r * ldw + i] * bf(c.K[r * ldk + i]);
 			a = quad_sum(a);
 			if (!(tid & 3)) {
+				if (r == GC - 1) {
+					float z = c.Ga[GC - 1] * sd;
+
+					for (int s = 0; s < GC; s++)
+						z += q.de[s] * c.e[s];
+					q.dG[GC - 1] += z;
+				}
 				q.db[r] = q.xv[r] + c.Ga[r] * a;
 				q.dG[r] += c.bet[r] * c.Ga[r] * a;
 			}
@@ -905,17 +905,13 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 		tc_mm(GC, GC, GC, mm_f(q.dT, ldg, 1), mm_f(c.T, 1, ldg), NULL, NULL, 1.f, 0.f, U,
 		      ldg, 1);
 		__syncthreads();
-		// dk += diag(beta Ga) X2; dA = -T^T dP2 (s < r) into dT
+		// dk += diag(beta Ga) X2; dA = -T^T dP2 into dT (its s < r part is dA's)
 		FOR_RC(r, i, GC, dk)
 			acck[r * dk + i] += c.bg[r] * q.R[r * ldw + i];
 		tc_mm(GC, GC, GC, mm_f(c.T, 1, ldg), mm_f(U, ldg, 1), NULL, NULL, -1.f, 0.f, q.dT,
 		      ldg, 1);
 		__syncthreads();
-		for (int x = tid; x < GC * GC; x += NTH)
-			if (x % GC >= x / GC)
-				q.dT[(x / GC) * ldg + x % GC] = 0.f;
-		__syncthreads();
-		{	// through A_rs = beta_r KE_rs: dbeta, dG
+		{	// through A_rs = beta_r KE_rs: dbeta, dG (dT is dA at s < r; A is 0 elsewhere)
 			const int r = QROW();
 			float a = 0.f, d = 0.f;
 
@@ -932,11 +928,11 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 			}
 		}
 		__syncthreads();
-		for (int x = tid; x < GC * GC; x += NTH) {	// D = dA o beta_r E
+		for (int x = tid; x < GC * GC; x += NTH) {	// D = dA o beta_r E, 0 at s >= r
 			int r = x / GC, s = x % GC;
 
-			if (s < r)
-				q.dT[r * ldg + s] *= c.bet[r] * expf(c.G[r] - c.G[s]);
+			q.dT[r * ldg + s] = s < r ? q.dT[r * ldg + s] * c.bet[r] *
+						    expf(c.G[r] - c.G[s]) : 0.f;
 		}
 		__syncthreads();
 		// dk += (D + D^T) K
