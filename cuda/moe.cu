@@ -562,8 +562,7 @@ static void lt_grouped(struct sl_cuda *c, struct moe_gemm *g, const int *h_offs,
 	const size_t wsb = c->ws_bytes / MOE_STREAMS;
 	float alpha = 1.f;
 	int order[GMAX], sid[GMAX], ne = 0;
-	long load[MOE_STREAMS] = { 0 };
-	bool used[MOE_STREAMS] = { false };
+	long load[MOE_STREAMS] = { 0 };	// rows given to each stream (0: unused)
 
 	for (int e = 0; e < E; e++) {	// the experts with rows, largest first (stable)
 		int rows = h_offs[e + 1] - h_offs[e], i = ne++;
@@ -588,12 +587,11 @@ static void lt_grouped(struct sl_cuda *c, struct moe_gemm *g, const int *h_offs,
 				s = j;
 		sid[i] = s;
 		load[s] += h_offs[order[i] + 1] - h_offs[order[i]];
-		used[s] = true;
 	}
 	if (spread) {
 		CUDA_CHECK(cudaEventRecord(g->fork, c->stream));
 		for (int s = 0; s < g->nside; s++)
-			if (used[s])
+			if (load[s])
 				CUDA_CHECK(cudaStreamWaitEvent(g->side[s], g->fork, 0));
 	}
 	for (int i = 0; i < ne; i++) {
@@ -625,7 +623,7 @@ static void lt_grouped(struct sl_cuda *c, struct moe_gemm *g, const int *h_offs,
 	}
 	if (spread)
 		for (int s = 0; s < g->nside; s++)
-			if (used[s]) {
+			if (load[s]) {
 				CUDA_CHECK(cudaEventRecord(g->join[s], g->side[s]));
 				CUDA_CHECK(cudaStreamWaitEvent(c->stream, g->join[s], 0));
 			}

@@ -941,7 +941,13 @@ extern "C" void sl_cuda_swiglu_bwd(struct sl_cuda *c, void *dgu, const void *dh,
 
 // ---- rows --------------------------------------------------------------------------------
 
-// a block per row; 8 bf16 (16 bytes) a thread where H and both buffers allow (vec)
+// A block per row, 8 bf16 (16 bytes) a thread where the row width and both buffers allow
+// (rows_vec), else one.  The scatter's rows are distinct (backend.h): no two blocks meet.
+static bool rows_vec(int H, const void *a, const void *b)
+{
+	return H % 8 == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0;
+}
+
 __global__ void k_gather_rows(bf16 *out, const bf16 *x, const int *idx, int n, int H, bool vec)
 {
 	for (int i = blockIdx.x; i < n; i += gridDim.x) {
@@ -957,20 +963,22 @@ __global__ void k_gather_rows(bf16 *out, const bf16 *x, const int *idx, int n, i
 	}
 }
 
-// a block per row (idx distinct: no two rows meet), two columns a thread
-__global__ void k_scatter_add_rows(bf16 *dx, const bf16 *g, const int *idx, int n, int H)
+__global__ void k_scatter_add_rows(bf16 *dx, const bf16 *g, const int *idx, int n, int H,
+				   bool vec)
 {
 	for (int i = blockIdx.x; i < n; i += gridDim.x) {
 		bf16 *d = dx + (size_t)idx[i] * H;
 		const bf16 *s = g + (size_t)i * H;
 
-		if (H % 2 == 0) {
-			for (int j = 2 * threadIdx.x; j < H; j += 2 * blockDim.x) {
-				__nv_bfloat162 a = *(__nv_bfloat162 *)(d + j);
-				const __nv_bfloat162 b = *(const __nv_bfloat162 *)(s + j);
-				const float2 fa = __bfloat1622float2(a), fb = __bfloat1622float2(b);
+		if (vec) {
+			for (int j = 8 * threadIdx.x; j < H; j += 8 * blockDim.x) {
+				float a[8], b[8];
 
-				*(__nv_bfloat162 *)(d + j) = __floats2bfloat162_rn(fa.x + fb.x, fa.y + fb.y);
+				ld8(a, d + j);
+				ld8(b, s + j);
+				for (int k = 0; k < 8; k++)
+					a[k] += b[k];
+				st8(d + j, a);
 			}
 		} else {
 			for (int j = threadIdx.x; j < H; j += blockDim.x)
@@ -984,10 +992,8 @@ extern "C" void sl_cuda_gather_rows(struct sl_cuda *c, void *out, const void *x,
 {
 	if (n <= 0)
 		return;
-	const bool vec = H % 8 == 0 && (uintptr_t)out % 16 == 0 && (uintptr_t)x % 16 == 0;
-
 	k_gather_rows<<<n < 65535 ? n : 65535, NT, 0, c->stream>>>((bf16 *)out, (const bf16 *)x,
-								   idx, n, H, vec);
+								   idx, n, H, rows_vec(H, out, x));
 	CUDA_LAUNCHED();
 }
 
@@ -996,8 +1002,8 @@ extern "C" void sl_cuda_scatter_add_rows(struct sl_cuda *c, void *dx, const void
 {
 	if (n <= 0)
 		return;
-	k_scatter_add_rows<<<n < 65535 ? n : 65535, NT, 0, c->stream>>>((bf16 *)dx,
-									(const bf16 *)dout, idx, n, H);
+	k_scatter_add_rows<<<n < 65535 ? n : 65535, NT, 0, c->stream>>>(
+		(bf16 *)dx, (const bf16 *)dout, idx, n, H, rows_vec(H, dx, dout));
 	CUDA_LAUNCHED();
 }
 

@@ -270,7 +270,6 @@ static __device__ __forceinline__ void mm_warp(int M, int N, int K, struct mmop 
 					       float (&c)[TM][TN][4])
 {
 	const int mr = m0 + 2 * TM * g, nc = n0 + TN * g;
-	const bool sc = SC;	// sk given (the callers that scale are few: no scaling code elsewhere)
 	float av[2][2 * TM], bv[2][TN];	// [k - ka][row - mr], [k - ka][column - nc]
 
 	// software-pipelined: a k-step's operands are loaded while the step before multiplies
@@ -282,7 +281,7 @@ static __device__ __forceinline__ void mm_warp(int M, int N, int K, struct mmop 
 		const int ka = k0 + 2 * t;
 		unsigned a[TM][4], b[TN][2];
 
-		if (sc) {
+		if (SC) {	// sk given (few callers scale: no scaling code elsewhere)
 #pragma unroll
 			for (int x = 0; x < 2; x++) {
 				float s = !CHK || ka + x < K ? sk[ka + x] : 0.f;
@@ -296,10 +295,10 @@ static __device__ __forceinline__ void mm_warp(int M, int N, int K, struct mmop 
 		// b0 (k slot t, column slot g), b1 (t + 4, g)
 #pragma unroll
 		for (int i = 0; i < TM; i++) {
-			a[i][0] = mm_reg<ABF>(av[0][2 * i], sc);
-			a[i][1] = mm_reg<ABF>(av[0][2 * i + 1], sc);
-			a[i][2] = mm_reg<ABF>(av[1][2 * i], sc);
-			a[i][3] = mm_reg<ABF>(av[1][2 * i + 1], sc);
+			a[i][0] = mm_reg<ABF>(av[0][2 * i], SC);
+			a[i][1] = mm_reg<ABF>(av[0][2 * i + 1], SC);
+			a[i][2] = mm_reg<ABF>(av[1][2 * i], SC);
+			a[i][3] = mm_reg<ABF>(av[1][2 * i + 1], SC);
 		}
 #pragma unroll
 		for (int j = 0; j < TN; j++) {
