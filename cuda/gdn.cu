@@ -266,11 +266,285 @@ __global__ void k_conv_bwd_dhalo(bf16 *dhalo, int xs, const bf16 *g, const bf16 
 	}
 }
 
+// ---- the same three kernels, 8 channels a thread (the models' shapes) ----------------------------
+// A thread of the kernels above moves 2 bytes a token and waits on each load before the next:
+// at the Qwen3.5 4B's 8,192 channels they ran at a fifth of the memory's bandwidth or less.
+// These take 8 adjacent channels a thread (16-byte loads and stores) and issue the loads of
+// CONV_U tokens before using them; the sums are the kernels' above, term for term.  Where C,
+// the row strides and the pointers allow it (conv_vec_ok) and K is 4.
+#define CV 8
+#define CONV_U 4
+#define CONV_VK 4	// the kernel size these are built for (the models')
+#if CONV_VK != 4
+#error "k_conv_bwd_dw_partial8 writes a channel's K taps as one float4"
+#endif
+
+static __device__ __forceinline__ void cvt8(float *f, uint4 v)
+{
+	const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
+
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		float2 t = __bfloat1622float2(h[k]);
+
+		f[2 * k] = t.x;
+		f[2 * k + 1] = t.y;
+	}
+}
+
+static __device__ __forceinline__ uint4 ld_u4(const bf16 *p)
+{
+	return *(const uint4 *)p;
+}
+
+// conv_in for the 8 channels from c
+static __device__ __forceinline__ void conv_in8(float *f, const bf16 *x, const bf16 *halo, int xs,
+						int t, int p, int back, int L, int K, int c)
+{
+	if (p - back >= 0) {
+		ld8(f, x + (size_t)(t - back) * xs + c);
+	} else if (halo) {
+		ld8(f, halo + ((size_t)(t / L) * (K - 1) + (K - 1) + (p - back)) * xs + c);
+	} else {
+#pragma unroll
+		for (int k = 0; k < CV; k++)
+			f[k] = 0.f;
+	}
+}
+
+// dsilu_g of 8 channels from their raw g and pre
+static __device__ __forceinline__ void dsilu8(float *d, uint4 graw, uint4 praw)
+{
+	float gv[CV], u[CV];
+
+	cvt8(gv, graw);
+	cvt8(u, praw);
+#pragma unroll
+	for (int k = 0; k < CV; k++) {
+		float s = sigm(u[k]);
+
+		d[k] = gv[k] * s * (1.f + u[k] * (1.f - s));
+	}
+}
+
+__global__ void __launch_bounds__(128) k_conv_fwd8(bf16 *out, bf16 *pre, const bf16 *x, int xs,
+						   const bf16 *w, int T, int L, int C,
+						   const bf16 *halo)
+{
+	const int K = CONV_VK, c = (blockIdx.x * blockDim.x + threadIdx.x) * CV;
+	const int t0 = blockIdx.y * CONV_TPC, t1 = min(T, t0 + CONV_TPC);
+	float wr[K][CV], in[K][CV];	// as k_conv_fwd's, for 8 channels
+	int p = t0 % L;
+
+	if (c >= C)
+		return;
+#pragma unroll
+	for (int b = 0; b < K; b++) {
+#pragma unroll
+		for (int k = 0; k < CV; k++)
+			wr[b][k] = bf(w[(size_t)(c + k) * K + K - 1 - b]);
+		if (b)
+			conv_in8(in[b], x, halo, xs, t0, p, b, L, K, c);
+	}
+	for (int tb = t0; tb < t1; tb += CONV_U) {
+		uint4 raw[CONV_U];
+
+#pragma unroll
+		for (int u = 0; u < CONV_U; u++)
+			if (tb + u < t1)
+				raw[u] = ld_u4(x + (size_t)(tb + u) * xs + c);
+#pragma unroll
+		for (int u = 0; u < CONV_U; u++) {
+			const int t = tb + u;
+			float acc[CV], o[CV];
+
+			if (t >= t1)
+				break;
+			if (!p && t > t0) {	// a record starts: its halo, or zeros
+#pragma unroll
+				for (int b = 1; b < K; b++)
+					conv_in8(in[b], x, halo, xs, t, 0, b, L, K, c);
+			}
+			cvt8(in[0], raw[u]);
+#pragma unroll
+			for (int k = 0; k < CV; k++) {
+				acc[k] = 0.f;
+#pragma unroll
+				for (int b = 0; b < K; b++)
+					acc[k] += in[b][k] * wr[b][k];
+				o[k] = acc[k] * sigm(acc[k]);
+			}
+			st8(pre + (size_t)t * C + c, acc);
+			st8(out + (size_t)t * C + c, o);
+#pragma unroll
+			for (int b = K - 1; b > 0; b--)
+#pragma unroll
+				for (int k = 0; k < CV; k++)
+					in[b][k] = in[b - 1][k];
+			if (++p == L)
+				p = 0;
+		}
+	}
+}
+
+__global__ void __launch_bounds__(128) k_conv_bwd_dx8(bf16 *dx, int xs, const bf16 *g,
+						      const bf16 *pre, const bf16 *w, int T, int L,
+						      int C)
+{
+	const int K = CONV_VK, c = (blockIdx.x * blockDim.x + threadIdx.x) * CV;
+	const int t0 = blockIdx.y * CONV_TPC, t1 = min(T, t0 + CONV_TPC);
+	float wr[K][CV], d[K][CV];	// as k_conv_bwd_dx's, for 8 channels
+	int p = (t1 - 1) % L;
+
+	if (c >= C)
+		return;
+#pragma unroll
+	for (int b = 0; b < K; b++) {
+#pragma unroll
+		for (int k = 0; k < CV; k++) {
+			wr[b][k] = bf(w[(size_t)(c + k) * K + K - 1 - b]);
+			d[b][k] = 0.f;
+		}
+		if (p + b < L) {
+			size_t o = (size_t)(t1 - 1 + b) * C + c;
+
+			dsilu8(d[b], ld_u4(g + o), ld_u4(pre + o));
+		}
+	}
+	for (int tb = t1 - 1; tb >= t0; tb -= CONV_U) {
+		uint4 graw[CONV_U], praw[CONV_U];	// tokens tb - 1 - u: the next d[0]s
+
+#pragma unroll
+		for (int u = 0; u < CONV_U; u++)
+			if (tb - 1 - u >= t0) {
+				size_t o = (size_t)(tb - 1 - u) * C + c;
+
+				graw[u] = ld_u4(g + o);
+				praw[u] = ld_u4(pre + o);
+			}
+#pragma unroll
+		for (int u = 0; u < CONV_U; u++) {
+			const int t = tb - u;
+			float acc[CV];
+
+			if (t < t0)
+				break;
+#pragma unroll
+			for (int k = 0; k < CV; k++) {
+				acc[k] = 0.f;
+#pragma unroll
+				for (int b = 0; b < K; b++)
+					acc[k] += d[b][k] * wr[b][k];
+			}
+			st8(dx + (size_t)t * xs + c, acc);
+			if (t == t0)
+				break;
+			if (--p < 0) {	// t - 1 ends a record: nothing past it
+				p = L - 1;
+#pragma unroll
+				for (int b = K - 1; b > 0; b--)
+#pragma unroll
+					for (int k = 0; k < CV; k++)
+						d[b][k] = 0.f;
+			} else {
+#pragma unroll
+				for (int b = K - 1; b > 0; b--)
+#pragma unroll
+					for (int k = 0; k < CV; k++)
+						d[b][k] = d[b - 1][k];
+			}
+			dsilu8(d[0], graw[u], praw[u]);
+		}
+	}
+}
+
+__global__ void __launch_bounds__(128) k_conv_bwd_dw_partial8(float *part, const bf16 *g,
+							      const bf16 *x, int xs,
+							      const bf16 *pre, int T, int L,
+							      int C, const bf16 *halo, int tpc)
+{
+	const int K = CONV_VK, c = (blockIdx.x * blockDim.x + threadIdx.x) * CV;
+	const int t0 = blockIdx.y * tpc, t1 = min(T, t0 + tpc);
+	float acc[K][CV], win[K][CV];	// as k_conv_bwd_dw_partial's, for 8 channels
+	int p = t0 % L;
+
+	if (c >= C)
+		return;
+#pragma unroll
+	for (int j = 0; j < K; j++) {
+#pragma unroll
+		for (int k = 0; k < CV; k++)
+			acc[j][k] = 0.f;
+		conv_in8(win[j], x, halo, xs, t0, p, K - 1 - j, L, K, c);
+	}
+	for (int tb = t0; tb < t1; tb += CONV_U) {
+		uint4 xraw[CONV_U], graw[CONV_U], praw[CONV_U];
+
+#pragma unroll
+		for (int u = 0; u < CONV_U; u++)
+			if (tb + u < t1) {
+				size_t o = (size_t)(tb + u) * C + c;
+
+				xraw[u] = ld_u4(x + (size_t)(tb + u) * xs + c);
+				graw[u] = ld_u4(g + o);
+				praw[u] = ld_u4(pre + o);
+			}
+#pragma unroll
+		for (int u = 0; u < CONV_U; u++) {
+			const int t = tb + u;
+			float d[CV];
+
+			if (t >= t1)
+				break;
+			if (t > t0 && !p) {	// a record starts: the halo's rows, or zeros
+#pragma unroll
+				for (int j = 0; j < K; j++)
+					conv_in8(win[j], x, halo, xs, t, 0, K - 1 - j, L, K, c);
+			} else if (t > t0) {	// slide by one token
+#pragma unroll
+				for (int j = 0; j + 1 < K; j++)
+#pragma unroll
+					for (int k = 0; k < CV; k++)
+						win[j][k] = win[j + 1][k];
+				cvt8(win[K - 1], xraw[u]);
+			}
+			dsilu8(d, graw[u], praw[u]);
+#pragma unroll
+			for (int j = 0; j < K; j++)
+				if (p - (K - 1 - j) >= 0 || halo) {
+#pragma unroll
+					for (int k = 0; k < CV; k++)
+						acc[j][k] += d[k] * win[j][k];
+				}
+			if (++p == L)
+				p = 0;
+		}
+	}
+	float4 *dst = (float4 *)(part + ((size_t)blockIdx.y * C + c) * K);
+
+#pragma unroll
+	for (int k = 0; k < CV; k++)	// part(chunk, c + k, j): CV * K floats in a row
+		dst[k] = make_float4(acc[0][k], acc[1][k], acc[2][k], acc[3][k]);
+}
+
+// whether the 8-channel kernels take this conv: K 4, C and the row strides in whole 16-byte
+// groups, every pointer on 16 bytes
+static bool conv_vec_ok(int K, int C, int xs, const void *a, const void *b, const void *x,
+			const void *h, const void *d)
+{
+	return K == CONV_VK && !(C % CV) && !(xs % CV) &&
+	       !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)x | (uintptr_t)h | (uintptr_t)d) & 15);
+}
+
 extern "C" void sl_cuda_conv1d_silu_fwd(struct sl_cuda *c, void *out, void *pre, const void *x,
 					int xs, const void *w, int T, int L, int C, int K,
 					const void *halo)
 {
-	if (K <= CONV_KMAX)
+	if (conv_vec_ok(K, C, xs, out, pre, x, halo, NULL))
+		k_conv_fwd8<<<dim3((C / CV + 127) / 128, (T + CONV_TPC - 1) / CONV_TPC), 128, 0,
+			      c->stream>>>((bf16 *)out, (bf16 *)pre, (const bf16 *)x, xs,
+					   (const bf16 *)w, T, L, C, (const bf16 *)halo);
+	else if (K <= CONV_KMAX)
 		k_conv_fwd<<<dim3((C + 127) / 128, (T + CONV_TPC - 1) / CONV_TPC), 128, 0,
 			     c->stream>>>((bf16 *)out, (bf16 *)pre, (const bf16 *)x, xs,
 					  (const bf16 *)w, T, L, C, K, (const bf16 *)halo);
@@ -286,7 +560,13 @@ extern "C" void sl_cuda_conv1d_silu_bwd(struct sl_cuda *c, void *dx, int xs, voi
 					const void *w, int T, int L, int C, int K, const void *halo,
 					void *dhalo)
 {
-	if (K <= CONV_KMAX)
+	const bool vec = conv_vec_ok(K, C, xs, dx, dout, x, halo, pre);
+
+	if (vec)
+		k_conv_bwd_dx8<<<dim3((C / CV + 127) / 128, (T + CONV_TPC - 1) / CONV_TPC), 128, 0,
+				 c->stream>>>((bf16 *)dx, xs, (const bf16 *)dout,
+					      (const bf16 *)pre, (const bf16 *)w, T, L, C);
+	else if (K <= CONV_KMAX)
 		k_conv_bwd_dx<<<dim3((C + 127) / 128, (T + CONV_TPC - 1) / CONV_TPC), 128, 0,
 				c->stream>>>((bf16 *)dx, xs, (const bf16 *)dout, (const bf16 *)pre,
 					     (const bf16 *)w, T, L, C, K);
@@ -307,9 +587,17 @@ extern "C" void sl_cuda_conv1d_silu_bwd(struct sl_cuda *c, void *dx, int xs, voi
 		nchunk = (T + tpc - 1) / tpc;
 		float *part = sl_cuda_scratch(c, (size_t)nchunk * row, "conv1d dw");
 
-		k_conv_bwd_dw_partial<<<dim3((C + 127) / 128, nchunk), 128, 0, c->stream>>>(
-			part, (const bf16 *)dout, (const bf16 *)x, xs, (const bf16 *)pre, T, L, C, K,
-			(const bf16 *)halo, tpc);
+		if (vec)
+			k_conv_bwd_dw_partial8<<<dim3((C / CV + 127) / 128, nchunk), 128, 0,
+						 c->stream>>>(part, (const bf16 *)dout,
+							      (const bf16 *)x, xs,
+							      (const bf16 *)pre, T, L, C,
+							      (const bf16 *)halo, tpc);
+		else
+			k_conv_bwd_dw_partial<<<dim3((C + 127) / 128, nchunk), 128, 0,
+						c->stream>>>(part, (const bf16 *)dout,
+							     (const bf16 *)x, xs, (const bf16 *)pre,
+							     T, L, C, K, (const bf16 *)halo, tpc);
 		CUDA_LAUNCHED();
 		k_dw_final<<<grid_for((size_t)C * K, NT), NT, 0, c->stream>>>(
 			(bf16 *)dw, part, nchunk, C * K);
@@ -864,15 +1152,236 @@ __global__ void k_gnorm_dw(bf16 *dw, const bf16 *g, const bf16 *x, const bf16 *z
 		dw[i] = tobf(bf(dw[i]) + acc);
 }
 
+// ---- the same, 4 adjacent elements a lane (d 128 or 256) -----------------------------------------
+// The kernels above load 2 bytes a lane at a time, a load waiting on the one before: at the 4B's
+// rows of 128 they ran at a third of the memory's bandwidth or less.  Here every load of a row is
+// issued first, 8 bytes a lane; the dw partials take two rows a warp at a time.  The row sums
+// go lane by lane in another order than above (rounding differs, not the math).
+#define GN_NVMAX 2
+
+static __device__ __forceinline__ void cvt4(float *f, uint2 v)
+{
+	const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
+	float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+
+	f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+}
+
+static __device__ __forceinline__ uint2 pack4(const float *f)
+{
+	uint2 v;
+	__nv_bfloat162 *h = (__nv_bfloat162 *)&v;
+
+	h[0] = __floats2bfloat162_rn(f[0], f[1]);
+	h[1] = __floats2bfloat162_rn(f[2], f[3]);
+	return v;
+}
+
+#define GN_AT(p, v) (*(const uint2 *)((p) + 4 * lane + 128 * (v)))
+#define GN_PUT(p, v, f) (*(uint2 *)((p) + 4 * lane + 128 * (v)) = pack4(f))
+
+template <int NV>
+__global__ void k_gnorm_fwd4(bf16 *out, float *rstd, const bf16 *x, const bf16 *z, int zs,
+			     const bf16 *w, int T, int nh, float eps)
+{
+	const int d = 128 * NV, row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	const int lane = threadIdx.x & 31;
+
+	if (row >= T * nh)
+		return;
+	const int t = row / nh, h = row % nh;
+	const bf16 *xr = x + (size_t)row * d, *zr = z + (size_t)t * zs + (size_t)h * d;
+	uint2 xu[NV], zu[NV], wu[NV];
+	float ss = 0.f, r;
+
+#pragma unroll
+	for (int v = 0; v < NV; v++) {
+		xu[v] = GN_AT(xr, v);
+		zu[v] = GN_AT(zr, v);
+		wu[v] = GN_AT(w, v);
+	}
+#pragma unroll
+	for (int v = 0; v < NV; v++) {
+		float xv[4];
+
+		cvt4(xv, xu[v]);
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			ss += xv[e] * xv[e];
+	}
+	r = rsqrtf(warp_sum(ss) / d + eps);
+	if (!lane)
+		rstd[row] = r;
+#pragma unroll
+	for (int v = 0; v < NV; v++) {
+		float xv[4], zv[4], wv[4], o[4];
+
+		cvt4(xv, xu[v]);
+		cvt4(zv, zu[v]);
+		cvt4(wv, wu[v]);
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			o[e] = wv[e] * (xv[e] * r) * zv[e] * sigm(zv[e]);
+		GN_PUT(out + (size_t)row * d, v, o);
+	}
+}
+
+template <int NV>
+__global__ void k_gnorm_bwd4(bf16 *dx, bf16 *dz, int zs, const bf16 *g, const bf16 *x,
+			     const bf16 *z, const bf16 *w, const float *rstd, int T, int nh)
+{
+	const int d = 128 * NV, row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	const int lane = threadIdx.x & 31;
+
+	if (row >= T * nh)
+		return;
+	const int t = row / nh, h = row % nh;
+	const size_t zo = (size_t)t * zs + (size_t)h * d;
+	const bf16 *xr = x + (size_t)row * d, *zr = z + zo, *gr = g + (size_t)row * d;
+	uint2 xu[NV], zu[NV], gu[NV], wu[NV];
+	float r = rstd[row], s = 0.f, dxh[NV][4];
+
+#pragma unroll
+	for (int v = 0; v < NV; v++) {
+		xu[v] = GN_AT(xr, v);
+		zu[v] = GN_AT(zr, v);
+		gu[v] = GN_AT(gr, v);
+		wu[v] = GN_AT(w, v);
+	}
+#pragma unroll
+	for (int v = 0; v < NV; v++) {
+		float xv[4], zv[4], gv[4], wv[4], dzv[4];
+
+		cvt4(xv, xu[v]);
+		cvt4(zv, zu[v]);
+		cvt4(gv, gu[v]);
+		cvt4(wv, wu[v]);
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			float sz = sigm(zv[e]), gw = gv[e] * wv[e];
+
+			s += gw * zv[e] * sz * xv[e];
+			dzv[e] = gw * xv[e] * r * sz * (1.f + zv[e] * (1.f - sz));
+			dxh[v][e] = gw * zv[e] * sz;
+		}
+		GN_PUT(dz + zo, v, dzv);
+	}
+	s = warp_sum(s);
+#pragma unroll
+	for (int v = 0; v < NV; v++) {
+		float xv[4], o[4];
+
+		cvt4(xv, xu[v]);
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			o[e] = r * dxh[v][e] - xv[e] * s * r * r * r / d;
+		GN_PUT(dx + (size_t)row * d, v, o);
+	}
+}
+
+// k_gnorm_dw_partial's sums (rows w, w + 8, ... of the block's GNORM_RPB by warp w, in order),
+// two rows' loads at a time
+template <int NV>
+__global__ void __launch_bounds__(NT) k_gnorm_dw_partial4(float *part, const bf16 *g,
+							  const bf16 *x, const bf16 *z, int zs,
+							  const float *rstd, int T, int nh)
+{
+	__shared__ float red[NT / 32][128 * NV];
+	const int d = 128 * NV, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rows = T * nh;
+	const int r0 = blockIdx.x * GNORM_RPB, r1 = min(rows, r0 + GNORM_RPB);
+	float acc[NV][4];
+
+#pragma unroll
+	for (int v = 0; v < NV; v++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			acc[v][e] = 0.f;
+	for (int row = r0 + warp; row < r1; row += 2 * (NT / 32)) {
+		uint2 xu[2][NV], zu[2][NV], gu[2][NV];
+		float rr[2];
+
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			const int ri = row + i * (NT / 32);
+
+			if (ri < r1) {
+				const int t = ri / nh, h = ri % nh;
+
+				rr[i] = rstd[ri];
+#pragma unroll
+				for (int v = 0; v < NV; v++) {
+					xu[i][v] = GN_AT(x + (size_t)ri * d, v);
+					gu[i][v] = GN_AT(g + (size_t)ri * d, v);
+					zu[i][v] = GN_AT(z + (size_t)t * zs + (size_t)h * d, v);
+				}
+			}
+		}
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			if (row + i * (NT / 32) >= r1)
+				break;
+#pragma unroll
+			for (int v = 0; v < NV; v++) {
+				float xv[4], zv[4], gv[4];
+
+				cvt4(xv, xu[i][v]);
+				cvt4(zv, zu[i][v]);
+				cvt4(gv, gu[i][v]);
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					acc[v][e] += gv[e] * xv[e] * rr[i] * zv[e] * sigm(zv[e]);
+			}
+		}
+	}
+#pragma unroll
+	for (int v = 0; v < NV; v++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			red[warp][4 * lane + 128 * v + e] = acc[v][e];
+	__syncthreads();
+	for (int i = threadIdx.x; i < d; i += NT) {
+		float a = 0.f;
+
+		for (int w = 0; w < NT / 32; w++)
+			a += red[w][i];
+		part[(size_t)blockIdx.x * d + i] = a;
+	}
+}
+
+// whether the 4-element kernels take this norm: d = 128 NV, z's stride and every pointer on
+// 8 bytes
+static int gnorm_nv(int d, int zs, const void *a, const void *b, const void *x, const void *z,
+		    const void *w, const void *e)
+{
+	if (d % 128 || d > 128 * GN_NVMAX || zs % 4 ||
+	    (((uintptr_t)a | (uintptr_t)b | (uintptr_t)x | (uintptr_t)z | (uintptr_t)w |
+	      (uintptr_t)e) & 7))
+		return 0;
+	return d / 128;
+}
+
 extern "C" void sl_cuda_gated_rmsnorm_fwd(struct sl_cuda *c, void *out, float *rstd,
 					  const void *x, const void *z, int zs, const void *w,
 					  int T, int nh, int d, float eps)
 {
 	size_t rows = (size_t)T * nh;
+	const unsigned nb = (unsigned)((rows * 32 + NT - 1) / NT);
 
-	k_gnorm_fwd<<<(unsigned)((rows * 32 + NT - 1) / NT), NT, 0, c->stream>>>(
-		(bf16 *)out, rstd, (const bf16 *)x, (const bf16 *)z, zs, (const bf16 *)w, T, nh, d,
-		eps);
+	switch (gnorm_nv(d, zs, out, NULL, x, z, w, NULL)) {
+#define GN_FWD(NV)                                                                               \
+	case NV:                                                                                 \
+		k_gnorm_fwd4<NV><<<nb, NT, 0, c->stream>>>((bf16 *)out, rstd, (const bf16 *)x,   \
+							   (const bf16 *)z, zs, (const bf16 *)w, \
+							   T, nh, eps);                          \
+		break;
+		GN_FWD(1)
+		GN_FWD(2)
+#undef GN_FWD
+	default:
+		k_gnorm_fwd<<<nb, NT, 0, c->stream>>>((bf16 *)out, rstd, (const bf16 *)x,
+						     (const bf16 *)z, zs, (const bf16 *)w, T, nh,
+						     d, eps);
+	}
 	CUDA_LAUNCHED();
 }
 
@@ -882,19 +1391,46 @@ extern "C" void sl_cuda_gated_rmsnorm_bwd(struct sl_cuda *c, void *dx, void *dz,
 					  int nh, int d, float eps)
 {
 	size_t rows = (size_t)T * nh;
+	const unsigned nb = (unsigned)((rows * 32 + NT - 1) / NT);
+	const int nv = gnorm_nv(d, zs, dx, dz, x, z, w, dout);
 
-	k_gnorm_bwd<<<(unsigned)((rows * 32 + NT - 1) / NT), NT, 0, c->stream>>>(
-		(bf16 *)dx, (bf16 *)dz, zs, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)z,
-		(const bf16 *)w, rstd, T, nh, d);
+	switch (nv) {
+#define GN_BWD(NV)                                                                               \
+	case NV:                                                                                 \
+		k_gnorm_bwd4<NV><<<nb, NT, 0, c->stream>>>(                                      \
+			(bf16 *)dx, (bf16 *)dz, zs, (const bf16 *)dout, (const bf16 *)x,         \
+			(const bf16 *)z, (const bf16 *)w, rstd, T, nh);                          \
+		break;
+		GN_BWD(1)
+		GN_BWD(2)
+#undef GN_BWD
+	default:
+		k_gnorm_bwd<<<nb, NT, 0, c->stream>>>((bf16 *)dx, (bf16 *)dz, zs,
+						     (const bf16 *)dout, (const bf16 *)x,
+						     (const bf16 *)z, (const bf16 *)w, rstd, T, nh,
+						     d);
+	}
 	CUDA_LAUNCHED();
 	const int nchunk = (int)((rows + GNORM_RPB - 1) / GNORM_RPB);
 
 	if (d <= 32 * GNORM_EPL && (size_t)nchunk * d * sizeof(float) <= c->scratch_bytes) {
 		float *part = sl_cuda_scratch(c, (size_t)nchunk * d * sizeof(float), "gnorm dw");
 
-		k_gnorm_dw_partial<<<nchunk, NT, 0, c->stream>>>(part, (const bf16 *)dout,
-								 (const bf16 *)x, (const bf16 *)z,
-								 zs, rstd, T, nh, d);
+		switch (nv) {
+#define GN_DW(NV)                                                                                \
+	case NV:                                                                                 \
+		k_gnorm_dw_partial4<NV><<<nchunk, NT, 0, c->stream>>>(                           \
+			part, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)z, zs, rstd, T, \
+			nh);                                                                     \
+		break;
+			GN_DW(1)
+			GN_DW(2)
+#undef GN_DW
+		default:
+			k_gnorm_dw_partial<<<nchunk, NT, 0, c->stream>>>(
+				part, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)z, zs,
+				rstd, T, nh, d);
+		}
 		CUDA_LAUNCHED();
 		k_dw_final<<<grid_for(d, NT), NT, 0, c->stream>>>((bf16 *)dw, part, nchunk, d);
 	} else {

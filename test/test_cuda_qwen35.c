@@ -1076,6 +1076,12 @@ int main(int argc, char **argv)
 	t_conv(2, 300, 1000, 4, 1100);
 	t_conv_halo(4, 5, 7, 4, 11);
 	t_conv_halo(2, 150, 300, 4, 330);
+	/* 8 channels a thread (C and the stride in 16-byte groups): records that start inside a
+	 * thread's token run and inside its groups of 4 loads, with and without the halo */
+	t_conv(3, 99, 256, 4, 264);
+	t_conv_halo(3, 77, 320, 4, 336);
+	/* the Qwen3.5 4B layer's conv (8,192 channels of the 12,352-wide projection), timed */
+	t_conv(4, 2048, 8192, 4, 12352);
 	t_prep(5, 1, 2, 4, 3, 9);
 	t_prep(140, 2, 4, 16, 24, 10);
 	t_prep(700, 16, 48, 128, 128, 100);
@@ -1099,6 +1105,9 @@ int main(int argc, char **argv)
 	t_gnorm(7, 2, 3, 11);
 	t_gnorm(140, 4, 24, 200);
 	t_gnorm(300, 48, 128, 7000);
+	t_gnorm(70, 6, 256, 1600);	/* 8 elements a lane */
+	t_gnorm(50, 4, 128, 514);	/* z's stride off 8 bytes: the 2-byte kernels */
+	t_gnorm(8192, 32, 128, 12352);	/* the 4B layer's, timed */
 	t_gattn(2, 9, 2, 1, 8, 4, false);
 	t_gattn(3, 70, 4, 2, 32, 8, false);
 	t_gattn(2, 150, 24, 4, 256, 64, false);
