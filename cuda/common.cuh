@@ -82,10 +82,10 @@ static __device__ __forceinline__ bf16 tobf(float v)
 	return __float2bfloat16_rn(v);
 }
 
-// 8 bf16 at a 16-byte aligned address, as floats, and back (each rounded as tobf rounds)
-static __device__ __forceinline__ void ld8(float *f, const bf16 *p)
+// 8 bf16 (one 16-byte word) as floats; ld8 / st8: at a 16-byte aligned address, as floats, and
+// back (each rounded as tobf rounds)
+static __device__ __forceinline__ void cvt8(float *f, uint4 v)
 {
-	uint4 v = *(const uint4 *)p;
 	const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
 
 #pragma unroll
@@ -95,6 +95,11 @@ static __device__ __forceinline__ void ld8(float *f, const bf16 *p)
 		f[2 * k] = t.x;
 		f[2 * k + 1] = t.y;
 	}
+}
+
+static __device__ __forceinline__ void ld8(float *f, const bf16 *p)
+{
+	cvt8(f, *(const uint4 *)p);
 }
 
 static __device__ __forceinline__ void st8(bf16 *p, const float *f)

@@ -279,19 +279,6 @@ __global__ void k_conv_bwd_dhalo(bf16 *dhalo, int xs, const bf16 *g, const bf16 
 #error "k_conv_bwd_dw_partial8 writes a channel's K taps as one float4"
 #endif
 
-static __device__ __forceinline__ void cvt8(float *f, uint4 v)
-{
-	const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
-
-#pragma unroll
-	for (int k = 0; k < 4; k++) {
-		float2 t = __bfloat1622float2(h[k]);
-
-		f[2 * k] = t.x;
-		f[2 * k + 1] = t.y;
-	}
-}
-
 static __device__ __forceinline__ uint4 ld_u4(const bf16 *p)
 {
 	return *(const uint4 *)p;

@@ -371,20 +371,20 @@ static __device__ __noinline__ void mm_block(int M, int N, int K, struct mmop A,
 							v[j] += cb * u[j];
 					}
 					mm_stv<TN>(o, v);
-					continue;
-				}
+				} else {
 #pragma unroll
-				for (int j = 0; j < TN; j++) {
-					int n = n0 + TN * (2 * t + (x & 1)) + j;
-					float *o, v;
+					for (int j = 0; j < TN; j++) {
+						int n = n0 + TN * (2 * t + (x & 1)) + j;
+						float *o, v;
 
-					if (n >= N)
-						continue;
-					o = C + m * crs + n * ccs;
-					v = r * c[i][j][x];
-					if (cb != 0.f)
-						v += cb * *o;
-					*o = v;
+						if (n >= N)
+							continue;
+						o = C + m * crs + n * ccs;
+						v = r * c[i][j][x];
+						if (cb != 0.f)
+							v += cb * *o;
+						*o = v;
+					}
 				}
 			}
 	}
