@@ -26,7 +26,7 @@
 struct cuda_priv {
 	struct sl_cuda *c;
 	struct sl_arena arena;		/* backend_arena.h: chunks from cudaMalloc */
-	bool gdn_split;			/* backend_cuda_gdn.c: the chunked rule's split passes */
+	bool gdn_fwd_split, gdn_bwd_split;	/* backend_cuda_gdn.c: the chunked rule's passes */
 };
 
 static struct cuda_priv *P(struct sl_backend *be)

@@ -6,8 +6,10 @@
  * batches whose longest record crosses 64-token chunks; the backward ops get the cpu's saved
  * statistics so that only their own arithmetic is compared.  Then the tiny hybrid model's loss
  * and gradients, cuda against cpu.  The gated delta rule's cases run with each delta-rule kernel
- * (gdn.cu's recurrence; gdn_chunk.cu's chunked form, its forward in three passes, and in one
- * kernel: a cuda backend each, made under SHARDLM_GDN_KERNEL), the model with the first two;
+ * (gdn.cu's recurrence; gdn_chunk.cu's chunked form with its forward in three passes and its
+ * backward's state pass in two, and with each in one kernel (the default takes the one-kernel
+ * forward and the two-pass backward): a cuda backend each, made under SHARDLM_GDN_KERNEL), the
+ * model with the recurrence, the default and the three-pass forward;
  * then, at the Qwen3.5 4B layer's shape, chunked against recurrent and the three-pass forward
  * against the fused one, timed.  SL_TEST_RULE_ONLY=1: the delta rule's cases alone (for
  * compute-sanitizer); SL_TEST_RULE_ONLY=chunked: three small cases of the chunked kernel alone
@@ -25,7 +27,8 @@
 #include "../cuda/sl_cuda.h"
 #include "testutil.h"
 
-static struct sl_backend *cpu, *gpu, *gpu_rec, *gpu_chk, *gpu_fus;	/* gpu: the one under test */
+/* gpu: the one under test; gpu_def: SHARDLM_GDN_KERNEL unset (the whole model's runs) */
+static struct sl_backend *cpu, *gpu, *gpu_rec, *gpu_chk, *gpu_fus, *gpu_def;
 
 /* ---- random numbers and bf16 on the host --------------------------------------------------- */
 
@@ -1045,14 +1048,20 @@ int main(int argc, char **argv)
 	setenv("SHARDLM_GDN_KERNEL", "bogus", 1);
 	gpu_chk = sl_backend_cuda_create(0);
 	CHECK(!gpu_chk, "SHARDLM_GDN_KERNEL=bogus must make the cuda backend fail");
-	setenv("SHARDLM_GDN_KERNEL", "chunked", 1);
+	setenv("SHARDLM_GDN_KERNEL", "chunked", 1);	/* the default's name */
+	gpu_def = sl_backend_cuda_create(0);
+	CHECK(gpu_def, "cuda backend with SHARDLM_GDN_KERNEL=chunked");
+	if (gpu_def)
+		gpu_def->destroy(gpu_def);
+	setenv("SHARDLM_GDN_KERNEL", "chunked-3pass", 1);
 	gpu_chk = sl_backend_cuda_create(0);
-	CHECK(gpu_chk, "cuda backend with SHARDLM_GDN_KERNEL=chunked");
+	CHECK(gpu_chk, "cuda backend with SHARDLM_GDN_KERNEL=chunked-3pass");
 	setenv("SHARDLM_GDN_KERNEL", "chunked-fused", 1);
 	gpu_fus = sl_backend_cuda_create(0);
 	CHECK(gpu_fus, "cuda backend with SHARDLM_GDN_KERNEL=chunked-fused");
 	unsetenv("SHARDLM_GDN_KERNEL");
-	if (!gpu_chk || !gpu_fus)
+	gpu_def = sl_backend_cuda_create(0);
+	if (!gpu_chk || !gpu_fus || !gpu_def)
 		return test_exit("test_cuda_qwen35");
 	printf("%-18s %-28s %-8s %10s %10s %8s\n", "op", "shape", "output", "rel.err", "max/scale",
 	       "gpu ms");
@@ -1112,9 +1121,10 @@ int main(int argc, char **argv)
 	t_gattn(3, 70, 4, 2, 32, 8, false);
 	t_gattn(2, 150, 24, 4, 256, 64, false);
 	t_gattn(2, 150, 24, 4, 256, 64, true);
-	for (int kk = 0; kk < 2; kk++) {	/* the whole model with either delta-rule kernel */
-		gpu = kk ? gpu_chk : gpu_rec;
-		printf("-- model: %s gated delta rule\n", kk ? "chunked" : "recurrent");
+	for (int kk = 0; kk < 3; kk++) {	/* the whole model with each delta-rule setting */
+		gpu = kk == 2 ? gpu_chk : kk ? gpu_def : gpu_rec;
+		printf("-- model: %s gated delta rule\n",
+		       kk == 2 ? "chunked-3pass" : kk ? "default (chunked)" : "recurrent");
 		t_model("3x150 classify", false, 0, 0);
 		t_model("3x150 sft", true, 0, 0);
 		t_model("3x150 moe sft k=E=4", true, 4, 24);
@@ -1130,6 +1140,7 @@ out:
 	printf("peak %zu bytes, reserved %zu\n", sl_backend_cuda_peak_bytes(gpu),
 	       sl_backend_cuda_reserved_bytes(gpu));
 	gpu_fus->destroy(gpu_fus);
+	gpu_def->destroy(gpu_def);
 	gpu_chk->destroy(gpu_chk);
 	gpu_rec->destroy(gpu_rec);	/* gpu is one of the three */
 	cpu->destroy(cpu);
