@@ -928,18 +928,20 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 			}
 		}
 		__syncthreads();
-		for (int x = tid; x < GC * GC; x += NTH) {	// D = dA o beta_r E, 0 at s >= r
+		// D = dA o beta_r E (0 at s >= r) and D^T into U (spent) as one matrix: D is
+		// strictly lower, so each element of D + D^T is one of D's, not a sum
+		for (int x = tid; x < GC * GC; x += NTH) {
 			int r = x / GC, s = x % GC;
 
-			q.dT[r * ldg + s] = s < r ? q.dT[r * ldg + s] * c.bet[r] *
-						    expf(c.G[r] - c.G[s]) : 0.f;
+			float d = s < r ? q.dT[r * ldg + s] * c.bet[r] * expf(c.G[r] - c.G[s]) : 0.f;
+
+			if (s <= r)
+				U[r * ldg + s] = U[s * ldg + r] = d;
 		}
 		__syncthreads();
 		// dk += (D + D^T) K
-		tc_mm(GC, dk, GC, mm_f(q.dT, ldg, 1), mm_b(c.K, ldk, 1), NULL, NULL, 1.f, 1.f, acck,
-		      dk, 1);
-		tc_mm(GC, dk, GC, mm_f(q.dT, 1, ldg), mm_b(c.K, ldk, 1), NULL, NULL, 1.f, 1.f, acck,
-		      dk, 1);
+		tc_mm(GC, dk, GC, mm_f(U, ldg, 1), mm_b(c.K, ldk, 1), NULL, NULL, 1.f, 1.f, acck, dk,
+		      1);
 		if (tid < GC && c0 + tid < L) {	// dg = the reverse cumulative sum of dG; dbeta
 			int r = tid;
 			float a = 0.f;
