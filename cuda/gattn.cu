@@ -107,7 +107,7 @@ __global__ void k_gattn_bwd(bf16 *din, const bf16 *dout, const bf16 *dgate, cons
 
 // the q and k norm weights' gradients in two passes, in a fixed order (no atomics): block (token
 // chunk, q|k), thread (element i, token lane): partial sums over the chunk's tokens and the heads
-// into part(2, nchunk, hd); then k_norm_dw_final (norm_dw.cuh) adds the chunks' partials in order
+// into part(2, nchunk, hd); then norm_dw_final (norm_dw.cuh) adds the chunks' partials in order
 __global__ void k_gattn_dw_partial(float *part, const bf16 *dout, const bf16 *in,
 				   const float *rstd, const float *cs, int T, int L, const int *pos,
 				   int nh, int nkv, int hd, int rot, int tpc)
@@ -187,8 +187,7 @@ extern "C" void sl_cuda_gattn_qk_bwd(struct sl_cuda *c, void *dqgkv, void *dqw, 
 			     c->stream>>>(part, (const bf16 *)dout, (const bf16 *)qgkv, rstd, cs, T,
 					  L, pos, nh, nkv, hd, rot, tpc);
 	CUDA_LAUNCHED();
-	k_norm_dw_final<<<2, hd, 0, c->stream>>>((bf16 *)dqw, (bf16 *)dkw, part, nchunk, hd);
-	CUDA_LAUNCHED();
+	norm_dw_final(c, dqw, dkw, part, nchunk, hd);
 }
 
 // ---- the sigmoid output gate --------------------------------------------------------------------

@@ -6,17 +6,43 @@
 #include "common.cuh"
 
 // the q and k norm weights' gradients, second pass (ops.cu's Qwen3 and gattn.cu's Qwen3.5 norms):
-// block q|k, thread element i; dqw, dkw(hd) += the sum over nchunk partials part(2, nchunk, hd),
-// in chunk order
-static __global__ void k_norm_dw_final(bf16 *dqw, bf16 *dkw, const float *part, int nchunk, int hd)
+// dqw, dkw(hd) += the sum over nchunk partials part(2, nchunk, hd).  Block (32 elements, q|k),
+// lane the element: warp w sums the chunks w, w + NDW_WARPS, ... and the block adds its warps
+// in order (a fixed order: the same sums on every run).  One thread walking all the chunks (up
+// to 2,048) took 0.1 ms a layer on the H200.
+#define NDW_WARPS 8
+static __global__ void __launch_bounds__(NDW_WARPS * 32)
+k_norm_dw_final(bf16 *dqw, bf16 *dkw, const float *part, int nchunk, int hd)
 {
-	int i = threadIdx.x, kind = blockIdx.x;
-	bf16 *d = kind ? dkw : dqw;
+	__shared__ float red[NDW_WARPS][32];
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, kind = blockIdx.y;
+	const int i = blockIdx.x * 32 + lane;
+	const float *p = part + (size_t)kind * nchunk * hd + i;
 	float acc = 0.f;
 
-	for (int k = 0; k < nchunk; k++)
-		acc += part[((size_t)kind * nchunk + k) * hd + i];
-	d[i] = tobf(bf(d[i]) + acc);
+	if (i < hd) {
+#pragma unroll 4
+		for (int k = w; k < nchunk; k += NDW_WARPS)
+			acc += p[(size_t)k * hd];
+	}
+	red[w][lane] = acc;
+	__syncthreads();
+	if (!w && i < hd) {
+		bf16 *d = kind ? dkw : dqw;
+		float a = 0.f;
+
+		for (int j = 0; j < NDW_WARPS; j++)
+			a += red[j][lane];
+		d[i] = tobf(bf(d[i]) + a);
+	}
+}
+
+static void norm_dw_final(struct sl_cuda *c, void *dqw, void *dkw, const float *part, int nchunk,
+			  int hd)
+{
+	k_norm_dw_final<<<dim3((hd + 31) / 32, 2), NDW_WARPS * 32, 0, c->stream>>>(
+		(bf16 *)dqw, (bf16 *)dkw, part, nchunk, hd);
+	CUDA_LAUNCHED();
 }
 
 // cos at cs[p*rot + i], sin at cs[p*rot + rot/2 + i] for positions p < L and pairs i < rot/2;

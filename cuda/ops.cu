@@ -597,7 +597,7 @@ k_qk_norm_rope_fwd_w(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, co
 // (gridDim.x * QK_WARPS)-th one from b * QK_WARPS + w), and the norm weights' gradients on the
 // way: each lane sums dn x rstd of its columns over its warp's q heads and k heads, the block
 // adds its warps' sums in order into part[(kind * gridDim.x + block) * HD + i] (kind 0 q, 1 k),
-// which k_norm_dw_final adds up in block order: the same sums on every run.
+// which norm_dw_final adds up in a fixed order: the same sums on every run.
 template <int HD>
 __global__ void __launch_bounds__(QK_WARPS * 32)
 k_qk_norm_rope_bwd_w(bf16 *dqkv, float *part, const bf16 *dout, const bf16 *qkv, const bf16 *qw,
@@ -823,8 +823,7 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 					       T, L, (const int *)pos, nh, nkv, hd, theta, tpc);
 		CUDA_LAUNCHED();
 	}
-	k_norm_dw_final<<<2, hd, 0, c->stream>>>((bf16 *)dqw, (bf16 *)dkw, part, nchunk, hd);
-	CUDA_LAUNCHED();
+	norm_dw_final(c, dqw, dkw, part, nchunk, hd);
 }
 
 // ---- SwiGLU ------------------------------------------------------------------------------
