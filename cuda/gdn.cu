@@ -27,15 +27,25 @@ static int round32(int n)
 
 // ---- causal depthwise conv1d + SiLU -----------------------------------------------------------
 
-// x(t - back, c) of record row t (position p), or the halo's row for a position before 0
+// the row that holds x(t - back) of record row t (position p): x's, the halo's for a position
+// before 0, or NULL (zeros: no halo)
+static __device__ __forceinline__ const bf16 *conv_row(const bf16 *x, const bf16 *halo, int xs,
+						       int t, int p, int back, int L, int K)
+{
+	if (p - back >= 0)
+		return x + (size_t)(t - back) * xs;
+	if (!halo)
+		return NULL;
+	return halo + ((size_t)(t / L) * (K - 1) + (K - 1) + (p - back)) * xs;
+}
+
+// x(t - back, c) (conv_row's row, element c)
 static __device__ __forceinline__ float conv_in(const bf16 *x, const bf16 *halo, int xs, int t,
 						int p, int back, int L, int K, int c)
 {
-	if (p - back >= 0)
-		return bf(x[(size_t)(t - back) * xs + c]);
-	if (!halo)
-		return 0.f;
-	return bf(halo[((size_t)(t / L) * (K - 1) + (K - 1) + (p - back)) * xs + c]);
+	const bf16 *r = conv_row(x, halo, xs, t, p, back, L, K);
+
+	return r ? bf(r[c]) : 0.f;
 }
 
 #define CONV_KMAX 8	// the window kernels' bound on K (the models' 4); larger: k_conv_*_any
@@ -97,11 +107,17 @@ __global__ void k_conv_fwd_any(bf16 *out, bf16 *pre, const bf16 *x, int xs, cons
 	}
 }
 
+// g times SiLU's derivative at u
+static __device__ __forceinline__ float dsilu(float g, float u)
+{
+	float s = sigm(u);
+
+	return g * s * (1.f + u * (1.f - s));
+}
+
 static __device__ __forceinline__ float dsilu_g(const bf16 *g, const bf16 *pre, size_t o)
 {
-	float u = bf(pre[o]), s = sigm(u);
-
-	return bf(g[o]) * s * (1.f + u * (1.f - s));
+	return dsilu(bf(g[o]), bf(pre[o]));
 }
 
 // thread (channel, CONV_TPC tokens) walking down: the next K values of dsilu in registers, each
@@ -288,10 +304,10 @@ static __device__ __forceinline__ uint4 ld_u4(const bf16 *p)
 static __device__ __forceinline__ void conv_in8(float *f, const bf16 *x, const bf16 *halo, int xs,
 						int t, int p, int back, int L, int K, int c)
 {
-	if (p - back >= 0) {
-		ld8(f, x + (size_t)(t - back) * xs + c);
-	} else if (halo) {
-		ld8(f, halo + ((size_t)(t / L) * (K - 1) + (K - 1) + (p - back)) * xs + c);
+	const bf16 *r = conv_row(x, halo, xs, t, p, back, L, K);
+
+	if (r) {
+		ld8(f, r + c);
 	} else {
 #pragma unroll
 		for (int k = 0; k < CV; k++)
@@ -307,11 +323,28 @@ static __device__ __forceinline__ void dsilu8(float *d, uint4 graw, uint4 praw)
 	cvt8(gv, graw);
 	cvt8(u, praw);
 #pragma unroll
-	for (int k = 0; k < CV; k++) {
-		float s = sigm(u[k]);
+	for (int k = 0; k < CV; k++)
+		d[k] = dsilu(gv[k], u[k]);
+}
 
-		d[k] = gv[k] * s * (1.f + u[k] * (1.f - s));
-	}
+// wr[b][k] = w(c + k, K - 1 - b), as the window kernels' wr
+static __device__ __forceinline__ void conv_w8(float (*wr)[CV], const bf16 *w, int c)
+{
+#pragma unroll
+	for (int b = 0; b < CONV_VK; b++)
+#pragma unroll
+		for (int k = 0; k < CV; k++)
+			wr[b][k] = bf(w[(size_t)(c + k) * CONV_VK + CONV_VK - 1 - b]);
+}
+
+// a[b] = a[b - 1] for b = K - 1 down to 1 (the window moves one token on)
+static __device__ __forceinline__ void conv_shift8(float (*a)[CV])
+{
+#pragma unroll
+	for (int b = CONV_VK - 1; b > 0; b--)
+#pragma unroll
+		for (int k = 0; k < CV; k++)
+			a[b][k] = a[b - 1][k];
 }
 
 __global__ void __launch_bounds__(128) k_conv_fwd8(bf16 *out, bf16 *pre, const bf16 *x, int xs,
@@ -325,14 +358,10 @@ __global__ void __launch_bounds__(128) k_conv_fwd8(bf16 *out, bf16 *pre, const b
 
 	if (c >= C)
 		return;
+	conv_w8(wr, w, c);
 #pragma unroll
-	for (int b = 0; b < K; b++) {
-#pragma unroll
-		for (int k = 0; k < CV; k++)
-			wr[b][k] = bf(w[(size_t)(c + k) * K + K - 1 - b]);
-		if (b)
-			conv_in8(in[b], x, halo, xs, t0, p, b, L, K, c);
-	}
+	for (int b = 1; b < K; b++)
+		conv_in8(in[b], x, halo, xs, t0, p, b, L, K, c);
 	for (int tb = t0; tb < t1; tb += CONV_U) {
 		uint4 raw[CONV_U];
 
@@ -363,11 +392,7 @@ __global__ void __launch_bounds__(128) k_conv_fwd8(bf16 *out, bf16 *pre, const b
 			}
 			st8(pre + (size_t)t * C + c, acc);
 			st8(out + (size_t)t * C + c, o);
-#pragma unroll
-			for (int b = K - 1; b > 0; b--)
-#pragma unroll
-				for (int k = 0; k < CV; k++)
-					in[b][k] = in[b - 1][k];
+			conv_shift8(in);
 			if (++p == L)
 				p = 0;
 		}
@@ -385,13 +410,12 @@ __global__ void __launch_bounds__(128) k_conv_bwd_dx8(bf16 *dx, int xs, const bf
 
 	if (c >= C)
 		return;
+	conv_w8(wr, w, c);
 #pragma unroll
 	for (int b = 0; b < K; b++) {
 #pragma unroll
-		for (int k = 0; k < CV; k++) {
-			wr[b][k] = bf(w[(size_t)(c + k) * K + K - 1 - b]);
+		for (int k = 0; k < CV; k++)
 			d[b][k] = 0.f;
-		}
 		if (p + b < L) {
 			size_t o = (size_t)(t1 - 1 + b) * C + c;
 
@@ -434,11 +458,7 @@ __global__ void __launch_bounds__(128) k_conv_bwd_dx8(bf16 *dx, int xs, const bf
 					for (int k = 0; k < CV; k++)
 						d[b][k] = 0.f;
 			} else {
-#pragma unroll
-				for (int b = K - 1; b > 0; b--)
-#pragma unroll
-					for (int k = 0; k < CV; k++)
-						d[b][k] = d[b - 1][k];
+				conv_shift8(d);
 			}
 			dsilu8(d[0], graw[u], praw[u]);
 		}
@@ -1022,6 +1042,30 @@ extern "C" void sl_cuda_gdn_rule_bwd(struct sl_cuda *c, void *dqn, void *dkn, vo
 
 // ---- gated RMSNorm --------------------------------------------------------------------------------
 
+// the gate z sigm(z); y = w (x r) gate, one row's term of dw: dy x r gate (r: the row's
+// 1 / rms); with gw = dy w, dz = gw x r (the gate's derivative)
+static __device__ __forceinline__ float gn_gate(float z)
+{
+	return z * sigm(z);
+}
+
+static __device__ __forceinline__ float gn_out(float w, float x, float r, float z)
+{
+	return w * (x * r) * gn_gate(z);
+}
+
+static __device__ __forceinline__ float gn_dw(float g, float x, float r, float z)
+{
+	return g * x * r * gn_gate(z);
+}
+
+static __device__ __forceinline__ float gn_dz(float gw, float x, float r, float z)
+{
+	float sz = sigm(z);
+
+	return gw * x * r * sz * (1.f + z * (1.f - sz));
+}
+
 // one warp per (token, head) row of d
 __global__ void k_gnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 *z, int zs,
 			    const bf16 *w, int T, int nh, int d, float eps)
@@ -1042,7 +1086,7 @@ __global__ void k_gnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 *z
 	for (int i = lane; i < d; i += 32) {
 		float zv = bf(zr[i]);
 
-		out[(size_t)row * d + i] = tobf(bf(w[i]) * (bf(xr[i]) * r) * zv * sigm(zv));
+		out[(size_t)row * d + i] = tobf(gn_out(bf(w[i]), bf(xr[i]), r, zv));
 	}
 }
 
@@ -1059,14 +1103,14 @@ __global__ void k_gnorm_bwd(bf16 *dx, bf16 *dz, int zs, const bf16 *g, const bf1
 	float r = rstd[row], s = 0.f;
 
 	for (int i = lane; i < d; i += 32) {
-		float zv = bf(zr[i]), sz = sigm(zv), xv = bf(xr[i]), gw = bf(gr[i]) * bf(w[i]);
+		float zv = bf(zr[i]), xv = bf(xr[i]), gw = bf(gr[i]) * bf(w[i]);
 
-		s += gw * zv * sz * xv;
-		dz[(size_t)t * zs + (size_t)h * d + i] = tobf(gw * xv * r * sz * (1.f + zv * (1.f - sz)));
+		s += gw * gn_gate(zv) * xv;
+		dz[(size_t)t * zs + (size_t)h * d + i] = tobf(gn_dz(gw, xv, r, zv));
 	}
 	s = warp_sum(s);
 	for (int i = lane; i < d; i += 32) {
-		float zv = bf(zr[i]), dxh = bf(gr[i]) * bf(w[i]) * zv * sigm(zv);
+		float dxh = bf(gr[i]) * bf(w[i]) * gn_gate(bf(zr[i]));
 
 		dx[(size_t)row * d + i] = tobf(r * dxh - bf(xr[i]) * s * r * r * r / d);
 	}
@@ -1100,10 +1144,8 @@ __global__ void __launch_bounds__(NT) k_gnorm_dw_partial(float *part, const bf16
 			int i = lane + 32 * e;
 
 			if (i < d) {
-				float zv = bf(zr[i]);
-
-				acc[e] += bf(g[(size_t)row * d + i]) * bf(x[(size_t)row * d + i]) * r *
-					  zv * sigm(zv);
+				acc[e] += gn_dw(bf(g[(size_t)row * d + i]),
+						bf(x[(size_t)row * d + i]), r, bf(zr[i]));
 			}
 		}
 	}
@@ -1131,8 +1173,7 @@ __global__ void k_gnorm_dw(bf16 *dw, const bf16 *g, const bf16 *x, const bf16 *z
 		int t = row / nh, h = row % nh;
 		float zv = bf(z[(size_t)t * zs + (size_t)h * d + i]);
 
-		acc += bf(g[(size_t)row * d + i]) * bf(x[(size_t)row * d + i]) * rstd[row] * zv *
-		       sigm(zv);
+		acc += gn_dw(bf(g[(size_t)row * d + i]), bf(x[(size_t)row * d + i]), rstd[row], zv);
 	}
 	acc = block_sum(acc);
 	if (!threadIdx.x)
@@ -1208,7 +1249,7 @@ __global__ void k_gnorm_fwd4(bf16 *out, float *rstd, const bf16 *x, const bf16 *
 		cvt4(wv, wu[v]);
 #pragma unroll
 		for (int e = 0; e < 4; e++)
-			o[e] = wv[e] * (xv[e] * r) * zv[e] * sigm(zv[e]);
+			o[e] = gn_out(wv[e], xv[e], r, zv[e]);
 		GN_PUT(out + (size_t)row * d, v, o);
 	}
 }
@@ -1245,11 +1286,11 @@ __global__ void k_gnorm_bwd4(bf16 *dx, bf16 *dz, int zs, const bf16 *g, const bf
 		cvt4(wv, wu[v]);
 #pragma unroll
 		for (int e = 0; e < 4; e++) {
-			float sz = sigm(zv[e]), gw = gv[e] * wv[e];
+			float gw = gv[e] * wv[e];
 
-			s += gw * zv[e] * sz * xv[e];
-			dzv[e] = gw * xv[e] * r * sz * (1.f + zv[e] * (1.f - sz));
-			dxh[v][e] = gw * zv[e] * sz;
+			dxh[v][e] = gw * gn_gate(zv[e]);
+			s += dxh[v][e] * xv[e];
+			dzv[e] = gn_dz(gw, xv[e], r, zv[e]);
 		}
 		GN_PUT(dz + zo, v, dzv);
 	}
@@ -1316,7 +1357,7 @@ __global__ void __launch_bounds__(NT) k_gnorm_dw_partial4(float *part, const bf1
 				cvt4(gv, gu[i][v]);
 #pragma unroll
 				for (int e = 0; e < 4; e++)
-					acc[v][e] += gv[e] * xv[e] * rr[i] * zv[e] * sigm(zv[e]);
+					acc[v][e] += gn_dw(gv[e], xv[e], rr[i], zv[e]);
 			}
 		}
 	}
