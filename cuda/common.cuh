@@ -148,6 +148,39 @@ static __device__ __forceinline__ float block_sum(float v)
 	return warp_sum(v);
 }
 
+// cp.async: global -> shared copies that do not pass through registers, so that a tile's
+// copies are all in flight at once; the copier waits (cp_wait_all, or a group wait) before the
+// barrier that publishes them.  !valid writes zeros (rows past a record) and reads nothing.
+static __device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+	return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes (src and dst aligned to 16)
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+		     "r"(valid ? 16 : 0));
+}
+
+// 4 bytes (aligned to 4)
+static __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool valid)
+{
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+		     "r"(valid ? 4 : 0));
+}
+
+static __device__ __forceinline__ void cp_commit(void)
+{
+	asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// every copy this thread issued complete
+static __device__ __forceinline__ void cp_wait_all(void)
+{
+	asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 // blocks for a grid-stride loop over n items: enough to fill the GPU, never more than needed
 static inline unsigned grid_for(size_t n, int threads)
 {

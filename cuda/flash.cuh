@@ -70,24 +70,6 @@ static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
 	return *(uint32_t *)&v;
 }
 
-static __device__ __forceinline__ uint32_t smem_u32(const void *p)
-{
-	return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-// 16 bytes global -> shared without passing through registers; !valid writes zeros (rows past
-// the record: their products must be finite and their keys contribute nothing)
-static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid)
-{
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-		     "r"(valid ? 16 : 0));
-}
-
-static __device__ __forceinline__ void cp_commit(void)
-{
-	asm volatile("cp.async.commit_group;\n" ::);
-}
-
 // all but the newest group complete (the newest is the tile being prefetched)
 static __device__ __forceinline__ void cp_wait1(void)
 {

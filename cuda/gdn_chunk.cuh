@@ -30,33 +30,47 @@ static __device__ __forceinline__ int chunk_n(int len, int c0)
 	return n < 0 ? 0 : n > GC ? GC : n;
 }
 
-// Tiles from global into shared memory.  On the GPU, where the shapes and addresses allow, a
-// lane moves 2 bf16 or 4 floats at a time (one element each took an instruction and an address
-// of its own, and the stores waited on each load); the emulator moves them one by one.
+// Tiles from global into shared memory.  On the GPU, where the shapes and addresses allow, by
+// cp.async, 16 bytes (else 4) a copy: every copy of the tile in flight at once, none through
+// registers (copied through registers, 2 bf16 or 4 floats a load, the kernels waited on one
+// round trip to L2 per 4 to 8 rows).  The caller calls tile_wait() before the barrier that
+// publishes them.  The emulator copies element by element, at once.
+
+// every tile copy of this thread complete (before the barrier that publishes the tiles)
+static __device__ __forceinline__ void tile_wait(void)
+{
+#ifdef __CUDA_ARCH__
+	cp_wait_all();
+#endif
+}
 
 // rows [0, GC) x columns [0, wc) of dst (bf16, row stride ds): element (r, j) = src[r ss + j]
-// for r < n and j < w, else 0; no barrier
+// for r < n and j < w, else 0; no barrier, tile_wait before one
 static __device__ void ld_tile_bf(bf16 *dst, int ds, const bf16 *src, size_t ss, int n, int w,
 				  int wc)
 {
 #ifdef __CUDA_ARCH__
-	if (!((w | wc | ds | (int)(ss & 1)) & 1) && !((unsigned long long)src & 3) &&
-	    !((unsigned long long)dst & 3)) {
-		const int lane = threadIdx.x & 31, r0 = (int)(threadIdx.x >> 5);
-		const int RW = GC / (NTH / 32);	// rows a warp
+	const unsigned long long sa = (unsigned long long)src, da = (unsigned long long)dst;
 
-		for (int j = 2 * lane; j < wc; j += 64) {	// every load, then every store
-			unsigned u[RW];
+	if (!((w | wc | ds | (int)(ss & 7)) & 7) && !(sa & 15) && !(da & 15)) {
+		const int c8 = wc / 8;
 
-#pragma unroll
-			for (int i = 0; i < RW; i++) {
-				int r = r0 + i * (NTH / 32);
+		for (int x = threadIdx.x; x < GC * c8; x += NTH) {
+			int r = x / c8, j = 8 * (x % c8);
+			bool ok = r < n && j < w;
 
-				u[i] = r < n && j < w ? *(const unsigned *)(src + r * ss + j) : 0u;
-			}
-#pragma unroll
-			for (int i = 0; i < RW; i++)
-				*(unsigned *)(dst + (r0 + i * (NTH / 32)) * ds + j) = u[i];
+			cp_async16(smem_u32(dst + r * ds + j), ok ? src + r * ss + j : src, ok);
+		}
+		return;
+	}
+	if (!((w | wc | ds | (int)(ss & 1)) & 1) && !(sa & 3) && !(da & 3)) {
+		const int c2 = wc / 2;
+
+		for (int x = threadIdx.x; x < GC * c2; x += NTH) {
+			int r = x / c2, j = 2 * (x % c2);
+			bool ok = r < n && j < w;
+
+			cp_async4(smem_u32(dst + r * ds + j), ok ? src + r * ss + j : src, ok);
 		}
 		return;
 	}
@@ -65,7 +79,28 @@ static __device__ void ld_tile_bf(bf16 *dst, int ds, const bf16 *src, size_t ss,
 		dst[r * ds + j] = r < n && j < w ? src[r * ss + j] : tobf(0.f);
 }
 
-// R x C floats, either way between global and shared memory: dst[r ds + j] = src[r ss + j]; no
+// R x C floats from global to shared memory: dst[r ds + j] = src[r ss + j]; no barrier,
+// tile_wait before one
+static __device__ void ld_tile_f(float *dst, int ds, const float *src, int ss, int R, int C)
+{
+#ifdef __CUDA_ARCH__
+	if (!((C | ds | ss) & 3) && !((unsigned long long)src & 15) &&
+	    !((unsigned long long)dst & 15)) {
+		const int c4 = C / 4;
+
+		for (int x = threadIdx.x; x < R * c4; x += NTH) {
+			int r = x / c4, j = 4 * (x % c4);
+
+			cp_async16(smem_u32(dst + r * ds + j), src + r * ss + j, true);
+		}
+		return;
+	}
+#endif
+	FOR_RC(r, j, R, C)
+		dst[r * ds + j] = src[r * ss + j];
+}
+
+// R x C floats from shared to global memory (or either way): dst[r ds + j] = src[r ss + j]; no
 // barrier
 static __device__ void cp_tile_f(float *dst, int ds, const float *src, int ss, int R, int C)
 {
@@ -209,7 +244,7 @@ static __device__ void tri_inv(const struct tl *c)
 }
 
 // chunk rows [t0, t0 + n) of key head kh into K and Q (row stride dk + 8), zeros past n; no
-// barrier
+// barrier, tile_wait before one
 static __device__ void tl_kq(bf16 *K, bf16 *Q, const bf16 *qn, const bf16 *kn, size_t t0, int n,
 			     int nk, int dk, int kh)
 {
@@ -234,6 +269,7 @@ static __device__ void tc_local(const struct tl *c, const bf16 *qn, const bf16 *
 		c->bet[tid] = tid < n ? beta[(t0 + tid) * nv + h] : 0.f;
 		c->G[tid] = tid < n ? g[(t0 + tid) * nv + h] : 0.f;
 	}
+	tile_wait();
 	__syncthreads();
 	if (tid < GC) {	// G = cumsum(g), each row its own sum (in order)
 		float a = 0.f;
@@ -277,9 +313,9 @@ static __device__ void tl_load(const struct tl *c, const float *sP, const float 
 
 	__syncthreads();
 	tl_kq(c->K, c->Q, qn, kn, t0, n, nk, dk, kh);
-	cp_tile_f(c->A, ldg, sA, GC, GC, GC);
-	cp_tile_f(c->T, ldg, sT, GC, GC, GC);
-	cp_tile_f(c->P, ldg, sP, GC, GC, GC);
+	ld_tile_f(c->A, ldg, sA, GC, GC, GC);
+	ld_tile_f(c->T, ldg, sT, GC, GC, GC);
+	ld_tile_f(c->P, ldg, sP, GC, GC, GC);
 	if (tid < GC) {
 		c->bet[tid] = tid < n ? beta[(t0 + tid) * nv + h] : 0.f;
 		c->G[tid] = sG[tid];
@@ -287,6 +323,7 @@ static __device__ void tl_load(const struct tl *c, const float *sP, const float 
 		c->e[tid] = expf(sG[GC - 1] - sG[tid]);
 		c->bg[tid] = c->bet[tid] * c->Ga[tid];
 	}
+	tile_wait();
 	__syncthreads();
 }
 
@@ -420,6 +457,7 @@ __global__ void __launch_bounds__(NTH, 2) k_gdn_prep(float *scr, const bf16 *qn,
 	if (tid < GC)
 		f.G[tid] = c.G[tid];
 	tc_mm(GC, dk, GC, mm_f(c.T, ldg, 1), mm_b(c.K, ldk, 1), c.bg, NULL, 1.f, 0.f, f.W, dk, 1);
+	tile_wait();
 	__syncthreads();
 	if (dout)
 		tc_mm(GC, dv, GC, mm_f(c.P, 1, ldg), mm_b(V, ldv, 1), NULL, NULL, 1.f, 0.f, f.U,
@@ -461,12 +499,13 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_fwd_h(float *states, float *scr,
 		cp_tile_f(sv, dv, S, lds, dk, dv);
 		if (!n)
 			continue;
-		cp_tile_f(W, ldw, f.W, dk, GC, dk);
+		ld_tile_f(W, ldw, f.W, dk, GC, dk);
 		ld_tile_bf(K, ldk, kn + t0 * nk * dk + (size_t)kh * dk, (size_t)nk * dk, n, dk, dk);
-		cp_tile_f(D, lds, f.U, dv, GC, dv);
+		ld_tile_f(D, lds, f.U, dv, GC, dv);
 		if (tid < GC)
 			e[tid] = expf(f.G[GC - 1] - f.G[tid]);
 		gl = expf(f.G[GC - 1]);
+		tile_wait();
 		__syncthreads();
 		// delta = U - W S
 		tc_mm(GC, dv, dk, mm_f(W, ldw, 1), mm_f(S, lds, 1), NULL, NULL, -1.f, 1.f, D, lds,
@@ -507,9 +546,10 @@ __global__ void __launch_bounds__(NTH, 2) k_gdn_fwd_o(bf16 *o, const float *stat
 		return;
 	}
 	ld_tile_bf(Q, ldk, qn + t0 * nk * dk + (size_t)kh * dk, (size_t)nk * dk, n, dk, dk);
-	cp_tile_f(P, ldg, f.P, GC, GC, GC);
+	ld_tile_f(P, ldg, f.P, GC, GC, GC);
 	if (tid < GC)
 		Ga[tid] = expf(f.G[tid]);
+	tile_wait();
 	__syncthreads();
 	tc_mm(GC, dv, dk, mm_b(Q, ldk, 1), mm_f(S0, dv, 1), NULL, Ga, 1.f, 0.f, O, lds, 1);
 	tc_mm(GC, dv, GC, mm_f(P, ldg, 1), mm_f(f.U, dv, 1), NULL, NULL, 1.f, 1.f, O, lds, 1);
@@ -606,14 +646,15 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_h(float *dst, float *scr, co
 		if (!n)
 			continue;
 		tl_kq(K, Q, qn, kn, t0, n, nk, dk, kh);
-		cp_tile_f(W, ldw, f.W, dk, GC, dk);
-		cp_tile_f(dD, lds, f.U, dv, GC, dv);
+		ld_tile_f(W, ldw, f.W, dk, GC, dk);
+		ld_tile_f(dD, lds, f.U, dv, GC, dv);
 		ld_tile_bf(dO, ldo, dout + t0 * nv * dv + (size_t)h * dv, (size_t)nv * dv, n, dv, dv);
 		if (tid < GC) {
 			e[tid] = expf(f.G[GC - 1] - f.G[tid]);
 			Ga[tid] = expf(f.G[tid]);
 		}
 		gl = expf(f.G[GC - 1]);
+		tile_wait();
 		__syncthreads();
 		// ddelta = X + diag(e) K dS
 		tc_mm(GC, dv, dk, mm_b(K, ldk, 1), mm_f(dS, lds, 1), NULL, e, 1.f, 1.f, dD, lds, 1);
@@ -714,6 +755,88 @@ static __host__ __device__ size_t bwd_slots(size_t per_wave, int grp, int nch, i
 	return per_wave * nch * ((size_t)grp * dk * dv + (size_t)2 * GC * dk);
 }
 
+// The accumulators dq, dk (GC x dk floats, row-major, in global memory): where dk allows, a
+// lane takes 4 columns and issues every load of its rows before the first store (element by
+// element, each store waited on its load's round trip to L2).
+#define ACC_V 8		// rows of 4 a thread in flight
+
+// acc[r dk + i] += s[r] X[r lx + i] over GC x w (w <= dk); no barrier
+static __device__ void acc_rows(float *acc, int dk, const float *X, int lx, const float *s,
+				int w)
+{
+#ifdef __CUDA_ARCH__
+	if (!((dk | w | lx) & 3)) {
+		const int c4 = w / 4;
+
+		for (int x0 = threadIdx.x; x0 < GC * c4; x0 += ACC_V * NTH) {
+			float4 a[ACC_V];
+
+#pragma unroll
+			for (int u = 0; u < ACC_V; u++) {
+				int x = x0 + u * NTH;
+
+				if (x < GC * c4)
+					a[u] = *(const float4 *)(acc + x / c4 * dk + 4 * (x % c4));
+			}
+#pragma unroll
+			for (int u = 0; u < ACC_V; u++) {
+				int x = x0 + u * NTH, r = x / c4, i = 4 * (x % c4);
+
+				if (x < GC * c4) {
+					const float4 y = *(const float4 *)(X + r * lx + i);
+
+					a[u].x += s[r] * y.x, a[u].y += s[r] * y.y;
+					a[u].z += s[r] * y.z, a[u].w += s[r] * y.w;
+					*(float4 *)(acc + r * dk + i) = a[u];
+				}
+			}
+		}
+		return;
+	}
+#endif
+	FOR_RC(r, i, GC, w)
+		acc[r * dk + i] += s[r] * X[r * lx + i];
+}
+
+// out[r os + i] = acc[r dk + i] as bf16 for r < n, 0 for n <= r < rows; no barrier
+static __device__ void acc_out(bf16 *out, const float *acc, int rows, int n, size_t os, int dk)
+{
+#ifdef __CUDA_ARCH__
+	if (!((dk | (int)(os & 3)) & 3) && !((unsigned long long)out & 7)) {
+		const int c4 = dk / 4;
+
+		for (int x0 = threadIdx.x; x0 < rows * c4; x0 += ACC_V * NTH) {
+			float4 a[ACC_V];
+
+#pragma unroll
+			for (int u = 0; u < ACC_V; u++) {
+				int x = x0 + u * NTH;
+
+				a[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+				if (x < rows * c4 && x / c4 < n)
+					a[u] = *(const float4 *)(acc + x / c4 * dk + 4 * (x % c4));
+			}
+#pragma unroll
+			for (int u = 0; u < ACC_V; u++) {
+				int x = x0 + u * NTH;
+
+				if (x < rows * c4) {
+					__nv_bfloat162 lo = __floats2bfloat162_rn(a[u].x, a[u].y);
+					__nv_bfloat162 hi = __floats2bfloat162_rn(a[u].z, a[u].w);
+					uint2 v;
+
+					v.x = *(unsigned *)&lo, v.y = *(unsigned *)&hi;
+					*(uint2 *)(out + x / c4 * os + 4 * (x % c4)) = v;
+				}
+			}
+		}
+		return;
+	}
+#endif
+	FOR_RC(r, i, rows, dk)
+		out[r * os + i] = tobf(r < n ? acc[r * dk + i] : 0.f);
+}
+
 __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16 *dval,
 						      bf16 *dbeta, bf16 *dg, const bf16 *dout,
 						      const float *states, const float *dst,
@@ -789,6 +912,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 			// matrix (tl_carve), R and D one (2 GC, lq) one (gq_carve); S0 read once
 			tc_mm(2 * GC, w, dk, mm_b(c.K, ldk, 1), mm_f(S0 + j0, dv, 1), NULL, NULL, 1.f,
 			      0.f, q.R, lq, 1);
+			tile_wait();
 			__syncthreads();
 			// R = diag(beta) V - diag(beta Ga) K S0; qz += rows of Q S0 o dO
 			FOR_RC(r, j, GC, w)
@@ -804,10 +928,11 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 			tc_mm(GC, w, dk, mm_b(c.K, ldk, 1), mm_f(dS + j0, dv, 1), NULL, NULL, 1.f,
 			      0.f, q.R, lq, 1);
 			if (X)
-				cp_tile_f(q.DD, lq, X + j0, dv, GC, w);
+				ld_tile_f(q.DD, lq, X + j0, dv, GC, w);
 			else
 				tc_mm(GC, w, GC, mm_f(c.P, 1, ldg), mm_b(q.dO, lo, 1), NULL, NULL,
 				      1.f, 0.f, q.DD, lq, 1);
+			tile_wait();
 			__syncthreads();
 			{
 				const int r = QROW();
@@ -906,8 +1031,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 		      ldg, 1);
 		__syncthreads();
 		// dk += diag(beta Ga) X2; dA = -T^T dP2 into dT (its s < r part is dA's)
-		FOR_RC(r, i, GC, dk)
-			acck[r * dk + i] += c.bg[r] * q.R[r * ldw + i];
+		acc_rows(acck, dk, q.R, ldw, c.bg, dk);
 		tc_mm(GC, GC, GC, mm_f(c.T, 1, ldg), mm_f(U, ldg, 1), NULL, NULL, -1.f, 0.f, q.dT,
 		      ldg, 1);
 		__syncthreads();
@@ -953,12 +1077,8 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 		}
 	}
 	__syncthreads();
-	FOR_RC(r, i, rows, dk) {
-		size_t o = (t0 + r) * nk * dk + (size_t)kh * dk + i;
-
-		dqn[o] = tobf(r < n ? accq[r * dk + i] : 0.f);
-		dkn[o] = tobf(r < n ? acck[r * dk + i] : 0.f);
-	}
+	acc_out(dqn + t0 * nk * dk + (size_t)kh * dk, accq, rows, n, nk * dk, dk);
+	acc_out(dkn + t0 * nk * dk + (size_t)kh * dk, acck, rows, n, nk * dk, dk);
 }
 
 static __host__ size_t gq_smem(int dk)
