@@ -256,7 +256,8 @@ static __device__ void tl_kq(bf16 *K, bf16 *Q, const bf16 *qn, const bf16 *kn, s
 }
 
 // chunk rows [t0, t0 + n) of key head kh (value head h for beta, g), zeros past n: K, Q, the
-// vectors, KE (in A), P and T.  Starts and ends with every thread past a barrier.
+// vectors, KE (in A), P and T.  Starts and ends with every thread past a barrier,
+// every tile copy the threads had in flight complete (tile_wait).
 static __device__ void tc_local(const struct tl *c, const bf16 *qn, const bf16 *kn,
 				const float *beta, const float *g, size_t t0, int n, int nk, int nv,
 				int dk, int kh, int h)
@@ -339,6 +340,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_fwd(bf16 *o, float *states, cons
 	int b = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk), len = lens[b];
 	int nch = (L + GC - 1) / GC;
 	float *S = tl_carve(&c, sm, dk), *R = S + (size_t)dk * lds, *D = R + (size_t)GC * lds;
+	bf16 *Vt = (bf16 *)D;	// the chunk's v (GC, dv + 8), in D until delta is made
 	size_t SS = (size_t)dk * dv, od = (size_t)nv * dv;
 
 	for (int x = tid; x < dk * lds; x += NTH)
@@ -357,6 +359,8 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_fwd(bf16 *o, float *states, cons
 					o[(t0 + r) * od + (size_t)h * dv + j] = tobf(0.f);
 			continue;
 		}
+		// v's tile in flight meanwhile (tc_local's tile_wait completes it; D is spent)
+		ld_tile_bf(Vt, dv + 8, v + t0 * vs + (size_t)h * dv, (size_t)vs, n, dv, dv);
 		tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
 		// R = diag(beta) (V - diag(Ga) K S)
 		tc_mm(GC, dv, dk, mm_b(c.K, ldk, 1), mm_f(S, lds, 1), NULL, NULL, 1.f, 0.f, R, lds,
@@ -365,8 +369,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_fwd(bf16 *o, float *states, cons
 		FOR_RC(r, j, GC, dv) {
 			float *y = &R[r * lds + j];
 
-			*y = r < n ? c.bet[r] * (bf(v[(t0 + r) * vs + (size_t)h * dv + j]) -
-						 c.Ga[r] * *y) : 0.f;
+			*y = r < n ? c.bet[r] * (bf(Vt[r * (dv + 8) + j]) - c.Ga[r] * *y) : 0.f;
 		}
 		__syncthreads();
 		// delta = T R
