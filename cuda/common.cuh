@@ -113,6 +113,25 @@ static __device__ __forceinline__ void st8(bf16 *p, const float *f)
 	*(uint4 *)p = v;
 }
 
+// 4 bf16 (8 bytes) as floats, and back (to nearest even)
+static __device__ __forceinline__ void cvt4(float *f, uint2 v)
+{
+	const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
+	float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+
+	f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+}
+
+static __device__ __forceinline__ uint2 pack4(const float *f)
+{
+	uint2 v;
+	__nv_bfloat162 *h = (__nv_bfloat162 *)&v;
+
+	h[0] = __floats2bfloat162_rn(f[0], f[1]);
+	h[1] = __floats2bfloat162_rn(f[2], f[3]);
+	return v;
+}
+
 static __device__ __forceinline__ float sigm(float x)
 {
 	return 1.f / (1.f + expf(-x));

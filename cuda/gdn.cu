@@ -1187,24 +1187,6 @@ __global__ void k_gnorm_dw(bf16 *dw, const bf16 *g, const bf16 *x, const bf16 *z
 // go lane by lane in another order than above (rounding differs, not the math).
 #define GN_NVMAX 2
 
-static __device__ __forceinline__ void cvt4(float *f, uint2 v)
-{
-	const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
-	float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-
-	f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
-}
-
-static __device__ __forceinline__ uint2 pack4(const float *f)
-{
-	uint2 v;
-	__nv_bfloat162 *h = (__nv_bfloat162 *)&v;
-
-	h[0] = __floats2bfloat162_rn(f[0], f[1]);
-	h[1] = __floats2bfloat162_rn(f[2], f[3]);
-	return v;
-}
-
 #define GN_AT(p, v) (*(const uint2 *)((p) + 4 * lane + 128 * (v)))
 #define GN_PUT(p, v, f) (*(uint2 *)((p) + 4 * lane + 128 * (v)) = pack4(f))
 

@@ -59,8 +59,8 @@ static void cuda_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void 
  * SHARDLM_GDN_KERNEL=chunked (the default: the forward in one kernel, the backward's state pass
  * in two), chunked-3pass (the forward in three passes where the scratch holds them, the
  * backward's state pass in two), chunked-fused (each in one kernel) or recurrent (gdn.cu's
- * per-token walk).  On the H200 at the 4B layer the one-kernel forward took 1.29 ms against the
- * three passes' 1.60, the two-pass backward 5.93 ms against one kernel's 6.08.  A shape they do
+ * per-token walk).  On the H200 at the 4B layer the one-kernel forward took 1.28 ms against the
+ * three passes' 1.33, the two-pass backward 5.70 ms against one kernel's 6.10.  A shape they do
  * not take (key dim over 128, a group's share of the backward's scratch over 4 GiB or the
  * device's room), or a chunk of rows with a start or end state (context parallel), runs the
  * recurrence.
