@@ -43,7 +43,13 @@ extern "C" int sl_cuda_gdn_chunk_fits(struct sl_cuda *c, int dk, int dv, int L, 
 	       (per_group <= SCRATCH_GROW_MAX && sl_cuda_scratch_grow(c, per_group) == 0);
 }
 
-extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states, const void *qn,
+extern "C" size_t sl_cuda_gdn_chunk_aux(size_t chunks, int nv, int dv)
+{
+	return aux_floats(chunks, nv, dv);
+}
+
+extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states, float *aux,
+				      const void *qn,
 				      const void *kn, const void *v, int vs, const float *beta,
 				      const float *g, const int *lens, int B, int L, int nk,
 				      int nv, int dk, int dv, int split)
@@ -57,6 +63,9 @@ extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states,
 		sl_cuda_scratch_grow(c, need);	// -1: the old one kept, too small
 	if (split && need <= c->scratch_bytes) {
 		float *scr = sl_cuda_scratch(c, need, "chunked gated delta rule forward");
+
+		if (aux)	// no tiles for the backward from these passes
+			CUDA_CHECK(cudaMemsetAsync(aux, 0, sizeof(int), c->stream));
 		size_t ps = prep_smem(dk, dv), hs = fwd_h_smem(dk, dv), os = fwd_o_smem(dk, dv);
 
 		CUDA_CHECK(cudaFuncSetAttribute(k_gdn_prep,
@@ -83,7 +92,9 @@ extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states,
 	}
 	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_fwd, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					(int)smem));
-	k_gdn_fwd<<<B * nv, NTH, smem, c->stream>>>((bf16 *)o, states, (const bf16 *)qn,
+	if (aux)	// the flag: nonzero (every byte 1)
+		CUDA_CHECK(cudaMemsetAsync(aux, 1, sizeof(int), c->stream));
+	k_gdn_fwd<<<B * nv, NTH, smem, c->stream>>>((bf16 *)o, states, aux, (const bf16 *)qn,
 						    (const bf16 *)kn, (const bf16 *)v, vs, beta, g,
 						    lens, L, nk, nv, dk, dv);
 	CUDA_LAUNCHED();
@@ -91,9 +102,10 @@ extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states,
 
 extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval,
 				      void *dbeta, void *dg, const void *dout, const float *states,
-				      const void *qn, const void *kn, const void *v, int vs,
-				      const float *beta, const float *g, const int *lens, int B,
-				      int L, int nk, int nv, int dk, int dv, int split)
+				      const float *aux, const void *qn, const void *kn,
+				      const void *v, int vs, const float *beta, const float *g,
+				      const int *lens, int B, int L, int nk, int nv, int dk, int dv,
+				      int split)
 {
 	int grp = nv / nk, nch = (L + GC - 1) / GC;
 	size_t per_group = bwd_scratch_floats(1, grp, nch, dk, dv) * sizeof(float);
@@ -137,7 +149,7 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 		CUDA_LAUNCHED();
 		k_gdn_bwd_grad<<<ng * nch, NTH, gs, c->stream>>>(
 			(bf16 *)dqn, (bf16 *)dkn, (bf16 *)dval, (bf16 *)dbeta, (bf16 *)dg,
-			(const bf16 *)dout, states, dst,
+			(const bf16 *)dout, states, aux, dst,
 			dst + (size_t)per_wave * grp * nch * dk * dv, split ? slots : NULL,
 			(const bf16 *)qn, (const bf16 *)kn, (const bf16 *)v, vs, beta, g, lens, L,
 			nk, nv, dk, dv, first);

@@ -331,11 +331,26 @@ static __device__ void tl_load(const struct tl *c, const float *sP, const float 
 	__syncthreads();
 }
 
-// the forward: o, and the chunk-start states.  Block (record, value head).
-__global__ void __launch_bounds__(NTH, 1) k_gdn_fwd(bf16 *o, float *states, const bf16 *qn,
-						 const bf16 *kn, const bf16 *v, int vs,
-						 const float *beta, const float *g, const int *lens,
-						 int L, int nk, int nv, int dk, int dv)
+// What the forward leaves the backward past the states where the caller gave room (aux):
+// AUX_HEAD floats whose first holds a flag (nonzero: the tiles below are this forward's), then
+// per chunk its delta and diag(Ga) Q S0, (GC, dv) floats each, chunk (record, chunk, value head)
+// i = (record * nch + chunk) * nv + head (the states' order) at AUX_HEAD + 2 i GC dv.  The
+// gradient kernel loads them instead of making them again from S0 (two products with S0 read
+// from global memory, a third with T).
+#define AUX_HEAD 64
+
+static __host__ __device__ size_t aux_floats(size_t chunks, int nv, int dv)
+{
+	return AUX_HEAD + (size_t)2 * chunks * nv * GC * dv;
+}
+
+// the forward: o, and the chunk-start states; with aux (past its head), every chunk's delta and
+// diag(Ga) Q S0.  Block (record, value head).
+__global__ void __launch_bounds__(NTH, 1) k_gdn_fwd(bf16 *o, float *states, float *aux,
+						 const bf16 *qn, const bf16 *kn, const bf16 *v,
+						 int vs, const float *beta, const float *g,
+						 const int *lens, int L, int nk, int nv, int dk,
+						 int dv)
 {
 	extern __shared__ float sm[];
 	struct tl c;
@@ -354,8 +369,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_fwd(bf16 *o, float *states, cons
 		float *sv = states + (((size_t)b * nch + ch) * nv + h) * SS;
 
 		__syncthreads();
-		FOR_RC(i, j, dk, dv)
-			sv[(size_t)i * dv + j] = S[i * lds + j];
+		cp_tile_f(sv, dv, S, lds, dk, dv);
 		if (!n) {
 			FOR_RC(r, j, GC, dv)
 				if (c0 + r < L)
@@ -382,6 +396,14 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_fwd(bf16 *o, float *states, cons
 		// O = diag(Ga) Q S + P delta, into R (the two calls own the same elements)
 		tc_mm(GC, dv, dk, mm_b(c.Q, ldk, 1), mm_f(S, lds, 1), NULL, c.Ga, 1.f, 0.f, R, lds,
 		      1);
+		if (aux) {	// delta and diag(Ga) Q S0 out for the backward first
+			float *a = aux + AUX_HEAD + (((size_t)b * nch + ch) * nv + h) * 2 * GC * dv;
+
+			__syncthreads();
+			cp_tile_f(a, dv, D, lds, GC, dv);
+			cp_tile_f(a + (size_t)GC * dv, dv, R, lds, GC, dv);
+			__syncthreads();
+		}
 		tc_mm(GC, dv, GC, mm_f(c.P, ldg, 1), mm_f(D, lds, 1), NULL, NULL, 1.f, 1.f, R, lds,
 		      1);
 		__syncthreads();
@@ -845,7 +867,8 @@ static __device__ void acc_out(bf16 *out, const float *acc, int rows, int n, siz
 
 __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, bf16 *dval,
 						      bf16 *dbeta, bf16 *dg, const bf16 *dout,
-						      const float *states, const float *dst,
+						      const float *states, const float *aux,
+						      const float *dst,
 						      float *accs, float *slots, const bf16 *qn,
 						      const bf16 *kn,
 						      const bf16 *v, int vs, const float *beta,
@@ -864,6 +887,9 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 	float *accq = accs + ((size_t)gi * nch + ch) * 2 * GC * dk, *acck = accq + GC * dk;
 	float *U;	// (GC, GC) products in the quarter's V and dO (spent)
 	bool fresh = true;	// acc not yet written
+	// the forward's delta and diag(Ga) Q S0 of the chunk's first value head, where it left them
+	const float *adel = aux && *(const int *)aux ?
+		aux + AUX_HEAD + (((size_t)b * nch + ch) * nv + kh * grp) * 2 * GC * dv : NULL;
 
 	gq_carve(&q, tl_carve(&c, sm, dk), dk);
 	U = (float *)q.V;
@@ -893,6 +919,8 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 		float sd = 0.f;
 
 		const float *X = NULL;	// P^T dO, k_gdn_prep's, where it ran
+		// the forward's delta and diag(Ga) Q S0 of this head, where it left them
+		const float *hd = adel ? adel + (size_t)(h - kh * grp) * 2 * GC * dv : NULL;
 
 		if (slots) {	// k_gdn_prep's (full slots, the wave's value heads in order)
 			struct fslot f = fslot_at(slots, ((size_t)gi * grp + h - kh * grp) * nch + ch,
@@ -914,21 +942,31 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 				   (size_t)nv * dv, n, w, VQ);
 			ld_tile_bf(q.V, lo, v + t0 * vs + (size_t)h * dv + j0, (size_t)vs, n, w, VQ);
 			sd = dot_rc(sd, S0 + j0, dS + j0, dv, dk, w);
-			// K S0 into R and Q S0 into D in one product: K and Q are one (2 GC, dk)
-			// matrix (tl_carve), R and D one (2 GC, lq) one (gq_carve); S0 read once
-			tc_mm(2 * GC, w, dk, mm_b(c.K, ldk, 1), mm_f(S0 + j0, dv, 1), NULL, NULL, 1.f,
-			      0.f, q.R, lq, 1);
-			tile_wait();
-			__syncthreads();
-			// R = diag(beta) V - diag(beta Ga) K S0; qz += rows of Q S0 o dO
-			FOR_RC(r, j, GC, w)
-				q.R[r * lq + j] = c.bet[r] * bf(q.V[r * lo + j]) -
-						  c.bg[r] * q.R[r * lq + j];
-			rows_dot(q.qz, q.D, lq, q.dO, lo, w);
-			__syncthreads();
-			// delta = T R
-			tc_mm(GC, w, GC, mm_f(c.T, ldg, 1), mm_f(q.R, lq, 1), NULL, NULL, 1.f, 0.f,
-			      q.D, lq, 1);
+			if (hd) {	// the forward's: delta into D, diag(Ga) Q S0 into R
+				ld_tile_f(q.D, lq, hd + j0, dv, GC, w);
+				ld_tile_f(q.R, lq, hd + (size_t)GC * dv + j0, dv, GC, w);
+				tile_wait();
+				__syncthreads();
+				// qz += rows of diag(Ga) Q S0 o dO
+				rows_dot(q.qz, q.R, lq, q.dO, lo, w);
+			} else {
+				// K S0 into R and Q S0 into D in one product: K and Q are one (2 GC,
+				// dk) matrix (tl_carve), R and D one (2 GC, lq) one (gq_carve); S0
+				// read once
+				tc_mm(2 * GC, w, dk, mm_b(c.K, ldk, 1), mm_f(S0 + j0, dv, 1), NULL,
+				      NULL, 1.f, 0.f, q.R, lq, 1);
+				tile_wait();
+				__syncthreads();
+				// R = diag(beta) V - diag(beta Ga) K S0; qz += rows of Q S0 o dO
+				FOR_RC(r, j, GC, w)
+					q.R[r * lq + j] = c.bet[r] * bf(q.V[r * lo + j]) -
+							  c.bg[r] * q.R[r * lq + j];
+				rows_dot(q.qz, q.D, lq, q.dO, lo, w);
+				__syncthreads();
+				// delta = T R
+				tc_mm(GC, w, GC, mm_f(c.T, ldg, 1), mm_f(q.R, lq, 1), NULL, NULL, 1.f,
+				      0.f, q.D, lq, 1);
+			}
 			__syncthreads();
 			// K dS into R (spent); dD = P^T dO (+ diag(e) K dS below)
 			tc_mm(GC, w, dk, mm_b(c.K, ldk, 1), mm_f(dS + j0, dv, 1), NULL, NULL, 1.f,
@@ -988,7 +1026,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 				     q.dP[s * ldg + r] * c.P[s * ldg + r];
 			a = quad_sum(a);
 			if (!(tid & 3))
-				q.dG[r] = c.Ga[r] * q.qz[r] - q.de[r] * c.e[r] + a;
+				q.dG[r] = (hd ? 1.f : c.Ga[r]) * q.qz[r] - q.de[r] * c.e[r] + a;
 		}
 		// X2 = T^T dW (into R, D, dD, spent); U = dW K^T
 		tc_mm(GC, dk, GC, mm_f(c.T, 1, ldg), mm_f(q.dW, ldw, 1), NULL, NULL, 1.f, 0.f, q.R,

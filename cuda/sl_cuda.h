@@ -172,13 +172,18 @@ void sl_cuda_gdn_rule_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, v
  * Where split is set the forward runs in three passes (when the scratch holds every chunk's
  * slot; else in one kernel) and the backward's state pass in two (else one kernel). */
 int sl_cuda_gdn_chunk_fits(struct sl_cuda *c, int dk, int dv, int L, int nk, int nv);
-void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states, const void *qn,
+/* aux: room (sl_cuda_gdn_chunk_aux floats; NULL: none) where the one-kernel forward leaves every
+ * chunk's delta and diag(Ga) Q S0 for the backward, with a flag saying so (zeroed by the three
+ * passes; the caller zeroes its first 4 bytes where it runs the recurrence instead) */
+size_t sl_cuda_gdn_chunk_aux(size_t chunks, int nv, int dv);	/* chunks: B ceil(L/64) */
+void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states, float *aux, const void *qn,
 			   const void *kn, const void *v, int vs, const float *beta, const float *g,
 			   const int *lens, int B, int L, int nk, int nv, int dk, int dv, int split);
 void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, void *dbeta,
-			   void *dg, const void *dout, const float *states, const void *qn,
-			   const void *kn, const void *v, int vs, const float *beta, const float *g,
-			   const int *lens, int B, int L, int nk, int nv, int dk, int dv, int split);
+			   void *dg, const void *dout, const float *states, const float *aux,
+			   const void *qn, const void *kn, const void *v, int vs, const float *beta,
+			   const float *g, const int *lens, int B, int L, int nk, int nv, int dk,
+			   int dv, int split);
 /* C = alpha diag(rs) A diag(sk) B + cb C on the chunked rule's tensor-core product (tc_mm.cuh),
  * one block, operands in device memory with any strides (bf16 where abf / bbf, else float),
  * copied into shared memory first when sh is 1 (A) or 2 (A and B) */

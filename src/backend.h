@@ -317,6 +317,12 @@ struct sl_backend {
 	 * before position 0 (NULL: zero) and after the last position p < lens[b] (NULL: not
 	 * written), so a row cut into chunks can pass its state on (context parallel).
 	 */
+	/*
+	 * Floats past the B ceil(L/64) nv dk dv of states (rs = L) that gdn_rule_fwd may fill
+	 * for gdn_rule_bwd (NULL: none), for chunks = B ceil(L/64) or more: a caller with rs = L
+	 * gives states that much more room and hands the backward what the forward left there.
+	 */
+	size_t (*gdn_states_extra)(struct sl_backend *be, size_t chunks, int nv, int dk, int dv);
 	void (*gdn_rule_fwd)(struct sl_backend *be, void *o, void *states, const void *qn,
 			     const void *kn, const void *v, int vs, const void *beta,
 			     const void *g, const int32_t *lens, int B, int L, int rs, int nk,

@@ -65,18 +65,37 @@ static void cuda_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void 
  * device's room), or a chunk of rows with a start or end state (context parallel), runs the
  * recurrence.
  */
+/* the room past the states (rs = L) where the one-kernel forward leaves the backward every
+ * chunk's delta and diag(Ga) Q S0 */
+static size_t cuda_gdn_states_extra(struct sl_backend *be, size_t chunks, int nv, int dk,
+				    int dv)
+{
+	(void)be, (void)dk;
+	return sl_cuda_gdn_chunk_aux(chunks, nv, dv);
+}
+
+/* that room in states (B records of L, rs = L) */
+static float *gdn_aux(const void *states, int B, int L, int nv, int dk, int dv)
+{
+	return (float *)states + (size_t)B * ((L + 63) / 64) * nv * dk * dv;
+}
+
 static void cuda_gdn_chunk_fwd(struct sl_backend *be, void *o, void *states, const void *qn,
 			       const void *kn, const void *v, int vs, const void *beta,
 			       const void *g, const int32_t *lens, int B, int L, int rs, int nk,
 			       int nv, int dk, int dv, const void *s0, void *s_end)
 {
+	float *aux = rs == L ? gdn_aux(states, B, L, nv, dk, dv) : NULL;
+
 	if (rs != L || s0 || s_end || !sl_cuda_gdn_chunk_fits(C(be), dk, dv, L, nk, nv)) {
+		if (aux)	/* nothing left for a chunked backward */
+			sl_cuda_memset0(C(be), aux, sizeof(int));
 		cuda_gdn_rule_fwd(be, o, states, qn, kn, v, vs, beta, g, lens, B, L, rs, nk, nv,
 				  dk, dv, s0, s_end);
 		return;
 	}
-	sl_cuda_gdn_chunk_fwd(C(be), o, states, qn, kn, v, vs, beta, g, lens, B, L, nk, nv, dk, dv,
-			      P(be)->gdn_fwd_split);
+	sl_cuda_gdn_chunk_fwd(C(be), o, states, aux, qn, kn, v, vs, beta, g, lens, B, L, nk, nv,
+			      dk, dv, P(be)->gdn_fwd_split);
 }
 
 static void cuda_gdn_chunk_bwd(struct sl_backend *be, void *dqn, void *dkn, void *dval,
@@ -90,8 +109,9 @@ static void cuda_gdn_chunk_bwd(struct sl_backend *be, void *dqn, void *dkn, void
 				  g, lens, B, L, rs, nk, nv, dk, dv, ds_end, ds0);
 		return;
 	}
-	sl_cuda_gdn_chunk_bwd(C(be), dqn, dkn, dval, dbeta, dg, dout, states, qn, kn, v, vs, beta,
-			      g, lens, B, L, nk, nv, dk, dv, P(be)->gdn_bwd_split);
+	sl_cuda_gdn_chunk_bwd(C(be), dqn, dkn, dval, dbeta, dg, dout, states,
+			      gdn_aux(states, B, L, nv, dk, dv), qn, kn, v, vs, beta, g, lens, B, L,
+			      nk, nv, dk, dv, P(be)->gdn_bwd_split);
 }
 
 static void cuda_gated_rmsnorm_fwd(struct sl_backend *be, void *out, void *rstd, const void *x,
@@ -158,6 +178,7 @@ static int cuda_gdn_init(struct sl_backend *be)
 	be->conv1d_silu_bwd = cuda_conv1d_silu_bwd;
 	be->gdn_prep_fwd = cuda_gdn_prep_fwd;
 	be->gdn_prep_bwd = cuda_gdn_prep_bwd;
+	be->gdn_states_extra = chunked ? cuda_gdn_states_extra : NULL;
 	be->gdn_rule_fwd = chunked ? cuda_gdn_chunk_fwd : cuda_gdn_rule_fwd;
 	be->gdn_rule_bwd = chunked ? cuda_gdn_chunk_bwd : cuda_gdn_rule_bwd;
 	be->gated_rmsnorm_fwd = cuda_gated_rmsnorm_fwd;

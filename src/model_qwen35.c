@@ -240,7 +240,11 @@ static int alloc_q35_acts(struct sl_model *m, struct q35_acts *a, enum sl_layer_
 		 * B records of L tokens have at most ceil(L/64) <= L/64 + 1 chunks each; under
 		 * context parallel a record is 2 chunks of L/2, so T / 64 + 2B in all
 		 */
-		a->states = sl_model_ws_alloc(m, (T / 64 + 2 * B) * q->nv * q->dk * q->dv, s);
+		/* and the backend's room past them (for at most T / 64 + B chunks) */
+		a->states = sl_model_ws_alloc(m, (T / 64 + 2 * B) * q->nv * q->dk * q->dv +
+					      (m->be->gdn_states_extra ?
+					       m->be->gdn_states_extra(m->be, T / 64 + B, q->nv,
+								       q->dk, q->dv) : 0), s);
 		a->o = sl_model_ws_alloc(m, T * q->nv * q->dv, e);
 		a->rstd_o = sl_model_ws_alloc(m, T * q->nv, s);
 		a->y = sl_model_ws_alloc(m, T * q->nv * q->dv, e);

@@ -398,6 +398,22 @@ static struct buf *unit_rows(size_t rows, int d, double scale)
 	return b;
 }
 
+/* a states buffer of n floats (NaN) whose gpu side has the room past them that the backend's
+ * forward may fill for its backward (gdn_states_extra, for B records of L) */
+static struct buf *out_states(size_t n, int B, int L, int nv, int dk, int dv)
+{
+	struct buf *b = out(STAT, n);
+	size_t x = gpu->gdn_states_extra ?
+		gpu->gdn_states_extra(gpu, (size_t)B * ((L + 63) / 64), nv, dk, dv) : 0;
+
+	if (x) {
+		gpu->free(gpu, b->g);
+		b->g = gpu->alloc(gpu, (n + x) * 4);
+		put(b);
+	}
+	return b;
+}
+
 static void t_rule(int B, int L, int nk, int nv, int dk, int dv)
 {
 	char sh[64];
@@ -407,7 +423,7 @@ static void t_rule(int B, int L, int nk, int nv, int dk, int dv)
 	struct buf *v = rnd(BF, (size_t)T * vs, 1), *beta = unif(STAT, (size_t)T * nv, 0, 1);
 	struct buf *g = unif(STAT, (size_t)T * nv, -0.5, 0);
 	struct buf *o = out(BF, (size_t)T * nv * dv);
-	struct buf *st = out(STAT, (size_t)B * nch * nv * dk * dv);
+	struct buf *st = out_states((size_t)B * nch * nv * dk * dv, B, L, nv, dk, dv);
 	struct buf *go = rnd(BF, (size_t)T * nv * dv, 1);
 	struct buf *dq = out(BF, (size_t)T * nk * dk), *dk_ = out(BF, (size_t)T * nk * dk);
 	struct buf *dv_ = rnd(BF, (size_t)T * vs, 1), *db = out(BF, (size_t)T * nv);
@@ -641,7 +657,9 @@ static void t_rule_pair(struct sl_backend *gr, struct sl_backend *gc, const char
 		lens[s] = x->alloc(x, B * 4);
 		x->upload(x, lens[s], hl, B * 4);
 		o[s] = x->alloc(x, nvv * 2);
-		st[s] = x->alloc(x, ns * 4);
+		st[s] = x->alloc(x, (ns + (x->gdn_states_extra ?
+					   x->gdn_states_extra(x, (size_t)B * nch, nv, dk, dv) :
+					   0)) * 4);
 		dq[s] = x->alloc(x, nq * 2);
 		dk_[s] = x->alloc(x, nq * 2);
 		dv_[s] = x->alloc(x, nvv * 2);
@@ -1069,15 +1087,17 @@ int main(int argc, char **argv)
 	/* SL_TEST_RULE_ONLY=chunked: the chunked kernel's cases alone, small (racecheck is slow) */
 	rule_only = getenv("SL_TEST_RULE_ONLY");
 	if (rule_only && !strcmp(rule_only, "pair")) {	/* the 4B-shaped pair alone (profiling) */
-		t_rule_pair(gpu_rec, gpu_chk, "recur", "chunked", 4, 2048, 16, 32, 128, 128);
+		t_rule_pair(gpu_rec, gpu_def, "recur", "chunked", 4, 2048, 16, 32, 128, 128);
 		t_rule_pair(gpu_fus, gpu_chk, "fused", "3-pass", 4, 2048, 16, 32, 128, 128);
 		goto out;
 	}
 	if (rule_only && !strcmp(rule_only, "chunked")) {
-		gpu = gpu_chk;
-		t_rule(2, 9, 1, 2, 4, 3);
-		t_rule(2, 150, 2, 4, 16, 24);
-		t_rule(1, 130, 1, 2, 128, 128);
+		for (int kk = 0; kk < 2; kk++) {	/* chunked-3pass, the default */
+			gpu = kk ? gpu_def : gpu_chk;
+			t_rule(2, 9, 1, 2, 4, 3);
+			t_rule(2, 150, 2, 4, 16, 24);
+			t_rule(1, 130, 1, 2, 128, 128);
+		}
 		goto out;
 	}
 	t_conv(2, 9, 7, 4, 11);
@@ -1094,10 +1114,14 @@ int main(int argc, char **argv)
 	t_prep(5, 1, 2, 4, 3, 9);
 	t_prep(140, 2, 4, 16, 24, 10);
 	t_prep(700, 16, 48, 128, 128, 100);
-	for (int kk = 0; kk < 3; kk++) {	/* recurrent, chunked, chunked with a fused forward */
-		gpu = kk == 2 ? gpu_fus : kk ? gpu_chk : gpu_rec;
-		printf("-- gated delta rule: %s kernel\n",
-		       kk == 2 ? "chunked-fused" : kk ? "chunked" : "recurrent");
+	/* recurrent, chunked-3pass, chunked-fused, the default (the one-kernel forward's delta and
+	 * Q S0 taken by the two-pass backward's gradient kernel) */
+	for (int kk = 0; kk < 4; kk++) {
+		static const char *name[] = { "recurrent", "chunked-3pass", "chunked-fused",
+					      "chunked (default)" };
+
+		gpu = kk == 3 ? gpu_def : kk == 2 ? gpu_fus : kk ? gpu_chk : gpu_rec;
+		printf("-- gated delta rule: %s kernel\n", name[kk]);
 		t_rule(2, 9, 1, 2, 4, 3);
 		t_rule(3, 150, 2, 4, 16, 24);
 		t_rule(2, 200, 2, 6, 128, 128);
@@ -1131,9 +1155,11 @@ int main(int argc, char **argv)
 		if (getenv("SL_TEST_VERBOSE"))
 			t_model("3x150 moe sft k=E=4 no shared", true, 4, 0);
 	}
-	/* the Qwen3.5 4B's Gated DeltaNet layer: chunked against recurrent, both timed */
-	t_rule_pair(gpu_rec, gpu_chk, "recur", "chunked", 4, 2048, 16, 32, 128, 128);
-	/* the forward in three passes (the default) against the one-kernel forward */
+	/* the Qwen3.5 4B's Gated DeltaNet layer: the default chunked kernels against the
+	 * recurrent ones, both timed */
+	t_rule_pair(gpu_rec, gpu_def, "recur", "chunked", 4, 2048, 16, 32, 128, 128);
+	/* the one-kernel forward with the fused backward against the three passes with the
+	 * two-pass backward */
 	t_rule_pair(gpu_fus, gpu_chk, "fused", "3-pass", 4, 2048, 16, 32, 128, 128);
 	gpu = gpu_rec;
 out:

@@ -127,14 +127,14 @@ static void run(struct sl_backend *be, int B, int L, const int32_t *lens, int nk
 
 static struct {
 	bf16 *o, *q, *k, *v, *dout, *dq, *dk, *dv, *db, *dg;
-	float *states, *dst, *acc, *beta, *g, *scr, *slots, *gslots;
+	float *states, *dst, *acc, *beta, *g, *scr, *slots, *gslots, *aux, *gaux;
 	int *lens;
 	int vs, L, nk, nv, dk_, dv_, first, grp;
 } E;
 
 static void body_fwd(void)
 {
-	k_gdn_fwd(E.o, E.states, E.q, E.k, E.v, E.vs, E.beta, E.g, E.lens, E.L, E.nk, E.nv,
+	k_gdn_fwd(E.o, E.states, E.aux, E.q, E.k, E.v, E.vs, E.beta, E.g, E.lens, E.L, E.nk, E.nv,
 		  E.dk_, E.dv_);
 }
 
@@ -172,9 +172,10 @@ static void body_state(void)
 			E.dv_, E.first);
 }
 
-static void body_grad(void)	/* slots: k_gdn_prep's, or NULL (tc_local) */
+static void body_grad(void)	/* slots: k_gdn_prep's, or NULL (tc_local); gaux: the forward's */
 {
-	k_gdn_bwd_grad(E.dq, E.dk, E.dv, E.db, E.dg, E.dout, E.states, E.dst, E.acc, E.gslots,
+	k_gdn_bwd_grad(E.dq, E.dk, E.dv, E.db, E.dg, E.dout, E.states, E.gaux, E.dst, E.acc,
+		       E.gslots,
 		       E.q, E.k, E.v, E.vs, E.beta, E.g, E.lens, E.L, E.nk, E.nv, E.dk_, E.dv_,
 		       E.first);
 }
@@ -260,6 +261,10 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 	E.o = malloc(NO * 2), E.dq = malloc(NQ * 2), E.dk = malloc(NQ * 2);
 	E.dv = malloc(NV * 2), E.db = malloc(NB * 2), E.dg = malloc(NB * 2);
 	E.states = malloc(NS * 4);
+	/* k_gdn_fwd's tiles for the backward (NaN until written), the flag set as the launcher does */
+	E.aux = malloc(aux_floats((size_t)B * nch, nv, dv) * 4);
+	memset(E.aux, 0xff, aux_floats((size_t)B * nch, nv, dv) * 4);
+	memset(E.aux, 1, sizeof(int));
 	E.dst = malloc(bwd_scratch_floats(per_wave, grp, nch, dk, dv) * 4);
 	E.acc = E.dst + (size_t)per_wave * grp * nch * dk * dv;
 	memset(E.o, 0xff, NO * 2), memset(E.dq, 0xff, NQ * 2), memset(E.dk, 0xff, NQ * 2);
@@ -298,7 +303,9 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 	emu_launch(B * nv * nch, fwd_o_smem(dk, dv), body_fwd_o);
 	e[7] = emu_err(E.o, true, o, NO, NO, NO);
 	e[8] = emu_err(E.states, false, st, NS, NS, NS);
-	/* the backward's state pass in two (k_gdn_prep with dO, k_gdn_bwd_h), into fresh outputs */
+	/* the backward's state pass in two (k_gdn_prep with dO, k_gdn_bwd_h), into fresh outputs,
+	 * the gradient kernel with the one-kernel forward's delta and diag(Ga) Q S0 (the defaults;
+	 * the fused walk above made them itself) */
 	memset(E.dq, 0xff, NQ * 2), memset(E.dk, 0xff, NQ * 2);
 	memset(E.db, 0xff, NB * 2), memset(E.dg, 0xff, NB * 2);
 	for (size_t i = 0; i < NV; i++)
@@ -313,9 +320,9 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 		E.slots = E.dst + bwd_slots(per_wave, grp, nch, dk, dv);
 		emu_launch(ng * grp * nch, prep_smem(dk, dv), body_prep_b);
 		emu_launch(ng * grp, bwd_h_smem(dk, dv), body_bwd_h);
-		E.gslots = E.slots;
+		E.gslots = E.slots, E.gaux = E.aux;
 		emu_launch(ng * nch, gq_smem(dk), body_grad);
-		E.gslots = NULL;
+		E.gslots = NULL, E.gaux = NULL;
 	}
 	e[9] = emu_err(E.dq, true, dq, NQ, NQ, NQ);
 	e[10] = emu_err(E.dk, true, dk_, NQ, NQ, NQ);
@@ -339,7 +346,7 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 	free(dk_), free(dval), free(db), free(dg);
 	free(E.q), free(E.k), free(E.v), free(E.dout), free(E.beta), free(E.g), free(E.o);
 	free(E.dq), free(E.dk), free(E.dv), free(E.db), free(E.dg), free(E.states), free(E.dst);
-	free(E.scr);
+	free(E.scr), free(E.aux);
 }
 
 int main(int argc, char **argv)
