@@ -645,8 +645,9 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_state(float *dst, const bf16
 // The backward's state pass after k_gdn_prep (dout given): dS at every chunk's end into dst,
 // three products a chunk: ddelta = X + diag(e) K dS, dS = Ga_last dS + Q^T diag(Ga) dO -
 // W^T ddelta.  Block = slot of the wave's value heads (as k_gdn_bwd_state), its chunks' slots
-// at scr + (slot * nch + chunk).  Shared memory: dS (dk, dv + 4), W (GC, dk + 4), ddelta
-// (GC, dv + 4), e and Ga (GC each), K and Q (GC, dk + 8) and dO (GC, dv + 8), bf16.
+// at scr + (slot * nch + chunk); where dv <= dk, each chunk's K dS goes out over its slot's W
+// (spent) for k_gdn_bwd_grad.  Shared memory: dS (dk, dv + 4), W (GC, dk + 4), ddelta and K dS
+// (GC, dv + 4 each), e and Ga (GC each), K and Q (GC, dk + 8) and dO (GC, dv + 8), bf16.
 __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_h(float *dst, float *scr, const bf16 *dout,
 						   const bf16 *qn, const bf16 *kn, const int *lens,
 						   int L, int nk, int nv, int dk, int dv, int first)
@@ -657,7 +658,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_h(float *dst, float *scr, co
 	int slot = blockIdx.x, bh = first * grp + slot, b = bh / nv, h = bh % nv, kh = h / grp;
 	int len = lens[b], nch = (L + GC - 1) / GC;
 	float *dS = sm, *W = dS + (size_t)dk * lds, *dD = W + (size_t)GC * ldw;
-	float *e = dD + (size_t)GC * lds, *Ga = e + GC;
+	float *KD = dD + (size_t)GC * lds, *e = KD + (size_t)GC * lds, *Ga = e + GC;
 	bf16 *K = (bf16 *)(Ga + GC), *Q = K + (size_t)GC * ldk, *dO = Q + (size_t)GC * ldk;
 	size_t SS = (size_t)dk * dv;
 
@@ -684,8 +685,18 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_h(float *dst, float *scr, co
 		gl = expf(f.G[GC - 1]);
 		tile_wait();
 		__syncthreads();
-		// ddelta = X + diag(e) K dS
-		tc_mm(GC, dv, dk, mm_b(K, ldk, 1), mm_f(dS, lds, 1), NULL, e, 1.f, 1.f, dD, lds, 1);
+		// ddelta = X + diag(e) K dS; where dv <= dk, K dS out over the slot's W (spent) for
+		// the gradient kernel
+		tc_mm(GC, dv, dk, mm_b(K, ldk, 1), mm_f(dS, lds, 1), NULL, NULL, 1.f, 0.f, KD, lds,
+		      1);
+		__syncthreads();
+		FOR_RC(r, j, GC, dv) {
+			float x = KD[r * lds + j];
+
+			if (dv <= dk)
+				f.W[r * dv + j] = x;
+			dD[r * lds + j] += e[r] * x;
+		}
 		__syncthreads();
 		// dS = Ga_last dS + Q^T diag(Ga) dO - W^T ddelta (both calls own the same elements)
 		tc_mm(dk, dv, GC, mm_b(Q, 1, ldk), mm_b(dO, ldo, 1), Ga, NULL, 1.f, gl, dS, lds, 1);
@@ -696,7 +707,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_h(float *dst, float *scr, co
 
 static __host__ size_t bwd_h_smem(int dk, int dv)
 {
-	return ((size_t)dk * (dv + 4) + (size_t)GC * (dk + 4) + (size_t)GC * (dv + 4) + 2 * GC) *
+	return ((size_t)dk * (dv + 4) + (size_t)GC * (dk + 4) + (size_t)2 * GC * (dv + 4) + 2 * GC) *
 		       sizeof(float) +
 	       ((size_t)2 * GC * (dk + 8) + (size_t)GC * (dv + 8)) * 2;
 }
@@ -919,6 +930,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 		float sd = 0.f;
 
 		const float *X = NULL;	// P^T dO, k_gdn_prep's, where it ran
+		const float *KD = NULL;	// K dS, k_gdn_bwd_h's (over the slot's W), where it ran
 		// the forward's delta and diag(Ga) Q S0 of this head, where it left them
 		const float *hd = adel ? adel + (size_t)(h - kh * grp) * 2 * GC * dv : NULL;
 
@@ -928,6 +940,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 
 			tl_load(&c, f.P, f.G, f.T, f.A, qn, kn, beta, t0, n, nk, nv, dk, kh, h);
 			X = f.U;
+			KD = dv <= dk ? f.W : NULL;
 		} else {
 			tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
 		}
@@ -969,8 +982,11 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 			}
 			__syncthreads();
 			// K dS into R (spent); dD = P^T dO (+ diag(e) K dS below)
-			tc_mm(GC, w, dk, mm_b(c.K, ldk, 1), mm_f(dS + j0, dv, 1), NULL, NULL, 1.f,
-			      0.f, q.R, lq, 1);
+			if (KD)
+				ld_tile_f(q.R, lq, KD + j0, dv, GC, w);
+			else
+				tc_mm(GC, w, dk, mm_b(c.K, ldk, 1), mm_f(dS + j0, dv, 1), NULL, NULL,
+				      1.f, 0.f, q.R, lq, 1);
 			if (X)
 				ld_tile_f(q.DD, lq, X + j0, dv, GC, w);
 			else

@@ -370,6 +370,8 @@ int main(int argc, char **argv)
 	/* weak decay over four chunks: the end state's gradient reaches back (Ga_last <S0, dS>
 	 * in dg is not lost in the decay), and a quarter of 40 value columns */
 	run_emu(be, 1, 200, l4, 1, 2, 16, 40, -0.05, 1);
+	/* dv <= dk over two value quarters: k_gdn_bwd_h's K dS taken by the gradient kernel */
+	run_emu(be, 1, 130, l7, 1, 2, 80, 72, -0.5, 1);
 	if (argc > 1 && !strcmp(argv[1], "full"))	/* the Qwen3.5 head dims (a minute) */
 		run_emu(be, 2, 100, l6, 1, 2, 128, 128, -0.5, 1);
 	emu_free();
