@@ -306,17 +306,19 @@ static __device__ void tc_local(const struct tl *c, const bf16 *qn, const bf16 *
 	tri_inv(c);
 }
 
-// tc_local's results from a chunk's full slot (k_gdn_prep's): K, Q and beta as tc_local loads
-// them, A, T, P and G from the slot.  Starts and ends with every thread past a barrier.
+// tc_local's results from a chunk's full slot (k_gdn_prep's): K and Q (where kq; else those of
+// the last call, the same key head) and beta as tc_local loads them, A, T, P and G from the
+// slot.  Starts and ends with every thread past a barrier.
 static __device__ void tl_load(const struct tl *c, const float *sP, const float *sG,
 			       const float *sT, const float *sA, const bf16 *qn, const bf16 *kn,
 			       const float *beta, size_t t0, int n, int nk, int nv, int dk, int kh,
-			       int h)
+			       int h, bool kq)
 {
 	const int tid = threadIdx.x, ldg = GC + 4;
 
 	__syncthreads();
-	tl_kq(c->K, c->Q, qn, kn, t0, n, nk, dk, kh);
+	if (kq)
+		tl_kq(c->K, c->Q, qn, kn, t0, n, nk, dk, kh);
 	ld_tile_f(c->A, ldg, sA, GC, GC, GC);
 	ld_tile_f(c->T, ldg, sT, GC, GC, GC);
 	ld_tile_f(c->P, ldg, sP, GC, GC, GC);
@@ -938,7 +940,9 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 			struct fslot f = fslot_at(slots, ((size_t)gi * grp + h - kh * grp) * nch + ch,
 						  dk, dv, 1);
 
-			tl_load(&c, f.P, f.G, f.T, f.A, qn, kn, beta, t0, n, nk, nv, dk, kh, h);
+			// K and Q once for the key head's value heads (nothing writes them)
+			tl_load(&c, f.P, f.G, f.T, f.A, qn, kn, beta, t0, n, nk, nv, dk, kh, h,
+				h == kh * grp);
 			X = f.U;
 			KD = dv <= dk ? f.W : NULL;
 		} else {
