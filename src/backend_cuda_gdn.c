@@ -85,7 +85,8 @@ static void cuda_gdn_chunk_fwd(struct sl_backend *be, void *o, void *states, con
 			       const void *g, const int32_t *lens, int B, int L, int rs, int nk,
 			       int nv, int dk, int dv, const void *s0, void *s_end)
 {
-	float *aux = rs == L ? gdn_aux(states, B, L, nv, dk, dv) : NULL;
+	/* the room past the states: the caller gives it while gdn_states_extra is set */
+	float *aux = rs == L && be->gdn_states_extra ? gdn_aux(states, B, L, nv, dk, dv) : NULL;
 
 	if (rs != L || s0 || s_end || !sl_cuda_gdn_chunk_fits(C(be), dk, dv, L, nk, nv)) {
 		if (aux)	/* nothing left for a chunked backward */
@@ -110,8 +111,9 @@ static void cuda_gdn_chunk_bwd(struct sl_backend *be, void *dqn, void *dkn, void
 		return;
 	}
 	sl_cuda_gdn_chunk_bwd(C(be), dqn, dkn, dval, dbeta, dg, dout, states,
-			      gdn_aux(states, B, L, nv, dk, dv), qn, kn, v, vs, beta, g, lens, B, L,
-			      nk, nv, dk, dv, P(be)->gdn_bwd_split);
+			      be->gdn_states_extra ? gdn_aux(states, B, L, nv, dk, dv) : NULL, qn,
+			      kn, v, vs, beta, g, lens, B, L, nk, nv, dk, dv,
+			      P(be)->gdn_bwd_split);
 }
 
 static void cuda_gated_rmsnorm_fwd(struct sl_backend *be, void *out, void *rstd, const void *x,

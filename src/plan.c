@@ -130,7 +130,7 @@ static void count_qwen3(const struct counter *k, const struct sl_model_config *m
  * dense MLP's gu and act */
 static size_t q35_layer_acts(const struct counter *k, const struct sl_model_config *mc,
 			     enum sl_layer_kind kind, bool dense, size_t T, size_t B, size_t e,
-			     size_t s)
+			     size_t s, bool aux)
 {
 	const size_t H = mc->hidden, I = mc->intermediate, nh = mc->n_heads, nkv = mc->n_kv_heads;
 	const size_t hd = mc->head_dim, Q = (nh + 2 * nkv) * hd, Pa = (2 * nh + 2 * nkv) * hd;
@@ -155,8 +155,11 @@ static size_t q35_layer_acts(const struct counter *k, const struct sl_model_conf
 		+ A(k, T * 2 * nk * s)			/* rqk */
 		+ 2 * A(k, T * nv * s)			/* beta, g */
 		/* chunk-start states: at most T / 64 + 2B chunks of 64 tokens (2 chunks a row
-		 * under context parallel) */
-		+ A(k, (T / 64 + 2 * B) * nv * dk * dv * s)
+		 * under context parallel); with aux, the cuda backend's room past them
+		 * (gdn_states_extra, cuda/gdn_chunk.cuh aux_floats: a 64-float head, then
+		 * delta and diag(Ga) Q S0, 64 x dv floats each, for T / 64 + B chunks) */
+		+ A(k, ((T / 64 + 2 * B) * nv * dk * dv +
+			(aux ? 64 + 2 * (T / 64 + B) * nv * 64 * dv : 0)) * s)
 		+ 2 * A(k, T * nv * dv * e)		/* o, y */
 		+ A(k, T * nv * s);			/* rstd_o */
 }
@@ -189,17 +192,17 @@ static size_t q35_scratch(const struct counter *k, const struct sl_model_config 
  * SL_PLAN_WORKSPACE).
  */
 static void count_q35(const struct counter *k, const struct sl_model_config *mc, size_t T,
-		      size_t B, bool ckpt, size_t e, size_t s, size_t out[SL_PLAN_N])
+		      size_t B, bool ckpt, size_t e, size_t s, bool aux, size_t out[SL_PLAN_N])
 {
 	const size_t H = mc->hidden, hd = mc->head_dim;
 	size_t acts = 0;
 
 	if (ckpt)
-		acts = q35_layer_acts(k, mc, SL_LAYER_GATED_ATTENTION, true, T, B, e, s) +
-			q35_layer_acts(k, mc, SL_LAYER_LINEAR_ATTENTION, true, T, B, e, s);
+		acts = q35_layer_acts(k, mc, SL_LAYER_GATED_ATTENTION, true, T, B, e, s, aux) +
+			q35_layer_acts(k, mc, SL_LAYER_LINEAR_ATTENTION, true, T, B, e, s, aux);
 	else
 		for (int l = 0; l < mc->n_layers; l++)
-			acts += q35_layer_acts(k, mc, mc->layer_kind[l], true, T, B, e, s);
+			acts += q35_layer_acts(k, mc, mc->layer_kind[l], true, T, B, e, s, aux);
 	out[SL_PLAN_ACTS] += acts
 		+ A(k, zmax(H, hd) * e)			/* ones */
 		+ 3 * A(k, H * e)			/* wn1, wn2, wfin */
@@ -226,11 +229,12 @@ static size_t q35_cp(const struct counter *k, const struct sl_model_config *mc, 
  * norm_offset, as model.c decides); SL_PLAN_ACTS and SL_PLAN_HEAD
  */
 static void count_model(const struct counter *k, const struct sl_model_config *mc, size_t T,
-			size_t B, bool sft, bool ckpt, size_t e, size_t s, size_t out[SL_PLAN_N])
+			size_t B, bool sft, bool ckpt, size_t e, size_t s, bool aux,
+			size_t out[SL_PLAN_N])
 {
 	count_common(k, mc, T, B, sft, e, s, out);
 	if (mc->norm_offset)
-		count_q35(k, mc, T, B, ckpt, e, s, out);
+		count_q35(k, mc, T, B, ckpt, e, s, aux, out);
 	else
 		count_qwen3(k, mc, T, ckpt, e, s, out);
 }
@@ -366,8 +370,10 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	if (p->C > 1 && Lrow < 8 * (size_t)p->C)
 		Lrow = 8 * (size_t)p->C;
 	T = B * (Lrow / p->C);
+	/* the chunked delta rule's saved forward tiles (backend_cuda_gdn.c gdn_states_extra) */
+	p->gdn_aux = p->cuda && mc->norm_offset && mc->lin_nv && !o->no_gdn_aux;
 	count_model(&dk, mc, T, B, !sl_layout_find(lay, "score.weight"), p->ckpt, e,
-		    p->stat_elt, p->dev);
+		    p->stat_elt, p->gdn_aux, p->dev);
 	/*
 	 * cuda/gdn_chunk.cu: the chunked delta rule's backward grows the context's scratch to hold,
 	 * for every chunk of the micro-batch (at most T / 64 + B), dS at its end for all value heads,
@@ -489,6 +495,16 @@ int sl_plan_compute(const struct sl_config *c, const struct sl_model_config *mc,
 	if (!p->host_fits && p->offload == SL_OFFLOAD_OPTIMIZER &&
 	    compute(c, mc, lay, o, &q, true, true) == 0 && sl_plan_fits(&q))
 		*p = q;
+	/* the delta rule's saved tiles where only they do not fit: the run goes without them */
+	if (p->gdn_aux && !p->gpu_fits) {
+		struct sl_plan_opts o2 = *o;
+
+		o2.no_gdn_aux = true;
+		if (sl_plan_compute(c, mc, lay, &o2, &q) == 0 && sl_plan_fits(&q)) {
+			*p = q;
+			p->gdn_aux_dropped = true;
+		}
+	}
 	return 0;
 }
 
@@ -605,6 +621,9 @@ void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
 		" with context parallel)" : "",
 		!p->ckpt ? "" : mc->norm_offset ? ", one set per layer kind with "
 		"checkpointing" : ", one layer's set with checkpointing");
+	if (p->gdn_aux_dropped)
+		fprintf(out, "  (activations: without the Gated DeltaNet forward's delta and Q S0 "
+			"tiles for the backward, which do not fit: a slower backward)\n");
 	if (p->grad_direct)
 		fprintf(out, "  (gradients: one GPU, one micro-batch a step: in %zu-byte elements "
 			"where the backward writes them, no fp32 copy)\n", p->elt);
@@ -680,7 +699,7 @@ static double node_memory(void)
 }
 
 int sl_plan_check_job(const struct sl_config *c, int world, int node_size, double gpu_bytes,
-		      bool *accum_dev, bool *lean)
+		      bool *accum_dev, bool *lean, int *gdn_aux)
 {
 	struct sl_model_files mf;
 	struct sl_plan_opts o = { .gpus = world, .node_size = node_size, .gpu_mem = gpu_bytes,
@@ -695,6 +714,7 @@ int sl_plan_check_job(const struct sl_config *c, int world, int node_size, doubl
 	ret = 0;
 	*accum_dev = p.accum_dev;
 	*lean = p.lean;
+	*gdn_aux = p.gdn_aux ? 1 : p.gdn_aux_dropped ? -1 : 0;
 	if (!sl_plan_fits(&p)) {
 		char *buf = NULL;
 		size_t len = 0;

@@ -39,6 +39,7 @@ struct sl_plan_opts {
 	int offload;			/* enum sl_offload */
 	int ckpt;			/* activation checkpointing 0/1 */
 	bool force_lean;		/* plan offload optimizer's lean host layout (tests) */
+	bool no_gdn_aux;		/* plan without the delta rule's saved forward tiles */
 };
 
 struct sl_plan {
@@ -61,6 +62,10 @@ struct sl_plan {
 	bool lean;			/* offload optimizer with gradients kept on the GPU, the
 					 * host holding master, m, v only (shard's host_lean):
 					 * chosen when the usual host layout does not fit */
+	bool gdn_aux;			/* cuda, Gated DeltaNet: each layer keeps the forward's
+					 * delta and Q S0 tiles for the backward (the backend's
+					 * gdn_states_extra); dropped when only that does not fit */
+	bool gdn_aux_dropped;		/* they would not fit: the run goes without */
 	/* bytes */
 	size_t dev[SL_PLAN_N];		/* per GPU ("device" memory: host memory on cpu) */
 	size_t dev_total;
@@ -86,10 +91,12 @@ void sl_plan_print(const struct sl_plan *p, const struct sl_config *c,
  * `train`'s check, before anything is loaded: reads the model's config.json, plans for @world
  * ranks, @node_size per node, against @gpu_bytes per GPU (0: unknown, GPU part skipped) and this
  * node's physical memory.  0 when it fits, -1 (with the reason and what to change) when not.
- * *accum_dev, *lean: the plan's sl_plan.accum_dev and sl_plan.lean, for shard.
+ * *accum_dev, *lean: the plan's sl_plan.accum_dev and sl_plan.lean, for shard; *gdn_aux: 1
+ * where the plan keeps the Gated DeltaNet forward's tiles for the backward (sl_plan.gdn_aux),
+ * -1 where it dropped them to fit, 0 where there are none.
  */
 int sl_plan_check_job(const struct sl_config *c, int world, int node_size, double gpu_bytes,
-		      bool *accum_dev, bool *lean);
+		      bool *accum_dev, bool *lean, int *gdn_aux);
 
 /* "80", "80GB" (10^9) or "74.5GiB" (2^30) -> bytes; -1 when malformed. */
 double sl_plan_parse_mem(const char *s);

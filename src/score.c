@@ -189,6 +189,8 @@ int sl_cmd_score(int argc, char **argv)
 	}
 	batch = c->train.batch;
 	max_L = sl_data_max_len(&ds);
+	/* no backward: no room for what the forward would keep for it */
+	be->gdn_states_extra = NULL;
 	model = sl_model_create(&mf.mc, &mf.lay, be, batch * max_L, batch, false);
 	if (!model)
 		goto out;

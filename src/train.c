@@ -200,6 +200,7 @@ int sl_cmd_train(int argc, char **argv)
 	char path[SL_PATH_MAX + 64], ckpt_dir[SL_PATH_MAX + 64], dur[64];
 	int ret = 2, verdict = 0, n_init = 0;
 	bool resume = false, accum_dev = false, lean = false;
+	int gdn_aux = 0;
 
 	ckpt_dir[0] = 0;
 	sl_log_init();
@@ -236,8 +237,15 @@ int sl_cmd_train(int argc, char **argv)
 		goto out;
 	/* the memory plan before anything is loaded (GPU size 0: the cpu backend, host only) */
 	if (!all_ok(sl_plan_check_job(j->c, j->d.world, j->d.local_size, train_gpu_memory(j),
-				      &accum_dev, &lean) == 0))
+				      &accum_dev, &lean, &gdn_aux) == 0))
 		goto out;
+	/* the plan counted the delta rule's saved tiles, or dropped them to fit: the model's
+	 * states go without that room, and the backend without the tiles (tests: as if
+	 * dropped, SHARDLM_TEST_NO_GDN_AUX) */
+	if (gdn_aux > 0 && test_env("SHARDLM_TEST_NO_GDN_AUX"))
+		gdn_aux = -1;
+	if (gdn_aux < 0)
+		j->be->gdn_states_extra = NULL;
 	sl_checkpoint_root(j->c, j->ckpt_root, sizeof(j->ckpt_root));
 	if (j->d.rank == 0)
 		verdict = train_prepare_run_dir(j->c, j->a.fresh, ckpt_dir, sizeof(ckpt_dir));
@@ -254,6 +262,9 @@ int sl_cmd_train(int argc, char **argv)
 	       PACKAGE_VERSION, SL_GIT_COMMIT, j->a.config, j->c->run.dir, j->d.world,
 	       j->d.n_nodes, j->d.node_size_overridden ? " (parallel.node_size)" : "");
 	log_config(j->c);
+	if (gdn_aux < 0)
+		sl_log("plan: the Gated DeltaNet layers go without the forward's saved delta and Q "
+		       "S0 tiles, which would not fit: the backward makes them again (slower)");
 	j->yaml = config_yaml(j->c);
 	snprintf(path, sizeof(path), "%s/config.yaml", j->c->run.dir);
 	if (!all_ok(j->d.rank != 0 || sl_write_file_atomic(path, j->yaml, strlen(j->yaml)) == 0))

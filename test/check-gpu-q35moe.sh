@@ -5,7 +5,8 @@
 # load-balancing loss) on its 4 records, on the cuda backend against the cpu backend (the fp32
 # reference, checked against transformers by test_q35moe_parity and against finite differences
 # by test_q35moe): 20 AdamW steps, the loss of every step within 3% relative (bf16), with and
-# without activation checkpointing.
+# without activation checkpointing, and without the delta rule's saved forward tiles (the plan's
+# way out where they do not fit: SHARDLM_TEST_NO_GDN_AUX takes it, and the log says so).
 # Q35MOE_TOPK=N runs the same model with N experts per token instead (N = 8: every token takes
 # every expert, so that no near-tie in a top-k choice can route differently in bf16).
 . "${top_srcdir:-$(dirname "$0")/..}/test/lib.sh"
@@ -22,7 +23,7 @@ if [ -n "${Q35MOE_TOPK:-}" ]; then
 		"$T/model/config.json"
 fi
 
-# run NAME BACKEND CKPT
+# run NAME BACKEND CKPT [ENV=VALUE]
 run() {
 	ok
 	cat >"$T/$1.yaml" <<YAML
@@ -35,7 +36,7 @@ optim: {lr: 2.0e-3, warmup: 2, weight_decay: 0.1, clip: 1.0}
 checkpoint: {every: 0}
 run: {dir: $T/$1, log_every: 5}
 YAML
-	if ! OMP_NUM_THREADS=4 "$SHARDLM" train "$T/$1.yaml" >"$T/$1.out" 2>&1; then
+	if ! env OMP_NUM_THREADS=4 ${4:-} "$SHARDLM" train "$T/$1.yaml" >"$T/$1.out" 2>&1; then
 		fail "$1: exited non-zero"; tail -n 20 "$T/$1.out" >&2
 	fi
 }
@@ -61,4 +62,12 @@ run cuda cuda false
 close cpu cuda
 run cuda-ckpt cuda true
 close cpu cuda-ckpt
+run cuda-noaux cuda false SHARDLM_TEST_NO_GDN_AUX=1
+close cpu cuda-noaux
+ok
+grep -q "go without the forward's saved delta" "$T/cuda-noaux/train.log" ||
+	fail "cuda-noaux: train.log does not say the saved tiles were dropped"
+ok
+! grep -q "go without the forward's saved delta" "$T/cuda/train.log" ||
+	fail "cuda: train.log says the saved tiles were dropped"
 finish
