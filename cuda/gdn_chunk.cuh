@@ -722,7 +722,8 @@ static __host__ size_t bwd_h_smem(int dk, int dv)
 // over the value heads in fp32 in the block's own slice of the scratch (acc, after dst), in a
 // fixed order (deterministic), and go out as bf16 at the end.  With slots (k_gdn_prep's full
 // slots of the wave) a head's local quantities are loaded (tl_load) instead of made (tc_local),
-// and so is P^T dO.
+// and so are P^T dO and K dS (k_gdn_bwd_h's, where dv <= dk); with aux (k_gdn_fwd's, where its
+// flag is set) so are delta and diag(Ga) Q S0.
 // The algebra: test/gdn_chunk_ref.h.
 
 #define VQ 64		// value columns per quarter (a half of the Qwen3.5's 128)

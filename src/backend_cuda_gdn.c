@@ -59,11 +59,14 @@ static void cuda_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void 
  * SHARDLM_GDN_KERNEL=chunked (the default: the forward in one kernel, the backward's state pass
  * in two), chunked-3pass (the forward in three passes where the scratch holds them, the
  * backward's state pass in two), chunked-fused (each in one kernel) or recurrent (gdn.cu's
- * per-token walk).  On the H200 at the 4B layer the one-kernel forward took 1.28 ms against the
- * three passes' 1.33, the two-pass backward 5.70 ms against one kernel's 6.10.  A shape they do
- * not take (key dim over 128, a group's share of the backward's scratch over 4 GiB or the
- * device's room), or a chunk of rows with a start or end state (context parallel), runs the
- * recurrence.
+ * per-token walk).  The one-kernel forward leaves the backward every chunk's delta and diag(Ga)
+ * Q S0 past the states (gdn_states_extra; the trainer clears it where the memory plan has no
+ * room); the other forwards clear the flag there that says so.  On the H200 at the 4B layer
+ * (2026-12-02) the one-kernel forward took 1.40 ms against the three passes' 1.34, the two-pass
+ * backward with the forward's tiles 5.13 ms, without them 5.53, one kernel's 5.93.  A shape
+ * they do not take (key dim over 128, a group's share of the backward's scratch over 4 GiB or
+ * the device's room), or a chunk of rows with a start or end state (context parallel), runs
+ * the recurrence.
  */
 /* the room past the states (rs = L) where the one-kernel forward leaves the backward every
  * chunk's delta and diag(Ga) Q S0 */
