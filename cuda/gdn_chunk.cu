@@ -63,10 +63,10 @@ extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states,
 		sl_cuda_scratch_grow(c, need);	// -1: the old one kept, too small
 	if (split && need <= c->scratch_bytes) {
 		float *scr = sl_cuda_scratch(c, need, "chunked gated delta rule forward");
+		size_t ps = prep_smem(dk, dv), hs = fwd_h_smem(dk, dv), os = fwd_o_smem(dk, dv);
 
 		if (aux)	// no tiles for the backward from these passes
 			CUDA_CHECK(cudaMemsetAsync(aux, 0, sizeof(int), c->stream));
-		size_t ps = prep_smem(dk, dv), hs = fwd_h_smem(dk, dv), os = fwd_o_smem(dk, dv);
 
 		CUDA_CHECK(cudaFuncSetAttribute(k_gdn_prep,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -305,6 +305,14 @@ struct sl_backend {
 			     const void *beta, const void *g, const void *A_log,
 			     const void *dt_bias, int T, int nk, int nv, int dk, int dv);
 	/*
+	 * Floats past the B ceil(L/64) nv dk dv of states (rs = L) that gdn_rule_fwd may fill
+	 * for gdn_rule_bwd (NULL: none), for chunks = B ceil(L/64) or more: a caller with rs = L
+	 * gives states that much more room and hands the backward what the forward left there.
+	 * A caller may clear it before it sizes any states (the backend then leaves and reads
+	 * nothing there: the trainer does so where the memory plan has no room).
+	 */
+	size_t (*gdn_states_extra)(struct sl_backend *be, size_t chunks, int nv, int dk, int dv);
+	/*
 	 * The gated delta rule per record and value head h (key head h / (nv / nk)), state
 	 * S(dk, dv) = s0 (NULL: 0) at each record's start, for positions p < lens[b]:
 	 *   S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q
@@ -317,12 +325,6 @@ struct sl_backend {
 	 * before position 0 (NULL: zero) and after the last position p < lens[b] (NULL: not
 	 * written), so a row cut into chunks can pass its state on (context parallel).
 	 */
-	/*
-	 * Floats past the B ceil(L/64) nv dk dv of states (rs = L) that gdn_rule_fwd may fill
-	 * for gdn_rule_bwd (NULL: none), for chunks = B ceil(L/64) or more: a caller with rs = L
-	 * gives states that much more room and hands the backward what the forward left there.
-	 */
-	size_t (*gdn_states_extra)(struct sl_backend *be, size_t chunks, int nv, int dk, int dv);
 	void (*gdn_rule_fwd)(struct sl_backend *be, void *o, void *states, const void *qn,
 			     const void *kn, const void *v, int vs, const void *beta,
 			     const void *g, const int32_t *lens, int B, int L, int rs, int nk,
