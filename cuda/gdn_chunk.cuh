@@ -44,6 +44,30 @@ static __device__ __forceinline__ void tile_wait(void)
 #endif
 }
 
+#ifdef __CUDA_ARCH__
+// ld_tile_bf's copies, E bf16 a copy (8: 16 bytes, 2: 4 bytes), the size fixed at compile time
+// (f327fbc's one loop picking it at run time, with acc_out's bf16 packing through pack4,
+// measured 0.1 ms slower in the backward; the two were not told apart)
+template <int E>
+static __device__ __forceinline__ void ld_tile_cp(bf16 *dst, int ds, const bf16 *src,
+						  size_t ss, int n, int w, int wc)
+{
+	const int ce = wc / E;
+
+	for (int x = threadIdx.x; x < GC * ce; x += NTH) {
+		int r = x / ce, j = E * (x % ce);
+		bool ok = r < n && j < w;
+		uint32_t d = smem_u32(dst + r * ds + j);
+		const bf16 *s = ok ? src + r * ss + j : src;
+
+		if (E == 8)
+			cp_async16(d, s, ok);
+		else
+			cp_async4(d, s, ok);
+	}
+}
+#endif
+
 // rows [0, GC) x columns [0, wc) of dst (bf16, row stride ds): element (r, j) = src[r ss + j]
 // for r < n and j < w, else 0; no barrier, tile_wait before one
 static __device__ void ld_tile_bf(bf16 *dst, int ds, const bf16 *src, size_t ss, int n, int w,
@@ -52,29 +76,12 @@ static __device__ void ld_tile_bf(bf16 *dst, int ds, const bf16 *src, size_t ss,
 #ifdef __CUDA_ARCH__
 	const unsigned long long sa = (unsigned long long)src, da = (unsigned long long)dst;
 
-	// two loops, each with its copy size fixed (f327fbc's one loop picking the size, with
-	// acc_out's bf16 packing through pack4, measured 0.1 ms slower in the backward; the two
-	// were not told apart)
 	if (!((w | wc | ds | (int)(ss & 7)) & 7) && !(sa & 15) && !(da & 15)) {
-		const int c8 = wc / 8;
-
-		for (int x = threadIdx.x; x < GC * c8; x += NTH) {
-			int r = x / c8, j = 8 * (x % c8);
-			bool ok = r < n && j < w;
-
-			cp_async16(smem_u32(dst + r * ds + j), ok ? src + r * ss + j : src, ok);
-		}
+		ld_tile_cp<8>(dst, ds, src, ss, n, w, wc);
 		return;
 	}
 	if (!((w | wc | ds | (int)(ss & 1)) & 1) && !(sa & 3) && !(da & 3)) {
-		const int c2 = wc / 2;
-
-		for (int x = threadIdx.x; x < GC * c2; x += NTH) {
-			int r = x / c2, j = 2 * (x % c2);
-			bool ok = r < n && j < w;
-
-			cp_async4(smem_u32(dst + r * ds + j), ok ? src + r * ss + j : src, ok);
-		}
+		ld_tile_cp<2>(dst, ds, src, ss, n, w, wc);
 		return;
 	}
 #endif
