@@ -92,8 +92,6 @@ extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states,
 	}
 	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_fwd, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					(int)smem));
-	if (aux)	// the flag: nonzero (every byte 1)
-		CUDA_CHECK(cudaMemsetAsync(aux, 1, sizeof(int), c->stream));
 	k_gdn_fwd<<<B * nv, NTH, smem, c->stream>>>((bf16 *)o, states, aux, (const bf16 *)qn,
 						    (const bf16 *)kn, (const bf16 *)v, vs, beta, g,
 						    lens, L, nk, nv, dk, dv);

@@ -353,8 +353,8 @@ static __host__ __device__ size_t aux_floats(size_t chunks, int nv, int dv)
 	return AUX_HEAD + (size_t)2 * chunks * nv * GC * dv;
 }
 
-// the forward: o, and the chunk-start states; with aux (past its head), every chunk's delta and
-// diag(Ga) Q S0.  Block (record, value head).
+// the forward: o, and the chunk-start states; with aux, every chunk's delta and diag(Ga) Q S0
+// past its head, and the head's flag set.  Block (record, value head).
 __global__ void __launch_bounds__(NTH, 1) k_gdn_fwd(bf16 *o, float *states, float *aux,
 						 const bf16 *qn, const bf16 *kn, const bf16 *v,
 						 int vs, const float *beta, const float *g,
@@ -370,6 +370,8 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_fwd(bf16 *o, float *states, floa
 	bf16 *Vt = (bf16 *)D;	// the chunk's v (GC, dv + 8), in D until delta is made
 	size_t SS = (size_t)dk * dv, od = (size_t)nv * dv;
 
+	if (aux && !blockIdx.x && !tid)	// the tiles below are this forward's (stream order)
+		*(int *)aux = 1;
 	for (int x = tid; x < dk * lds; x += NTH)
 		S[x] = 0.f;
 	for (int ch = 0; ch < nch; ch++) {

@@ -261,10 +261,10 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 	E.o = malloc(NO * 2), E.dq = malloc(NQ * 2), E.dk = malloc(NQ * 2);
 	E.dv = malloc(NV * 2), E.db = malloc(NB * 2), E.dg = malloc(NB * 2);
 	E.states = malloc(NS * 4);
-	/* k_gdn_fwd's tiles for the backward (NaN until written), the flag set as the launcher does */
+	/* k_gdn_fwd's tiles for the backward (NaN until written), the flag clear until it sets it */
 	E.aux = malloc(aux_floats((size_t)B * nch, nv, dv) * 4);
 	memset(E.aux, 0xff, aux_floats((size_t)B * nch, nv, dv) * 4);
-	memset(E.aux, 1, sizeof(int));
+	memset(E.aux, 0, sizeof(int));
 	E.dst = malloc(bwd_scratch_floats(per_wave, grp, nch, dk, dv) * 4);
 	E.acc = E.dst + (size_t)per_wave * grp * nch * dk * dv;
 	memset(E.o, 0xff, NO * 2), memset(E.dq, 0xff, NQ * 2), memset(E.dk, 0xff, NQ * 2);
@@ -277,6 +277,7 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 	CHECK(fwd_smem(dk, dv) <= EMU_SM * 4 && state_smem(dk, dv) <= EMU_SM * 4 &&
 	      gq_smem(dk) <= EMU_SM * 4, "shared memory of dk=%d within the H200's", dk);
 	emu_launch(B * nv, fwd_smem(dk, dv), body_fwd);
+	CHECK(*(int *)E.aux, "emu B=%d L=%d: k_gdn_fwd left the flag of its tiles clear", B, L);
 	for (int first = 0; first < B * nk; first += per_wave) {
 		int ng = B * nk - first < per_wave ? B * nk - first : per_wave;
 
