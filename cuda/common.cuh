@@ -200,6 +200,28 @@ static __device__ __forceinline__ void cp_wait_all(void)
 	asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
+// all but the newest group complete (the newest is the tile being prefetched)
+static __device__ __forceinline__ void cp_wait1(void)
+{
+	asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
+// four 8 x 8 bf16 matrices from shared memory (lanes 8q .. 8q + 7 give matrix q's row
+// addresses); .trans: each transposed
+static __device__ __forceinline__ void ldsm4(uint32_t *r, uint32_t addr)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(addr));
+}
+
+static __device__ __forceinline__ void ldsm4t(uint32_t *r, uint32_t addr)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(addr));
+}
+
 // blocks for a grid-stride loop over n items: enough to fill the GPU, never more than needed
 static inline unsigned grid_for(size_t n, int threads)
 {

@@ -70,26 +70,6 @@ static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
 	return *(uint32_t *)&v;
 }
 
-// all but the newest group complete (the newest is the tile being prefetched)
-static __device__ __forceinline__ void cp_wait1(void)
-{
-	asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
-
-static __device__ __forceinline__ void ldsm4(uint32_t *r, uint32_t addr)
-{
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-		     : "r"(addr));
-}
-
-static __device__ __forceinline__ void ldsm4t(uint32_t *r, uint32_t addr)
-{
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-		     : "r"(addr));
-}
-
 // one MUFU instruction; -inf gives 0 (masked scores)
 static __device__ __forceinline__ float fexp2(float x)
 {

@@ -20,6 +20,7 @@
 
 #include "common.cuh"
 #include "gdn_chunk.cuh"
+#include "gdn_walk.cuh"
 
 // ---- launchers ------------------------------------------------------------------------------
 
@@ -63,17 +64,11 @@ extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states,
 		sl_cuda_scratch_grow(c, need);	// -1: the old one kept, too small
 	if (split && need <= c->scratch_bytes) {
 		float *scr = sl_cuda_scratch(c, need, "chunked gated delta rule forward");
-		size_t ps = prep_smem(dk, dv), hs = fwd_h_smem(dk, dv), os = fwd_o_smem(dk, dv);
-
-		if (aux)	// no tiles for the backward from these passes
-			CUDA_CHECK(cudaMemsetAsync(aux, 0, sizeof(int), c->stream));
+		size_t ps = prep_smem(dk, dv), os = fwd_o_smem(dk, dv);
 
 		CUDA_CHECK(cudaFuncSetAttribute(k_gdn_prep,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
 						(int)ps));
-		CUDA_CHECK(cudaFuncSetAttribute(k_gdn_fwd_h,
-						cudaFuncAttributeMaxDynamicSharedMemorySize,
-						(int)hs));
 		CUDA_CHECK(cudaFuncSetAttribute(k_gdn_fwd_o,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
 						(int)os));
@@ -81,10 +76,27 @@ extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states,
 							   (const bf16 *)v, vs, NULL, beta, g, lens,
 							   L, nk, nv, dk, dv, 0);
 		CUDA_LAUNCHED();
-		k_gdn_fwd_h<<<B * nv, NTH, hs, c->stream>>>(states, scr, (const bf16 *)kn, lens, L,
-							    nk, nv, dk, dv);
+		if (split == 2 && walk_fits(dk, dv)) {	// the state in registers
+			size_t ws = walk_fwd_smem(dk);
+
+			CUDA_CHECK(cudaFuncSetAttribute(k_gdn_walk_fwd,
+							cudaFuncAttributeMaxDynamicSharedMemorySize,
+							(int)ws));
+			k_gdn_walk_fwd<<<B * nv, NTH, ws, c->stream>>>(states, scr, aux,
+								       (const bf16 *)kn, lens, L,
+								       nk, nv, dk, dv);
+		} else {
+			size_t hs = fwd_h_smem(dk, dv);
+
+			CUDA_CHECK(cudaFuncSetAttribute(k_gdn_fwd_h,
+							cudaFuncAttributeMaxDynamicSharedMemorySize,
+							(int)hs));
+			k_gdn_fwd_h<<<B * nv, NTH, hs, c->stream>>>(states, scr, aux,
+								    (const bf16 *)kn, lens, L, nk,
+								    nv, dk, dv);
+		}
 		CUDA_LAUNCHED();
-		k_gdn_fwd_o<<<blocks, NTH, os, c->stream>>>((bf16 *)o, states, scr,
+		k_gdn_fwd_o<<<blocks, NTH, os, c->stream>>>((bf16 *)o, states, scr, aux,
 							    (const bf16 *)qn, lens, L, nk, nv, dk,
 							    dv);
 		CUDA_LAUNCHED();
@@ -125,6 +137,10 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 					(int)ps));
 	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_bwd_h, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					(int)hs));
+	if (split == 2 && walk_fits(dk, dv))
+		CUDA_CHECK(cudaFuncSetAttribute(k_gdn_walk_bwd,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						(int)walk_bwd_smem(dk, dv)));
 	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_bwd_grad,
 					cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gs));
 	for (int first = 0; first < B * nk; first += per_wave) {
@@ -136,9 +152,14 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 				slots, (const bf16 *)qn, (const bf16 *)kn, (const bf16 *)v, vs,
 				(const bf16 *)dout, beta, g, lens, L, nk, nv, dk, dv, first * grp);
 			CUDA_LAUNCHED();
-			k_gdn_bwd_h<<<ng * grp, NTH, hs, c->stream>>>(
-				dst, slots, (const bf16 *)dout, (const bf16 *)qn, (const bf16 *)kn,
-				lens, L, nk, nv, dk, dv, first);
+			if (split == 2 && walk_fits(dk, dv))	// the state in registers
+				k_gdn_walk_bwd<<<ng * grp, NTH, walk_bwd_smem(dk, dv), c->stream>>>(
+					dst, slots, (const bf16 *)dout, (const bf16 *)qn,
+					(const bf16 *)kn, lens, L, nk, nv, dk, dv, first);
+			else
+				k_gdn_bwd_h<<<ng * grp, NTH, hs, c->stream>>>(
+					dst, slots, (const bf16 *)dout, (const bf16 *)qn,
+					(const bf16 *)kn, lens, L, nk, nv, dk, dv, first);
 		} else {
 			k_gdn_bwd_state<<<ng * grp, NTH, ss, c->stream>>>(
 				dst, (const bf16 *)dout, (const bf16 *)qn, (const bf16 *)kn, beta,

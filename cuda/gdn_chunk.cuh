@@ -461,6 +461,17 @@ static __device__ struct fslot fslot_at(float *scr, size_t i, int dk, int dv, in
 	return f;
 }
 
+// where the forward's passes keep chunk ch's delta (GC, dv) of value head bh = record * nv +
+// head: the backward's tile of it past the states (aux, given), else U's place in the chunk's
+// slot (scr)
+static __device__ float *delta_at(float *scr, float *aux, int bh, int ch, int nch, int nv, int dk,
+				  int dv)
+{
+	if (aux)
+		return aux + AUX_HEAD + (((size_t)(bh / nv) * nch + ch) * nv + bh % nv) * 2 * GC * dv;
+	return fslot_at(scr, (size_t)bh * nch + ch, dk, dv, 0).U;
+}
+
 // Block (value head bh0 + blockIdx.x / nch, chunk blockIdx.x % nch) into slot blockIdx.x; value
 // head bh = record * nv + head.  The forward (dout NULL): W, U, P, G; the backward: W, X =
 // P^T dO (in U's place), P, G, T, A (full slots).  Shared memory: tl, then V or dO (GC, dv + 8)
@@ -512,11 +523,11 @@ static __host__ size_t prep_smem(int dk, int dv)
 }
 
 // block (record, value head): the state walks the chunks; the chunk-start states out, delta
-// over U.  Shared memory: S (dk, dv + 4), W (GC, dk + 4), delta (GC, dv + 4), e (GC), K (GC,
+// to delta_at (over U, or the backward's tile where aux).  Shared memory: S (dk, dv + 4), W (GC, dk + 4), delta (GC, dv + 4), e (GC), K (GC,
 // dk + 8) bf16.
-__global__ void __launch_bounds__(NTH, 1) k_gdn_fwd_h(float *states, float *scr, const bf16 *kn,
-						   const int *lens, int L, int nk, int nv, int dk,
-						   int dv)
+__global__ void __launch_bounds__(NTH, 1) k_gdn_fwd_h(float *states, float *scr, float *aux,
+						   const bf16 *kn, const int *lens, int L, int nk,
+						   int nv, int dk, int dv)
 {
 	extern __shared__ float sm[];
 	const int tid = threadIdx.x, lds = dv + 4, ldw = dk + 4, ldk = dk + 8;
@@ -550,7 +561,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_fwd_h(float *states, float *scr,
 		tc_mm(GC, dv, dk, mm_f(W, ldw, 1), mm_f(S, lds, 1), NULL, NULL, -1.f, 1.f, D, lds,
 		      1);
 		__syncthreads();
-		cp_tile_f(f.U, dv, D, lds, GC, dv);
+		cp_tile_f(delta_at(scr, aux, blockIdx.x, ch, nch, nv, dk, dv), dv, D, lds, GC, dv);
 		// S = Ga_last S + K^T diag(e) delta
 		tc_mm(dk, dv, GC, mm_b(K, 1, ldk), mm_f(D, lds, 1), e, NULL, 1.f, gl, S, lds, 1);
 	}
@@ -562,11 +573,13 @@ static __host__ size_t fwd_h_smem(int dk, int dv)
 		       sizeof(float) + (size_t)GC * (dk + 8) * 2;
 }
 
-// block (record, value head, chunk): o = diag(Ga) Q S + P delta.  Shared memory: O (GC, dv + 4),
-// P (GC, GC + 4), Ga (GC), Q (GC, dk + 8) bf16.
+// block (record, value head, chunk): o = diag(Ga) Q S + P delta (delta at delta_at); with aux,
+// diag(Ga) Q S out to the backward's tile past delta's, and the flag set that says the tiles are
+// this forward's.  Shared memory: O (GC, dv + 4), P (GC, GC + 4), Ga (GC), Q (GC, dk + 8) bf16.
 __global__ void __launch_bounds__(NTH, 2) k_gdn_fwd_o(bf16 *o, const float *states,
-						   float *scr, const bf16 *qn, const int *lens,
-						   int L, int nk, int nv, int dk, int dv)
+						   float *scr, float *aux, const bf16 *qn,
+						   const int *lens, int L, int nk, int nv, int dk,
+						   int dv)
 {
 	extern __shared__ float sm[];
 	const int tid = threadIdx.x, lds = dv + 4, ldg = GC + 4, ldk = dk + 8;
@@ -578,7 +591,10 @@ __global__ void __launch_bounds__(NTH, 2) k_gdn_fwd_o(bf16 *o, const float *stat
 	bf16 *Q = (bf16 *)(Ga + GC);
 	struct fslot f = fslot_at(scr, blockIdx.x, dk, dv, 0);
 	const float *S0 = states + (((size_t)b * nch + ch) * nv + h) * dk * dv;
+	const float *D = delta_at(scr, aux, bh, ch, nch, nv, dk, dv);
 
+	if (aux && !blockIdx.x && !tid)	// the tiles are this forward's (stream order)
+		*(int *)aux = 1;
 	if (!n) {
 		FOR_RC(r, j, rows, dv)
 			o[(t0 + r) * od + (size_t)h * dv + j] = tobf(0.f);
@@ -591,7 +607,12 @@ __global__ void __launch_bounds__(NTH, 2) k_gdn_fwd_o(bf16 *o, const float *stat
 	tile_wait();
 	__syncthreads();
 	tc_mm(GC, dv, dk, mm_b(Q, ldk, 1), mm_f(S0, dv, 1), NULL, Ga, 1.f, 0.f, O, lds, 1);
-	tc_mm(GC, dv, GC, mm_f(P, ldg, 1), mm_f(f.U, dv, 1), NULL, NULL, 1.f, 1.f, O, lds, 1);
+	if (aux) {	// diag(Ga) Q S0 out first (its threads are not tc_mm's)
+		__syncthreads();
+		cp_tile_f((float *)D + (size_t)GC * dv, dv, O, lds, GC, dv);
+		__syncthreads();
+	}
+	tc_mm(GC, dv, GC, mm_f(P, ldg, 1), mm_f(D, dv, 1), NULL, NULL, 1.f, 1.f, O, lds, 1);
 	__syncthreads();
 	FOR_RC(r, j, rows, dv)
 		o[(t0 + r) * od + (size_t)h * dv + j] = tobf(r < n ? O[r * lds + j] : 0.f);

@@ -26,7 +26,9 @@
 struct cuda_priv {
 	struct sl_cuda *c;
 	struct sl_arena arena;		/* backend_arena.h: chunks from cudaMalloc */
-	bool gdn_fwd_split, gdn_bwd_split;	/* backend_cuda_gdn.c: the chunked rule's passes */
+	/* backend_cuda_gdn.c: the chunked rule's passes (0: one kernel, 1: the state walked in shared
+	 * memory, 2: in registers) */
+	int gdn_fwd_split, gdn_bwd_split;
 };
 
 static struct cuda_priv *P(struct sl_backend *be)

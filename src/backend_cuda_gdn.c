@@ -170,15 +170,23 @@ static int cuda_gdn_init(struct sl_backend *be)
 	bool fused = k && !strcmp(k, "chunked-fused"), three = k && !strcmp(k, "chunked-3pass");
 	bool chunked = !k || !*k || !strcmp(k, "chunked") || fused || three;	/* the default */
 
+	const char *w = getenv("SHARDLM_GDN_WALK");
+	int walk = w && !strcmp(w, "shared") ? 1 : 2;
+
 	if (k && *k && !chunked && strcmp(k, "recurrent")) {
 		fprintf(stderr,
 			"cuda backend: SHARDLM_GDN_KERNEL=%s: expected chunked, chunked-3pass, "
 			"chunked-fused or recurrent\n", k);
 		return -1;
 	}
+	if (w && *w && strcmp(w, "shared") && strcmp(w, "registers")) {
+		fprintf(stderr, "cuda backend: SHARDLM_GDN_WALK=%s: expected registers or shared\n",
+			w);
+		return -1;
+	}
 	/* per backend: a process may hold several */
-	P(be)->gdn_fwd_split = three;
-	P(be)->gdn_bwd_split = !fused;
+	P(be)->gdn_fwd_split = three ? walk : 0;
+	P(be)->gdn_bwd_split = fused ? 0 : walk;
 	be->conv1d_silu_fwd = cuda_conv1d_silu_fwd;
 	be->conv1d_silu_bwd = cuda_conv1d_silu_bwd;
 	be->gdn_prep_fwd = cuda_gdn_prep_fwd;

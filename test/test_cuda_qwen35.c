@@ -28,7 +28,7 @@
 #include "testutil.h"
 
 /* gpu: the one under test; gpu_def: SHARDLM_GDN_KERNEL unset (the whole model's runs) */
-static struct sl_backend *cpu, *gpu, *gpu_rec, *gpu_chk, *gpu_fus, *gpu_def;
+static struct sl_backend *cpu, *gpu, *gpu_rec, *gpu_chk, *gpu_fus, *gpu_def, *gpu_shw;
 
 /* ---- random numbers and bf16 on the host --------------------------------------------------- */
 
@@ -1077,9 +1077,19 @@ int main(int argc, char **argv)
 	setenv("SHARDLM_GDN_KERNEL", "chunked-fused", 1);
 	gpu_fus = sl_backend_cuda_create(0);
 	CHECK(gpu_fus, "cuda backend with SHARDLM_GDN_KERNEL=chunked-fused");
+	/* the three passes with the state walked in shared memory (block-wide products) instead
+	 * of registers */
+	setenv("SHARDLM_GDN_KERNEL", "chunked-3pass", 1);
+	setenv("SHARDLM_GDN_WALK", "bogus", 1);
+	gpu_shw = sl_backend_cuda_create(0);
+	CHECK(!gpu_shw, "SHARDLM_GDN_WALK=bogus must make the cuda backend fail");
+	setenv("SHARDLM_GDN_WALK", "shared", 1);
+	gpu_shw = sl_backend_cuda_create(0);
+	CHECK(gpu_shw, "cuda backend with SHARDLM_GDN_WALK=shared");
+	unsetenv("SHARDLM_GDN_WALK");
 	unsetenv("SHARDLM_GDN_KERNEL");
 	gpu_def = sl_backend_cuda_create(0);
-	if (!gpu_chk || !gpu_fus || !gpu_def)
+	if (!gpu_chk || !gpu_fus || !gpu_def || !gpu_shw)
 		return test_exit("test_cuda_qwen35");
 	printf("%-18s %-28s %-8s %10s %10s %8s\n", "op", "shape", "output", "rel.err", "max/scale",
 	       "gpu ms");
@@ -1089,11 +1099,12 @@ int main(int argc, char **argv)
 	if (rule_only && !strcmp(rule_only, "pair")) {	/* the 4B-shaped pair alone (profiling) */
 		t_rule_pair(gpu_rec, gpu_def, "recur", "chunked", 4, 2048, 16, 32, 128, 128);
 		t_rule_pair(gpu_fus, gpu_chk, "fused", "3-pass", 4, 2048, 16, 32, 128, 128);
+		t_rule_pair(gpu_rec, gpu_shw, "recur", "3p-shared", 4, 2048, 16, 32, 128, 128);
 		goto out;
 	}
 	if (rule_only && !strcmp(rule_only, "chunked")) {
-		for (int kk = 0; kk < 2; kk++) {	/* chunked-3pass, the default */
-			gpu = kk ? gpu_def : gpu_chk;
+		for (int kk = 0; kk < 3; kk++) {	/* chunked-3pass, the default, shared walks */
+			gpu = kk == 2 ? gpu_shw : kk ? gpu_def : gpu_chk;
 			t_rule(2, 9, 1, 2, 4, 3);
 			t_rule(2, 150, 2, 4, 16, 24);
 			t_rule(1, 130, 1, 2, 128, 128);
@@ -1114,13 +1125,15 @@ int main(int argc, char **argv)
 	t_prep(5, 1, 2, 4, 3, 9);
 	t_prep(140, 2, 4, 16, 24, 10);
 	t_prep(700, 16, 48, 128, 128, 100);
-	/* recurrent, chunked-3pass, chunked-fused, the default (the one-kernel forward's delta and
-	 * Q S0 taken by the two-pass backward's gradient kernel) */
-	for (int kk = 0; kk < 4; kk++) {
+	/* recurrent, chunked-3pass (the state walked in registers), chunked-fused, the default
+	 * (the one-kernel forward's delta and Q S0 taken by the two-pass backward's gradient
+	 * kernel), chunked-3pass with the state walked in shared memory */
+	for (int kk = 0; kk < 5; kk++) {
 		static const char *name[] = { "recurrent", "chunked-3pass", "chunked-fused",
-					      "chunked (default)" };
+					      "chunked (default)", "chunked-3pass, shared walks" };
+		struct sl_backend *bk[] = { gpu_rec, gpu_chk, gpu_fus, gpu_def, gpu_shw };
 
-		gpu = kk == 3 ? gpu_def : kk == 2 ? gpu_fus : kk ? gpu_chk : gpu_rec;
+		gpu = bk[kk];
 		printf("-- gated delta rule: %s kernel\n", name[kk]);
 		t_rule(2, 9, 1, 2, 4, 3);
 		t_rule(3, 150, 2, 4, 16, 24);
@@ -1168,6 +1181,7 @@ out:
 	gpu_fus->destroy(gpu_fus);
 	gpu_def->destroy(gpu_def);
 	gpu_chk->destroy(gpu_chk);
+	gpu_shw->destroy(gpu_shw);
 	gpu_rec->destroy(gpu_rec);	/* gpu is one of the three */
 	cpu->destroy(cpu);
 	return test_exit("test_cuda_qwen35");

@@ -127,7 +127,7 @@ static void run(struct sl_backend *be, int B, int L, const int32_t *lens, int nk
 
 static struct {
 	bf16 *o, *q, *k, *v, *dout, *dq, *dk, *dv, *db, *dg;
-	float *states, *dst, *acc, *beta, *g, *scr, *slots, *gslots, *aux, *gaux;
+	float *states, *dst, *acc, *beta, *g, *scr, *slots, *gslots, *aux, *gaux, *aux3;
 	int *lens;
 	int vs, L, nk, nv, dk_, dv_, first, grp;
 } E;
@@ -158,12 +158,12 @@ static void body_bwd_h(void)
 
 static void body_fwd_h(void)
 {
-	k_gdn_fwd_h(E.states, E.scr, E.k, E.lens, E.L, E.nk, E.nv, E.dk_, E.dv_);
+	k_gdn_fwd_h(E.states, E.scr, E.aux3, E.k, E.lens, E.L, E.nk, E.nv, E.dk_, E.dv_);
 }
 
 static void body_fwd_o(void)
 {
-	k_gdn_fwd_o(E.o, E.states, E.scr, E.q, E.lens, E.L, E.nk, E.nv, E.dk_, E.dv_);
+	k_gdn_fwd_o(E.o, E.states, E.scr, E.aux3, E.q, E.lens, E.L, E.nk, E.nv, E.dk_, E.dv_);
 }
 
 static void body_state(void)
@@ -229,6 +229,25 @@ static double emu_err(const void *got, bool isbf, const double *want, size_t n, 
 }
 
 /*
+ * The three-pass forward's tiles for the backward (a) against the one-kernel forward's (b): the
+ * same chunks written (NaN where neither wrote), norm-relative elsewhere
+ */
+static double aux_err(const float *a, const float *b, size_t n)
+{
+	double num = 0, den = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		if (isnan(a[i]) != isnan(b[i]))
+			return INFINITY;
+		if (isnan(a[i]))
+			continue;
+		num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+		den += (double)b[i] * b[i];
+	}
+	return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/*
  * The kernels on bf16 inputs against cpu64 on the same (rounded) values; the backward in waves
  * of @per_wave (record, key head) groups, as sl_cuda_gdn_chunk_bwd runs them when the scratch is
  * short.  Outputs start as NaN: whatever a kernel leaves unwritten fails.
@@ -243,7 +262,7 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 	double *k = unit_rows((size_t)T * nk, dk, 1);
 	double *v = vec(NV), *beta = vec(NB), *g = vec(NB), *dout = vec(NO), *o = vec(NO);
 	double *st = vec(NS), *dq = vec(NQ), *dk_ = vec(NQ), *dval = vec(NV), *db = vec(NB);
-	double *dg = vec(NB), e[14];
+	double *dg = vec(NB), e[15];
 	char sh[96];
 
 	for (size_t i = 0; i < NV; i++)
@@ -293,7 +312,11 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 	e[4] = emu_err(E.dv, true, dval, NV, (size_t)nv * dv, vs);
 	e[5] = emu_err(E.db, true, db, NB, NB, NB);
 	e[6] = emu_err(E.dg, true, dg, NB, NB, NB);
-	/* the forward in three passes (k_gdn_prep, _fwd_h, _fwd_o), into fresh outputs */
+	/* the forward in three passes (k_gdn_prep, _fwd_h, _fwd_o), into fresh outputs, its tiles
+	 * for the backward too (held to the one-kernel forward's) */
+	E.aux3 = malloc(aux_floats((size_t)B * nch, nv, dv) * 4);
+	memset(E.aux3, 0xff, aux_floats((size_t)B * nch, nv, dv) * 4);
+	memset(E.aux3, 0, sizeof(int));
 	E.scr = malloc((size_t)B * nv * nch * fslot_floats(dk, dv, 0) * 4);
 	memset(E.scr, 0xff, (size_t)B * nv * nch * fslot_floats(dk, dv, 0) * 4);
 	memset(E.o, 0xff, NO * 2), memset(E.states, 0xff, NS * 4);
@@ -304,6 +327,9 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 	emu_launch(B * nv * nch, fwd_o_smem(dk, dv), body_fwd_o);
 	e[7] = emu_err(E.o, true, o, NO, NO, NO);
 	e[8] = emu_err(E.states, false, st, NS, NS, NS);
+	CHECK(*(int *)E.aux3, "emu B=%d L=%d: k_gdn_fwd_o left the flag of its tiles clear", B, L);
+	e[14] = aux_err(E.aux3 + AUX_HEAD, E.aux + AUX_HEAD, aux_floats((size_t)B * nch, nv, dv) -
+							      AUX_HEAD);
 	/* the backward's state pass in two (k_gdn_prep with dO, k_gdn_bwd_h), into fresh outputs,
 	 * the gradient kernel with the one-kernel forward's delta and diag(Ga) Q S0 (the defaults;
 	 * the fused walk above made them itself) */
@@ -334,12 +360,12 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 		 per_wave);
 	printf("%-40s o %.1e st %.1e dq %.1e dk %.1e dv %.1e db %.1e dg %.1e\n", sh, e[0], e[1],
 	       e[2], e[3], e[4], e[5], e[6]);
-	printf("%-40s o %.1e st %.1e dq %.1e dk %.1e dv %.1e db %.1e dg %.1e\n", "  (split passes)",
-	       e[7], e[8], e[9], e[10], e[11], e[12], e[13]);
-	/* bf16 outputs: ~2^-9 rounding, fp32 sums; states fp32 throughout */
-	for (int i = 0; i < 14; i++)
-		CHECK(e[i] < (i == 1 || i == 8 ? 1e-4 : 1e-2), "%s: output %d: relative error %g",
-		      sh, i, e[i]);
+	printf("%-40s o %.1e st %.1e dq %.1e dk %.1e dv %.1e db %.1e dg %.1e tiles %.1e\n",
+	       "  (split passes)", e[7], e[8], e[9], e[10], e[11], e[12], e[13], e[14]);
+	/* bf16 outputs: ~2^-9 rounding, fp32 sums; states and tiles fp32 throughout */
+	for (int i = 0; i < 15; i++)
+		CHECK(e[i] < (i == 1 || i == 8 || i == 14 ? 1e-4 : 1e-2),
+		      "%s: output %d: relative error %g", sh, i, e[i]);
 	CHECK(!emu_divergent, "%s: %ld rounds with a barrier skipped by some threads", sh,
 	      emu_divergent);
 	CHECK(!emu_overrun, "%s: %ld blocks wrote past their shared memory", sh, emu_overrun);
@@ -347,7 +373,7 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 	free(dk_), free(dval), free(db), free(dg);
 	free(E.q), free(E.k), free(E.v), free(E.dout), free(E.beta), free(E.g), free(E.o);
 	free(E.dq), free(E.dk), free(E.dv), free(E.db), free(E.dg), free(E.states), free(E.dst);
-	free(E.scr), free(E.aux);
+	free(E.scr), free(E.aux), free(E.aux3);
 }
 
 int main(int argc, char **argv)
