@@ -13,6 +13,11 @@
 //   k_gdn_bwd_grad     block (record, key head, chunk): every gradient of the chunk from its
 //                      saved start state and that dS, the value heads of the key head in order
 //                      (dq, dk summed in fp32 in the scratch in a fixed order: deterministic).
+// The split forms (the defaults) make the chunk-local quantities for every chunk at once first
+// (k_gdn_prep), so that the sequential pass has two or three products a chunk (k_gdn_walk_fwd,
+// k_gdn_walk_bwd: the state in registers, gdn_walk.cuh; k_gdn_fwd_h, k_gdn_bwd_h: in shared
+// memory); the forward's register walk makes each chunk's output on the way (split 3, the
+// default), else a third pass makes it for every chunk at once (k_gdn_fwd_o).
 // Every product runs on the tensor cores (tc_mm.cuh: tf32 operands, fp32 sums and states).  The
 // backward grows the scratch to hold every (record, key head) group's dS and dq, dk once, where
 // the device has room; else it runs in waves of groups that fit.
@@ -76,15 +81,19 @@ extern "C" void sl_cuda_gdn_chunk_fwd(struct sl_cuda *c, void *o, float *states,
 							   (const bf16 *)v, vs, NULL, beta, g, lens,
 							   L, nk, nv, dk, dv, 0);
 		CUDA_LAUNCHED();
-		if (split == 2 && walk_fits(dk, dv)) {	// the state in registers
-			size_t ws = walk_fwd_smem(dk);
+		if (split >= 2 && walk_fits(dk, dv)) {	// the state in registers
+			bool fo = split == 3;	// the walk makes the output too
+			size_t ws = walk_fwd_smem(dk, fo);
 
 			CUDA_CHECK(cudaFuncSetAttribute(k_gdn_walk_fwd,
 							cudaFuncAttributeMaxDynamicSharedMemorySize,
 							(int)ws));
-			k_gdn_walk_fwd<<<B * nv, NTH, ws, c->stream>>>(states, scr, aux,
-								       (const bf16 *)kn, lens, L,
-								       nk, nv, dk, dv);
+			k_gdn_walk_fwd<<<B * nv, NTH, ws, c->stream>>>(
+				fo ? (bf16 *)o : NULL, states, scr, aux, (const bf16 *)qn,
+				(const bf16 *)kn, lens, L, nk, nv, dk, dv);
+			CUDA_LAUNCHED();
+			if (fo)
+				return;
 		} else {
 			size_t hs = fwd_h_smem(dk, dv);
 
@@ -137,7 +146,7 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 					(int)ps));
 	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_bwd_h, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					(int)hs));
-	if (split == 2 && walk_fits(dk, dv))
+	if (split >= 2 && walk_fits(dk, dv))
 		CUDA_CHECK(cudaFuncSetAttribute(k_gdn_walk_bwd,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
 						(int)walk_bwd_smem(dk, dv)));
@@ -152,7 +161,7 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 				slots, (const bf16 *)qn, (const bf16 *)kn, (const bf16 *)v, vs,
 				(const bf16 *)dout, beta, g, lens, L, nk, nv, dk, dv, first * grp);
 			CUDA_LAUNCHED();
-			if (split == 2 && walk_fits(dk, dv))	// the state in registers
+			if (split >= 2 && walk_fits(dk, dv))	// the state in registers
 				k_gdn_walk_bwd<<<ng * grp, NTH, walk_bwd_smem(dk, dv), c->stream>>>(
 					dst, slots, (const bf16 *)dout, (const bf16 *)qn,
 					(const bf16 *)kn, lens, L, nk, nv, dk, dv, first);

@@ -1,5 +1,6 @@
-// gdn_walk.cuh: the passes over a record's chunks of the chunked gated delta rule (the three-pass
-// forward's and the backward's), with the state in registers.  Included by gdn_chunk.cu after
+// gdn_walk.cuh: the passes over a record's chunks of the chunked gated delta rule (the split
+// forward's, which may make each chunk's output on the way, and the backward's), with the state
+// in registers.  Included by gdn_chunk.cu after
 // gdn_chunk.cuh (GPU only: the emulator of test_gdn_chunk runs gdn_chunk.cuh's k_gdn_fwd_h and
 // k_gdn_bwd_h, the same sums block-wide through tc_mm; test_cuda_qwen35 holds these to the cpu).
 //
@@ -100,35 +101,68 @@ static __device__ __forceinline__ void wk_afrag(unsigned *a, const float *c, flo
 	a[3] = mm_tf32(c[3] * s1);
 }
 
+// four B operands (k-step x 8 columns) from a bf16 tile p (row stride ld) by one ldmatrix: the 8
+// x 8 blocks at rows r0 + 8q (RW) or columns c0 + 8q (else), columns c0 / rows r0.  TR: each
+// block transposed (the mma's k along the tile's rows), else as it lies (k along its columns)
+template <bool TR, bool RW>
+static __device__ __forceinline__ void wk_ldb4(unsigned (&bb)[4][2], const bf16 *p, int ld, int r0,
+					       int c0)
+{
+	const int lane = threadIdx.x & 31, q = lane >> 3;
+	const uint32_t a = smem_u32(p + (r0 + (RW ? 8 * q : 0) + (lane & 7)) * ld + c0 +
+				    (RW ? 0 : 8 * q));
+	uint32_t r[4];
+
+	if (TR)
+		ldsm4t(r, a);
+	else
+		ldsm4(r, a);
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		wk_bf2(r[i], &bb[i][0], &bb[i][1]);
+}
+
 #endif
 
 // ---- the forward's walk ------------------------------------------------------------------------
 
-// a chunk's tiles: W (GC, dk + 8) floats, G (GC) floats, K (GC, dk + 8) bf16
-static __host__ __device__ inline size_t wk_fbuf_floats(int dk)
+// a chunk's tiles: W (GC, dk + 8) floats, G (GC) floats, K (GC, dk + 8) bf16; where the walk
+// makes the output (fo) also Q (GC, dk + 8) bf16 and P (GC, GC + 8) floats
+#define WK_LDP (GC + 8)
+
+static __host__ __device__ inline size_t wk_fbuf_floats(int dk, bool fo)
 {
-	return (size_t)GC * wk_ldk(dk) + GC + (size_t)GC * wk_ldk(dk) / 2;
+	return (size_t)GC * wk_ldk(dk) + GC + (size_t)GC * wk_ldk(dk) / 2 +
+	       (fo ? (size_t)GC * wk_ldk(dk) / 2 + (size_t)GC * WK_LDP : 0);
 }
 
-static __host__ size_t walk_fwd_smem(int dk)
+static __host__ size_t walk_fwd_smem(int dk, bool fo)
 {
-	return 2 * wk_fbuf_floats(dk) * sizeof(float);
+	return 2 * wk_fbuf_floats(dk, fo) * sizeof(float);
 }
 
-// Block (record, value head), after k_gdn_prep: the chunk-start states out, delta = U - W S to
-// delta_at (over U, or the backward's tile where aux), S = Ga_last S + K^T diag(e) delta.
-__global__ void __launch_bounds__(NTH, 1) k_gdn_walk_fwd(float *states, float *scr, float *aux,
-						      const bf16 *kn, const int *lens, int L,
-						      int nk, int nv, int dk, int dv)
+// Block (record, value head), after k_gdn_prep: the chunk-start states out, delta = U - W S,
+// S = Ga_last S + K^T diag(e) delta.  o NULL: delta to delta_at (over U, or the backward's tile
+// where aux) for k_gdn_fwd_o.  o given: the chunk's output too, o = diag(Ga) Q S + P delta (in
+// k_gdn_fwd_o's place), and with aux, delta and diag(Ga) Q S out to the backward's tiles and
+// their flag set.
+__global__ void __launch_bounds__(NTH, 1) k_gdn_walk_fwd(bf16 *o, float *states, float *scr,
+						      float *aux, const bf16 *qn, const bf16 *kn,
+						      const int *lens, int L, int nk, int nv,
+						      int dk, int dv)
 {
 #ifdef __CUDA_ARCH__
 	extern __shared__ float sm[];
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 	const int ldk = wk_ldk(dk), nch = (L + GC - 1) / GC, col = WK_C * warp + g;
+	const bool fo = o != NULL;
+	const size_t nb = wk_fbuf_floats(dk, fo), od = (size_t)nv * dv;
 	int b = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk), len = lens[b];
 	const size_t SS = (size_t)dk * dv;
 	float S[WK_NJ][4];
 
+	if (fo && aux && !blockIdx.x && !tid)	// the tiles are this forward's (stream order)
+		*(int *)aux = 1;
 #pragma unroll
 	for (int j = 0; j < WK_NJ; j++)
 		S[j][0] = S[j][1] = S[j][2] = S[j][3] = 0.f;
@@ -138,35 +172,47 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_walk_fwd(float *states, float *s
 		int n = ch < nch ? chunk_n(len, ch * GC) : 0;
 
 		if (n) {
-			float *W = sm + (ch & 1) * wk_fbuf_floats(dk), *G = W + (size_t)GC * ldk;
-			bf16 *K = (bf16 *)(G + GC);
-			struct fslot f = fslot_at(scr, (size_t)blockIdx.x * nch + ch, dk,
-						  dv, 0);
+			float *W = sm + (ch & 1) * nb, *G = W + (size_t)GC * ldk;
+			bf16 *K = (bf16 *)(G + GC), *Q = K + (size_t)GC * ldk;
+			struct fslot f = fslot_at(scr, (size_t)blockIdx.x * nch + ch, dk, dv, 0);
+			size_t kq = ((size_t)b * L + ch * GC) * nk * dk + (size_t)kh * dk;
 
 			ld_tile_f(W, ldk, f.W, dk, GC, dk);
 			ld_tile_f(G, GC, f.G, GC, 1, GC);
-			ld_tile_bf(K, ldk, kn + ((size_t)b * L + ch * GC) * nk * dk + (size_t)kh * dk,
-				   (size_t)nk * dk, n, dk, dk);
+			ld_tile_bf(K, ldk, kn + kq, (size_t)nk * dk, n, dk, dk);
+			if (fo) {
+				ld_tile_bf(Q, ldk, qn + kq, (size_t)nk * dk, n, dk, dk);
+				ld_tile_f((float *)(Q + (size_t)GC * ldk), WK_LDP, f.P, GC, GC, GC);
+			}
 		}
 		cp_commit();
 	};
 
 	fetch(0);
 	for (int ch = 0; ch < nch; ch++) {
-		int n = chunk_n(len, ch * GC);
-		const float *W = sm + (ch & 1) * wk_fbuf_floats(dk), *G = W + (size_t)GC * ldk;
-		const bf16 *K = (const bf16 *)(G + GC);
-		const struct fslot f = fslot_at(scr, (size_t)blockIdx.x * nch + ch, dk, dv,
-						0);
+		int n = chunk_n(len, ch * GC), c0 = ch * GC;
+		const float *W = sm + (ch & 1) * nb, *G = W + (size_t)GC * ldk;
+		const bf16 *K = (const bf16 *)(G + GC), *Q = K + (size_t)GC * ldk;
+		const float *Pt = (const float *)(Q + (size_t)GC * ldk);
+		const struct fslot f = fslot_at(scr, (size_t)blockIdx.x * nch + ch, dk, dv, 0);
 		float *dt = delta_at(scr, aux, blockIdx.x, ch, nch, nv, dk, dv);
-		float D[GC / 8][4], P[GC / 8][4];
+		bf16 *oc = fo ? o + ((size_t)b * L + c0) * od + (size_t)h * dv : NULL;
+		float D[GC / 8][4], P[GC / 8][4], O[GC / 8][4];
 
 		if (warp * WK_C < dv)
 			wk_store_state(states + (((size_t)b * nch + ch) * nv + h) * SS, S, dk, dv,
 				       col, t);
 		fetch(ch + 1);
-		if (!n)
+		if (!n) {	// past the record: zero output rows
+			if (fo && warp * WK_C < dv)
+				for (int r = 0; r < GC && c0 + r < L; r++) {
+					if (col < dv)
+						oc[(size_t)r * od + col] = tobf(0.f);
+					if (col + 8 < dv)
+						oc[(size_t)r * od + col + 8] = tobf(0.f);
+				}
 			continue;
+		}
 		if (warp * WK_C < dv)	// U's elements of this lane, in flight during the wait
 			wk_load_cols(D, f.U, dv, col, t);
 		cp_wait1();
@@ -174,10 +220,13 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_walk_fwd(float *states, float *s
 		if (warp * WK_C < dv) {
 			const float gl = expf(G[GC - 1]);
 
-			// P = S^T W^T (16 x GC): k-steps over dk, B = W^T from W's rows in pairs
+			// P = S^T W^T (16 x GC): k-steps over dk, B = W^T from W's rows in pairs;
+			// fo: O = S^T Q^T the same way, B = Q^T by ldmatrix
 #pragma unroll
 			for (int m = 0; m < GC / 8; m++)
-				P[m][0] = P[m][1] = P[m][2] = P[m][3] = 0.f;
+#pragma unroll
+				for (int x = 0; x < 4; x++)
+					P[m][x] = O[m][x] = 0.f;
 #pragma unroll
 			for (int j = 0; j < WK_NJ; j++) {
 				unsigned a[4];
@@ -193,22 +242,73 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_walk_fwd(float *states, float *s
 
 					mm_mma(P[m], a, bb);
 				}
+				if (fo)
+#pragma unroll
+					for (int m0 = 0; m0 < GC / 8; m0 += 4) {
+						unsigned bb[4][2];
+
+						wk_ldb4<false, true>(bb, Q, ldk, 8 * m0, 8 * j);
+#pragma unroll
+						for (int q = 0; q < 4; q++)
+							mm_mma(O[m0 + q], a, bb[q]);
+					}
 			}
-			// delta^T = U^T - P, out; then its A operands times e (the k-steps of the
-			// update: positions 8m .. 8m + 7)
+			// delta^T = U^T - P
+#pragma unroll
+			for (int m = 0; m < GC / 8; m++)
+#pragma unroll
+				for (int x = 0; x < 4; x++)
+					D[m][x] -= P[m][x];
+			if (!fo || aux)
+				wk_store_cols(dt, D, dv, col, t);
+			if (fo) {	// O = diag(Ga) Q S (out where aux) + P delta: O^T += delta^T P^T
+#pragma unroll
+				for (int m = 0; m < GC / 8; m++) {
+					float a0 = expf(G[8 * m + 2 * t]), a1 = expf(G[8 * m + 2 * t + 1]);
+
+					O[m][0] *= a0, O[m][1] *= a1, O[m][2] *= a0, O[m][3] *= a1;
+				}
+				if (aux)
+					wk_store_cols(dt + (size_t)GC * dv, O, dv, col, t);
+#pragma unroll
+				for (int m = 0; m < GC / 8; m++) {	// k-step: positions 8m ..
+					unsigned a[4];
+
+					wk_afrag(a, D[m], 1.f, 1.f);
+#pragma unroll
+					for (int r = m; r < GC / 8; r++) {	// P is 0 past s > r
+						float2 p = *(const float2 *)(Pt + (8 * r + g) * WK_LDP +
+									     8 * m + 2 * t);
+						unsigned bb[2] = {mm_tf32(p.x), mm_tf32(p.y)};
+
+						mm_mma(O[r], a, bb);
+					}
+				}
+#pragma unroll
+				for (int m = 0; m < GC / 8; m++) {
+					int r = 8 * m + 2 * t;
+					bf16 *q = oc + (size_t)r * od + col;
+
+					if (c0 + r < L && col < dv)
+						q[0] = tobf(O[m][0]);
+					if (c0 + r + 1 < L && col < dv)
+						q[od] = tobf(O[m][1]);
+					if (c0 + r < L && col + 8 < dv)
+						q[8] = tobf(O[m][2]);
+					if (c0 + r + 1 < L && col + 8 < dv)
+						q[od + 8] = tobf(O[m][3]);
+				}
+			}
+			// the update's A operands: delta^T times e (k-steps: positions 8m ..)
 			unsigned A[GC / 8][4];
 
 #pragma unroll
 			for (int m = 0; m < GC / 8; m++) {
-#pragma unroll
-				for (int x = 0; x < 4; x++)
-					D[m][x] -= P[m][x];
 				float e0 = expf(G[GC - 1] - G[8 * m + 2 * t]);
 				float e1 = expf(G[GC - 1] - G[8 * m + 2 * t + 1]);
 
 				wk_afrag(A[m], D[m], e0, e1);
 			}
-			wk_store_cols(dt, D, dv, col, t);
 			// S^T = Ga_last S^T + (delta^T diag(e)) K: B = K by ldmatrix.trans, four
 			// k-steps a load
 #pragma unroll
@@ -220,17 +320,12 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_walk_fwd(float *states, float *s
 					S[j][x] *= gl;
 #pragma unroll
 				for (int m0 = 0; m0 < GC / 8; m0 += 4) {
-					uint32_t r[4];
+					unsigned bb[4][2];
 
-					ldsm4t(r, smem_u32(K + (8 * (m0 + (lane >> 3)) + (lane & 7)) *
-								   ldk + 8 * j));
+					wk_ldb4<true, true>(bb, K, ldk, 8 * m0, 8 * j);
 #pragma unroll
-					for (int q = 0; q < 4; q++) {
-						unsigned bb[2];
-
-						wk_bf2(r[q], &bb[0], &bb[1]);
-						mm_mma(S[j], A[m0 + q], bb);
-					}
+					for (int q = 0; q < 4; q++)
+						mm_mma(S[j], A[m0 + q], bb[q]);
 				}
 			}
 		}
@@ -330,17 +425,12 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_walk_bwd(float *dst, float *scr,
 				wk_afrag(a, dS[j], 1.f, 1.f);
 #pragma unroll
 				for (int m0 = 0; m0 < GC / 8; m0 += 4) {
-					uint32_t r[4];
+					unsigned bb[4][2];
 
-					ldsm4(r, smem_u32(K + (8 * (m0 + (lane >> 3)) + (lane & 7)) *
-								  ldk + 8 * j));
+					wk_ldb4<false, true>(bb, K, ldk, 8 * m0, 8 * j);
 #pragma unroll
-					for (int q = 0; q < 4; q++) {
-						unsigned bb[2];
-
-						wk_bf2(r[q], &bb[0], &bb[1]);
-						mm_mma(KD[m0 + q], a, bb);
-					}
+					for (int q = 0; q < 4; q++)
+						mm_mma(KD[m0 + q], a, bb[q]);
 				}
 			}
 			if (dv <= dk)	// for k_gdn_bwd_grad, over the slot's W (in shared memory)
@@ -393,18 +483,14 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_walk_bwd(float *dst, float *scr,
 						break;
 #pragma unroll
 					for (int u = 0; u < 2; u++) {
-						uint32_t r[4];
+						unsigned bb[4][2];
 
-						ldsm4t(r, smem_u32(Q + (8 * (m + u) + (lane & 7)) * ldk +
-								   8 * (j0 + (lane >> 3))));
+						wk_ldb4<true, false>(bb, Q, ldk, 8 * (m + u), 8 * j0);
 #pragma unroll
 						for (int q = 0; q < 4; q++) {
-							unsigned bb[2];
-
 							if (8 * (j0 + q) >= dk)
 								break;
-							wk_bf2(r[q], &bb[0], &bb[1]);
-							mm_mma(dS[j0 + q], ao[u], bb);
+							mm_mma(dS[j0 + q], ao[u], bb[q]);
 						}
 					}
 				}

@@ -27,7 +27,7 @@ struct cuda_priv {
 	struct sl_cuda *c;
 	struct sl_arena arena;		/* backend_arena.h: chunks from cudaMalloc */
 	/* backend_cuda_gdn.c: the chunked rule's passes (0: one kernel, 1: the state walked in shared
-	 * memory, 2: in registers) */
+	 * memory, 2: in registers, 3: in registers, the forward's walk making its output too) */
 	int gdn_fwd_split, gdn_bwd_split;
 };
 

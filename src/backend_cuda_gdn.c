@@ -56,17 +56,22 @@ static void cuda_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void 
 
 /*
  * The chunked kernels (cuda/gdn_chunk.cu), chosen at the backend's creation by
- * SHARDLM_GDN_KERNEL=chunked (the default: the forward in one kernel, the backward's state pass
- * in two), chunked-3pass (the forward in three passes where the scratch holds them, the
- * backward's state pass in two), chunked-fused (each in one kernel) or recurrent (gdn.cu's
- * per-token walk).  The one-kernel forward leaves the backward every chunk's delta and diag(Ga)
- * Q S0 past the states (gdn_states_extra; the trainer clears it where the memory plan has no
- * room); the other forwards clear the flag there that says so.  On the H200 at the 4B layer
- * (2026-12-02) the one-kernel forward took 1.40 ms against the three passes' 1.34, the two-pass
- * backward with the forward's tiles 5.13 ms, without them 5.53, one kernel's 5.93.  A shape
- * they do not take (key dim over 128, a group's share of the backward's scratch over 4 GiB or
- * the device's room), or a chunk of rows with a start or end state (context parallel), runs
- * the recurrence.
+ * SHARDLM_GDN_KERNEL=chunked (the default, also named chunked-3pass: the forward in passes
+ * where the scratch holds them, else in one kernel; the backward's state pass in two),
+ * chunked-1pass (the forward in one kernel, the backward's state pass in two), chunked-fused
+ * (each in one kernel) or recurrent (gdn.cu's per-token walk); the passes over the chunks hold
+ * the state in registers (cuda/gdn_walk.cuh) where the shape allows (key dim a multiple of 8),
+ * the forward's making each chunk's output on the way (SHARDLM_GDN_WALK=registers-state: a
+ * third pass makes it, k_gdn_fwd_o; SHARDLM_GDN_WALK=shared: the walks in shared memory, and
+ * that third pass).  The chunked forwards leave the backward every
+ * chunk's delta and diag(Ga) Q S0 past the states (gdn_states_extra; the trainer clears it
+ * where the memory plan has no room), and set the flag there that says so (the recurrence
+ * clears it).  On the H200 at the 4B layer (2026-12-02): the default forward 0.92 ms (the
+ * walk making the output; by a third pass 1.20, the walk in shared memory 1.40), the
+ * one-kernel forward 1.40; the two-pass backward 4.96 ms (its walk in shared memory 5.11), one
+ * kernel's 5.92.  A shape they do not take (key dim over 128,
+ * a group's share of the backward's scratch over 4 GiB or the device's room), or a chunk of
+ * rows with a start or end state (context parallel), runs the recurrence.
  */
 /* the room past the states (rs = L) where the one-kernel forward leaves the backward every
  * chunk's delta and diag(Ga) Q S0 */
@@ -167,25 +172,28 @@ static void cuda_sigmoid_mul_bwd(struct sl_backend *be, void *dx, void *dgate, c
 static int cuda_gdn_init(struct sl_backend *be)
 {
 	const char *k = getenv("SHARDLM_GDN_KERNEL");
-	bool fused = k && !strcmp(k, "chunked-fused"), three = k && !strcmp(k, "chunked-3pass");
-	bool chunked = !k || !*k || !strcmp(k, "chunked") || fused || three;	/* the default */
+	bool fused = k && !strcmp(k, "chunked-fused"), one = k && !strcmp(k, "chunked-1pass");
+	bool chunked = !k || !*k || !strcmp(k, "chunked") || !strcmp(k, "chunked-3pass") ||
+		       fused || one;	/* the default */
 
 	const char *w = getenv("SHARDLM_GDN_WALK");
-	int walk = w && !strcmp(w, "shared") ? 1 : 2;
+	int walk = w && !strcmp(w, "shared") ? 1 : w && !strcmp(w, "registers-state") ? 2 : 3;
 
 	if (k && *k && !chunked && strcmp(k, "recurrent")) {
 		fprintf(stderr,
-			"cuda backend: SHARDLM_GDN_KERNEL=%s: expected chunked, chunked-3pass, "
-			"chunked-fused or recurrent\n", k);
+			"cuda backend: SHARDLM_GDN_KERNEL=%s: expected chunked (or chunked-3pass), "
+			"chunked-1pass, chunked-fused or recurrent\n", k);
 		return -1;
 	}
-	if (w && *w && strcmp(w, "shared") && strcmp(w, "registers")) {
-		fprintf(stderr, "cuda backend: SHARDLM_GDN_WALK=%s: expected registers or shared\n",
-			w);
+	if (w && *w && strcmp(w, "registers") && strcmp(w, "registers-state") &&
+	    strcmp(w, "shared")) {
+		fprintf(stderr,
+			"cuda backend: SHARDLM_GDN_WALK=%s: expected registers, registers-state or "
+			"shared\n", w);
 		return -1;
 	}
 	/* per backend: a process may hold several */
-	P(be)->gdn_fwd_split = three ? walk : 0;
+	P(be)->gdn_fwd_split = fused || one ? 0 : walk;
 	P(be)->gdn_bwd_split = fused ? 0 : walk;
 	be->conv1d_silu_fwd = cuda_conv1d_silu_fwd;
 	be->conv1d_silu_bwd = cuda_conv1d_silu_bwd;

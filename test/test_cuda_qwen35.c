@@ -6,12 +6,13 @@
  * batches whose longest record crosses 64-token chunks; the backward ops get the cpu's saved
  * statistics so that only their own arithmetic is compared.  Then the tiny hybrid model's loss
  * and gradients, cuda against cpu.  The gated delta rule's cases run with each delta-rule kernel
- * (gdn.cu's recurrence; gdn_chunk.cu's chunked form with its forward in three passes and its
- * backward's state pass in two, and with each in one kernel (the default takes the one-kernel
- * forward and the two-pass backward): a cuda backend each, made under SHARDLM_GDN_KERNEL), the
- * model with the recurrence, the default and the three-pass forward;
- * then, at the Qwen3.5 4B layer's shape, chunked against recurrent and the three-pass forward
- * against the fused one, timed.  SL_TEST_RULE_ONLY=1: the delta rule's cases alone (for
+ * (gdn.cu's recurrence; gdn_chunk.cu's chunked form: the default, its forward in three passes
+ * and its backward's state pass in two, the state walked in registers; the same walked in
+ * shared memory (SHARDLM_GDN_WALK=shared); the forward in one kernel with either backward: a
+ * cuda backend each, made under SHARDLM_GDN_KERNEL), the model with the recurrence, the
+ * default and the one-kernel forward; then, at the Qwen3.5 4B layer's shape, the default
+ * against the recurrence, the one-kernel forward with the fused and the two-pass backward, and
+ * the default's passes with the shared-memory walks, timed.  SL_TEST_RULE_ONLY=1: the delta rule's cases alone (for
  * compute-sanitizer); SL_TEST_RULE_ONLY=chunked: three small cases of the chunked kernel alone
  * (racecheck); SL_TEST_RULE_ONLY=pair: the 4B-shaped pairs alone (profiling).
  */
@@ -28,7 +29,7 @@
 #include "testutil.h"
 
 /* gpu: the one under test; gpu_def: SHARDLM_GDN_KERNEL unset (the whole model's runs) */
-static struct sl_backend *cpu, *gpu, *gpu_rec, *gpu_chk, *gpu_fus, *gpu_def, *gpu_shw;
+static struct sl_backend *cpu, *gpu, *gpu_rec, *gpu_chk, *gpu_fus, *gpu_def, *gpu_shw, *gpu_rs;
 
 /* ---- random numbers and bf16 on the host --------------------------------------------------- */
 
@@ -1071,9 +1072,14 @@ int main(int argc, char **argv)
 	CHECK(gpu_def, "cuda backend with SHARDLM_GDN_KERNEL=chunked");
 	if (gpu_def)
 		gpu_def->destroy(gpu_def);
-	setenv("SHARDLM_GDN_KERNEL", "chunked-3pass", 1);
+	setenv("SHARDLM_GDN_KERNEL", "chunked-3pass", 1);	/* the default's other name */
 	gpu_chk = sl_backend_cuda_create(0);
 	CHECK(gpu_chk, "cuda backend with SHARDLM_GDN_KERNEL=chunked-3pass");
+	if (gpu_chk)
+		gpu_chk->destroy(gpu_chk);
+	setenv("SHARDLM_GDN_KERNEL", "chunked-1pass", 1);
+	gpu_chk = sl_backend_cuda_create(0);
+	CHECK(gpu_chk, "cuda backend with SHARDLM_GDN_KERNEL=chunked-1pass");
 	setenv("SHARDLM_GDN_KERNEL", "chunked-fused", 1);
 	gpu_fus = sl_backend_cuda_create(0);
 	CHECK(gpu_fus, "cuda backend with SHARDLM_GDN_KERNEL=chunked-fused");
@@ -1086,10 +1092,14 @@ int main(int argc, char **argv)
 	setenv("SHARDLM_GDN_WALK", "shared", 1);
 	gpu_shw = sl_backend_cuda_create(0);
 	CHECK(gpu_shw, "cuda backend with SHARDLM_GDN_WALK=shared");
+	/* the forward's walk in registers without the output (k_gdn_fwd_o makes it) */
+	setenv("SHARDLM_GDN_WALK", "registers-state", 1);
+	gpu_rs = sl_backend_cuda_create(0);
+	CHECK(gpu_rs, "cuda backend with SHARDLM_GDN_WALK=registers-state");
 	unsetenv("SHARDLM_GDN_WALK");
 	unsetenv("SHARDLM_GDN_KERNEL");
 	gpu_def = sl_backend_cuda_create(0);
-	if (!gpu_chk || !gpu_fus || !gpu_def || !gpu_shw)
+	if (!gpu_chk || !gpu_fus || !gpu_def || !gpu_shw || !gpu_rs)
 		return test_exit("test_cuda_qwen35");
 	printf("%-18s %-28s %-8s %10s %10s %8s\n", "op", "shape", "output", "rel.err", "max/scale",
 	       "gpu ms");
@@ -1098,13 +1108,15 @@ int main(int argc, char **argv)
 	rule_only = getenv("SL_TEST_RULE_ONLY");
 	if (rule_only && !strcmp(rule_only, "pair")) {	/* the 4B-shaped pair alone (profiling) */
 		t_rule_pair(gpu_rec, gpu_def, "recur", "chunked", 4, 2048, 16, 32, 128, 128);
-		t_rule_pair(gpu_fus, gpu_chk, "fused", "3-pass", 4, 2048, 16, 32, 128, 128);
-		t_rule_pair(gpu_rec, gpu_shw, "recur", "3p-shared", 4, 2048, 16, 32, 128, 128);
+		t_rule_pair(gpu_fus, gpu_chk, "fused", "1-pass", 4, 2048, 16, 32, 128, 128);
+		t_rule_pair(gpu_rec, gpu_shw, "recur", "shared", 4, 2048, 16, 32, 128, 128);
+		t_rule_pair(gpu_rec, gpu_rs, "recur", "reg-state", 4, 2048, 16, 32, 128, 128);
 		goto out;
 	}
 	if (rule_only && !strcmp(rule_only, "chunked")) {
-		for (int kk = 0; kk < 3; kk++) {	/* chunked-3pass, the default, shared walks */
-			gpu = kk == 2 ? gpu_shw : kk ? gpu_def : gpu_chk;
+		for (int kk = 0; kk < 4; kk++) {	/* chunked-1pass, the default, shared walks,
+							 * the walk without the output */
+			gpu = kk == 3 ? gpu_rs : kk == 2 ? gpu_shw : kk ? gpu_def : gpu_chk;
 			t_rule(2, 9, 1, 2, 4, 3);
 			t_rule(2, 150, 2, 4, 16, 24);
 			t_rule(1, 130, 1, 2, 128, 128);
@@ -1125,13 +1137,15 @@ int main(int argc, char **argv)
 	t_prep(5, 1, 2, 4, 3, 9);
 	t_prep(140, 2, 4, 16, 24, 10);
 	t_prep(700, 16, 48, 128, 128, 100);
-	/* recurrent, chunked-3pass (the state walked in registers), chunked-fused, the default
-	 * (the one-kernel forward's delta and Q S0 taken by the two-pass backward's gradient
-	 * kernel), chunked-3pass with the state walked in shared memory */
-	for (int kk = 0; kk < 5; kk++) {
-		static const char *name[] = { "recurrent", "chunked-3pass", "chunked-fused",
-					      "chunked (default)", "chunked-3pass, shared walks" };
-		struct sl_backend *bk[] = { gpu_rec, gpu_chk, gpu_fus, gpu_def, gpu_shw };
+	/* recurrent, chunked-1pass (the one-kernel forward's delta and Q S0 taken by the
+	 * two-pass backward's gradient kernel), chunked-fused, the default (the three-pass forward
+	 * and the two-pass backward, the state walked in registers), the default with the state
+	 * walked in shared memory, the default with the output by a pass of its own */
+	for (int kk = 0; kk < 6; kk++) {
+		static const char *name[] = { "recurrent", "chunked-1pass", "chunked-fused",
+					      "chunked (default)", "chunked, shared walks",
+					      "chunked, the output by a pass of its own" };
+		struct sl_backend *bk[] = { gpu_rec, gpu_chk, gpu_fus, gpu_def, gpu_shw, gpu_rs };
 
 		gpu = bk[kk];
 		printf("-- gated delta rule: %s kernel\n", name[kk]);
@@ -1161,7 +1175,7 @@ int main(int argc, char **argv)
 	for (int kk = 0; kk < 3; kk++) {	/* the whole model with each delta-rule setting */
 		gpu = kk == 2 ? gpu_chk : kk ? gpu_def : gpu_rec;
 		printf("-- model: %s gated delta rule\n",
-		       kk == 2 ? "chunked-3pass" : kk ? "default (chunked)" : "recurrent");
+		       kk == 2 ? "chunked-1pass" : kk ? "default (chunked)" : "recurrent");
 		t_model("3x150 classify", false, 0, 0);
 		t_model("3x150 sft", true, 0, 0);
 		t_model("3x150 moe sft k=E=4", true, 4, 24);
@@ -1171,9 +1185,11 @@ int main(int argc, char **argv)
 	/* the Qwen3.5 4B's Gated DeltaNet layer: the default chunked kernels against the
 	 * recurrent ones, both timed */
 	t_rule_pair(gpu_rec, gpu_def, "recur", "chunked", 4, 2048, 16, 32, 128, 128);
-	/* the one-kernel forward with the fused backward against the three passes with the
-	 * two-pass backward */
-	t_rule_pair(gpu_fus, gpu_chk, "fused", "3-pass", 4, 2048, 16, 32, 128, 128);
+	/* the one-kernel forward with the fused backward against the one-kernel forward with the
+	 * two-pass backward; the default's kernels with the state walked in shared memory */
+	t_rule_pair(gpu_fus, gpu_chk, "fused", "1-pass", 4, 2048, 16, 32, 128, 128);
+	t_rule_pair(gpu_rec, gpu_shw, "recur", "shared", 4, 2048, 16, 32, 128, 128);
+	t_rule_pair(gpu_rec, gpu_rs, "recur", "reg-state", 4, 2048, 16, 32, 128, 128);
 	gpu = gpu_rec;
 out:
 	printf("peak %zu bytes, reserved %zu\n", sl_backend_cuda_peak_bytes(gpu),
@@ -1182,6 +1198,7 @@ out:
 	gpu_def->destroy(gpu_def);
 	gpu_chk->destroy(gpu_chk);
 	gpu_shw->destroy(gpu_shw);
+	gpu_rs->destroy(gpu_rs);
 	gpu_rec->destroy(gpu_rec);	/* gpu is one of the three */
 	cpu->destroy(cpu);
 	return test_exit("test_cuda_qwen35");
