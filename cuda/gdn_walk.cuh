@@ -38,6 +38,15 @@ static __host__ __device__ inline int wk_ldk(int dk) { return dk + 8; }
 static __host__ __device__ inline int wk_ldo(int dv) { return (dv + WK_C - 1) / WK_C * WK_C + 8; }
 
 #ifdef __CUDA_ARCH__
+// accumulator tiles to zero
+template <int N>
+static __device__ __forceinline__ void wk_zero(float (&x)[N][4])
+{
+#pragma unroll
+	for (int i = 0; i < N; i++)
+		x[i][0] = x[i][1] = x[i][2] = x[i][3] = 0.f;
+}
+
 // a bf16 pair (low: the first) as two tf32 registers (exact)
 static __device__ __forceinline__ void wk_bf2(unsigned p, unsigned *lo, unsigned *hi)
 {
@@ -163,9 +172,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_walk_fwd(bf16 *o, float *states,
 
 	if (fo && aux && !blockIdx.x && !tid)	// the tiles are this forward's (stream order)
 		*(int *)aux = 1;
-#pragma unroll
-	for (int j = 0; j < WK_NJ; j++)
-		S[j][0] = S[j][1] = S[j][2] = S[j][3] = 0.f;
+	wk_zero(S);
 
 	// chunk ch's tiles into buffer ch & 1 (a commit group of their own, empty past the record)
 	auto fetch = [&](int ch) {
@@ -222,11 +229,8 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_walk_fwd(bf16 *o, float *states,
 
 			// P = S^T W^T (16 x GC): k-steps over dk, B = W^T from W's rows in pairs;
 			// fo: O = S^T Q^T the same way, B = Q^T by ldmatrix
-#pragma unroll
-			for (int m = 0; m < GC / 8; m++)
-#pragma unroll
-				for (int x = 0; x < 4; x++)
-					P[m][x] = O[m][x] = 0.f;
+			wk_zero(P);
+			wk_zero(O);
 #pragma unroll
 			for (int j = 0; j < WK_NJ; j++) {
 				unsigned a[4];
@@ -368,9 +372,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_walk_bwd(float *dst, float *scr,
 	const size_t SS = (size_t)dk * dv;
 	float dS[WK_NJ][4];
 
-#pragma unroll
-	for (int j = 0; j < WK_NJ; j++)
-		dS[j][0] = dS[j][1] = dS[j][2] = dS[j][3] = 0.f;
+	wk_zero(dS);
 
 	auto fetch = [&](int ch) {
 		int n = ch >= 0 ? chunk_n(len, ch * GC) : 0;
@@ -413,9 +415,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_walk_bwd(float *dst, float *scr,
 
 			// KD^T = dS^T K^T (16 x GC): k-steps over dk, B = K^T by ldmatrix, four
 			// n-tiles (positions) a load
-#pragma unroll
-			for (int m = 0; m < GC / 8; m++)
-				KD[m][0] = KD[m][1] = KD[m][2] = KD[m][3] = 0.f;
+			wk_zero(KD);
 #pragma unroll
 			for (int j = 0; j < WK_NJ; j++) {
 				unsigned a[4];

@@ -1047,6 +1047,27 @@ static void t_model(const char *name, bool sft, int experts, int shared)
 	sl_layout_free(&lay);
 }
 
+/* a cuda backend made under SHARDLM_GDN_KERNEL=k and SHARDLM_GDN_WALK=w (NULL: unset), checked
+ * made (ok) or refused (!ok); kept where keep, else destroyed (NULL) */
+static struct sl_backend *made(const char *k, const char *w, bool ok, bool keep)
+{
+	struct sl_backend *b;
+
+	setenv("SHARDLM_GDN_KERNEL", k, 1);
+	if (w)
+		setenv("SHARDLM_GDN_WALK", w, 1);
+	b = sl_backend_cuda_create(0);
+	unsetenv("SHARDLM_GDN_KERNEL");
+	unsetenv("SHARDLM_GDN_WALK");
+	CHECK(ok == (b != NULL), "SHARDLM_GDN_KERNEL=%s SHARDLM_GDN_WALK=%s: the cuda backend %s",
+	      k, w ? w : "(unset)", ok ? "refused" : "made");
+	if (b && !keep) {
+		b->destroy(b);
+		b = NULL;
+	}
+	return b;
+}
+
 int main(int argc, char **argv)
 {
 	const char *rule_only;
@@ -1064,40 +1085,17 @@ int main(int argc, char **argv)
 		fprintf(stderr, "test_cuda_qwen35: no %s backend\n", cpu ? "cuda" : "cpu");
 		return 77;
 	}
-	setenv("SHARDLM_GDN_KERNEL", "bogus", 1);
-	gpu_chk = sl_backend_cuda_create(0);
-	CHECK(!gpu_chk, "SHARDLM_GDN_KERNEL=bogus must make the cuda backend fail");
-	setenv("SHARDLM_GDN_KERNEL", "chunked", 1);	/* the default's name */
-	gpu_def = sl_backend_cuda_create(0);
-	CHECK(gpu_def, "cuda backend with SHARDLM_GDN_KERNEL=chunked");
-	if (gpu_def)
-		gpu_def->destroy(gpu_def);
-	setenv("SHARDLM_GDN_KERNEL", "chunked-3pass", 1);	/* the default's other name */
-	gpu_chk = sl_backend_cuda_create(0);
-	CHECK(gpu_chk, "cuda backend with SHARDLM_GDN_KERNEL=chunked-3pass");
-	if (gpu_chk)
-		gpu_chk->destroy(gpu_chk);
-	setenv("SHARDLM_GDN_KERNEL", "chunked-1pass", 1);
-	gpu_chk = sl_backend_cuda_create(0);
-	CHECK(gpu_chk, "cuda backend with SHARDLM_GDN_KERNEL=chunked-1pass");
-	setenv("SHARDLM_GDN_KERNEL", "chunked-fused", 1);
-	gpu_fus = sl_backend_cuda_create(0);
-	CHECK(gpu_fus, "cuda backend with SHARDLM_GDN_KERNEL=chunked-fused");
-	/* the three passes with the state walked in shared memory (block-wide products) instead
-	 * of registers */
-	setenv("SHARDLM_GDN_KERNEL", "chunked-3pass", 1);
-	setenv("SHARDLM_GDN_WALK", "bogus", 1);
-	gpu_shw = sl_backend_cuda_create(0);
-	CHECK(!gpu_shw, "SHARDLM_GDN_WALK=bogus must make the cuda backend fail");
-	setenv("SHARDLM_GDN_WALK", "shared", 1);
-	gpu_shw = sl_backend_cuda_create(0);
-	CHECK(gpu_shw, "cuda backend with SHARDLM_GDN_WALK=shared");
-	/* the forward's walk in registers without the output (k_gdn_fwd_o makes it) */
-	setenv("SHARDLM_GDN_WALK", "registers-state", 1);
-	gpu_rs = sl_backend_cuda_create(0);
-	CHECK(gpu_rs, "cuda backend with SHARDLM_GDN_WALK=registers-state");
-	unsetenv("SHARDLM_GDN_WALK");
-	unsetenv("SHARDLM_GDN_KERNEL");
+	made("bogus", NULL, false, false);
+	made("chunked", "bogus", false, false);
+	made("chunked", NULL, true, false);		/* the default's names */
+	made("chunked-3pass", NULL, true, false);
+	gpu_chk = made("chunked-1pass", NULL, true, true);
+	gpu_fus = made("chunked-fused", NULL, true, true);
+	/* the default with the state walked in shared memory (block-wide products) instead of
+	 * registers; with the forward's walk in registers without the output (k_gdn_fwd_o makes
+	 * it) */
+	gpu_shw = made("chunked", "shared", true, true);
+	gpu_rs = made("chunked", "registers-state", true, true);
 	gpu_def = sl_backend_cuda_create(0);
 	if (!gpu_chk || !gpu_fus || !gpu_def || !gpu_shw || !gpu_rs)
 		return test_exit("test_cuda_qwen35");
