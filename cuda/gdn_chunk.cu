@@ -130,6 +130,7 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 	size_t per_group = bwd_scratch_floats(1, grp, nch, dk, dv) * sizeof(float);
 	size_t ss = state_smem(dk, dv), gs = gq_smem(dk), ps = prep_smem(dk, dv);
 	size_t hs = bwd_h_smem(dk, dv);
+	const bool reg = split >= 2 && walk_fits(dk, dv);	// the state walked in registers
 	int per_wave;
 	float *dst;
 
@@ -146,7 +147,7 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 					(int)ps));
 	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_bwd_h, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					(int)hs));
-	if (split >= 2 && walk_fits(dk, dv))
+	if (reg)
 		CUDA_CHECK(cudaFuncSetAttribute(k_gdn_walk_bwd,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
 						(int)walk_bwd_smem(dk, dv)));
@@ -161,7 +162,7 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 				slots, (const bf16 *)qn, (const bf16 *)kn, (const bf16 *)v, vs,
 				(const bf16 *)dout, beta, g, lens, L, nk, nv, dk, dv, first * grp);
 			CUDA_LAUNCHED();
-			if (split >= 2 && walk_fits(dk, dv))	// the state in registers
+			if (reg)
 				k_gdn_walk_bwd<<<ng * grp, NTH, walk_bwd_smem(dk, dv), c->stream>>>(
 					dst, slots, (const bf16 *)dout, (const bf16 *)qn,
 					(const bf16 *)kn, lens, L, nk, nv, dk, dv, first);

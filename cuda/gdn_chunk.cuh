@@ -523,8 +523,8 @@ static __host__ size_t prep_smem(int dk, int dv)
 }
 
 // block (record, value head): the state walks the chunks; the chunk-start states out, delta
-// to delta_at (over U, or the backward's tile where aux).  Shared memory: S (dk, dv + 4), W (GC, dk + 4), delta (GC, dv + 4), e (GC), K (GC,
-// dk + 8) bf16.
+// to delta_at (over U, or the backward's tile where aux).  Shared memory: S (dk, dv + 4), W
+// (GC, dk + 4), delta (GC, dv + 4), e (GC), K (GC, dk + 8) bf16.
 __global__ void __launch_bounds__(NTH, 1) k_gdn_fwd_h(float *states, float *scr, float *aux,
 						   const bf16 *kn, const int *lens, int L, int nk,
 						   int nv, int dk, int dv)

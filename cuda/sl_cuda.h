@@ -170,9 +170,10 @@ void sl_cuda_gdn_rule_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, v
  * sl_cuda_gdn_chunk_fits says whether it takes the shape (key dim <= 128, shared memory, scratch
  * for one group of the backward, which it grows to that where it can).
  * Where split is set the forward runs in three passes (when the scratch holds every chunk's
- * slot; else in one kernel) and the backward's state pass in two (else one kernel); split 2:
- * those passes over the chunks hold the state in registers (cuda/gdn_walk.cuh) where the shape
- * allows, 1: in shared memory. */
+ * slot; else in one kernel) and the backward's state pass in two (else one kernel); the passes
+ * over the chunks hold the state in shared memory (split 1) or, where the shape allows, in
+ * registers (cuda/gdn_walk.cuh; split 2: the forward's output by a pass of its own, 3: by the
+ * walk). */
 int sl_cuda_gdn_chunk_fits(struct sl_cuda *c, int dk, int dv, int L, int nk, int nv);
 /* aux: room (sl_cuda_gdn_chunk_aux floats; NULL: none) where the forward leaves every chunk's
  * delta and diag(Ga) Q S0 for the backward, with a flag saying so (the caller zeroes its first 4

@@ -6,13 +6,15 @@
  * batches whose longest record crosses 64-token chunks; the backward ops get the cpu's saved
  * statistics so that only their own arithmetic is compared.  Then the tiny hybrid model's loss
  * and gradients, cuda against cpu.  The gated delta rule's cases run with each delta-rule kernel
- * (gdn.cu's recurrence; gdn_chunk.cu's chunked form: the default, its forward in three passes
- * and its backward's state pass in two, the state walked in registers; the same walked in
- * shared memory (SHARDLM_GDN_WALK=shared); the forward in one kernel with either backward: a
- * cuda backend each, made under SHARDLM_GDN_KERNEL), the model with the recurrence, the
- * default and the one-kernel forward; then, at the Qwen3.5 4B layer's shape, the default
- * against the recurrence, the one-kernel forward with the fused and the two-pass backward, and
- * the default's passes with the shared-memory walks, timed.  SL_TEST_RULE_ONLY=1: the delta rule's cases alone (for
+ * (gdn.cu's recurrence; gdn_chunk.cu's chunked form: the default, its forward the chunk-local
+ * pass then the walk over the chunks making the output, its backward's state pass in two, the
+ * state walked in registers; the same with the output by a pass of its own
+ * (SHARDLM_GDN_WALK=registers-state) and walked in shared memory (SHARDLM_GDN_WALK=shared); the
+ * forward in one kernel with either backward: a cuda backend each, made under
+ * SHARDLM_GDN_KERNEL), the model with the recurrence, the default and the one-kernel forward;
+ * then, at the Qwen3.5 4B layer's shape, the default against the recurrence, the one-kernel
+ * forward with the fused and the two-pass backward, and the two other walks, timed.
+ * SL_TEST_RULE_ONLY=1: the delta rule's cases alone (for
  * compute-sanitizer); SL_TEST_RULE_ONLY=chunked: three small cases of the chunked kernel alone
  * (racecheck); SL_TEST_RULE_ONLY=pair: the 4B-shaped pairs alone (profiling).
  */
