@@ -26,6 +26,7 @@
 #include "common.cuh"
 #include "gdn_chunk.cuh"
 #include "gdn_walk.cuh"
+#include "gdn_grad.cuh"
 
 // ---- launchers ------------------------------------------------------------------------------
 
@@ -131,6 +132,8 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 	size_t ss = state_smem(dk, dv), gs = gq_smem(dk), ps = prep_smem(dk, dv);
 	size_t hs = bwd_h_smem(dk, dv);
 	const bool reg = split >= 2 && walk_fits(dk, dv);	// the state walked in registers
+	// the sums over the value columns in registers (where the forward left its tiles)
+	const bool gvr = split >= 2 && aux && grad_fits(dk, dv);
 	int per_wave;
 	float *dst;
 
@@ -153,9 +156,15 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 						(int)walk_bwd_smem(dk, dv)));
 	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_bwd_grad,
 					cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gs));
+	if (gvr)
+		CUDA_CHECK(cudaFuncSetAttribute(k_gdn_grad_v,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						(int)grad_v_smem()));
 	for (int first = 0; first < B * nk; first += per_wave) {
 		int ng = B * nk - first < per_wave ? B * nk - first : per_wave;
 		float *slots = dst + bwd_slots(per_wave, grp, nch, dk, dv);
+		float *acc = dst + (size_t)per_wave * grp * nch * dk * dv;
+		float *gv = dst + bwd_gv(per_wave, grp, nch, dk, dv);
 
 		if (split) {	// every chunk's W, X, P, G, then the walk: three products a chunk
 			k_gdn_prep<<<ng * grp * nch, NTH, ps, c->stream>>>(
@@ -176,12 +185,17 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 				g, lens, L, nk, nv, dk, dv, first);
 		}
 		CUDA_LAUNCHED();
+		if (gvr) {
+			k_gdn_grad_v<<<ng * nch * 2, NTH, grad_v_smem(), c->stream>>>(
+				gv, acc, (bf16 *)dval, dst, slots, states, aux, (const bf16 *)dout,
+				(const bf16 *)v, vs, beta, lens, L, nk, nv, dk, dv, first);
+			CUDA_LAUNCHED();
+		}
 		k_gdn_bwd_grad<<<ng * nch, NTH, gs, c->stream>>>(
 			(bf16 *)dqn, (bf16 *)dkn, (bf16 *)dval, (bf16 *)dbeta, (bf16 *)dg,
-			(const bf16 *)dout, states, aux, dst,
-			dst + (size_t)per_wave * grp * nch * dk * dv, split ? slots : NULL,
+			(const bf16 *)dout, states, aux, dst, acc, split ? slots : NULL,
 			(const bf16 *)qn, (const bf16 *)kn, (const bf16 *)v, vs, beta, g, lens, L,
-			nk, nv, dk, dv, first);
+			nk, nv, dk, dv, first, gvr ? gv : NULL);
 		CUDA_LAUNCHED();
 	}
 }

@@ -811,20 +811,35 @@ static __device__ void rows_dot(float *acc, const float *X, int lx, const bf16 *
 		acc[r] += a;
 }
 
+// a (value head, chunk) slot of k_gdn_grad_v's results (gdn_grad.cuh): dW (GC, dk), dP (GC,
+// GC), dT (GC, GC), then per half of dk four rows of GC: q.z, d.e (half 0's; half 1 leaves
+// them), x.v over the half's tiles, and <S0, dS> over the half's rows (the fourth row's first
+// float)
+static __host__ __device__ inline size_t gv_floats(int dk)
+{
+	return (size_t)GC * dk + (size_t)2 * GC * GC + 8 * GC;
+}
+
 // floats of the backward's scratch for per_wave groups: dS at every chunk's end of their value
 // heads (dst), then dq and dk in fp32 per chunk (acc), then k_gdn_prep's slot for every chunk
-// of their value heads (bwd_slots)
+// of their value heads (bwd_slots), then k_gdn_grad_v's (bwd_gv)
 static __host__ __device__ size_t bwd_scratch_floats(size_t per_wave, int grp, int nch, int dk,
 						     int dv)
 {
 	return per_wave * nch * ((size_t)grp * dk * dv + (size_t)2 * GC * dk +
-				 (size_t)grp * fslot_floats(dk, dv, 1));
+				 (size_t)grp * (fslot_floats(dk, dv, 1) + gv_floats(dk)));
 }
 
 // where the slots start in that scratch
 static __host__ __device__ size_t bwd_slots(size_t per_wave, int grp, int nch, int dk, int dv)
 {
 	return per_wave * nch * ((size_t)grp * dk * dv + (size_t)2 * GC * dk);
+}
+
+static __host__ __device__ size_t bwd_gv(size_t per_wave, int grp, int nch, int dk, int dv)
+{
+	return bwd_slots(per_wave, grp, nch, dk, dv) +
+	       per_wave * nch * grp * fslot_floats(dk, dv, 1);
 }
 
 // The accumulators dq, dk (GC x dk floats, row-major, in global memory): where dk allows, a
@@ -912,7 +927,8 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 						      const bf16 *kn,
 						      const bf16 *v, int vs, const float *beta,
 						      const float *g, const int *lens, int L, int nk,
-						      int nv, int dk, int dv, int first)
+						      int nv, int dk, int dv, int first,
+						      const float *gv)
 {
 	extern __shared__ float sm[];
 	struct tl c;
@@ -974,94 +990,112 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 		} else {
 			tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
 		}
-		if (tid < GC)
-			q.qz[tid] = q.de[tid] = q.xv[tid] = 0.f;
-		for (int j0 = 0; j0 < dv; j0 += VQ) {
-			int w = dv - j0 < VQ ? dv - j0 : VQ;
-			float cq = j0 ? 1.f : 0.f, ca = fresh ? 0.f : 1.f;
+		if (gv && hd) {	// k_gdn_grad_v's sums over the value columns (dq, dk in acc)
+			const float *gs = gv + (((size_t)gi * grp + h - kh * grp) * nch + ch) *
+						       gv_floats(dk);
+			const float *vec = gs + (size_t)GC * dk + 2 * GC * GC;
 
-			__syncthreads();
-			ld_tile_bf(q.dO, lo, dout + t0 * nv * dv + (size_t)h * dv + j0,
-				   (size_t)nv * dv, n, w, VQ);
-			ld_tile_bf(q.V, lo, v + t0 * vs + (size_t)h * dv + j0, (size_t)vs, n, w, VQ);
-			sd = dot_rc(sd, S0 + j0, dS + j0, dv, dk, w);
-			if (hd) {	// the forward's: delta into D, diag(Ga) Q S0 into R
-				ld_tile_f(q.D, lq, hd + j0, dv, GC, w);
-				ld_tile_f(q.R, lq, hd + (size_t)GC * dv + j0, dv, GC, w);
-				tile_wait();
-				__syncthreads();
-				// qz += rows of diag(Ga) Q S0 o dO
-				rows_dot(q.qz, q.R, lq, q.dO, lo, w);
-			} else {
-				// K S0 into R and Q S0 into D in one product: K and Q are one (2 GC,
-				// dk) matrix (tl_carve), R and D one (2 GC, lq) one (gq_carve); S0
-				// read once
-				tc_mm(2 * GC, w, dk, mm_b(c.K, ldk, 1), mm_f(S0 + j0, dv, 1), NULL,
-				      NULL, 1.f, 0.f, q.R, lq, 1);
-				tile_wait();
-				__syncthreads();
-				// R = diag(beta) V - diag(beta Ga) K S0; qz += rows of Q S0 o dO
-				FOR_RC(r, j, GC, w)
-					q.R[r * lq + j] = c.bet[r] * bf(q.V[r * lo + j]) -
-							  c.bg[r] * q.R[r * lq + j];
-				rows_dot(q.qz, q.D, lq, q.dO, lo, w);
-				__syncthreads();
-				// delta = T R
-				tc_mm(GC, w, GC, mm_f(c.T, ldg, 1), mm_f(q.R, lq, 1), NULL, NULL, 1.f,
-				      0.f, q.D, lq, 1);
+			ld_tile_f(q.dW, ldw, gs, dk, GC, dk);
+			ld_tile_f(q.dP, ldg, gs + (size_t)GC * dk, GC, GC, GC);
+			ld_tile_f(q.dT, ldg, gs + (size_t)GC * dk + GC * GC, GC, GC, GC);
+			if (tid < GC) {
+				q.qz[tid] = vec[tid];
+				q.de[tid] = vec[GC + tid];
+				q.xv[tid] = vec[2 * GC + tid] + vec[6 * GC + tid];
 			}
-			__syncthreads();
-			// K dS into R (spent); dD = P^T dO (+ diag(e) K dS below)
-			if (KD)
-				ld_tile_f(q.R, lq, KD + j0, dv, GC, w);
-			else
-				tc_mm(GC, w, dk, mm_b(c.K, ldk, 1), mm_f(dS + j0, dv, 1), NULL, NULL,
-				      1.f, 0.f, q.R, lq, 1);
-			if (X)
-				ld_tile_f(q.DD, lq, X + j0, dv, GC, w);
-			else
-				tc_mm(GC, w, GC, mm_f(c.P, 1, ldg), mm_b(q.dO, lo, 1), NULL, NULL,
-				      1.f, 0.f, q.DD, lq, 1);
+			sd = vec[3 * GC] + vec[7 * GC];
 			tile_wait();
 			__syncthreads();
-			{
-				const int r = QROW();
-				float d = 0.f;
+		} else {
+			if (tid < GC)
+				q.qz[tid] = q.de[tid] = q.xv[tid] = 0.f;
+			for (int j0 = 0; j0 < dv; j0 += VQ) {
+				int w = dv - j0 < VQ ? dv - j0 : VQ;
+				float cq = j0 ? 1.f : 0.f, ca = fresh ? 0.f : 1.f;
 
-				FOR_Q(j, w) {
-					d += q.R[r * lq + j] * q.D[r * lq + j];
-					q.DD[r * lq + j] += c.e[r] * q.R[r * lq + j];
+				__syncthreads();
+				ld_tile_bf(q.dO, lo, dout + t0 * nv * dv + (size_t)h * dv + j0,
+					   (size_t)nv * dv, n, w, VQ);
+				ld_tile_bf(q.V, lo, v + t0 * vs + (size_t)h * dv + j0, (size_t)vs, n, w, VQ);
+				sd = dot_rc(sd, S0 + j0, dS + j0, dv, dk, w);
+				if (hd) {	// the forward's: delta into D, diag(Ga) Q S0 into R
+					ld_tile_f(q.D, lq, hd + j0, dv, GC, w);
+					ld_tile_f(q.R, lq, hd + (size_t)GC * dv + j0, dv, GC, w);
+					tile_wait();
+					__syncthreads();
+					// qz += rows of diag(Ga) Q S0 o dO
+					rows_dot(q.qz, q.R, lq, q.dO, lo, w);
+				} else {
+					// K S0 into R and Q S0 into D in one product: K and Q are one (2 GC,
+					// dk) matrix (tl_carve), R and D one (2 GC, lq) one (gq_carve); S0
+					// read once
+					tc_mm(2 * GC, w, dk, mm_b(c.K, ldk, 1), mm_f(S0 + j0, dv, 1), NULL,
+					      NULL, 1.f, 0.f, q.R, lq, 1);
+					tile_wait();
+					__syncthreads();
+					// R = diag(beta) V - diag(beta Ga) K S0; qz += rows of Q S0 o dO
+					FOR_RC(r, j, GC, w)
+						q.R[r * lq + j] = c.bet[r] * bf(q.V[r * lo + j]) -
+								  c.bg[r] * q.R[r * lq + j];
+					rows_dot(q.qz, q.D, lq, q.dO, lo, w);
+					__syncthreads();
+					// delta = T R
+					tc_mm(GC, w, GC, mm_f(c.T, ldg, 1), mm_f(q.R, lq, 1), NULL, NULL, 1.f,
+					      0.f, q.D, lq, 1);
 				}
-				d = quad_sum(d);
-				if (!(tid & 3))
-					q.de[r] += d;
+				__syncthreads();
+				// K dS into R (spent); dD = P^T dO (+ diag(e) K dS below)
+				if (KD)
+					ld_tile_f(q.R, lq, KD + j0, dv, GC, w);
+				else
+					tc_mm(GC, w, dk, mm_b(c.K, ldk, 1), mm_f(dS + j0, dv, 1), NULL, NULL,
+					      1.f, 0.f, q.R, lq, 1);
+				if (X)
+					ld_tile_f(q.DD, lq, X + j0, dv, GC, w);
+				else
+					tc_mm(GC, w, GC, mm_f(c.P, 1, ldg), mm_b(q.dO, lo, 1), NULL, NULL,
+					      1.f, 0.f, q.DD, lq, 1);
+				tile_wait();
+				__syncthreads();
+				{
+					const int r = QROW();
+					float d = 0.f;
+
+					FOR_Q(j, w) {
+						d += q.R[r * lq + j] * q.D[r * lq + j];
+						q.DD[r * lq + j] += c.e[r] * q.R[r * lq + j];
+					}
+					d = quad_sum(d);
+					if (!(tid & 3))
+						q.de[r] += d;
+				}
+				__syncthreads();
+				// dP += dO delta^T, dT += dD V^T (all s: the masks come later)
+				tc_mm(GC, GC, w, mm_b(q.dO, lo, 1), mm_f(q.D, 1, lq), NULL, NULL, 1.f, cq,
+				      q.dP, ldg, 1);
+				tc_mm(GC, GC, w, mm_f(q.DD, lq, 1), mm_b(q.V, 1, lo), NULL, NULL, 1.f, cq,
+				      q.dT, ldg, 1);
+				// dq += diag(Ga) dO S0^T, dk += diag(e) delta dS^T, dW -= dD S0^T
+				tc_mm(GC, dk, w, mm_b(q.dO, lo, 1), mm_f(S0 + j0, 1, dv), NULL, c.Ga, 1.f,
+				      ca, accq, dk, 1);
+				tc_mm(GC, dk, w, mm_f(q.D, lq, 1), mm_f(dS + j0, 1, dv), NULL, c.e, 1.f, ca,
+				      acck, dk, 1);
+				tc_mm(GC, dk, w, mm_f(q.DD, lq, 1), mm_f(S0 + j0, 1, dv), NULL, NULL, -1.f,
+				      cq, q.dW, ldw, 1);
+				// X = T^T dD into R (nothing in this phase reads R)
+				tc_mm(GC, w, GC, mm_f(c.T, 1, ldg), mm_f(q.DD, lq, 1), NULL, NULL, 1.f, 0.f,
+				      q.R, lq, 1);
+				fresh = false;
+				__syncthreads();
+				rows_dot(q.xv, q.R, lq, q.V, lo, w);
+				// dv = beta X
+				FOR_RC(r, j, GC, w)
+					if (c0 + r < L)
+						dval[(t0 + r) * vs + (size_t)h * dv + j0 + j] =
+							tobf(r < n ? c.bet[r] * q.R[r * lq + j] : 0.f);
 			}
-			__syncthreads();
-			// dP += dO delta^T, dT += dD V^T (all s: the masks come later)
-			tc_mm(GC, GC, w, mm_b(q.dO, lo, 1), mm_f(q.D, 1, lq), NULL, NULL, 1.f, cq,
-			      q.dP, ldg, 1);
-			tc_mm(GC, GC, w, mm_f(q.DD, lq, 1), mm_b(q.V, 1, lo), NULL, NULL, 1.f, cq,
-			      q.dT, ldg, 1);
-			// dq += diag(Ga) dO S0^T, dk += diag(e) delta dS^T, dW -= dD S0^T
-			tc_mm(GC, dk, w, mm_b(q.dO, lo, 1), mm_f(S0 + j0, 1, dv), NULL, c.Ga, 1.f,
-			      ca, accq, dk, 1);
-			tc_mm(GC, dk, w, mm_f(q.D, lq, 1), mm_f(dS + j0, 1, dv), NULL, c.e, 1.f, ca,
-			      acck, dk, 1);
-			tc_mm(GC, dk, w, mm_f(q.DD, lq, 1), mm_f(S0 + j0, 1, dv), NULL, NULL, -1.f,
-			      cq, q.dW, ldw, 1);
-			// X = T^T dD into R (nothing in this phase reads R)
-			tc_mm(GC, w, GC, mm_f(c.T, 1, ldg), mm_f(q.DD, lq, 1), NULL, NULL, 1.f, 0.f,
-			      q.R, lq, 1);
-			fresh = false;
-			__syncthreads();
-			rows_dot(q.xv, q.R, lq, q.V, lo, w);
-			// dv = beta X
-			FOR_RC(r, j, GC, w)
-				if (c0 + r < L)
-					dval[(t0 + r) * vs + (size_t)h * dv + j0 + j] =
-						tobf(r < n ? c.bet[r] * q.R[r * lq + j] : 0.f);
+			sd = block_sum(sd);	// <S0, dS> (synchronizes)
 		}
-		sd = block_sum(sd);	// <S0, dS> (synchronizes)
 		// dG: through O (Ga q.Z, dP o P) and S_end (Ga_last <S0,dS>, de o e)
 		{
 			const int r = QROW();

@@ -1154,6 +1154,10 @@ int main(int argc, char **argv)
 		t_rule(2, 200, 2, 6, 128, 128);
 		t_rule(3, 300, 2, 4, 32, 40);
 		t_rule(2, 130, 1, 3, 96, 70);
+		/* dv <= dk (the default's value-column sums in registers, k_gdn_grad_v): a half
+		 * of dk of one n-tile each (16), and none for the second half (8) */
+		t_rule(2, 100, 2, 4, 16, 16);
+		t_rule(1, 70, 1, 2, 8, 8);
 		/* one chunk of each row with its start and end state: the chunked backend falls
 		 * back to the recurrence there */
 		t_rule_chunk(3, 70, 2, 4, 16, 24);

@@ -177,7 +177,7 @@ static void body_grad(void)	/* slots: k_gdn_prep's, or NULL (tc_local); gaux: th
 	k_gdn_bwd_grad(E.dq, E.dk, E.dv, E.db, E.dg, E.dout, E.states, E.gaux, E.dst, E.acc,
 		       E.gslots,
 		       E.q, E.k, E.v, E.vs, E.beta, E.g, E.lens, E.L, E.nk, E.nv, E.dk_, E.dv_,
-		       E.first);
+		       E.first, NULL);	/* (k_gdn_grad_v's sums: GPU only) */
 }
 
 static bf16 *to_bf(double *x, size_t n)	/* x rounded to bf16 in place, and as bf16 */

@@ -1,0 +1,350 @@
+// gdn_grad.cuh: the part of the chunked gated delta rule's backward that sums over the value
+// columns, the sums in registers (k_gdn_grad_v).  Included by gdn_chunk.cu after gdn_walk.cuh;
+// GPU only (the emulator of test_gdn_chunk runs k_gdn_bwd_grad's own loop over the columns, the
+// same sums through tc_mm; test_cuda_qwen35 holds this one to the cpu).
+//
+// k_gdn_bwd_grad makes every gradient of a chunk in one block of 8 warps sharing each product,
+// one block an SM (227 kB of shared memory), with a barrier between products and its dq, dk
+// accumulators in global memory.  Most of its products sum over the value columns j of a
+// (value head, chunk) with the result GC x dk or GC x GC:
+//   dq  += diag(Ga) dO S0^T       dk += diag(e) delta dS^T       dW = -dD S0^T
+//   dP   = dO delta^T              dT  = dD V^T
+// with dD = X + diag(e) KD (X = P^T dO and KD = K dS from k_gdn_prep and the backward's walk)
+// and, per column, dv = diag(beta) T^T dD, and the rows' sums q.z = (diag(Ga) Q S0 o dO) 1,
+// d.e = (KD o delta) 1, x.v = (T^T dD o V) 1 and <S0, dS>.  Here block (group of the wave,
+// chunk, half of dk) walks its key head's value heads and their value columns in tiles of
+// GV_TW, the next tile copied (cp.async) while this one multiplies: each warp holds its share of
+// those products as m16n8k8 accumulators for the whole walk (rows 16 (w % 4) .., its n-tiles
+// of the half, and of dP (half 0) or dT (half 1)), and the block's only barriers are the three
+// a tile (the tile in, dD made, the buffer free).  The dq, dk sums over the key head's value
+// heads go to k_gdn_bwd_grad's accumulators (acc); dW, dP, dT and the rows' sums of each value
+// head to a slot of the scratch (gv), from which k_gdn_bwd_grad does the rest (the GC x GC
+// part: dbeta, dg, and the dq, dk terms through T, A, P).  tf32 operands (bf16 ones exact),
+// fp32 sums, with the k slots of an mma paired (slot t <-> k0 + 2 t, t + 4 <-> k0 + 2 t + 1)
+// so that each operand pair is one 8-byte load.  T^T dD skips the k-steps above T's diagonal
+// (T is lower triangular; exact zeros).
+#ifndef SL_GDN_GRAD_CUH
+#define SL_GDN_GRAD_CUH
+
+#define GV_TW 32		// value columns a tile
+#define GV_LD (GV_TW + 8)	// row stride of a tile, floats or bf16 (pairs of a row in distinct
+				// banks across a half warp)
+#define GV_LDT (GC + 4)		// T's row stride (T^T's elements, two rows a lane, distinct banks)
+
+// whether the shape takes it: K dS kept by the walk over the slot's W (dv <= dk), dk a multiple
+// of 8 up to DKMAX (each half of it at most GC rows of S0)
+static __host__ __device__ inline bool grad_fits(int dk, int dv)
+{
+	return dk > 0 && dk % 8 == 0 && dk <= DKMAX && dv > 0 && dv <= dk;
+}
+
+// a buffer: S0 and dS (the half's rows), delta, X, KD, diag(Ga) Q S0 (GC rows) as floats, dO
+// and V as bf16, each GC x GV_LD
+#define GV_BUF (7 * GC * GV_LD)
+
+static __host__ size_t grad_v_smem(void)
+{
+	return ((size_t)2 * GV_BUF + GC * GV_LD + GC * GV_LDT + 5 * GC) * sizeof(float);
+}
+
+#ifdef __CUDA_ARCH__
+// rows [0, R) x GV_TW columns of dst (floats, stride GV_LD): (r, j) = src[r ss + j] for r < n
+// and j < w, else 0, by cp.async (16 bytes where four columns are in or out together and the
+// source allows)
+static __device__ __forceinline__ void gv_ld(float *dst, const float *src, size_t ss, int R, int n,
+					     int w)
+{
+	const bool al = !(ss & 3) && !((unsigned long long)src & 15);
+
+	for (int x = threadIdx.x; x < R * (GV_TW / 4); x += NTH) {
+		int r = x / (GV_TW / 4), j = 4 * (x % (GV_TW / 4));
+		uint32_t d = smem_u32(dst + r * GV_LD + j);
+		const float *s = src + r * ss + j;
+
+		if (al && (r >= n || j >= w || j + 4 <= w)) {
+			bool ok = r < n && j < w;
+
+			cp_async16(d, ok ? s : src, ok);
+		} else {
+			for (int u = 0; u < 4; u++) {
+				bool ok = r < n && j + u < w;
+
+				cp_async4(d + 4 * u, ok ? s + u : src, ok);
+			}
+		}
+	}
+}
+#endif
+
+// Block (group first + gi of the wave, chunk ch, half hf of dk) = blockIdx.x / 2 / nch, .. %
+// nch, blockIdx.x % 2, after the backward's walk (dst), with k_gdn_prep's full slots of the wave
+// and the forward's delta and diag(Ga) Q S0 tiles (aux, flag set: else it returns, and
+// k_gdn_bwd_grad makes it all itself).  Writes acc's columns of the half (dq, dk: the key head's
+// value heads summed in order), gv's slots (dW's columns of the half; dP or dT) and dval's
+// columns of the tiles of its parity.
+__global__ void __launch_bounds__(NTH, 1) k_gdn_grad_v(float *gv, float *acc, bf16 *dval,
+						    const float *dst, const float *slots,
+						    const float *states, const float *aux,
+						    const bf16 *dout, const bf16 *v, int vs,
+						    const float *beta, const int *lens, int L,
+						    int nk, int nv, int dk, int dv, int first)
+{
+#ifdef __CUDA_ARCH__
+	extern __shared__ float sm[];
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+	const int wm = warp & 3, wn = warp >> 2, ra = 16 * wm + g, rb = ra + 8, grp = nv / nk;
+	const int nch = (L + GC - 1) / GC, hf = blockIdx.x & 1, gc = blockIdx.x >> 1;
+	const int gi = gc / nch, ch = gc % nch, bk = first + gi, b = bk / nk, kh = bk % nk;
+	const int c0 = ch * GC, n = chunk_n(lens[b], c0);
+	// the half's n-tiles of dk: [j0h, j0h + nh) (nh 0 for half 1 where dk is 8)
+	const int NT = dk / 8, NH = (NT + 1) / 2, j0h = hf * NH, nh = NT - j0h < NH ? NT - j0h : NH;
+	const int nt = (dv + GV_TW - 1) / GV_TW, total = grp * nt;
+	const size_t t0 = (size_t)b * L + c0, SS = (size_t)dk * dv;
+	float *DD = sm + 2 * GV_BUF, *T = DD + GC * GV_LD, *Ga = T + GC * GV_LDT, *e = Ga + GC;
+	float *bet = e + GC, *xvs = bet + GC;	// xvs: x.v of the two warps of a row (2, GC)
+
+	if (!aux || !*(const int *)aux || !n)
+		return;
+
+	const float *adel = aux + AUX_HEAD + (((size_t)b * nch + ch) * nv + kh * grp) * 2 * GC * dv;
+	// dq, dk (Y1, Y2: over the key head's value heads), dW (Y3) of the warp's n-tiles of the
+	// half, dP or dT (PT: n-tiles 4 wn ..), the rows' partial sums
+	float Y1[4][4], Y2[4][4], Y3[4][4], PT[4][4];
+	float qzp = 0.f, dep = 0.f, sdp = 0.f, xva = 0.f, xvb = 0.f;
+	float gaa = 0.f, gab = 0.f, ea = 0.f, eb = 0.f;
+
+	wk_zero(Y1);
+	wk_zero(Y2);
+
+	// tile tau (value head tau / nt, columns (tau % nt) GV_TW ..) into buffer tau & 1 (a
+	// commit group of its own, empty past the last)
+	auto fetch = [&](int tau) {
+		if (tau < total) {
+			const int hg = tau / nt, j0 = tau % nt * GV_TW, h = kh * grp + hg;
+			const int w = dv - j0 < GV_TW ? dv - j0 : GV_TW;
+			const size_t slot = ((size_t)gi * grp + hg) * nch + ch;
+			const struct fslot f = fslot_at((float *)slots, slot, dk, dv, 1);
+			const float *hd = adel + (size_t)hg * 2 * GC * dv;
+			float *B = sm + (tau & 1) * GV_BUF;
+			bf16 *dO = (bf16 *)(B + 6 * GC * GV_LD), *V = dO + GC * GV_LD;
+			const size_t r0 = (size_t)8 * j0h * dv + j0;	// the half's first row
+
+			gv_ld(B, states + (((size_t)b * nch + ch) * nv + h) * SS + r0, dv, 8 * nh,
+			      8 * nh, w);
+			gv_ld(B + GC * GV_LD, dst + slot * SS + r0, dv, 8 * nh, 8 * nh, w);
+			gv_ld(B + 2 * GC * GV_LD, hd + j0, dv, GC, n, w);
+			gv_ld(B + 3 * GC * GV_LD, f.U + j0, dv, GC, n, w);
+			gv_ld(B + 4 * GC * GV_LD, f.W + j0, dv, GC, n, w);
+			if (!hf)
+				gv_ld(B + 5 * GC * GV_LD, hd + (size_t)GC * dv + j0, dv, GC, n, w);
+			ld_tile_bf(dO, GV_LD, dout + t0 * nv * dv + (size_t)h * dv + j0,
+				   (size_t)nv * dv, n, w, GV_TW);
+			ld_tile_bf(V, GV_LD, v + t0 * vs + (size_t)h * dv + j0, (size_t)vs, n, w,
+				   GV_TW);
+		}
+		cp_commit();
+	};
+
+	fetch(0);
+	for (int tau = 0; tau < total; tau++) {
+		const int hg = tau / nt, jt = tau % nt, j0 = jt * GV_TW, h = kh * grp + hg;
+		const size_t slot = ((size_t)gi * grp + hg) * nch + ch;
+		const float *B = sm + (tau & 1) * GV_BUF, *S0 = B, *dS = B + GC * GV_LD;
+		const float *DL = B + 2 * GC * GV_LD, *X = B + 3 * GC * GV_LD;
+		const float *KD = B + 4 * GC * GV_LD, *QS = B + 5 * GC * GV_LD;
+		const bf16 *dO = (const bf16 *)(B + 6 * GC * GV_LD), *V = dO + GC * GV_LD;
+
+		if (!jt) {	// the value head's T and vectors (their last reader past a barrier)
+			const struct fslot f = fslot_at((float *)slots, slot, dk, dv, 1);
+
+			for (int x = tid; x < GC * GC; x += NTH)
+				T[x / GC * GV_LDT + x % GC] = f.T[x];
+			if (tid < GC) {
+				float G = f.G[tid];
+
+				Ga[tid] = expf(G);
+				e[tid] = expf(f.G[GC - 1] - G);
+				bet[tid] = tid < n ? beta[(t0 + tid) * nv + h] : 0.f;
+			}
+			wk_zero(Y3);
+			wk_zero(PT);
+			qzp = dep = sdp = xva = xvb = 0.f;
+		}
+		fetch(tau + 1);
+		cp_wait1();
+		__syncthreads();
+		if (!jt)
+			gaa = Ga[ra], gab = Ga[rb], ea = e[ra], eb = e[rb];
+		{	// dD = X + diag(e) KD; d.e, q.z (half 0) and <S0, dS> partial sums
+			const int r = tid >> 2;
+			const float er = e[r];
+
+			for (int j = tid & 3; j < GV_TW; j += 4) {
+				float kd = KD[r * GV_LD + j];
+
+				DD[r * GV_LD + j] = X[r * GV_LD + j] + er * kd;
+				if (!hf) {
+					dep += kd * DL[r * GV_LD + j];
+					qzp += QS[r * GV_LD + j] * bf(dO[r * GV_LD + j]);
+				}
+			}
+			for (int x = tid; x < 8 * nh * GV_TW; x += NTH) {
+				int i = x / GV_TW, j = x % GV_TW;
+
+				sdp += S0[i * GV_LD + j] * dS[i * GV_LD + j];
+			}
+		}
+		__syncthreads();
+		// the sums over the tile's columns: k-steps of 8 columns, the pairs (k, k + 1)
+#pragma unroll
+		for (int ks = 0; ks < GV_TW / 8; ks++) {
+			const int k = 8 * ks + 2 * t;
+			unsigned ao[4], aq[4], ad[4], aD[4], l0, h0, l1, h1;
+			const float2 d0 = *(const float2 *)(DL + ra * GV_LD + k);
+			const float2 d1 = *(const float2 *)(DL + rb * GV_LD + k);
+			const float2 x0 = *(const float2 *)(DD + ra * GV_LD + k);
+			const float2 x1 = *(const float2 *)(DD + rb * GV_LD + k);
+
+			wk_bf2(*(const unsigned *)(dO + ra * GV_LD + k), &l0, &h0);
+			wk_bf2(*(const unsigned *)(dO + rb * GV_LD + k), &l1, &h1);
+			ao[0] = l0, ao[1] = l1, ao[2] = h0, ao[3] = h1;	// dO, exact
+			aq[0] = mm_tf32(__uint_as_float(l0) * gaa);	// diag(Ga) dO
+			aq[1] = mm_tf32(__uint_as_float(l1) * gab);
+			aq[2] = mm_tf32(__uint_as_float(h0) * gaa);
+			aq[3] = mm_tf32(__uint_as_float(h1) * gab);
+			ad[0] = mm_tf32(d0.x * ea), ad[1] = mm_tf32(d1.x * eb);	// diag(e) delta
+			ad[2] = mm_tf32(d0.y * ea), ad[3] = mm_tf32(d1.y * eb);
+			aD[0] = mm_tf32(x0.x), aD[1] = mm_tf32(x1.x);		// dD
+			aD[2] = mm_tf32(x0.y), aD[3] = mm_tf32(x1.y);
+#pragma unroll
+			for (int u = 0; u < 4; u++) {	// the half's n-tiles wn, wn + 2, ..
+				const int jl = wn + 2 * u;
+
+				if (jl < nh) {
+					const float2 s = *(const float2 *)(S0 + (8 * jl + g) * GV_LD + k);
+					const float2 q = *(const float2 *)(dS + (8 * jl + g) * GV_LD + k);
+					unsigned bs[2] = {mm_tf32(s.x), mm_tf32(s.y)};
+					unsigned bq[2] = {mm_tf32(q.x), mm_tf32(q.y)};
+
+					mm_mma(Y1[u], aq, bs);
+					mm_mma(Y3[u], aD, bs);
+					mm_mma(Y2[u], ad, bq);
+				}
+			}
+#pragma unroll
+			for (int u = 0; u < 4; u++) {	// positions s: n-tiles 4 wn ..
+				const int s = 8 * (4 * wn + u) + g;
+				unsigned bb[2];
+
+				if (!hf) {	// dP += dO delta^T
+					const float2 d = *(const float2 *)(DL + s * GV_LD + k);
+
+					bb[0] = mm_tf32(d.x), bb[1] = mm_tf32(d.y);
+					mm_mma(PT[u], ao, bb);
+				} else {	// dT += dD V^T
+					wk_bf2(*(const unsigned *)(V + s * GV_LD + k), &bb[0], &bb[1]);
+					mm_mma(PT[u], aD, bb);
+				}
+			}
+		}
+		if ((jt & 1) == hf) {	// this tile's dv = diag(beta) T^T dD, x.v
+			float Xv[2][4];
+
+			wk_zero(Xv);
+			for (int ks = 2 * wm; ks < GC / 8; ks++) {	// s >= 16 wm: T(s, r) for r >= 16 wm
+				const int s = 8 * ks + 2 * t;
+				unsigned a[4] = {mm_tf32(T[s * GV_LDT + ra]), mm_tf32(T[s * GV_LDT + rb]),
+						 mm_tf32(T[(s + 1) * GV_LDT + ra]),
+						 mm_tf32(T[(s + 1) * GV_LDT + rb])};
+
+#pragma unroll
+				for (int q = 0; q < 2; q++) {
+					const int jc = 8 * (2 * wn + q) + g;
+					unsigned bb[2] = {mm_tf32(DD[s * GV_LD + jc]),
+							  mm_tf32(DD[(s + 1) * GV_LD + jc])};
+
+					mm_mma(Xv[q], a, bb);
+				}
+			}
+#pragma unroll
+			for (int q = 0; q < 2; q++) {
+				const int jc = 8 * (2 * wn + q) + 2 * t;
+
+#pragma unroll
+				for (int hi = 0; hi < 2; hi++) {
+					const int r = hi ? rb : ra;
+					const float y0 = Xv[q][2 * hi], y1 = Xv[q][2 * hi + 1];
+					const float p = y0 * bf(V[r * GV_LD + jc]) +
+							y1 * bf(V[r * GV_LD + jc + 1]);
+					bf16 *o = dval + (t0 + r) * vs + (size_t)h * dv + j0 + jc;
+
+					if (hi)
+						xvb += p;
+					else
+						xva += p;
+					if (c0 + r < L && j0 + jc < dv)
+						o[0] = tobf(r < n ? bet[r] * y0 : 0.f);
+					if (c0 + r < L && j0 + jc + 1 < dv)
+						o[1] = tobf(r < n ? bet[r] * y1 : 0.f);
+				}
+			}
+		}
+		if (jt == nt - 1) {	// the value head's dW (columns of the half), dP or dT, sums
+			float *gs = gv + slot * gv_floats(dk), *pt = gs + (size_t)GC * dk + hf * GC * GC;
+			float *vec = gs + (size_t)GC * dk + 2 * GC * GC + hf * 4 * GC;
+			float s;
+
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const int jl = wn + 2 * u, i = 8 * (j0h + jl) + 2 * t;
+
+				if (jl < nh) {
+					*(float2 *)(gs + ra * dk + i) = make_float2(-Y3[u][0], -Y3[u][1]);
+					*(float2 *)(gs + rb * dk + i) = make_float2(-Y3[u][2], -Y3[u][3]);
+				}
+			}
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const int c = 8 * (4 * wn + u) + 2 * t;
+
+				*(float2 *)(pt + ra * GC + c) = make_float2(PT[u][0], PT[u][1]);
+				*(float2 *)(pt + rb * GC + c) = make_float2(PT[u][2], PT[u][3]);
+			}
+			xva = quad_sum(xva);
+			xvb = quad_sum(xvb);
+			if (!t)
+				xvs[wn * GC + ra] = xva, xvs[wn * GC + rb] = xvb;
+			if (!hf) {
+				float a = quad_sum(qzp), d = quad_sum(dep);
+
+				if (!(tid & 3))
+					vec[tid >> 2] = a, vec[GC + (tid >> 2)] = d;
+			}
+			s = block_sum(sdp);	// (its barriers publish xvs)
+			if (tid < GC)
+				vec[2 * GC + tid] = xvs[tid] + xvs[GC + tid];
+			if (!tid)
+				vec[3 * GC] = s;
+		}
+		__syncthreads();	// the buffer, dD and T free
+	}
+	{	// dq, dk: the columns of the half
+		float *aq = acc + ((size_t)gi * nch + ch) * 2 * GC * dk, *ak = aq + (size_t)GC * dk;
+
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			const int jl = wn + 2 * u, i = 8 * (j0h + jl) + 2 * t;
+
+			if (jl < nh) {
+				*(float2 *)(aq + ra * dk + i) = make_float2(Y1[u][0], Y1[u][1]);
+				*(float2 *)(aq + rb * dk + i) = make_float2(Y1[u][2], Y1[u][3]);
+				*(float2 *)(ak + ra * dk + i) = make_float2(Y2[u][0], Y2[u][1]);
+				*(float2 *)(ak + rb * dk + i) = make_float2(Y2[u][2], Y2[u][3]);
+			}
+		}
+	}
+	cp_wait_all();
+#endif
+}
+
+#endif
