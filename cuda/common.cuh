@@ -206,6 +206,12 @@ static __device__ __forceinline__ void cp_wait1(void)
 	asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
 
+// all but the two newest groups complete (a three-stage pipeline)
+static __device__ __forceinline__ void cp_wait2(void)
+{
+	asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+}
+
 // four 8 x 8 bf16 matrices from shared memory (lanes 8q .. 8q + 7 give matrix q's row
 // addresses); .trans: each transposed
 static __device__ __forceinline__ void ldsm4(uint32_t *r, uint32_t addr)

@@ -174,7 +174,8 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 			if (reg)
 				k_gdn_walk_bwd<<<ng * grp, NTH, walk_bwd_smem(dk, dv), c->stream>>>(
 					dst, slots, (const bf16 *)dout, (const bf16 *)qn,
-					(const bf16 *)kn, lens, L, nk, nv, dk, dv, first);
+					(const bf16 *)kn, gvr ? aux : NULL, lens, L, nk, nv, dk, dv,
+					first);
 			else
 				k_gdn_bwd_h<<<ng * grp, NTH, hs, c->stream>>>(
 					dst, slots, (const bf16 *)dout, (const bf16 *)qn,
@@ -187,8 +188,9 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 		CUDA_LAUNCHED();
 		if (gvr) {
 			k_gdn_grad_v<<<ng * nch * 2, NTH, grad_v_smem(), c->stream>>>(
-				gv, acc, (bf16 *)dval, dst, slots, states, aux, (const bf16 *)dout,
-				(const bf16 *)v, vs, beta, lens, L, nk, nv, dk, dv, first);
+				gv, acc, (bf16 *)dval, dst, slots, states, aux, (const bf16 *)qn,
+				(const bf16 *)kn, (const bf16 *)dout, (const bf16 *)v, vs, beta, lens,
+				L, nk, nv, dk, dv, first);
 			CUDA_LAUNCHED();
 		}
 		k_gdn_bwd_grad<<<ng * nch, NTH, gs, c->stream>>>(

@@ -812,9 +812,9 @@ static __device__ void rows_dot(float *acc, const float *X, int lx, const bf16 *
 }
 
 // a (value head, chunk) slot of k_gdn_grad_v's results (gdn_grad.cuh): dW (GC, dk), dP (GC,
-// GC), dT (GC, GC), then per half of dk four rows of GC: q.z, d.e (half 0's; half 1 leaves
-// them), x.v over the half's tiles, and <S0, dS> over the half's rows (the fourth row's first
-// float)
+// GC), dT (GC, GC), then per half of dk its shares of four rows of GC: q.z, d.e o e (over the
+// half's columns of dk), x.v (over the half's value-column tiles), and <S0, dS> (over the
+// half's rows; the fourth row's first float)
 static __host__ __device__ inline size_t gv_floats(int dk)
 {
 	return (size_t)GC * dk + (size_t)2 * GC * GC + 8 * GC;
@@ -990,7 +990,10 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 		} else {
 			tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
 		}
-		if (gv && hd) {	// k_gdn_grad_v's sums over the value columns (dq, dk in acc)
+		// k_gdn_grad_v's sums over the value columns (dq, dk in acc; its d.e is d.e o e)
+		const bool pre = gv && hd;
+
+		if (pre) {
 			const float *gs = gv + (((size_t)gi * grp + h - kh * grp) * nch + ch) *
 						       gv_floats(dk);
 			const float *vec = gs + (size_t)GC * dk + 2 * GC * GC;
@@ -998,9 +1001,9 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 			ld_tile_f(q.dW, ldw, gs, dk, GC, dk);
 			ld_tile_f(q.dP, ldg, gs + (size_t)GC * dk, GC, GC, GC);
 			ld_tile_f(q.dT, ldg, gs + (size_t)GC * dk + GC * GC, GC, GC, GC);
-			if (tid < GC) {
-				q.qz[tid] = vec[tid];
-				q.de[tid] = vec[GC + tid];
+			if (tid < GC) {	// the two halves' shares
+				q.qz[tid] = vec[tid] + vec[4 * GC + tid];
+				q.de[tid] = vec[GC + tid] + vec[5 * GC + tid];
 				q.xv[tid] = vec[2 * GC + tid] + vec[6 * GC + tid];
 			}
 			sd = vec[3 * GC] + vec[7 * GC];
@@ -1106,7 +1109,8 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 				     q.dP[s * ldg + r] * c.P[s * ldg + r];
 			a = quad_sum(a);
 			if (!(tid & 3))
-				q.dG[r] = (hd ? 1.f : c.Ga[r]) * q.qz[r] - q.de[r] * c.e[r] + a;
+				q.dG[r] = (hd ? 1.f : c.Ga[r]) * q.qz[r] -
+					  q.de[r] * (pre ? 1.f : c.e[r]) + a;
 		}
 		// X2 = T^T dW (into R, D, dD, spent); U = dW K^T
 		tc_mm(GC, dk, GC, mm_f(c.T, 1, ldg), mm_f(q.dW, ldw, 1), NULL, NULL, 1.f, 0.f, q.R,
@@ -1138,7 +1142,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 					float z = c.Ga[GC - 1] * sd;
 
 					for (int s = 0; s < GC; s++)
-						z += q.de[s] * c.e[s];
+						z += q.de[s] * (pre ? 1.f : c.e[s]);
 					q.dG[GC - 1] += z;
 				}
 				q.db[r] = q.xv[r] + c.Ga[r] * a;

@@ -38,13 +38,18 @@ static __host__ __device__ inline bool grad_fits(int dk, int dv)
 	return dk > 0 && dk % 8 == 0 && dk <= DKMAX && dv > 0 && dv <= dk;
 }
 
-// a buffer: S0 and dS (the half's rows), delta, X, KD, diag(Ga) Q S0 (GC rows) as floats, dO
-// and V as bf16, each GC x GV_LD
-#define GV_BUF (7 * GC * GV_LD)
+// a stage of the pipeline: S0 and dS (the half's rows), delta, dD (GC rows) as floats, dO and V
+// as bf16, each GC x GV_LD; a value head's: T (GC, GV_LDT), G and beta (GC); the key head's K
+// and Q, the half's columns (GC, GC + 8) bf16; the rows' sums of the two warps of a row (3, 2,
+// GC)
+#define GV_STAGES 3
+#define GV_BUF (5 * GC * GV_LD)
+#define GV_HEAD (GC * GV_LDT + 2 * GC)
+#define GV_LDK (GC + 8)
 
 static __host__ size_t grad_v_smem(void)
 {
-	return ((size_t)2 * GV_BUF + GC * GV_LD + GC * GV_LDT + 5 * GC) * sizeof(float);
+	return ((size_t)GV_STAGES * (GV_BUF + GV_HEAD) + GC * GV_LDK + 6 * GC) * sizeof(float);
 }
 
 #ifdef __CUDA_ARCH__
@@ -74,17 +79,46 @@ static __device__ __forceinline__ void gv_ld(float *dst, const float *src, size_
 		}
 	}
 }
+
+// the dot products of rows ra, rb of this lane's accumulators (n-tiles wn + 2 u of the half) and
+// of a bf16 (GC, GV_LDK) tile of the half's columns, over the lane's columns
+static __device__ __forceinline__ void gv_rowdot(float *da, float *db, const float (&Y)[4][4],
+						 const bf16 *K, int ra, int rb, int wn, int nh,
+						 int t)
+{
+	float a = 0.f, b = 0.f;
+
+#pragma unroll
+	for (int u = 0; u < 4; u++) {
+		const int jl = wn + 2 * u, i = 8 * jl + 2 * t;
+
+		if (jl < nh) {
+			unsigned p = *(const unsigned *)(K + ra * GV_LDK + i), l, h;
+			unsigned q = *(const unsigned *)(K + rb * GV_LDK + i);
+
+			wk_bf2(p, &l, &h);
+			a += Y[u][0] * __uint_as_float(l) + Y[u][1] * __uint_as_float(h);
+			wk_bf2(q, &l, &h);
+			b += Y[u][2] * __uint_as_float(l) + Y[u][3] * __uint_as_float(h);
+		}
+	}
+	*da = a, *db = b;
+}
 #endif
 
 // Block (group first + gi of the wave, chunk ch, half hf of dk) = blockIdx.x / 2 / nch, .. %
-// nch, blockIdx.x % 2, after the backward's walk (dst), with k_gdn_prep's full slots of the wave
-// and the forward's delta and diag(Ga) Q S0 tiles (aux, flag set: else it returns, and
-// k_gdn_bwd_grad makes it all itself).  Writes acc's columns of the half (dq, dk: the key head's
-// value heads summed in order), gv's slots (dW's columns of the half; dP or dT) and dval's
-// columns of the tiles of its parity.
+// nch, blockIdx.x % 2, after the backward's walk (dst; ddelta over the slots' X), with
+// k_gdn_prep's full slots of the wave and the forward's delta tiles (aux, flag set: else it
+// returns, and k_gdn_bwd_grad makes it all itself).  Writes acc's columns of the half (dq, dk:
+// the key head's value heads summed in order), gv's slots (dW's columns of the half; dP or dT;
+// the half's shares of the rows' sums) and dval's columns of the tiles of its parity.  The rows'
+// sums come from the accumulators: diag(Ga) Q S0 o dO summed over the columns is (Q o dq_h) 1,
+// diag(e) (K dS o delta) 1 is (K o dk_h) 1, with dq_h, dk_h the value head's share of the dq,
+// dk sums (the difference of the running sums' dot products before and after it).
 __global__ void __launch_bounds__(NTH, 1) k_gdn_grad_v(float *gv, float *acc, bf16 *dval,
 						    const float *dst, const float *slots,
 						    const float *states, const float *aux,
+						    const bf16 *qn, const bf16 *kn,
 						    const bf16 *dout, const bf16 *v, int vs,
 						    const float *beta, const int *lens, int L,
 						    int nk, int nv, int dk, int dv, int first)
@@ -100,8 +134,8 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_grad_v(float *gv, float *acc, bf
 	const int NT = dk / 8, NH = (NT + 1) / 2, j0h = hf * NH, nh = NT - j0h < NH ? NT - j0h : NH;
 	const int nt = (dv + GV_TW - 1) / GV_TW, total = grp * nt;
 	const size_t t0 = (size_t)b * L + c0, SS = (size_t)dk * dv;
-	float *DD = sm + 2 * GV_BUF, *T = DD + GC * GV_LD, *Ga = T + GC * GV_LDT, *e = Ga + GC;
-	float *bet = e + GC, *xvs = bet + GC;	// xvs: x.v of the two warps of a row (2, GC)
+	float *HB = sm + GV_STAGES * GV_BUF, *rs = HB + GV_STAGES * GV_HEAD + GC * GV_LDK;
+	bf16 *Kh = (bf16 *)(HB + GV_STAGES * GV_HEAD), *Qh = Kh + GC * GV_LDK;
 
 	if (!aux || !*(const int *)aux || !n)
 		return;
@@ -110,91 +144,73 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_grad_v(float *gv, float *acc, bf
 	// dq, dk (Y1, Y2: over the key head's value heads), dW (Y3) of the warp's n-tiles of the
 	// half, dP or dT (PT: n-tiles 4 wn ..), the rows' partial sums
 	float Y1[4][4], Y2[4][4], Y3[4][4], PT[4][4];
-	float qzp = 0.f, dep = 0.f, sdp = 0.f, xva = 0.f, xvb = 0.f;
+	float sdp = 0.f, xva = 0.f, xvb = 0.f, qpa = 0.f, qpb = 0.f, kpa = 0.f, kpb = 0.f;
 	float gaa = 0.f, gab = 0.f, ea = 0.f, eb = 0.f;
 
 	wk_zero(Y1);
 	wk_zero(Y2);
 
-	// tile tau (value head tau / nt, columns (tau % nt) GV_TW ..) into buffer tau & 1 (a
-	// commit group of its own, empty past the last)
+	// tile tau (value head tau / nt, columns (tau % nt) GV_TW ..) into stage tau % GV_STAGES,
+	// with the value head's T, G and beta at its first tile (head buffer hg % GV_STAGES), K and
+	// Q with tile 0 (a commit group a tile, empty past the last)
 	auto fetch = [&](int tau) {
 		if (tau < total) {
 			const int hg = tau / nt, j0 = tau % nt * GV_TW, h = kh * grp + hg;
 			const int w = dv - j0 < GV_TW ? dv - j0 : GV_TW;
 			const size_t slot = ((size_t)gi * grp + hg) * nch + ch;
 			const struct fslot f = fslot_at((float *)slots, slot, dk, dv, 1);
-			const float *hd = adel + (size_t)hg * 2 * GC * dv;
-			float *B = sm + (tau & 1) * GV_BUF;
-			bf16 *dO = (bf16 *)(B + 6 * GC * GV_LD), *V = dO + GC * GV_LD;
+			float *B = sm + tau % GV_STAGES * GV_BUF;
+			bf16 *dO = (bf16 *)(B + 4 * GC * GV_LD), *V = dO + GC * GV_LD;
 			const size_t r0 = (size_t)8 * j0h * dv + j0;	// the half's first row
 
 			gv_ld(B, states + (((size_t)b * nch + ch) * nv + h) * SS + r0, dv, 8 * nh,
 			      8 * nh, w);
 			gv_ld(B + GC * GV_LD, dst + slot * SS + r0, dv, 8 * nh, 8 * nh, w);
-			gv_ld(B + 2 * GC * GV_LD, hd + j0, dv, GC, n, w);
+			gv_ld(B + 2 * GC * GV_LD, adel + (size_t)hg * 2 * GC * dv + j0, dv, GC, n, w);
 			gv_ld(B + 3 * GC * GV_LD, f.U + j0, dv, GC, n, w);
-			gv_ld(B + 4 * GC * GV_LD, f.W + j0, dv, GC, n, w);
-			if (!hf)
-				gv_ld(B + 5 * GC * GV_LD, hd + (size_t)GC * dv + j0, dv, GC, n, w);
 			ld_tile_bf(dO, GV_LD, dout + t0 * nv * dv + (size_t)h * dv + j0,
 				   (size_t)nv * dv, n, w, GV_TW);
 			ld_tile_bf(V, GV_LD, v + t0 * vs + (size_t)h * dv + j0, (size_t)vs, n, w,
 				   GV_TW);
+			if (!j0) {
+				float *T = HB + hg % GV_STAGES * GV_HEAD, *G = T + GC * GV_LDT;
+
+				ld_tile_f(T, GV_LDT, f.T, GC, GC, GC);
+				ld_tile_f(G, GC, f.G, GC, 1, GC);
+				if (tid < GC)
+					cp_async4(smem_u32(G + GC + tid),
+						  beta + (tid < n ? (t0 + tid) * nv + h : 0), tid < n);
+			}
+			if (!tau) {
+				const size_t o = t0 * nk * dk + (size_t)kh * dk + 8 * j0h;
+
+				ld_tile_bf(Kh, GV_LDK, kn + o, (size_t)nk * dk, n, 8 * nh, GC);
+				ld_tile_bf(Qh, GV_LDK, qn + o, (size_t)nk * dk, n, 8 * nh, GC);
+			}
 		}
 		cp_commit();
 	};
 
-	fetch(0);
+	for (int x = 0; x < GV_STAGES - 1; x++)
+		fetch(x);
 	for (int tau = 0; tau < total; tau++) {
 		const int hg = tau / nt, jt = tau % nt, j0 = jt * GV_TW, h = kh * grp + hg;
 		const size_t slot = ((size_t)gi * grp + hg) * nch + ch;
-		const float *B = sm + (tau & 1) * GV_BUF, *S0 = B, *dS = B + GC * GV_LD;
-		const float *DL = B + 2 * GC * GV_LD, *X = B + 3 * GC * GV_LD;
-		const float *KD = B + 4 * GC * GV_LD, *QS = B + 5 * GC * GV_LD;
-		const bf16 *dO = (const bf16 *)(B + 6 * GC * GV_LD), *V = dO + GC * GV_LD;
+		const float *B = sm + tau % GV_STAGES * GV_BUF, *S0 = B, *dS = B + GC * GV_LD;
+		const float *DL = B + 2 * GC * GV_LD, *DD = B + 3 * GC * GV_LD;
+		const bf16 *dO = (const bf16 *)(B + 4 * GC * GV_LD), *V = dO + GC * GV_LD;
+		const float *T = HB + hg % GV_STAGES * GV_HEAD, *G = T + GC * GV_LDT, *bet = G + GC;
 
-		if (!jt) {	// the value head's T and vectors (their last reader past a barrier)
-			const struct fslot f = fslot_at((float *)slots, slot, dk, dv, 1);
-
-			for (int x = tid; x < GC * GC; x += NTH)
-				T[x / GC * GV_LDT + x % GC] = f.T[x];
-			if (tid < GC) {
-				float G = f.G[tid];
-
-				Ga[tid] = expf(G);
-				e[tid] = expf(f.G[GC - 1] - G);
-				bet[tid] = tid < n ? beta[(t0 + tid) * nv + h] : 0.f;
-			}
+		fetch(tau + GV_STAGES - 1);
+		cp_wait2();
+		__syncthreads();
+		if (!jt) {	// the value head's first tile
 			wk_zero(Y3);
 			wk_zero(PT);
-			qzp = dep = sdp = xva = xvb = 0.f;
+			sdp = xva = xvb = 0.f;
+			gaa = expf(G[ra]), gab = expf(G[rb]);
+			ea = expf(G[GC - 1] - G[ra]), eb = expf(G[GC - 1] - G[rb]);
 		}
-		fetch(tau + 1);
-		cp_wait1();
-		__syncthreads();
-		if (!jt)
-			gaa = Ga[ra], gab = Ga[rb], ea = e[ra], eb = e[rb];
-		{	// dD = X + diag(e) KD; d.e, q.z (half 0) and <S0, dS> partial sums
-			const int r = tid >> 2;
-			const float er = e[r];
-
-			for (int j = tid & 3; j < GV_TW; j += 4) {
-				float kd = KD[r * GV_LD + j];
-
-				DD[r * GV_LD + j] = X[r * GV_LD + j] + er * kd;
-				if (!hf) {
-					dep += kd * DL[r * GV_LD + j];
-					qzp += QS[r * GV_LD + j] * bf(dO[r * GV_LD + j]);
-				}
-			}
-			for (int x = tid; x < 8 * nh * GV_TW; x += NTH) {
-				int i = x / GV_TW, j = x % GV_TW;
-
-				sdp += S0[i * GV_LD + j] * dS[i * GV_LD + j];
-			}
-		}
-		__syncthreads();
 		// the sums over the tile's columns: k-steps of 8 columns, the pairs (k, k + 1)
 #pragma unroll
 		for (int ks = 0; ks < GV_TW / 8; ks++) {
@@ -229,6 +245,8 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_grad_v(float *gv, float *acc, bf
 					mm_mma(Y1[u], aq, bs);
 					mm_mma(Y3[u], aD, bs);
 					mm_mma(Y2[u], ad, bq);
+					if (!wm)	// <S0, dS>: each element once, by warps 0 and 4
+						sdp += s.x * q.x + s.y * q.y;
 				}
 			}
 #pragma unroll
@@ -292,7 +310,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_grad_v(float *gv, float *acc, bf
 		if (jt == nt - 1) {	// the value head's dW (columns of the half), dP or dT, sums
 			float *gs = gv + slot * gv_floats(dk), *pt = gs + (size_t)GC * dk + hf * GC * GC;
 			float *vec = gs + (size_t)GC * dk + 2 * GC * GC + hf * 4 * GC;
-			float s;
+			float qa, qb, ka, kb, s;
 
 #pragma unroll
 			for (int u = 0; u < 4; u++) {
@@ -310,23 +328,33 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_grad_v(float *gv, float *acc, bf
 				*(float2 *)(pt + ra * GC + c) = make_float2(PT[u][0], PT[u][1]);
 				*(float2 *)(pt + rb * GC + c) = make_float2(PT[u][2], PT[u][3]);
 			}
-			xva = quad_sum(xva);
-			xvb = quad_sum(xvb);
-			if (!t)
-				xvs[wn * GC + ra] = xva, xvs[wn * GC + rb] = xvb;
-			if (!hf) {
-				float a = quad_sum(qzp), d = quad_sum(dep);
+			// q.z and d.e o e: this value head's share of Q o dq and K o dk
+			gv_rowdot(&qa, &qb, Y1, Qh, ra, rb, wn, nh, t);
+			gv_rowdot(&ka, &kb, Y2, Kh, ra, rb, wn, nh, t);
+			{
+				float d[6] = {qa - qpa, qb - qpb, ka - kpa, kb - kpb, xva, xvb};
 
-				if (!(tid & 3))
-					vec[tid >> 2] = a, vec[GC + (tid >> 2)] = d;
+				qpa = qa, qpb = qb, kpa = ka, kpb = kb;
+#pragma unroll
+				for (int x = 0; x < 6; x++)
+					d[x] = quad_sum(d[x]);
+				if (!t)
+#pragma unroll
+					for (int x = 0; x < 3; x++) {
+						rs[(2 * x + wn) * GC + ra] = d[2 * x];
+						rs[(2 * x + wn) * GC + rb] = d[2 * x + 1];
+					}
 			}
-			s = block_sum(sdp);	// (its barriers publish xvs)
+			s = block_sum(sdp);	// (its barriers publish rs)
 			if (tid < GC)
-				vec[2 * GC + tid] = xvs[tid] + xvs[GC + tid];
+#pragma unroll
+				for (int x = 0; x < 3; x++)
+					vec[x * GC + tid] = rs[2 * x * GC + tid] +
+							    rs[(2 * x + 1) * GC + tid];
 			if (!tid)
 				vec[3 * GC] = s;
 		}
-		__syncthreads();	// the buffer, dD and T free
+		__syncthreads();	// the stage free for tile tau + GV_STAGES's copies
 	}
 	{	// dq, dk: the columns of the half
 		float *aq = acc + ((size_t)gi * nch + ch) * 2 * GC * dk, *ak = aq + (size_t)GC * dk;

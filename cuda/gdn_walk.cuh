@@ -355,14 +355,17 @@ static __host__ size_t walk_bwd_smem(int dk, int dv)
 }
 
 // Block = slot of the wave's value heads (as k_gdn_bwd_h), after k_gdn_prep's full slots: dS at
-// every chunk's end into dst; KD = K dS over the slot's W where dv <= dk; ddelta = X + diag(e)
-// KD; dS = Ga_last dS + Q^T diag(Ga) dO - W^T ddelta.
+// every chunk's end into dst; KD = K dS; ddelta = X + diag(e) KD; dS = Ga_last dS + Q^T
+// diag(Ga) dO - W^T ddelta.  For the gradients: where aux is given with its flag set (the
+// forward's tiles, for k_gdn_grad_v), ddelta over the slot's X; else KD over the slot's W where
+// dv <= dk (for k_gdn_bwd_grad's own loop).
 __global__ void __launch_bounds__(NTH, 1) k_gdn_walk_bwd(float *dst, float *scr, const bf16 *dout,
 						      const bf16 *qn, const bf16 *kn,
-						      const int *lens, int L, int nk, int nv,
-						      int dk, int dv, int first)
+						      const float *aux, const int *lens, int L,
+						      int nk, int nv, int dk, int dv, int first)
 {
 #ifdef __CUDA_ARCH__
+	const bool dd = aux && *(const int *)aux;	// ddelta out (else KD)
 	extern __shared__ float sm[];
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 	const int ldk = wk_ldk(dk), ldw = dk + 4, ldo = wk_ldo(dv), grp = nv / nk;
@@ -433,7 +436,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_walk_bwd(float *dst, float *scr,
 						mm_mma(KD[m0 + q], a, bb[q]);
 				}
 			}
-			if (dv <= dk)	// for k_gdn_bwd_grad, over the slot's W (in shared memory)
+			if (!dd && dv <= dk)	// over the slot's W (in shared memory here)
 				wk_store_cols(f.W, KD, dv, col, t);
 			// ddelta^T = X^T + KD^T diag(e), as A operands times -1 (k-steps: positions)
 			unsigned A[GC / 8][4];
@@ -447,6 +450,8 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_walk_bwd(float *dst, float *scr,
 				X[m][2] += e0 * KD[m][2], X[m][3] += e1 * KD[m][3];
 				wk_afrag(A[m], X[m], -1.f, -1.f);
 			}
+			if (dd)	// over the slot's X (this lane's own elements)
+				wk_store_cols(f.U, X, dv, col, t);
 #pragma unroll
 			for (int j = 0; j < WK_NJ; j++) {
 				if (8 * j >= dk)
