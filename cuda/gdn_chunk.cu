@@ -156,10 +156,14 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 						(int)walk_bwd_smem(dk, dv)));
 	CUDA_CHECK(cudaFuncSetAttribute(k_gdn_bwd_grad,
 					cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gs));
-	if (gvr)
+	if (gvr) {
 		CUDA_CHECK(cudaFuncSetAttribute(k_gdn_grad_v,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
 						(int)grad_v_smem()));
+		CUDA_CHECK(cudaFuncSetAttribute(k_gdn_grad_k,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						(int)grad_k_smem()));
+	}
 	for (int first = 0; first < B * nk; first += per_wave) {
 		int ng = B * nk - first < per_wave ? B * nk - first : per_wave;
 		float *slots = dst + bwd_slots(per_wave, grp, nch, dk, dv);
@@ -199,6 +203,12 @@ extern "C" void sl_cuda_gdn_chunk_bwd(struct sl_cuda *c, void *dqn, void *dkn, v
 			(const bf16 *)qn, (const bf16 *)kn, (const bf16 *)v, vs, beta, g, lens, L,
 			nk, nv, dk, dv, first, gvr ? gv : NULL);
 		CUDA_LAUNCHED();
+		if (gvr) {
+			k_gdn_grad_k<<<ng * nch * 2, NTH, grad_k_smem(), c->stream>>>(
+				(bf16 *)dqn, (bf16 *)dkn, gv, acc, slots, aux, (const bf16 *)qn,
+				(const bf16 *)kn, beta, lens, L, nk, nv, dk, dv, first);
+			CUDA_LAUNCHED();
+		}
 	}
 }
 

@@ -928,7 +928,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 						      const bf16 *v, int vs, const float *beta,
 						      const float *g, const int *lens, int L, int nk,
 						      int nv, int dk, int dv, int first,
-						      const float *gv)
+						      float *gv)
 {
 	extern __shared__ float sm[];
 	struct tl c;
@@ -945,6 +945,8 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 	// the forward's delta and diag(Ga) Q S0 of the chunk's first value head, where it left them
 	const float *adel = aux && *(const int *)aux ?
 		aux + AUX_HEAD + (((size_t)b * nch + ch) * nv + kh * grp) * 2 * GC * dv : NULL;
+	// k_gdn_grad_v ran (the sums over the value columns) and k_gdn_grad_k makes dq, dk
+	const bool pre = gv && adel;
 
 	gq_carve(&q, tl_carve(&c, sm, dk), dk);
 	U = (float *)q.V;
@@ -990,12 +992,12 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 		} else {
 			tc_local(&c, qn, kn, beta, g, t0, n, nk, nv, dk, kh, h);
 		}
-		// k_gdn_grad_v's sums over the value columns (dq, dk in acc; its d.e is d.e o e)
-		const bool pre = gv && hd;
+		// k_gdn_grad_v's sums over the value columns (its d.e is d.e o e), and room for
+		// M and D + D^T for k_gdn_grad_k (over dP, dT)
+		float *gs = pre ? gv + (((size_t)gi * grp + h - kh * grp) * nch + ch) *
+					       gv_floats(dk) : NULL;
 
 		if (pre) {
-			const float *gs = gv + (((size_t)gi * grp + h - kh * grp) * nch + ch) *
-						       gv_floats(dk);
 			const float *vec = gs + (size_t)GC * dk + 2 * GC * GC;
 
 			ld_tile_f(q.dW, ldw, gs, dk, GC, dk);
@@ -1112,9 +1114,10 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 				q.dG[r] = (hd ? 1.f : c.Ga[r]) * q.qz[r] -
 					  q.de[r] * (pre ? 1.f : c.e[r]) + a;
 		}
-		// X2 = T^T dW (into R, D, dD, spent); U = dW K^T
-		tc_mm(GC, dk, GC, mm_f(c.T, 1, ldg), mm_f(q.dW, ldw, 1), NULL, NULL, 1.f, 0.f, q.R,
-		      ldw, 1);
+		// X2 = T^T dW (into R, D, dD, spent; pre: k_gdn_grad_k's); U = dW K^T
+		if (!pre)
+			tc_mm(GC, dk, GC, mm_f(c.T, 1, ldg), mm_f(q.dW, ldw, 1), NULL, NULL, 1.f, 0.f,
+			      q.R, ldw, 1);
 		tc_mm(GC, GC, dk, mm_f(q.dW, ldw, 1), mm_b(c.K, 1, ldk), NULL, NULL, 1.f, 0.f, U,
 		      ldg, 1);
 		__syncthreads();
@@ -1134,8 +1137,12 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 			const int r = QROW();
 			float a = 0.f;
 
-			FOR_Q(i, dk)
-				a += q.R[r * ldw + i] * bf(c.K[r * ldk + i]);
+			if (pre)	// (X2 o K) 1 = (T o U) summed over the rows
+				FOR_Q(s, GC)
+					a += c.T[s * ldg + r] * U[s * ldg + r];
+			else
+				FOR_Q(i, dk)
+					a += q.R[r * ldw + i] * bf(c.K[r * ldk + i]);
 			a = quad_sum(a);
 			if (!(tid & 3)) {
 				if (r == GC - 1) {
@@ -1150,16 +1157,21 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 			}
 		}
 		__syncthreads();
-		// dq += M K, dk += M^T Q; dP2 = dT T^T (into U)
-		tc_mm(GC, dk, GC, mm_f(q.dP, ldg, 1), mm_b(c.K, ldk, 1), NULL, NULL, 1.f, 1.f, accq,
-		      dk, 1);
-		tc_mm(GC, dk, GC, mm_f(q.dP, 1, ldg), mm_b(c.Q, ldk, 1), NULL, NULL, 1.f, 1.f, acck,
-		      dk, 1);
+		// dq += M K, dk += M^T Q (pre: M out for k_gdn_grad_k); dP2 = dT T^T (into U)
+		if (pre) {
+			cp_tile_f(gs + (size_t)GC * dk, GC, q.dP, ldg, GC, GC);
+		} else {
+			tc_mm(GC, dk, GC, mm_f(q.dP, ldg, 1), mm_b(c.K, ldk, 1), NULL, NULL, 1.f, 1.f,
+			      accq, dk, 1);
+			tc_mm(GC, dk, GC, mm_f(q.dP, 1, ldg), mm_b(c.Q, ldk, 1), NULL, NULL, 1.f, 1.f,
+			      acck, dk, 1);
+		}
 		tc_mm(GC, GC, GC, mm_f(q.dT, ldg, 1), mm_f(c.T, 1, ldg), NULL, NULL, 1.f, 0.f, U,
 		      ldg, 1);
 		__syncthreads();
 		// dk += diag(beta Ga) X2; dA = -T^T dP2 into dT (its s < r part is dA's)
-		acc_rows(acck, dk, q.R, ldw, c.bg, dk);
+		if (!pre)
+			acc_rows(acck, dk, q.R, ldw, c.bg, dk);
 		tc_mm(GC, GC, GC, mm_f(c.T, 1, ldg), mm_f(U, ldg, 1), NULL, NULL, -1.f, 0.f, q.dT,
 		      ldg, 1);
 		__syncthreads();
@@ -1191,9 +1203,12 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 				U[r * ldg + s] = U[s * ldg + r] = d;
 		}
 		__syncthreads();
-		// dk += (D + D^T) K
-		tc_mm(GC, dk, GC, mm_f(U, ldg, 1), mm_b(c.K, ldk, 1), NULL, NULL, 1.f, 1.f, acck, dk,
-		      1);
+		// dk += (D + D^T) K (pre: D + D^T out for k_gdn_grad_k)
+		if (pre)
+			cp_tile_f(gs + (size_t)GC * dk + GC * GC, GC, U, ldg, GC, GC);
+		else
+			tc_mm(GC, dk, GC, mm_f(U, ldg, 1), mm_b(c.K, ldk, 1), NULL, NULL, 1.f, 1.f,
+			      acck, dk, 1);
 		if (tid < GC && c0 + tid < L) {	// dg = the reverse cumulative sum of dG; dbeta
 			int r = tid;
 			float a = 0.f;
@@ -1204,6 +1219,8 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_bwd_grad(bf16 *dqn, bf16 *dkn, b
 			dg[(t0 + r) * nv + h] = tobf(r < n ? a : 0.f);
 		}
 	}
+	if (pre)	// (k_gdn_grad_k's)
+		return;
 	__syncthreads();
 	acc_out(dqn + t0 * nk * dk + (size_t)kh * dk, accq, rows, n, nk * dk, dk);
 	acc_out(dkn + t0 * nk * dk + (size_t)kh * dk, acck, rows, n, nk * dk, dk);

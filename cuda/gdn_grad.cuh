@@ -375,4 +375,197 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_grad_v(float *gv, float *acc, bf
 #endif
 }
 
+// ---- dq and dk through the GC x GC part ---------------------------------------------------------
+//
+// k_gdn_bwd_grad (given gv) leaves M = dP o E and D + D^T of each value head over its dP and dT
+// in gv; what they and X2 = T^T dW give dq and dk is a sum over the chunk's positions s with a
+// GC x dk result:
+//   dq += M K        dk += M^T Q + (D + D^T) K + diag(beta Ga) T^T dW
+// Block (group, chunk, half of dk) as k_gdn_grad_v's: each warp holds its dq, dk tiles (those
+// of k_gdn_grad_v's accumulators) from k_gdn_grad_v's sums in acc, adds the value heads' terms
+// in order (the next head's operands copied meanwhile) and writes dq, dk as bf16.  M is lower
+// triangular and T^T upper: their products skip the k-steps that are zero.
+
+#define GV_LDM (GC + 8)		// M and D + D^T (pairs of a row; M^T's elements 2-way)
+// a value head's operands: M, D + D^T (GC, GV_LDM), T, dW's half (GC, GV_LDT), G, beta (GC)
+#define GK_BUF (2 * GC * GV_LDM + 2 * GC * GV_LDT + 2 * GC)
+
+static __host__ size_t grad_k_smem(void)
+{
+	return ((size_t)2 * GK_BUF + GC * GV_LDK) * sizeof(float);
+}
+
+#ifdef __CUDA_ARCH__
+// a bf16 as the bits of a tf32 (exact)
+static __device__ __forceinline__ unsigned gv_bft(const bf16 *p)
+{
+	return (unsigned)*(const unsigned short *)p << 16;
+}
+#endif
+
+__global__ void __launch_bounds__(NTH, 1) k_gdn_grad_k(bf16 *dqn, bf16 *dkn, const float *gv,
+						    const float *acc, const float *slots,
+						    const float *aux, const bf16 *qn,
+						    const bf16 *kn, const float *beta,
+						    const int *lens, int L, int nk, int nv, int dk,
+						    int dv, int first)
+{
+#ifdef __CUDA_ARCH__
+	extern __shared__ float sm[];
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+	const int wm = warp & 3, wn = warp >> 2, ra = 16 * wm + g, rb = ra + 8, grp = nv / nk;
+	const int nch = (L + GC - 1) / GC, hf = blockIdx.x & 1, gc = blockIdx.x >> 1;
+	const int gi = gc / nch, ch = gc % nch, bk = first + gi, b = bk / nk, kh = bk % nk;
+	const int c0 = ch * GC, n = chunk_n(lens[b], c0);
+	const int NT = dk / 8, NH = (NT + 1) / 2, j0h = hf * NH, nh = NT - j0h < NH ? NT - j0h : NH;
+	const size_t t0 = (size_t)b * L + c0;
+	bf16 *Kh = (bf16 *)(sm + 2 * GK_BUF), *Qh = Kh + GC * GV_LDK;
+	float Dq[4][4], Dk[4][4];
+
+	if (!aux || !*(const int *)aux || !n)
+		return;
+
+	// value head hg's operands into buffer hg & 1, K and Q with head 0 (a commit group each)
+	auto fetch = [&](int hg) {
+		if (hg < grp) {
+			const size_t slot = ((size_t)gi * grp + hg) * nch + ch;
+			const struct fslot f = fslot_at((float *)slots, slot, dk, dv, 1);
+			const float *gs = gv + slot * gv_floats(dk);
+			float *M = sm + (hg & 1) * GK_BUF, *D = M + GC * GV_LDM, *T = D + GC * GV_LDM;
+			float *W = T + GC * GV_LDT, *G = W + GC * GV_LDT;
+			const int h = kh * grp + hg;
+
+			ld_tile_f(M, GV_LDM, gs + (size_t)GC * dk, GC, GC, GC);
+			ld_tile_f(D, GV_LDM, gs + (size_t)GC * dk + GC * GC, GC, GC, GC);
+			ld_tile_f(T, GV_LDT, f.T, GC, GC, GC);
+			ld_tile_f(W, GV_LDT, gs + 8 * j0h, dk, GC, 8 * nh);
+			ld_tile_f(G, GC, f.G, GC, 1, GC);
+			if (tid < GC)
+				cp_async4(smem_u32(G + GC + tid),
+					  beta + (tid < n ? (t0 + tid) * nv + h : 0), tid < n);
+			if (!hg) {
+				const size_t o = t0 * nk * dk + (size_t)kh * dk + 8 * j0h;
+
+				ld_tile_bf(Kh, GV_LDK, kn + o, (size_t)nk * dk, n, 8 * nh, GC);
+				ld_tile_bf(Qh, GV_LDK, qn + o, (size_t)nk * dk, n, 8 * nh, GC);
+			}
+		}
+		cp_commit();
+	};
+
+	fetch(0);
+	{	// k_gdn_grad_v's sums: the warp's tiles of the half
+		const float *aq = acc + ((size_t)gi * nch + ch) * 2 * GC * dk;
+		const float *ak = aq + (size_t)GC * dk;
+
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			const int jl = wn + 2 * u, i = 8 * (j0h + jl) + 2 * t;
+			float2 a = make_float2(0.f, 0.f), c = a, p = a, q = a;
+
+			if (jl < nh) {
+				a = *(const float2 *)(aq + ra * dk + i);
+				c = *(const float2 *)(aq + rb * dk + i);
+				p = *(const float2 *)(ak + ra * dk + i);
+				q = *(const float2 *)(ak + rb * dk + i);
+			}
+			Dq[u][0] = a.x, Dq[u][1] = a.y, Dq[u][2] = c.x, Dq[u][3] = c.y;
+			Dk[u][0] = p.x, Dk[u][1] = p.y, Dk[u][2] = q.x, Dk[u][3] = q.y;
+		}
+	}
+	for (int hg = 0; hg < grp; hg++) {
+		const float *M = sm + (hg & 1) * GK_BUF, *D = M + GC * GV_LDM, *T = D + GC * GV_LDM;
+		const float *W = T + GC * GV_LDT, *G = W + GC * GV_LDT, *bet = G + GC;
+
+		fetch(hg + 1);
+		cp_wait1();
+		__syncthreads();
+		const float bga = bet[ra] * expf(G[ra]), bgb = bet[rb] * expf(G[rb]);
+
+		// dq += M K: k-steps s <= r
+		for (int ks = 0; ks <= 2 * wm + 1; ks++) {
+			const int k = 8 * ks + 2 * t;
+			const float2 m0 = *(const float2 *)(M + ra * GV_LDM + k);
+			const float2 m1 = *(const float2 *)(M + rb * GV_LDM + k);
+			unsigned a[4] = {mm_tf32(m0.x), mm_tf32(m1.x), mm_tf32(m0.y), mm_tf32(m1.y)};
+
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const int c = 8 * (wn + 2 * u) + g;
+
+				if (wn + 2 * u < nh) {
+					unsigned bb[2] = {gv_bft(Kh + k * GV_LDK + c),
+							  gv_bft(Kh + (k + 1) * GV_LDK + c)};
+
+					mm_mma(Dq[u], a, bb);
+				}
+			}
+		}
+		// dk += (D + D^T) K, and over s >= r: M^T Q, diag(beta Ga) T^T dW
+#pragma unroll 2
+		for (int ks = 0; ks < GC / 8; ks++) {
+			const int k = 8 * ks + 2 * t;
+			const float2 d0 = *(const float2 *)(D + ra * GV_LDM + k);
+			const float2 d1 = *(const float2 *)(D + rb * GV_LDM + k);
+			unsigned a[4] = {mm_tf32(d0.x), mm_tf32(d1.x), mm_tf32(d0.y), mm_tf32(d1.y)};
+			unsigned am[4], at[4];
+			const bool up = ks >= 2 * wm;
+
+			if (up) {
+				am[0] = mm_tf32(M[k * GV_LDM + ra]);
+				am[1] = mm_tf32(M[k * GV_LDM + rb]);
+				am[2] = mm_tf32(M[(k + 1) * GV_LDM + ra]);
+				am[3] = mm_tf32(M[(k + 1) * GV_LDM + rb]);
+				at[0] = mm_tf32(bga * T[k * GV_LDT + ra]);
+				at[1] = mm_tf32(bgb * T[k * GV_LDT + rb]);
+				at[2] = mm_tf32(bga * T[(k + 1) * GV_LDT + ra]);
+				at[3] = mm_tf32(bgb * T[(k + 1) * GV_LDT + rb]);
+			}
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const int c = 8 * (wn + 2 * u) + g;
+
+				if (wn + 2 * u < nh) {
+					unsigned bk[2] = {gv_bft(Kh + k * GV_LDK + c),
+							  gv_bft(Kh + (k + 1) * GV_LDK + c)};
+
+					mm_mma(Dk[u], a, bk);
+					if (up) {
+						unsigned bq[2] = {gv_bft(Qh + k * GV_LDK + c),
+								  gv_bft(Qh + (k + 1) * GV_LDK + c)};
+						unsigned bw[2] = {mm_tf32(W[k * GV_LDT + c]),
+								  mm_tf32(W[(k + 1) * GV_LDT + c])};
+
+						mm_mma(Dk[u], am, bq);
+						mm_mma(Dk[u], at, bw);
+					}
+				}
+			}
+		}
+		__syncthreads();	// the buffer free for head hg + 2's copies
+	}
+	// out as bf16: the record's rows (0 past its end)
+#pragma unroll
+	for (int u = 0; u < 4; u++) {
+		const int jl = wn + 2 * u, i = 8 * (j0h + jl) + 2 * t;
+
+		if (jl >= nh)
+			continue;
+#pragma unroll
+		for (int hi = 0; hi < 2; hi++) {
+			const int r = hi ? rb : ra;
+			const size_t o = (t0 + r) * nk * dk + (size_t)kh * dk + i;
+
+			if (c0 + r >= L)
+				continue;
+			dqn[o] = tobf(r < n ? Dq[u][2 * hi] : 0.f);
+			dqn[o + 1] = tobf(r < n ? Dq[u][2 * hi + 1] : 0.f);
+			dkn[o] = tobf(r < n ? Dk[u][2 * hi] : 0.f);
+			dkn[o + 1] = tobf(r < n ? Dk[u][2 * hi + 1] : 0.f);
+		}
+	}
+	cp_wait_all();
+#endif
+}
+
 #endif
