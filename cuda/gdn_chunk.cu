@@ -17,7 +17,11 @@
 // (k_gdn_prep), so that the sequential pass has two or three products a chunk (k_gdn_walk_fwd,
 // k_gdn_walk_bwd: the state in registers, gdn_walk.cuh; k_gdn_fwd_h, k_gdn_bwd_h: in shared
 // memory); the forward's register walk makes each chunk's output on the way (split 3, the
-// default), else a third pass makes it for every chunk at once (k_gdn_fwd_o).
+// default), else a third pass makes it for every chunk at once (k_gdn_fwd_o).  With the state
+// in registers (split 2, 3) and dv <= dk the backward's gradients run in three kernels
+// (gdn_grad.cuh): k_gdn_grad_v, the sums over the value columns in registers; k_gdn_bwd_grad,
+// the GC x GC part (dbeta, dg, and the matrices M, D + D^T); k_gdn_grad_k, dq and dk through
+// those in registers.
 // Every product runs on the tensor cores (tc_mm.cuh: tf32 operands, fp32 sums and states).  The
 // backward grows the scratch to hold every (record, key head) group's dS and dq, dk once, where
 // the device has room; else it runs in waves of groups that fit.

@@ -80,6 +80,30 @@ static __device__ __forceinline__ void gv_ld(float *dst, const float *src, size_
 	}
 }
 
+// a value head's T (stride GV_LDT), then G and beta (GC each) by cp.async
+static __device__ __forceinline__ void gv_ld_head(float *T, const struct fslot *f,
+						  const float *beta, size_t t0, int n, int nv, int h)
+{
+	float *G = T + GC * GV_LDT;
+	const int r = threadIdx.x;
+
+	ld_tile_f(T, GV_LDT, f->T, GC, GC, GC);
+	ld_tile_f(G, GC, f->G, GC, 1, GC);
+	if (r < GC)
+		cp_async4(smem_u32(G + GC + r), beta + (r < n ? (t0 + r) * nv + h : 0), r < n);
+}
+
+// the key head's K and Q, columns [8 j0h, 8 (j0h + nh)), into (GC, GV_LDK) bf16 tiles
+static __device__ __forceinline__ void gv_ld_kq(bf16 *Kh, bf16 *Qh, const bf16 *kn,
+						const bf16 *qn, size_t t0, int n, int nk, int dk,
+						int kh, int j0h, int nh)
+{
+	const size_t o = t0 * nk * dk + (size_t)kh * dk + 8 * j0h;
+
+	ld_tile_bf(Kh, GV_LDK, kn + o, (size_t)nk * dk, n, 8 * nh, GC);
+	ld_tile_bf(Qh, GV_LDK, qn + o, (size_t)nk * dk, n, 8 * nh, GC);
+}
+
 // the dot products of rows ra, rb of this lane's accumulators (n-tiles wn + 2 u of the half) and
 // of a bf16 (GC, GV_LDK) tile of the half's columns, over the lane's columns
 static __device__ __forceinline__ void gv_rowdot(float *da, float *db, const float (&Y)[4][4],
@@ -172,21 +196,10 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_grad_v(float *gv, float *acc, bf
 				   (size_t)nv * dv, n, w, GV_TW);
 			ld_tile_bf(V, GV_LD, v + t0 * vs + (size_t)h * dv + j0, (size_t)vs, n, w,
 				   GV_TW);
-			if (!j0) {
-				float *T = HB + hg % GV_STAGES * GV_HEAD, *G = T + GC * GV_LDT;
-
-				ld_tile_f(T, GV_LDT, f.T, GC, GC, GC);
-				ld_tile_f(G, GC, f.G, GC, 1, GC);
-				if (tid < GC)
-					cp_async4(smem_u32(G + GC + tid),
-						  beta + (tid < n ? (t0 + tid) * nv + h : 0), tid < n);
-			}
-			if (!tau) {
-				const size_t o = t0 * nk * dk + (size_t)kh * dk + 8 * j0h;
-
-				ld_tile_bf(Kh, GV_LDK, kn + o, (size_t)nk * dk, n, 8 * nh, GC);
-				ld_tile_bf(Qh, GV_LDK, qn + o, (size_t)nk * dk, n, 8 * nh, GC);
-			}
+			if (!j0)
+				gv_ld_head(HB + hg % GV_STAGES * GV_HEAD, &f, beta, t0, n, nv, h);
+			if (!tau)
+				gv_ld_kq(Kh, Qh, kn, qn, t0, n, nk, dk, kh, j0h, nh);
 		}
 		cp_commit();
 	};
@@ -387,7 +400,7 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_grad_v(float *gv, float *acc, bf
 // triangular and T^T upper: their products skip the k-steps that are zero.
 
 #define GV_LDM (GC + 8)		// M and D + D^T (pairs of a row; M^T's elements 2-way)
-// a value head's operands: M, D + D^T (GC, GV_LDM), T, dW's half (GC, GV_LDT), G, beta (GC)
+// a value head's operands: M, D + D^T (GC, GV_LDM), dW's half, T (GC, GV_LDT), G, beta (GC)
 #define GK_BUF (2 * GC * GV_LDM + 2 * GC * GV_LDT + 2 * GC)
 
 static __host__ size_t grad_k_smem(void)
@@ -431,24 +444,14 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_grad_k(bf16 *dqn, bf16 *dkn, con
 			const size_t slot = ((size_t)gi * grp + hg) * nch + ch;
 			const struct fslot f = fslot_at((float *)slots, slot, dk, dv, 1);
 			const float *gs = gv + slot * gv_floats(dk);
-			float *M = sm + (hg & 1) * GK_BUF, *D = M + GC * GV_LDM, *T = D + GC * GV_LDM;
-			float *W = T + GC * GV_LDT, *G = W + GC * GV_LDT;
-			const int h = kh * grp + hg;
+			float *M = sm + (hg & 1) * GK_BUF, *D = M + GC * GV_LDM, *W = D + GC * GV_LDM;
 
 			ld_tile_f(M, GV_LDM, gs + (size_t)GC * dk, GC, GC, GC);
 			ld_tile_f(D, GV_LDM, gs + (size_t)GC * dk + GC * GC, GC, GC, GC);
-			ld_tile_f(T, GV_LDT, f.T, GC, GC, GC);
 			ld_tile_f(W, GV_LDT, gs + 8 * j0h, dk, GC, 8 * nh);
-			ld_tile_f(G, GC, f.G, GC, 1, GC);
-			if (tid < GC)
-				cp_async4(smem_u32(G + GC + tid),
-					  beta + (tid < n ? (t0 + tid) * nv + h : 0), tid < n);
-			if (!hg) {
-				const size_t o = t0 * nk * dk + (size_t)kh * dk + 8 * j0h;
-
-				ld_tile_bf(Kh, GV_LDK, kn + o, (size_t)nk * dk, n, 8 * nh, GC);
-				ld_tile_bf(Qh, GV_LDK, qn + o, (size_t)nk * dk, n, 8 * nh, GC);
-			}
+			gv_ld_head(W + GC * GV_LDT, &f, beta, t0, n, nv, kh * grp + hg);
+			if (!hg)
+				gv_ld_kq(Kh, Qh, kn, qn, t0, n, nk, dk, kh, j0h, nh);
 		}
 		cp_commit();
 	};
@@ -474,8 +477,8 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_grad_k(bf16 *dqn, bf16 *dkn, con
 		}
 	}
 	for (int hg = 0; hg < grp; hg++) {
-		const float *M = sm + (hg & 1) * GK_BUF, *D = M + GC * GV_LDM, *T = D + GC * GV_LDM;
-		const float *W = T + GC * GV_LDT, *G = W + GC * GV_LDT, *bet = G + GC;
+		const float *M = sm + (hg & 1) * GK_BUF, *D = M + GC * GV_LDM, *W = D + GC * GV_LDM;
+		const float *T = W + GC * GV_LDT, *G = T + GC * GV_LDT, *bet = G + GC;
 
 		fetch(hg + 1);
 		cp_wait1();

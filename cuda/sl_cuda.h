@@ -173,7 +173,8 @@ void sl_cuda_gdn_rule_bwd(struct sl_cuda *c, void *dqn, void *dkn, void *dval, v
  * slot; else in one kernel) and the backward's state pass in two (else one kernel); the passes
  * over the chunks hold the state in shared memory (split 1) or, where the shape allows, in
  * registers (cuda/gdn_walk.cuh; split 2: the forward's output by a pass of its own, 3: by the
- * walk). */
+ * walk); with either, where dv <= dk and the forward left its tiles in aux, the backward's
+ * gradients hold their sums in registers too (cuda/gdn_grad.cuh). */
 int sl_cuda_gdn_chunk_fits(struct sl_cuda *c, int dk, int dv, int L, int nk, int nv);
 /* aux: room (sl_cuda_gdn_chunk_aux floats; NULL: none) where the forward leaves every chunk's
  * delta and diag(Ga) Q S0 for the backward, with a flag saying so (the caller zeroes its first 4

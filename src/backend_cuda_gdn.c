@@ -63,12 +63,15 @@ static void cuda_gdn_rule_bwd(struct sl_backend *be, void *dqn, void *dkn, void 
  * the state in registers (cuda/gdn_walk.cuh) where the shape allows (key dim a multiple of 8),
  * the forward's making each chunk's output on the way (SHARDLM_GDN_WALK=registers-state: a
  * third pass makes it, k_gdn_fwd_o; SHARDLM_GDN_WALK=shared: the walks in shared memory, and
- * that third pass).  The chunked forwards leave the backward every chunk's delta and diag(Ga) Q
+ * that third pass, and the backward's gradients in one kernel: with either register walk, where
+ * the value dim is at most the key dim, they hold their sums in registers too,
+ * cuda/gdn_grad.cuh).  The chunked forwards leave the backward every chunk's delta and diag(Ga) Q
  * S0 past the states (gdn_states_extra; the trainer clears it where the memory plan has no
  * room), and set the flag there that says so (the recurrence clears it).  On the H200 at the 4B
  * layer (2026-12-02): the default forward 0.92 ms (the walk making the output; by a third pass
  * 1.20, the walk in shared memory 1.40), the one-kernel forward 1.40; the two-pass backward
- * 4.96 ms (its walk in shared memory 5.11), one kernel's 5.92.  A shape they do not take (key
+ * 3.33 ms (its walk in shared memory and its gradients in one kernel 5.11), one kernel's
+ * 5.92.  A shape they do not take (key
  * dim over 128, a group's share of the backward's scratch over 4 GiB or the device's room), or
  * a chunk of rows with a start or end state (context parallel), runs the recurrence.
  */

@@ -377,14 +377,16 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 	/*
 	 * cuda/gdn_chunk.cu: the chunked delta rule's backward grows the context's scratch to hold,
 	 * for every chunk of the micro-batch (at most T / 64 + B), dS at its end for all value heads,
-	 * dq, dk in fp32 for all key heads and k_gdn_prep's slot for every value head (W, X, P, T,
-	 * A and G: 64 x (dk + dv + 3 x 64) + 64 floats), when the device has room (else it runs in
-	 * waves within what it has); the three-pass forward needs smaller slots alone
+	 * dq, dk in fp32 for all key heads, k_gdn_prep's slot for every value head (W, X, P, T,
+	 * A and G: 64 x (dk + dv + 3 x 64) + 64 floats) and k_gdn_grad_v's (dW, dP, dT and the rows'
+	 * sums: 64 x (dk + 2 x 64 + 8)), when the device has room (else it runs in waves within
+	 * what it has); the three-pass forward needs smaller slots alone
 	 */
 	if (p->cuda && mc->lin_nv) {
 		size_t nch = T / 64 + B;
 		size_t dst = nch * ((mc->lin_nv * mc->lin_dv + 2 * 64 * mc->lin_nk) * mc->lin_dk +
-				    mc->lin_nv * (64 * (size_t)(mc->lin_dk + mc->lin_dv + 192) + 64)) *
+				    mc->lin_nv * (64 * (size_t)(2 * mc->lin_dk + mc->lin_dv + 328) +
+						  64)) *
 			     sizeof(float);
 
 		if (dst > CUDA_SCRATCH)

@@ -8,9 +8,10 @@
  * and gradients, cuda against cpu.  The gated delta rule's cases run with each delta-rule kernel
  * (gdn.cu's recurrence; gdn_chunk.cu's chunked form: the default, its forward the chunk-local
  * pass then the walk over the chunks making the output, its backward's state pass in two, the
- * state walked in registers; the same with the output by a pass of its own
- * (SHARDLM_GDN_WALK=registers-state) and walked in shared memory (SHARDLM_GDN_WALK=shared); the
- * forward in one kernel with either backward: a cuda backend each, made under
+ * state walked in registers and, where dv <= dk, the gradients' sums in registers; the same
+ * with the output by a pass of its own (SHARDLM_GDN_WALK=registers-state) and walked in shared
+ * memory with the one-kernel gradients (SHARDLM_GDN_WALK=shared); the forward in one kernel
+ * with either backward: a cuda backend each, made under
  * SHARDLM_GDN_KERNEL), the model with the recurrence, the default and the one-kernel forward;
  * then, at the Qwen3.5 4B layer's shape, the default against the recurrence, the one-kernel
  * forward with the fused and the two-pass backward, and the two other walks, timed.
