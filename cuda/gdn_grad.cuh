@@ -80,6 +80,28 @@ static __device__ __forceinline__ void gv_ld(float *dst, const float *src, size_
 	}
 }
 
+// block (group first + gi of the wave, chunk ch, half hf of dk) of k_gdn_grad_v / _k: its
+// record b, key head kh, first row c0 (t0 of all), the chunk's rows in the record n, and the
+// half's n-tiles of dk [j0h, j0h + nh) (nh 0 for half 1 where dk is 8)
+struct gvb {
+	int hf, gi, ch, b, kh, c0, n, j0h, nh;
+	size_t t0;
+};
+
+static __device__ __forceinline__ struct gvb gv_block(const int *lens, int L, int nk, int dk,
+						      int first)
+{
+	const int nch = (L + GC - 1) / GC, gc = blockIdx.x >> 1, NH = (dk / 8 + 1) / 2;
+	struct gvb k;
+
+	k.hf = blockIdx.x & 1, k.gi = gc / nch, k.ch = gc % nch;
+	k.b = (first + k.gi) / nk, k.kh = (first + k.gi) % nk;
+	k.c0 = k.ch * GC, k.n = chunk_n(lens[k.b], k.c0);
+	k.j0h = k.hf * NH, k.nh = dk / 8 - k.j0h < NH ? dk / 8 - k.j0h : NH;
+	k.t0 = (size_t)k.b * L + k.c0;
+	return k;
+}
+
 // a value head's T (stride GV_LDT), then G and beta (GC each) by cp.async
 static __device__ __forceinline__ void gv_ld_head(float *T, const struct fslot *f,
 						  const float *beta, size_t t0, int n, int nv, int h)
@@ -151,13 +173,11 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_grad_v(float *gv, float *acc, bf
 	extern __shared__ float sm[];
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 	const int wm = warp & 3, wn = warp >> 2, ra = 16 * wm + g, rb = ra + 8, grp = nv / nk;
-	const int nch = (L + GC - 1) / GC, hf = blockIdx.x & 1, gc = blockIdx.x >> 1;
-	const int gi = gc / nch, ch = gc % nch, bk = first + gi, b = bk / nk, kh = bk % nk;
-	const int c0 = ch * GC, n = chunk_n(lens[b], c0);
-	// the half's n-tiles of dk: [j0h, j0h + nh) (nh 0 for half 1 where dk is 8)
-	const int NT = dk / 8, NH = (NT + 1) / 2, j0h = hf * NH, nh = NT - j0h < NH ? NT - j0h : NH;
-	const int nt = (dv + GV_TW - 1) / GV_TW, total = grp * nt;
-	const size_t t0 = (size_t)b * L + c0, SS = (size_t)dk * dv;
+	const int nch = (L + GC - 1) / GC, nt = (dv + GV_TW - 1) / GV_TW, total = grp * nt;
+	const struct gvb blk = gv_block(lens, L, nk, dk, first);
+	const int hf = blk.hf, gi = blk.gi, ch = blk.ch, b = blk.b, kh = blk.kh, c0 = blk.c0;
+	const int n = blk.n, j0h = blk.j0h, nh = blk.nh;
+	const size_t t0 = blk.t0, SS = (size_t)dk * dv;
 	float *HB = sm + GV_STAGES * GV_BUF, *rs = HB + GV_STAGES * GV_HEAD + GC * GV_LDK;
 	bf16 *Kh = (bf16 *)(HB + GV_STAGES * GV_HEAD), *Qh = Kh + GC * GV_LDK;
 
@@ -427,11 +447,11 @@ __global__ void __launch_bounds__(NTH, 1) k_gdn_grad_k(bf16 *dqn, bf16 *dkn, con
 	extern __shared__ float sm[];
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 	const int wm = warp & 3, wn = warp >> 2, ra = 16 * wm + g, rb = ra + 8, grp = nv / nk;
-	const int nch = (L + GC - 1) / GC, hf = blockIdx.x & 1, gc = blockIdx.x >> 1;
-	const int gi = gc / nch, ch = gc % nch, bk = first + gi, b = bk / nk, kh = bk % nk;
-	const int c0 = ch * GC, n = chunk_n(lens[b], c0);
-	const int NT = dk / 8, NH = (NT + 1) / 2, j0h = hf * NH, nh = NT - j0h < NH ? NT - j0h : NH;
-	const size_t t0 = (size_t)b * L + c0;
+	const int nch = (L + GC - 1) / GC;
+	const struct gvb blk = gv_block(lens, L, nk, dk, first);
+	const int gi = blk.gi, ch = blk.ch, kh = blk.kh, c0 = blk.c0, n = blk.n, j0h = blk.j0h;
+	const int nh = blk.nh;
+	const size_t t0 = blk.t0;
 	bf16 *Kh = (bf16 *)(sm + 2 * GK_BUF), *Qh = Kh + GC * GV_LDK;
 	float Dq[4][4], Dk[4][4];
 
