@@ -1,28 +1,28 @@
-// gdn_grad.cuh: the part of the chunked gated delta rule's backward that sums over the value
-// columns, the sums in registers (k_gdn_grad_v).  Included by gdn_chunk.cu after gdn_walk.cuh;
-// GPU only (the emulator of test_gdn_chunk runs k_gdn_bwd_grad's own loop over the columns, the
-// same sums through tc_mm; test_cuda_qwen35 holds this one to the cpu).
+// gdn_grad.cuh: the chunked gated delta rule's backward gradients with their sums in registers
+// (k_gdn_grad_v, k_gdn_grad_k, around k_gdn_bwd_grad's 64 x 64 part).  Included by gdn_chunk.cu
+// after gdn_walk.cuh; GPU only (test_gdn_chunk runs k_gdn_bwd_grad's part on the host given
+// what these make, made there in double; test_cuda_qwen35 holds the three to the cpu).
 //
-// k_gdn_bwd_grad makes every gradient of a chunk in one block of 8 warps sharing each product,
-// one block an SM (227 kB of shared memory), with a barrier between products and its dq, dk
-// accumulators in global memory.  Most of its products sum over the value columns j of a
-// (value head, chunk) with the result GC x dk or GC x GC:
+// k_gdn_bwd_grad alone makes every gradient of a chunk in one block of 8 warps sharing each
+// product, one block an SM (227 kB of shared memory), with a barrier between products and its
+// dq, dk accumulators in global memory.  Most of its products sum over the value columns j of
+// a (value head, chunk) with the result GC x dk or GC x GC:
 //   dq  += diag(Ga) dO S0^T       dk += diag(e) delta dS^T       dW = -dD S0^T
 //   dP   = dO delta^T              dT  = dD V^T
-// with dD = X + diag(e) KD (X = P^T dO and KD = K dS from k_gdn_prep and the backward's walk)
-// and, per column, dv = diag(beta) T^T dD, and the rows' sums q.z = (diag(Ga) Q S0 o dO) 1,
-// d.e = (KD o delta) 1, x.v = (T^T dD o V) 1 and <S0, dS>.  Here block (group of the wave,
-// chunk, half of dk) walks its key head's value heads and their value columns in tiles of
-// GV_TW, the next tile copied (cp.async) while this one multiplies: each warp holds its share of
+// with dD = X + diag(e) K dS (the backward's walk leaves it in the slot), and, per column, dv =
+// diag(beta) T^T dD, and the rows' sums q.z = (diag(Ga) Q S0 o dO) 1, d.e = (K dS o delta) 1,
+// x.v = (T^T dD o V) 1 and <S0, dS>.  k_gdn_grad_v: block (group of the wave, chunk, half of
+// dk) walks its key head's value heads and their value columns in tiles of GV_TW, the next
+// tiles copied (cp.async, three stages) while this one multiplies: each warp holds its share of
 // those products as m16n8k8 accumulators for the whole walk (rows 16 (w % 4) .., its n-tiles
-// of the half, and of dP (half 0) or dT (half 1)), and the block's only barriers are the three
-// a tile (the tile in, dD made, the buffer free).  The dq, dk sums over the key head's value
-// heads go to k_gdn_bwd_grad's accumulators (acc); dW, dP, dT and the rows' sums of each value
-// head to a slot of the scratch (gv), from which k_gdn_bwd_grad does the rest (the GC x GC
-// part: dbeta, dg, and the dq, dk terms through T, A, P).  tf32 operands (bf16 ones exact),
-// fp32 sums, with the k slots of an mma paired (slot t <-> k0 + 2 t, t + 4 <-> k0 + 2 t + 1)
-// so that each operand pair is one 8-byte load.  T^T dD skips the k-steps above T's diagonal
-// (T is lower triangular; exact zeros).
+// of the half, and of dP (half 0) or dT (half 1)), with two barriers a tile (the tile in, the
+// stage free).  The dq, dk sums over the key head's value heads go to k_gdn_bwd_grad's
+// accumulators (acc); dW, dP, dT and the rows' sums of each value head to a slot of the scratch
+// (gv), from which k_gdn_bwd_grad does the GC x GC part (dbeta, dg, and M, D + D^T into gv) and
+// k_gdn_grad_k the dq, dk terms through it.  tf32 operands (bf16 ones exact), fp32 sums, with
+// the k slots of an mma paired (slot t <-> k0 + 2 t, t + 4 <-> k0 + 2 t + 1) so that each
+// operand pair is one 8-byte load.  Products with a triangular factor (T, M) skip the k-steps
+// of its zeros (exact).
 #ifndef SL_GDN_GRAD_CUH
 #define SL_GDN_GRAD_CUH
 
@@ -31,8 +31,9 @@
 				// banks across a half warp)
 #define GV_LDT (GC + 4)		// T's row stride (T^T's elements, two rows a lane, distinct banks)
 
-// whether the shape takes it: K dS kept by the walk over the slot's W (dv <= dk), dk a multiple
-// of 8 up to DKMAX (each half of it at most GC rows of S0)
+// whether the shape takes them: dk a multiple of 8 up to DKMAX (each half of it at most GC rows
+// of S0); dv <= dk, the shapes checked on the H200 so far (the kernels themselves need it no
+// longer since the walk leaves them ddelta rather than K dS in a slot's W)
 static __host__ __device__ inline bool grad_fits(int dk, int dv)
 {
 	return dk > 0 && dk % 8 == 0 && dk <= DKMAX && dv > 0 && dv <= dk;
