@@ -191,14 +191,13 @@ static void body_grad(void)	/* slots: k_gdn_prep's, or NULL (tc_local); gaux: th
  * key head's dq, dk sums over its value heads (diag(Ga) dO S0^T, diag(e) delta dS^T) in acc,
  * and dv = diag(beta) T^T dD; dD = X + diag(e) KD from the slot (k_gdn_bwd_h's KD).
  */
-static void host_grad_v(int B, int ng)
+static void host_grad_v(int ng)
 {
 	const int L = E.L, nk = E.nk, nv = E.nv, dk = E.dk_, dv = E.dv_, grp = E.grp;
 	const int nch = (L + RC - 1) / RC;
 	const size_t SS = (size_t)dk * dv;
-	double *dD = vec((size_t)RC * dv), *X2 = vec((size_t)RC * dv);
+	double *dD = vec((size_t)RC * dv);
 
-	(void)B;
 	for (int gi = 0; gi < ng; gi++)
 		for (int ch = 0; ch < nch; ch++) {
 			int bk = E.first + gi, b = bk / nk, kh = bk % nk, c0 = ch * RC;
@@ -264,7 +263,6 @@ static void host_grad_v(int B, int ng)
 
 						for (int s2 = 0; s2 < RC; s2++)
 							x += f.T[s2 * RC + r] * dD[s2 * dv + j];
-						X2[r * dv + j] = x;
 						qz += qs[r * dv + j] * DO(r, j);
 						d += f.W[r * dv + j] * de[r * dv + j];
 						xv += x * VV(r, j);
@@ -281,7 +279,7 @@ static void host_grad_v(int B, int ng)
 #undef VV
 			}
 		}
-	free(dD), free(X2);
+	free(dD);
 }
 
 /*
@@ -527,7 +525,7 @@ static void run_emu(struct sl_backend *be, int B, int L, const int32_t *lens, in
 			E.gv = E.dst + bwd_gv(per_wave, grp, nch, dk, dv);
 			emu_launch(ng * grp * nch, prep_smem(dk, dv), body_prep_b);
 			emu_launch(ng * grp, bwd_h_smem(dk, dv), body_bwd_h);
-			host_grad_v(B, ng);
+			host_grad_v(ng);
 			E.gslots = E.slots, E.gaux = E.aux;
 			emu_launch(ng * nch, gq_smem(dk), body_grad);
 			host_grad_k(ng);
