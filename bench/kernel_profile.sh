@@ -13,7 +13,8 @@
 # trainer's NVTX range "step STEPS"; ALL_STEPS=1: every step, the total divided by STEPS;
 # --clock-control none, the clocks left as they are; kernels serialized, so overlap is not
 # shown): gpu__time_duration per launch, summed by kernel function, biggest first.  Prints one
-# table per model; raw CSV and logs in OUTDIR.
+# table per model; raw CSV and logs in OUTDIR.  NCU_ARGS: more ncu options (e.g. "--cache-control
+# none": caches not flushed before each kernel, closer to the kernel's time in the step).
 set -u
 OUT=${1:-/tmp/kernel-profile}
 mkdir -p "$OUT"
@@ -68,7 +69,7 @@ YAML
 	# the last step alone (the trainer's NVTX range "step N"); ALL_STEPS=1: every step
 	filt=(--nvtx --nvtx-include "step $STEPS/") div=1
 	[ "${ALL_STEPS:-0}" = 1 ] && filt=() div=$STEPS
-	"$NCU" --clock-control none "${filt[@]}" --metrics gpu__time_duration.sum --csv \
+	"$NCU" --clock-control none ${NCU_ARGS:-} "${filt[@]}" --metrics gpu__time_duration.sum --csv \
 		--page raw --print-kernel-base function "$SHARDLM" train "$T/$m.yaml" \
 		>"$OUT/ncu-$m.csv" 2>"$OUT/ncu-$m.log"
 	echo "== $m: ncu exit $? ($(grep -c . "$OUT/ncu-$m.csv") lines)"

@@ -443,6 +443,180 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 	}
 }
 
+// The forward on warpgroup products, pipelined inside the warpgroup (head_dim 64 and 128, whole
+// rows; the default there, SHARDLM_FA_PIPE=0 for k_fa_fwd): iteration t issues S_t = Q K_t and then O += P_{t-1} V_{t-1}, waits
+// for S_t alone, and makes P_t (mask, row max, exponentials, row sums) while the tensor cores
+// add P_{t-1} V_{t-1}; then it waits for that product, rescales O where the reference max moved,
+// and packs P_t as the next iteration's A operand.  Key and value tiles stream through two
+// stages each, the values a tile behind the keys (V_t is copied during iteration t and read in
+// iteration t + 1).  O sees the same operations in the same order as in k_fa_fwd (O += P_{t-1}
+// V_{t-1}, O *= c_t, O += P_t V_t), so the two kernels' results are equal bit for bit.
+template <int HD>
+__global__ void __launch_bounds__(FA_THR, 2)
+k_fa_fwd_pipe(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos, int L,
+	      int nh, int nkv, float sl2)
+{
+	constexpr int TILE = FA_BN * HD, NO = HD / 8 * 4, NS = FA_BN / 8 * 4;
+	extern __shared__ __align__(16) bf16 fa_sm[];
+	bf16 *ks = sw_base(fa_sm), *vs = ks + 2 * TILE;
+	const fa_rows x{};
+	const int W = (nh + 2 * nkv) * HD, b = blockIdx.z, h = blockIdx.y, grp = nh / nkv;
+	const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_BM, warp = threadIdx.x >> 5;
+	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, len = lens[b];
+	const bf16 *base = qkv + (size_t)b * L * W;
+	const bf16 *kg = base + (size_t)(nh + h / grp) * HD;
+	const bf16 *vg = base + (size_t)(nh + nkv + h / grp) * HD;
+	const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+	const int p0 = fa_qidx<false>(x, b, len, r0), p1 = fa_qidx<false>(x, b, len, r1);
+	const int ds0 = p0 >= 0 ? fa_qdoc<false>(x, pos, b, L, r0, p0) : 0;
+	const int ds1 = p1 >= 0 ? fa_qdoc<false>(x, pos, b, L, r1, p1) : ds0;
+	const int pf = fa_qidx<false>(x, b, len, q0);
+	const int pl = fa_qidx<false>(x, b, len, min(q0 + FA_BM, L) - 1);
+	const int kend = pf < 0 ? 0 : pl < 0 ? len : min(len, pl + 1), nt = (kend + FA_BN - 1) / FA_BN;
+	const int kt0 = pf >= 0 ? fa_qdoc<false>(x, pos, b, L, q0, pf) / FA_BN : 0;
+	uint32_t qf[HD / 16][4], pa[FA_BN / 16][4];
+	float o[HD / 8][4], s[FA_BN / 8][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+	if (nt > kt0)
+		tile_sw<HD, FA_BN>(ks, kg, W, kt0 * FA_BN, kend, FA_THR);
+	cp_commit();
+	load_afrag<HD>(qf, base + (size_t)r0 * W + (size_t)h * HD, W, p0 >= 0, p1 >= 0, tq);
+#pragma unroll
+	for (int n = 0; n < HD / 8; n++)
+		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+	for (int t = kt0; t < nt; t++) {
+		const int k0 = t * FA_BN, st = (t - kt0) & 1;
+
+		// K_{t+1} over K_{t-1}, V_t over V_{t-2}: both products that read them were waited
+		// for by every warp before the last iteration's closing barrier
+		if (t + 1 < nt)
+			tile_sw<HD, FA_BN>(ks + (st ^ 1) * TILE, kg, W, k0 + FA_BN, kend, FA_THR);
+		tile_sw<HD, FA_BN>(vs + st * TILE, vg, W, k0, kend, FA_THR);
+		cp_commit();
+		cp_wait1();	// K_t and V_{t-1}
+		fence_async_smem();
+		__syncthreads();
+		wg_fence();
+#pragma unroll
+		for (int kk = 0; kk < HD / 16; kk++)
+			wgmma_rs<FA_BN, 0>(&s[0][0], qf[kk], desc_k<FA_BN>(ks + st * TILE, 0, kk),
+					   kk > 0);
+		wg_commit();
+		if (t > kt0) {
+			wg_fence();
+#pragma unroll
+			for (int kk = 0; kk < FA_BN / 16; kk++)
+				wgmma_rs_mn<HD, FA_BN>(&o[0][0], pa[kk], vs + (st ^ 1) * TILE,
+						       kk * 16);
+			wg_commit();
+			wg_wait1();	// S_t; P_{t-1} V_{t-1} may still run
+		} else {
+			wg_wait0();
+		}
+		wg_pin<NS>(&s[0][0]);
+		if (k0 + FA_BN - 1 > p0 || k0 + FA_BN > len || k0 < ds1) {
+#pragma unroll
+			for (int n = 0; n < FA_BN / 8; n++) {
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const int qi = e < 2 ? p0 : p1, key = k0 + n * 8 + tq * 2 + (e & 1);
+
+					if (key > qi || key >= len || key < (e < 2 ? ds0 : ds1))
+						s[n][e] = -INFINITY;
+				}
+			}
+		}
+		float mx0 = m0, mx1 = m1, c0 = 1.f, c1 = 1.f;
+
+#pragma unroll
+		for (int n = 0; n < FA_BN / 8; n++) {
+			mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+			mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+		}
+		mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+		mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+		mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+		mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+		// k_fa_fwd's lazy rescale; O's part waits for the product in flight
+		const bool resc = __any_sync(0xffffffffu, (mx0 - m0) * sl2 > FA_RESCALE ||
+							      (mx1 - m1) * sl2 > FA_RESCALE);
+
+		if (resc) {
+			const float n0 = mx0 == -INFINITY ? 0.f : mx0 * sl2;
+			const float n1 = mx1 == -INFINITY ? 0.f : mx1 * sl2;
+
+			c0 = fexp2(m0 * sl2 - n0);
+			c1 = fexp2(m1 * sl2 - n1);
+			m0 = mx0;
+			m1 = mx1;
+			l0 *= c0;
+			l1 *= c1;
+		}
+		const float b0 = m0 == -INFINITY ? 0.f : m0 * sl2;
+		const float b1 = m1 == -INFINITY ? 0.f : m1 * sl2;
+#pragma unroll
+		for (int n = 0; n < FA_BN / 8; n++) {
+			s[n][0] = fexp2(fmaf(s[n][0], sl2, -b0));
+			s[n][1] = fexp2(fmaf(s[n][1], sl2, -b0));
+			s[n][2] = fexp2(fmaf(s[n][2], sl2, -b1));
+			s[n][3] = fexp2(fmaf(s[n][3], sl2, -b1));
+			l0 += s[n][0] + s[n][1];
+			l1 += s[n][2] + s[n][3];
+		}
+		wg_wait0();
+		wg_pin<NO>(&o[0][0]);
+		if (resc) {
+#pragma unroll
+			for (int n = 0; n < HD / 8; n++) {
+				o[n][0] *= c0;
+				o[n][1] *= c0;
+				o[n][2] *= c1;
+				o[n][3] *= c1;
+			}
+		}
+#pragma unroll
+		for (int kk = 0; kk < FA_BN / 16; kk++)
+			acc_to_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
+		__syncthreads();	// every warp past its waits: the next copies may overwrite
+	}
+	if (nt > kt0) {		// O += P V of the last tile
+		cp_wait_all();
+		fence_async_smem();
+		__syncthreads();
+		wg_fence();
+#pragma unroll
+		for (int kk = 0; kk < FA_BN / 16; kk++)
+			wgmma_rs_mn<HD, FA_BN>(&o[0][0], pa[kk], vs + ((nt - 1 - kt0) & 1) * TILE,
+					       kk * 16);
+		wg_commit();
+		wg_wait0();
+		wg_pin<NO>(&o[0][0]);
+	}
+	l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+	l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+	l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+	l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
+	for (int half = 0; half < 2; half++) {
+		const int row = half ? r1 : r0;
+		const float l = half ? l1 : l0, m = half ? m1 : m0;
+		const bool act = (half ? p1 : p0) >= 0;
+
+		if (row >= L)
+			continue;
+		bf16 *y = out + ((size_t)b * L + row) * nh * HD + (size_t)h * HD;
+		const float inv = act ? 1.f / l : 0.f;
+
+#pragma unroll
+		for (int n = 0; n < HD / 8; n++)
+			*(uint32_t *)(y + n * 8 + tq * 2) =
+				pack_bf2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
+		if (!tq)
+			lse[((size_t)b * L + row) * nh + h] =
+				act ? (m * sl2 + log2f(l)) * 0.69314718055994531f : 0.f;
+	}
+}
+
 // dq: a warp's 16 queries hold Q and dO as A fragments; per key step S = Q K^T and dP = dO V^T
 // (K, V not transposed), dS = P (dP - D) rounded to bf16 is the A operand of dQ += dS K (K
 // transposed by ldmatrix)
@@ -936,6 +1110,20 @@ static bool fa_wg(int hd)
 #endif
 }
 
+// the pipelined warpgroup forward (k_fa_fwd_pipe) for head_dim 64 and 128 on whole rows, unless
+// SHARDLM_FA_PIPE=0 (read once; make check-gpu runs test_cuda_ops and test_cuda_model both ways)
+static bool fa_pipe(void)
+{
+	static int on = -1;
+
+	if (on < 0) {
+		const char *e = getenv("SHARDLM_FA_PIPE");
+
+		on = !(e && !strcmp(e, "0"));
+	}
+	return on;
+}
+
 // above 48 KB a kernel needs its dynamic shared-memory limit raised, once
 template <typename K> static void fa_allow(K kernel, size_t bytes, bool *done)
 {
@@ -958,6 +1146,19 @@ static void fa_fwd(struct sl_cuda *c, bf16 *out, float *lse, const bf16 *qkv, co
 		using C = fa_cfg<HD, true>;
 		const size_t sm = fa_smem_fwd<HD, true>();
 		const dim3 grid((Lq + C::BMQ - 1) / C::BMQ, nh, B);
+
+		if constexpr (!CP && !C::BIG) {
+			static bool done_p;
+
+			if (fa_pipe()) {
+				fa_allow(k_fa_fwd_pipe<HD>, sm, &done_p);
+				k_fa_fwd_pipe<HD><<<grid, FA_THR, sm, c->stream>>>(out, lse, qkv, lens,
+										   pos, L, nh, nkv,
+										   sl2);
+				CUDA_LAUNCHED();
+				return;
+			}
+		}
 
 		fa_allow(k_fa_fwd<HD, CP, true>, sm, &done_wg);
 		k_fa_fwd<HD, CP, true><<<grid, C::NT, sm, c->stream>>>(out, lse, qkv, lens, pos, L,

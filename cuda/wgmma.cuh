@@ -95,6 +95,24 @@ static __device__ __forceinline__ void wg_wait0(void)
 #endif
 }
 
+// at most one committed group still running (groups finish in the order committed)
+static __device__ __forceinline__ void wg_wait1(void)
+{
+#if SL_WG_DEV
+	asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+#endif
+}
+
+// N registers a wgmma wrote (or reads) pinned in place: an access after this cannot move before
+// it, nor one before it after (the compiler sees the registers changed here), so code after a
+// wait cannot read an accumulator before the wait lets it
+template <int N> static __device__ __forceinline__ void wg_pin(float *r)
+{
+#pragma unroll
+	for (int i = 0; i < N; i++)
+		asm volatile("" : "+f"(r[i])::"memory");
+}
+
 // D (m64 x nN, fp32) += A (m64 x k16, bf16, registers) * B (k16 x nN, bf16, shared memory);
 // TB 0: B K-major, 1: MN-major.  A warp's part of A and of D is what mma.sync m16n8k16 gives a
 // warp for its 16 rows (warp w of the group: rows 16w..16w+15), D repeated per 8 columns.

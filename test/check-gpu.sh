@@ -4,7 +4,8 @@
 #   test_dist_gpu: NCCL with 1 rank; 2 and 4 ranks sharing the GPU through the host-staged MPI
 #   communicator (NCCL refuses two ranks on one device), also as 2 pretended nodes of 2.
 #   test_cuda_ops, test_cuda_model: the cuda backend's ops and the tiny model against the cpu one,
-#   again with the mma.sync flash-attention kernels in place of the wgmma ones (SHARDLM_FA_WGMMA=0).
+#   again with the mma.sync flash-attention kernels in place of the wgmma ones (SHARDLM_FA_WGMMA=0),
+#   and with the unpipelined warpgroup forward (SHARDLM_FA_PIPE=0).
 #   check-gpu-offload.sh: offloaded optimizer state and weights train to the on-GPU losses.
 #   check-gpu-sft.sh: task sft (untied, tied, packed, Qwen3-MoE) trains to the cpu backend's losses.
 #   test_cuda_qwen35: the same for the Qwen3.5 hybrid's ops and a tiny hybrid model.
@@ -58,6 +59,12 @@ gpu_test "cuda model vs cpu" "$top_builddir/test/test_cuda_model"
 # the flash-attention kernels on mma.sync instead of Hopper's warpgroup MMA (SHARDLM_FA_WGMMA=0;
 # the fallback where the device is not compute capability 9.0)
 gpu_test "cuda ops vs cpu, mma.sync attention" env SHARDLM_FA_WGMMA=0 "$top_builddir/test/test_cuda_ops"
+# the warpgroup forward unpipelined (SHARDLM_FA_PIPE=0; the pipelined one is the default at
+# head_dim 64 and 128 on whole rows, k_fa_fwd stays for head_dim 256 and context parallel)
+gpu_test "cuda ops vs cpu, unpipelined attention forward" env SHARDLM_FA_PIPE=0 \
+	"$top_builddir/test/test_cuda_ops"
+gpu_test "cuda model vs cpu, unpipelined attention forward" env SHARDLM_FA_PIPE=0 \
+	"$top_builddir/test/test_cuda_model"
 gpu_test "cuda model vs cpu, mma.sync attention" env SHARDLM_FA_WGMMA=0 \
 	"$top_builddir/test/test_cuda_model"
 # parallel.offload: the copy streams and events, then optimizer and params against on-GPU
