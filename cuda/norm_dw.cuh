@@ -10,7 +10,7 @@
 // lane the element: warp w sums the chunks w, w + NDW_WARPS, ... and the block adds its warps
 // in order (a fixed order: the same sums on every run).  One thread walking all the chunks (up
 // to 2,048) took 0.1 ms a layer on the H200.
-#define NDW_WARPS 8
+#define NDW_WARPS 32
 static __global__ void __launch_bounds__(NDW_WARPS * 32)
 k_norm_dw_final(bf16 *dqw, bf16 *dkw, const float *part, int nchunk, int hd)
 {

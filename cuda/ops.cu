@@ -543,6 +543,56 @@ k_qk_norm_rope_bwd(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *qw
 	}
 }
 
+// VE consecutive bf16 (or fp32) elements as one vector access (4, 8 or 16 bytes; 32 for fp32 VE 8
+// as two)
+template <int VE> struct alignas(2 * VE) bf_vec {
+	bf16 v[VE];
+};
+template <int VE> struct alignas(4 * VE) f_vec {
+	float v[VE];
+};
+
+template <int VE> static __device__ __forceinline__ void ld_bfv(float *f, const bf16 *p)
+{
+	const bf_vec<VE> u = *(const bf_vec<VE> *)p;
+
+#pragma unroll
+	for (int k = 0; k < VE; k++)
+		f[k] = bf(u.v[k]);
+}
+
+template <int VE> static __device__ __forceinline__ void st_bfv(bf16 *p, const float *f)
+{
+	bf_vec<VE> u;
+
+#pragma unroll
+	for (int k = 0; k < VE; k++)
+		u.v[k] = tobf(f[k]);
+	*(bf_vec<VE> *)p = u;
+}
+
+// the rotary cos and sin of pairs i .. i + VE - 1 at position p (VE consecutive, i a multiple of
+// VE): from the table by vectors, else computed
+template <int HD, int VE>
+static __device__ __forceinline__ void rope_vec(const float *tab, int p, float theta, int i,
+						float *c, float *s)
+{
+	if (tab) {
+		const f_vec<VE> cv = *(const f_vec<VE> *)(tab + (size_t)p * HD + i);
+		const f_vec<VE> sv = *(const f_vec<VE> *)(tab + (size_t)p * HD + HD / 2 + i);
+
+#pragma unroll
+		for (int k = 0; k < VE; k++) {
+			c[k] = cv.v[k];
+			s[k] = sv.v[k];
+		}
+		return;
+	}
+#pragma unroll
+	for (int k = 0; k < VE; k++)
+		rope_pair(NULL, p, HD, theta, i + k, &c[k], &s[k]);
+}
+
 // head_dim HD a multiple of 64: one warp per (token, head), lane l holding elements l + 32k in
 // registers, so an element and its rotary partner (k + HD/64) sit in the same lane; v heads are
 // copied.  The same arithmetic, in the same order, as the kernels above.
@@ -594,56 +644,54 @@ k_qk_norm_rope_fwd_w(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, co
 }
 
 // A warp per (token, head) in turn (warps stride over them: warp w of block b takes every
-// (gridDim.x * QK_WARPS)-th one from b * QK_WARPS + w), and the norm weights' gradients on the
-// way: each lane sums dn x rstd of its columns over its warp's q heads and k heads, the block
-// adds its warps' sums in order into part[(kind * gridDim.x + block) * HD + i] (kind 0 q, 1 k),
-// which norm_dw_final adds up in a fixed order: the same sums on every run.
+// (gridDim.x * QK_WARPS)-th one from b * QK_WARPS + w), lane l holding the VE = HD / 32
+// consecutive elements from l VE (one 4- to 16-byte access each; an element's rotary partner,
+// i + HD/2 or i - HD/2, sits at the same place in lane l ^ 16 and comes by one shuffle), and the
+// norm weights' gradients on the way: each lane sums dn x rstd of its columns over its
+// warp's q heads and k heads, the block adds its warps' sums in order into
+// part[(kind * gridDim.x + block) * HD + i] (kind 0 q, 1 k), which norm_dw_final adds up in a
+// fixed order: the same sums on every run.
 template <int HD>
 __global__ void __launch_bounds__(QK_WARPS * 32)
 k_qk_norm_rope_bwd_w(bf16 *dqkv, float *part, const bf16 *dout, const bf16 *qkv, const bf16 *qw,
 		     const bf16 *kw, const float *rstd, const float *tab, int T, int L,
 		     const int *pos, int nh, int nkv, float theta)
 {
-	constexpr int NK = HD / 32, HK = NK / 2;
+	constexpr int VE = HD / 32;
 	__shared__ float red[QK_WARPS][2][HD];
 	const int nj = nh + 2 * nkv, nq = nh + nkv, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const size_t n = (size_t)T * nj, stride = (size_t)gridDim.x * QK_WARPS;
-	float aq[NK], ak[NK];
+	float aq[VE], ak[VE];
 
 #pragma unroll
-	for (int k = 0; k < NK; k++)
+	for (int k = 0; k < VE; k++)
 		aq[k] = ak[k] = 0.f;
 	for (size_t wid = (size_t)blockIdx.x * QK_WARPS + warp; wid < n; wid += stride) {
 		const int t = (int)(wid / nj), j = (int)(wid % nj);
-		const size_t off = (size_t)t * nj * HD + (size_t)j * HD;
+		const size_t off = (size_t)t * nj * HD + (size_t)j * HD + lane * VE;
 
 		if (j >= nq) {
-#pragma unroll
-			for (int k = 0; k < NK; k++)
-				dqkv[off + lane + 32 * k] = dout[off + lane + 32 * k];
+			*(bf_vec<VE> *)(dqkv + off) = *(const bf_vec<VE> *)(dout + off);
 			continue;
 		}
 		const bool isq = j < nh;
-		const bf16 *w = isq ? qw : kw;
-		const int p = rope_pos(pos, t, L);
-		float dy[NK], dn[NK], x[NK], wv[NK], r = rstd[(size_t)t * nq + j], s = 0.f, kk;
+		float dy[VE], dyp[VE], dn[VE], x[VE], wv[VE], c[VE], sn[VE], g[VE];
+		const float r = rstd[(size_t)t * nq + j];
+		float s = 0.f, kk;
 
+		ld_bfv<VE>(dy, dout + off);
+		ld_bfv<VE>(x, qkv + off);
+		ld_bfv<VE>(wv, (isq ? qw : kw) + lane * VE);
 #pragma unroll
-		for (int k = 0; k < NK; k++) {
-			dy[k] = bf(dout[off + lane + 32 * k]);
-			x[k] = bf(qkv[off + lane + 32 * k]);
-			wv[k] = bf(w[lane + 32 * k]);
-		}
+		for (int k = 0; k < VE; k++)
+			dyp[k] = __shfl_xor_sync(0xffffffffu, dy[k], 16);
+		rope_vec<HD, VE>(tab, rope_pos(pos, t, L), theta, (lane & 15) * VE, c, sn);
 #pragma unroll
-		for (int k = 0; k < HK; k++) {
-			float c, sn;
-
-			rope_pair(tab, p, HD, theta, lane + 32 * k, &c, &sn);
-			dn[k] = dy[k] * c + dy[k + HK] * sn;
-			dn[k + HK] = -dy[k] * sn + dy[k + HK] * c;
-		}
+		for (int k = 0; k < VE; k++)	// first half: dy c + dy' s; second: -dy' s + dy c
+			dn[k] = lane < 16 ? dy[k] * c[k] + dyp[k] * sn[k] :
+					    -dyp[k] * sn[k] + dy[k] * c[k];
 #pragma unroll
-		for (int k = 0; k < NK; k++) {
+		for (int k = 0; k < VE; k++) {
 			const float e = dn[k] * x[k];
 
 			s += e * wv[k];
@@ -655,13 +703,14 @@ k_qk_norm_rope_bwd_w(bf16 *dqkv, float *part, const bf16 *dout, const bf16 *qkv,
 		s = warp_sum(s);
 		kk = s * r * r * r / HD;
 #pragma unroll
-		for (int k = 0; k < NK; k++)
-			dqkv[off + lane + 32 * k] = tobf(r * wv[k] * dn[k] - x[k] * kk);
+		for (int k = 0; k < VE; k++)
+			g[k] = r * wv[k] * dn[k] - x[k] * kk;
+		st_bfv<VE>(dqkv + off, g);
 	}
 #pragma unroll
-	for (int k = 0; k < NK; k++) {
-		red[warp][0][lane + 32 * k] = aq[k];
-		red[warp][1][lane + 32 * k] = ak[k];
+	for (int k = 0; k < VE; k++) {
+		red[warp][0][lane * VE + k] = aq[k];
+		red[warp][1][lane * VE + k] = ak[k];
 	}
 	__syncthreads();
 	for (int e = threadIdx.x; e < 2 * HD; e += QK_WARPS * 32) {
@@ -1206,18 +1255,57 @@ static __device__ __forceinline__ float gval(bf16 g)
 
 // gradients in fp32 (the shard's accumulator) or bf16 (one rank, one micro-batch: the backward's
 // own buffer, shard.c grad_direct); each element widened to float, then to double
+// Each thread takes 16-byte vectors of g in turn, two in flight; the elements before the first
+// 16-byte boundary and after the last whole vector one a thread; a fixed grid, so the sums are
+// the same on every run
 template <typename G>
 __global__ void k_sumsq_partial(double *part, const G *g, size_t n)
 {
+	constexpr int VE = 16 / sizeof(G);
+	struct alignas(16) vec {
+		G v[VE];
+	};
 	__shared__ double sh[NT];
-	double s = 0;
+	const size_t head = min(n, (size_t)((16 - ((uintptr_t)g & 15)) & 15) / sizeof(G));
+	const size_t nv = (n - head) / VE, stride = (size_t)SQ_BLOCKS * NT;
+	const size_t tid = blockIdx.x * (size_t)NT + threadIdx.x, t0 = head + nv * VE;
+	const vec *gv = (const vec *)(g + head);
+	double s = 0, s2 = 0;
+	size_t i = tid;
 
-	for (size_t i = blockIdx.x * (size_t)NT + threadIdx.x; i < n; i += (size_t)SQ_BLOCKS * NT) {
-		const double v = gval(g[i]);
+	if (tid < head) {
+		const double x = gval(g[tid]);
 
-		s += v * v;
+		s += x * x;
 	}
-	sh[threadIdx.x] = s;
+
+	for (; i + stride < nv; i += 2 * stride) {
+		const vec a = gv[i], b = gv[i + stride];
+
+#pragma unroll
+		for (int k = 0; k < VE; k++) {
+			const double x = gval(a.v[k]), y = gval(b.v[k]);
+
+			s += x * x;
+			s2 += y * y;
+		}
+	}
+	if (i < nv) {
+		const vec a = gv[i];
+
+#pragma unroll
+		for (int k = 0; k < VE; k++) {
+			const double x = gval(a.v[k]);
+
+			s += x * x;
+		}
+	}
+	if (t0 + tid < n) {
+		const double x = gval(g[t0 + tid]);
+
+		s2 += x * x;
+	}
+	sh[threadIdx.x] = s + s2;
 	__syncthreads();
 	for (int o = NT / 2; o; o >>= 1) {
 		if (threadIdx.x < o)

@@ -609,19 +609,27 @@ static void t_ce(int n, int V, double s)
 
 /* @k F32: the fp32 ops; BF: sumsq_c and adamw_c on bf16 gradients (one rank's direct
  * gradients, shard.c), against the cpu's fp32 ops on the same (bf16-exact) values */
+static void t_sumsq_at(size_t n, enum kind k, size_t off);
+
 static void t_sumsq(size_t n, enum kind k)
+{
+	t_sumsq_at(n, k, 0);
+}
+
+/* @off: the sum of elements [off, n) (a start off the 16-byte vectors for off % 4 or % 8) */
+static void t_sumsq_at(size_t n, enum kind k, size_t off)
 {
 	char sh[64];
 	struct buf *g = rnd(k, n, 1);
 	double *og = gpu->alloc(gpu, 8), c = NAN, h = NAN;
 	const char *op = k == BF ? "sumsq_c" : "sumsq_f32";
 
-	snprintf(sh, sizeof(sh), "n=%zu", n);
-	cpu->sumsq_f32(cpu, &c, g->c, n);
+	snprintf(sh, sizeof(sh), "n=%zu from %zu", n, off);
+	cpu->sumsq_f32(cpu, &c, (float *)g->c + off, n - off);
 	if (k == BF)
-		TIMED(gpu->sumsq_c(gpu, og, g->g, n));
+		TIMED(gpu->sumsq_c(gpu, og, (uint16_t *)g->g + off, n - off));
 	else
-		TIMED(gpu->sumsq_f32(gpu, og, g->g, n));
+		TIMED(gpu->sumsq_f32(gpu, og, (float *)g->g + off, n - off));
 	gpu->download(gpu, &h, og, 8);
 	CHECK_CLOSE(h, c, 1e-12, 0);
 	printf("%-18s %-28s %-8s %10.2e %10s %8.3f  %s\n", op, sh, "sum",
@@ -746,6 +754,33 @@ static void bench(void)
 		       "36 layers: gemm %.0f ms, attention %.0f ms\n", T, gemm_ms, attn_ms,
 		       36 * gemm_ms, 36 * attn_ms);
 	}
+	/* the 4B layer's q/k RMSNorm + rotary (32 q, 8 k, 8 v heads of 128), forward and backward
+	 * (the backward with the norm weights' gradients); bytes moved: forward reads and writes
+	 * the qkv rows, the backward reads them and dout and writes dqkv */
+	{
+		const int B = 4, L = 2048, nh = 32, nkv = 8, hd = 128, W = (nh + 2 * nkv) * hd;
+		const double mb = (double)T * W * 2 / 1e6;
+		void *qkv = o, *dout = (char *)o + (size_t)T * W * 2, *qw = w;
+		void *kw = (char *)w + hd * 2, *dqw = (char *)f + ((size_t)64 << 20);
+		void *dkw = (char *)dqw + hd * 4;
+		double ms;
+
+		gpu->qk_norm_rope_fwd(gpu, x, f, qkv, qw, kw, T, L, NULL, nh, nkv, hd, 1e-6f, 1e6f);
+		TIMED(for (int i = 0; i < 10; i++)
+			      gpu->qk_norm_rope_fwd(gpu, x, f, qkv, qw, kw, T, L, NULL, nh, nkv, hd,
+						    1e-6f, 1e6f));
+		ms = t_ms / 10;
+		printf("  qk_norm_rope_fwd 4x2048 h=%d/%d hd=%d: %.3f ms, %.0f GB/s\n", nh, nkv, hd, ms,
+		       2 * mb / ms);
+		gpu->qk_norm_rope_bwd(gpu, x, dqw, dkw, dout, qkv, qw, kw, f, T, L, NULL, nh, nkv, hd,
+				      1e-6f, 1e6f);
+		TIMED(for (int i = 0; i < 10; i++)
+			      gpu->qk_norm_rope_bwd(gpu, x, dqw, dkw, dout, qkv, qw, kw, f, T, L, NULL,
+						    nh, nkv, hd, 1e-6f, 1e6f));
+		ms = t_ms / 10;
+		printf("  qk_norm_rope_bwd 4x2048 h=%d/%d hd=%d: %.3f ms, %.0f GB/s\n", nh, nkv, hd, ms,
+		       3 * mb / ms);
+	}
 	gpu->free(gpu, x);
 	gpu->free(gpu, w);
 	gpu->free(gpu, o);
@@ -832,6 +867,12 @@ int main(int argc, char **argv)
 	t_sumsq(3000001, F32);
 	t_sumsq(1000, BF);
 	t_sumsq(3000001, BF);
+	/* vector loads: an odd number of passes, a partial last vector, starts off the vectors */
+	t_sumsq(3 * 512 * 256 * 8 + 13, BF);
+	t_sumsq(3 * 512 * 256 * 4 + 3, F32);
+	t_sumsq_at(1000003, BF, 3);
+	t_sumsq_at(1000003, F32, 1);
+	t_sumsq_at(20, BF, 5);
 	t_adamw(1, true, F32);
 	t_adamw(1000, false, F32);
 	t_adamw(100001, true, F32);
