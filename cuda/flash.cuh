@@ -195,6 +195,112 @@ static __device__ __forceinline__ bool fa_skip_key(const fa_rows &x, int j)
 	return (owner == x.me) == (x.part == 2);
 }
 
+// A forward tile's scores (this lane's two rows r0 (index p0, document start ds0) and r1 by
+// FA_BN keys from k0, in the accumulator layout): keys after a query, past the record, before a
+// query's document, or left out by the part: masked, on the tiles where any can be (ds1 >= ds0:
+// the later row's start)
+static __device__ __forceinline__ void fa_mask_fwd(float (*s)[4], const fa_rows &x, int part,
+						   int k0, int p0, int p1, int ds0, int ds1, int len,
+						   int tq)
+{
+	if (part || k0 + FA_BN - 1 > p0 || k0 + FA_BN > len || k0 < ds1) {
+#pragma unroll
+		for (int n = 0; n < FA_BN / 8; n++) {
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				const int qi = e < 2 ? p0 : p1, key = k0 + n * 8 + tq * 2 + (e & 1);
+
+				if (key > qi || key >= len || key < (e < 2 ? ds0 : ds1) ||
+				    (part && fa_skip_key(x, key)))
+					s[n][e] = -INFINITY;
+			}
+		}
+	}
+}
+
+// The online softmax of a masked forward tile, first part: the rows' reference max m.  It moves
+// (log2 units: m sl2) only when a row's max passes it by more than FA_RESCALE (the whole warp
+// then moves every row's): below that, P and the sums stay under 2^FA_RESCALE and O needs no
+// rescaling this tile (a new max is rare after a row's first tiles).  True when it moved: l has
+// been multiplied by c0, c1 (rows r0, r1) and O must be too.
+static __device__ __forceinline__ bool fa_rescale_fwd(const float (*s)[4], float &m0, float &m1,
+						      float &l0, float &l1, float sl2, float &c0,
+						      float &c1)
+{
+	float mx0 = m0, mx1 = m1;
+
+#pragma unroll
+	for (int n = 0; n < FA_BN / 8; n++) {
+		mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+		mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+	}
+	mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+	mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+	mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+	mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+	if (!__any_sync(0xffffffffu, (mx0 - m0) * sl2 > FA_RESCALE ||
+					 (mx1 - m1) * sl2 > FA_RESCALE))
+		return false;
+	const float n0 = mx0 == -INFINITY ? 0.f : mx0 * sl2;
+	const float n1 = mx1 == -INFINITY ? 0.f : mx1 * sl2;
+
+	c0 = fexp2(m0 * sl2 - n0);
+	c1 = fexp2(m1 * sl2 - n1);
+	m0 = mx0;
+	m1 = mx1;
+	l0 *= c0;
+	l1 *= c1;
+	return true;
+}
+
+// second part: P = 2^(s sl2 - m sl2) in place and the row sums l (a row with nothing unmasked
+// yet subtracts 0: no inf - inf)
+static __device__ __forceinline__ void fa_exp_fwd(float (*s)[4], float m0, float m1, float &l0,
+						  float &l1, float sl2)
+{
+	const float b0 = m0 == -INFINITY ? 0.f : m0 * sl2;
+	const float b1 = m1 == -INFINITY ? 0.f : m1 * sl2;
+
+#pragma unroll
+	for (int n = 0; n < FA_BN / 8; n++) {
+		s[n][0] = fexp2(fmaf(s[n][0], sl2, -b0));
+		s[n][1] = fexp2(fmaf(s[n][1], sl2, -b0));
+		s[n][2] = fexp2(fmaf(s[n][2], sl2, -b1));
+		s[n][3] = fexp2(fmaf(s[n][3], sl2, -b1));
+		l0 += s[n][0] + s[n][1];
+		l1 += s[n][2] + s[n][3];
+	}
+}
+
+// O's rows r0, r1 times c0, c1
+template <int HD> static __device__ __forceinline__ void fa_scale_o(float (*o)[4], float c0, float c1)
+{
+#pragma unroll
+	for (int n = 0; n < HD / 8; n++) {
+		o[n][0] *= c0;
+		o[n][1] *= c0;
+		o[n][2] *= c1;
+		o[n][3] *= c1;
+	}
+}
+
+// one output row of a forward block (half 0: r0, 1: r1): O / l in bf16 at y, its lse at ly (0
+// for a padding row, whose output is zeros)
+template <int HD>
+static __device__ __forceinline__ void fa_out_row(bf16 *y, float *ly, const float (*o)[4],
+						  int half, float l, float m, bool act, float sl2,
+						  int tq)
+{
+	const float inv = act ? 1.f / l : 0.f;
+
+#pragma unroll
+	for (int n = 0; n < HD / 8; n++)
+		*(uint32_t *)(y + n * 8 + tq * 2) =
+			pack_bf2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
+	if (!tq)
+		*ly = act ? (m * sl2 + log2f(l)) * 0.69314718055994531f : 0.f;
+}
+
 template <int HD, bool CP, bool WG>
 __global__ void __launch_bounds__(fa_cfg<HD, WG>::NT, fa_cfg<HD, WG>::MINB)
 k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos, int L, int nh,
@@ -298,66 +404,12 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 				}
 			}
 		}
-		// keys after a query, past the record, before a query's document, or left out by the
-		// part: masked, on the tiles where any can be (ds1 >= ds0: the later row's start)
-		if (part || k0 + FA_BN - 1 > p0 || k0 + FA_BN > len || k0 < ds1) {
-#pragma unroll
-			for (int n = 0; n < FA_BN / 8; n++) {
-#pragma unroll
-				for (int e = 0; e < 4; e++) {
-					const int qi = e < 2 ? p0 : p1, key = k0 + n * 8 + tq * 2 + (e & 1);
+		fa_mask_fwd(s, x, part, k0, p0, p1, ds0, ds1, len, tq);
+		float c0, c1;
 
-					if (key > qi || key >= len || key < (e < 2 ? ds0 : ds1) ||
-					    (part && fa_skip_key(x, key)))
-						s[n][e] = -INFINITY;
-				}
-			}
-		}
-		float mx0 = m0, mx1 = m1;
-
-#pragma unroll
-		for (int n = 0; n < FA_BN / 8; n++) {
-			mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-			mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
-		}
-		mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-		mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-		mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-		mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-		// The reference max m (log2 units: m sl2) moves only when a row's max passes it by
-		// more than FA_RESCALE (the whole warp then moves every row's): below that, P and
-		// the sums stay under 2^FA_RESCALE and O needs no rescaling this tile (a new
-		// max is rare after a row's first tiles).  A row with nothing unmasked yet
-		// subtracts 0 (no inf - inf).
-		if (__any_sync(0xffffffffu, (mx0 - m0) * sl2 > FA_RESCALE ||
-						    (mx1 - m1) * sl2 > FA_RESCALE)) {
-			const float n0 = mx0 == -INFINITY ? 0.f : mx0 * sl2;
-			const float n1 = mx1 == -INFINITY ? 0.f : mx1 * sl2;
-			const float c0 = fexp2(m0 * sl2 - n0), c1 = fexp2(m1 * sl2 - n1);
-
-			m0 = mx0;
-			m1 = mx1;
-			l0 *= c0;
-			l1 *= c1;
-#pragma unroll
-			for (int n = 0; n < HD / 8; n++) {
-				o[n][0] *= c0;
-				o[n][1] *= c0;
-				o[n][2] *= c1;
-				o[n][3] *= c1;
-			}
-		}
-		const float b0 = m0 == -INFINITY ? 0.f : m0 * sl2;
-		const float b1 = m1 == -INFINITY ? 0.f : m1 * sl2;
-#pragma unroll
-		for (int n = 0; n < FA_BN / 8; n++) {
-			s[n][0] = fexp2(fmaf(s[n][0], sl2, -b0));
-			s[n][1] = fexp2(fmaf(s[n][1], sl2, -b0));
-			s[n][2] = fexp2(fmaf(s[n][2], sl2, -b1));
-			s[n][3] = fexp2(fmaf(s[n][3], sl2, -b1));
-			l0 += s[n][0] + s[n][1];
-			l1 += s[n][2] + s[n][3];
-		}
+		if (fa_rescale_fwd(s, m0, m1, l0, l1, sl2, c0, c1))
+			fa_scale_o<HD>(o, c0, c1);
+		fa_exp_fwd(s, m0, m1, l0, l1, sl2);
 		if constexpr (WG) {
 			uint32_t pa[FA_BN / 16][4];
 
@@ -433,13 +485,7 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 				*ly = mm + logf(w1 + w2);
 			continue;
 		}
-		const float inv = act ? 1.f / l : 0.f;
-#pragma unroll
-		for (int n = 0; n < HD / 8; n++)
-			*(uint32_t *)(y + n * 8 + tq * 2) =
-				pack_bf2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
-		if (!tq)
-			*ly = act ? (m * sl2 + log2f(l)) * 0.69314718055994531f : 0.f;
+		fa_out_row<HD>(y, ly, o, half, l, m, act, sl2, tq);
 	}
 }
 
@@ -514,66 +560,17 @@ k_fa_fwd_pipe(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int
 			wg_wait0();
 		}
 		wg_pin<NS>(&s[0][0]);
-		if (k0 + FA_BN - 1 > p0 || k0 + FA_BN > len || k0 < ds1) {
-#pragma unroll
-			for (int n = 0; n < FA_BN / 8; n++) {
-#pragma unroll
-				for (int e = 0; e < 4; e++) {
-					const int qi = e < 2 ? p0 : p1, key = k0 + n * 8 + tq * 2 + (e & 1);
+		fa_mask_fwd(s, x, 0, k0, p0, p1, ds0, ds1, len, tq);
+		float c0 = 1.f, c1 = 1.f;
+		// k_fa_fwd's softmax; O's rescaling waits for the product in flight
+		const bool resc = fa_rescale_fwd(s, m0, m1, l0, l1, sl2, c0, c1);
 
-					if (key > qi || key >= len || key < (e < 2 ? ds0 : ds1))
-						s[n][e] = -INFINITY;
-				}
-			}
-		}
-		float mx0 = m0, mx1 = m1, c0 = 1.f, c1 = 1.f;
+		fa_exp_fwd(s, m0, m1, l0, l1, sl2);
 
-#pragma unroll
-		for (int n = 0; n < FA_BN / 8; n++) {
-			mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-			mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
-		}
-		mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-		mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-		mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-		mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-		// k_fa_fwd's lazy rescale; O's part waits for the product in flight
-		const bool resc = __any_sync(0xffffffffu, (mx0 - m0) * sl2 > FA_RESCALE ||
-							      (mx1 - m1) * sl2 > FA_RESCALE);
-
-		if (resc) {
-			const float n0 = mx0 == -INFINITY ? 0.f : mx0 * sl2;
-			const float n1 = mx1 == -INFINITY ? 0.f : mx1 * sl2;
-
-			c0 = fexp2(m0 * sl2 - n0);
-			c1 = fexp2(m1 * sl2 - n1);
-			m0 = mx0;
-			m1 = mx1;
-			l0 *= c0;
-			l1 *= c1;
-		}
-		const float b0 = m0 == -INFINITY ? 0.f : m0 * sl2;
-		const float b1 = m1 == -INFINITY ? 0.f : m1 * sl2;
-#pragma unroll
-		for (int n = 0; n < FA_BN / 8; n++) {
-			s[n][0] = fexp2(fmaf(s[n][0], sl2, -b0));
-			s[n][1] = fexp2(fmaf(s[n][1], sl2, -b0));
-			s[n][2] = fexp2(fmaf(s[n][2], sl2, -b1));
-			s[n][3] = fexp2(fmaf(s[n][3], sl2, -b1));
-			l0 += s[n][0] + s[n][1];
-			l1 += s[n][2] + s[n][3];
-		}
 		wg_wait0();
 		wg_pin<NO>(&o[0][0]);
-		if (resc) {
-#pragma unroll
-			for (int n = 0; n < HD / 8; n++) {
-				o[n][0] *= c0;
-				o[n][1] *= c0;
-				o[n][2] *= c1;
-				o[n][3] *= c1;
-			}
-		}
+		if (resc)
+			fa_scale_o<HD>(o, c0, c1);
 #pragma unroll
 		for (int kk = 0; kk < FA_BN / 16; kk++)
 			acc_to_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
@@ -604,16 +601,8 @@ k_fa_fwd_pipe(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int
 
 		if (row >= L)
 			continue;
-		bf16 *y = out + ((size_t)b * L + row) * nh * HD + (size_t)h * HD;
-		const float inv = act ? 1.f / l : 0.f;
-
-#pragma unroll
-		for (int n = 0; n < HD / 8; n++)
-			*(uint32_t *)(y + n * 8 + tq * 2) =
-				pack_bf2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
-		if (!tq)
-			lse[((size_t)b * L + row) * nh + h] =
-				act ? (m * sl2 + log2f(l)) * 0.69314718055994531f : 0.f;
+		fa_out_row<HD>(out + ((size_t)b * L + row) * nh * HD + (size_t)h * HD,
+			       lse + ((size_t)b * L + row) * nh + h, o, half, l, m, act, sl2, tq);
 	}
 }
 
