@@ -12,7 +12,8 @@
 # (2) steps, no activation checkpointing.  ncu times each kernel of the last step alone (the
 # trainer's NVTX range "step STEPS"; ALL_STEPS=1: every step, the total divided by STEPS;
 # --clock-control none, the clocks left as they are; kernels serialized, so overlap is not
-# shown): gpu__time_duration per launch, summed by kernel function, biggest first.  Prints one
+# shown): gpu__time_duration per launch, summed by kernel function, biggest first, then the
+# shares by kind (GEMM, attention, delta rule, optimizer, communication, rest).  Prints one
 # table per model; raw CSV and logs in OUTDIR.  NCU_ARGS: more ncu options (e.g. "--cache-control
 # none": caches not flushed before each kernel, closer to the kernel's time in the step).
 set -u
@@ -95,5 +96,24 @@ print(f"{'kernel':60s} {'launches':>8s} {'ms/step':>9s} {'share':>6s}")
 for k in sorted(tot, key=tot.get, reverse=True)[:30]:
     print(f"{k[:60]:60s} {cnt[k] // steps:8d} {tot[k] / steps:9.2f} {100 * tot[k] / all_ms:5.1f}%")
 print(f"{'all kernels':60s} {sum(cnt.values()) // steps:8d} {all_ms / steps:9.2f}")
+# shares by kind: cuBLASLt's GEMMs, the attention (flash kernels and D), the delta rule, the
+# optimizer (AdamW and the gradient norm), communication (NCCL), everything else
+def kind(k):
+    if k.startswith(("nvjet", "sm90_xmma", "cutlass", "gemm", "Kernel2")) or "gemm" in k:
+        return "GEMM"
+    if k.startswith(("k_fa_", "k_attn")):
+        return "attention"
+    if k.startswith("k_gdn"):
+        return "delta rule"
+    if k.startswith(("k_adamw", "k_sumsq")):
+        return "optimizer"
+    if k.startswith("nccl"):
+        return "communication"
+    return "rest"
+by = {}
+for k, v in tot.items():
+    by[kind(k)] = by.get(kind(k), 0) + v
+print("by kind: " + ", ".join(f"{n} {v / steps:.1f} ms ({100 * v / all_ms:.1f}%)"
+                              for n, v in sorted(by.items(), key=lambda e: -e[1])))
 PY
 done
