@@ -819,6 +819,123 @@ static __device__ int fa_first_row(const fa_rows &x, int b, int j)
 	return lo;
 }
 
+// a dk/dv sub-step's P^T and dS^T = P^T o (dP^T - D) in place of S^T (s) and dP^T (dp): this
+// lane's keys r0, r1 by the sub-step's FA_SUB queries (their lse, D, document starts and indices
+// in the stage's lsl, Dl, dsl, qil); msk: some key may be masked (after its query, or before the
+// query's document)
+static __device__ __forceinline__ void fa_dst(float (*s)[4], float (*dp)[4], int sub, bool msk,
+					      int r0, int r1, int tq, float sl2, const float *lsl,
+					      const float *Dl, const int *dsl, const int *qil)
+{
+#pragma unroll
+	for (int n = 0; n < FA_SUB / 8; n++) {
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			const int key = e < 2 ? r0 : r1;
+			const int qc = sub * FA_SUB + n * 8 + tq * 2 + (e & 1), q = qil[qc];
+			float p = fexp2(fmaf(s[n][e], sl2, -lsl[qc]));
+
+			if (msk && (q < key || key < dsl[qc]))
+				p = 0.f;
+			s[n][e] = p;
+			dp[n][e] = p * (dp[n][e] - Dl[qc]);
+		}
+	}
+}
+
+// One query tile of the dk/dv kernel on warpgroup products (SHARDLM_FA_BWD_PIPE=1; not yet run on
+// a GPU): two sub-steps of FA_SUB queries, the second's S^T and dP^T issued with the first's
+// dV and dK products and its P^T and dS^T made while those run (a skipped first sub-step adds
+// zeros: the control flow stays the same for every warp of the group, so ptxas keeps the
+// products asynchronous).  The same sums as the unpipelined steps, in the same order.
+template <int HD, int HO>
+static __device__ __forceinline__ void
+fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, const bf16 *qt,
+		const bf16 *gt, int j0, int wk, int r0, int r1, int tq, int wg, float sl2,
+		const float *lsl, const float *Dl, const int *dsl, const int *qil, bool mskall)
+{
+	static_assert(FA_BN == 2 * FA_SUB, "fa_dkdv_tile_wg: two sub-steps a tile");
+	uint32_t pa[FA_SUB / 16][4], da[FA_SUB / 16][4];
+	float s[FA_SUB / 8][4], dp[FA_SUB / 8][4];
+	bool go[2], msk[2];
+
+#pragma unroll
+	for (int sb = 0; sb < 2; sb++) {
+		const int qa = qil[sb * FA_SUB], qz = qil[sb * FA_SUB + FA_SUB - 1];
+
+		// all queries padding, or (the last one real, so the latest) every query before
+		// every key of the block
+		go[sb] = !(qa < 0 || (qz >= 0 && qz < j0));
+		msk[sb] = mskall || qa < wk + 15 || qz < 0;
+	}
+	auto sdp = [&](int sb) {	// S^T and dP^T (the first k-step writes them: acc 0)
+		wg_fence();
+#pragma unroll
+		for (int kk = 0; kk < HD / 16; kk++) {
+			wgmma_ss32(&s[0][0], desc_k<FA_BM>(ks, 0, kk),
+				   desc_k<FA_BN>(qt, sb * FA_SUB, kk), kk > 0);
+			wgmma_ss32(&dp[0][0], desc_k<FA_BM>(vs, 0, kk),
+				   desc_k<FA_BN>(gt, sb * FA_SUB, kk), kk > 0);
+		}
+		wg_commit();
+	};
+	auto dvdk = [&](int sb) {	// dV += P^T dO, dK += dS^T Q over the warpgroup's columns
+		wg_fence();
+#pragma unroll
+		for (int kk = 0; kk < FA_SUB / 16; kk++) {
+			// the warpgroup's columns [wg HO, (wg + 1) HO): panels of 64
+			const int r = sb * FA_SUB + kk * 16, c = wg * (HO / 64) * FA_BN * 64;
+
+			wgmma_rs_mn<HO, FA_BN>(&dv[0][0], pa[kk], gt + c, r);
+			wgmma_rs_mn<HO, FA_BN>(&dk[0][0], da[kk], qt + c, r);
+		}
+		wg_commit();
+	};
+	auto pack = [&]() {
+#pragma unroll
+		for (int kk = 0; kk < FA_SUB / 16; kk++) {
+			acc_to_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
+			acc_to_a(da[kk], dp[2 * kk], dp[2 * kk + 1]);
+		}
+	};
+
+	if (go[0]) {
+		sdp(0);
+		wg_wait0();
+		wg_pin<FA_SUB / 2>(&s[0][0]);
+		wg_pin<FA_SUB / 2>(&dp[0][0]);
+		fa_dst(s, dp, 0, msk[0], r0, r1, tq, sl2, lsl, Dl, dsl, qil);
+		pack();
+	} else {
+#pragma unroll
+		for (int kk = 0; kk < FA_SUB / 16; kk++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				pa[kk][e] = da[kk][e] = 0u;
+	}
+	if (go[1]) {
+		sdp(1);
+		dvdk(0);
+		wg_wait1();	// S^T, dP^T; sub-step 0's dV, dK may still run
+		wg_pin<FA_SUB / 2>(&s[0][0]);
+		wg_pin<FA_SUB / 2>(&dp[0][0]);
+		fa_dst(s, dp, 1, msk[1], r0, r1, tq, sl2, lsl, Dl, dsl, qil);
+		wg_wait0();
+		wg_pin<HO / 2>(&dv[0][0]);
+		wg_pin<HO / 2>(&dk[0][0]);
+		pack();
+		dvdk(1);
+		wg_wait0();
+		wg_pin<HO / 2>(&dv[0][0]);
+		wg_pin<HO / 2>(&dk[0][0]);
+	} else if (go[0]) {
+		dvdk(0);
+		wg_wait0();
+		wg_pin<HO / 2>(&dv[0][0]);
+		wg_pin<HO / 2>(&dk[0][0]);
+	}
+}
+
 // dk/dv: a block's 64 keys (and values) sit in shared memory for the whole kernel; query tiles of
 // each query head of the kv group stream through, in a fixed order (heads ascending, queries
 // ascending).  Per step a warp's 16 keys give S^T = K Q^T and dP^T = V dO^T (A from K, V; B from
@@ -828,7 +945,7 @@ template <int HD, bool CP, bool WG>
 __global__ void __launch_bounds__(fa_cfg<HD, WG>::KNT, fa_cfg<HD, WG>::KMINB)
 k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float *D,
 	  const bf16 *qkv, const int *lens, const int *pos, int L, int nh, int nkv, float sl2,
-	  float scale, fa_rows x)
+	  float scale, fa_rows x, bool pipe)
 {
 	// the block's keys and values, then two stages of query and dout tiles (WG: all swizzled)
 	using C = fa_cfg<HD, WG>;
@@ -923,6 +1040,14 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 		const float *lsl = lss + st * FA_BN, *Dl = Ds + st * FA_BN;
 		const int *dsl = dss + st * FA_BN, *qil = qis + st * FA_BN;
 
+		if constexpr (WG) {
+			if (pipe) {
+				fa_dkdv_tile_wg<HD, HO>(dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg,
+							sl2, lsl, Dl, dsl, qil, CP || pos);
+				__syncthreads();
+				continue;
+			}
+		}
 #pragma unroll
 		for (int sub = 0; sub < FA_BN / FA_SUB; sub++) {
 			const int qa = qil[sub * FA_SUB], qz = qil[sub * FA_SUB + FA_SUB - 1];
@@ -970,21 +1095,8 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 					}
 				}
 			}
-			const bool msk = CP || pos || qa < wk + 15 || qz < 0;
-#pragma unroll
-			for (int n = 0; n < FA_SUB / 8; n++) {
-#pragma unroll
-				for (int e = 0; e < 4; e++) {
-					const int key = e < 2 ? r0 : r1;
-					const int qc = sub * FA_SUB + n * 8 + tq * 2 + (e & 1), q = qil[qc];
-					float p = fexp2(fmaf(s[n][e], sl2, -lsl[qc]));
-
-					if (msk && (q < key || key < dsl[qc]))
-						p = 0.f;
-					s[n][e] = p;
-					dp[n][e] = p * (dp[n][e] - Dl[qc]);
-				}
-			}
+			fa_dst(s, dp, sub, CP || pos || qa < wk + 15 || qz < 0, r0, r1, tq, sl2, lsl,
+			       Dl, dsl, qil);
 			if constexpr (WG) {
 				uint32_t pa[FA_SUB / 16][4], da[FA_SUB / 16][4];
 
@@ -1113,6 +1225,20 @@ static bool fa_pipe(void)
 	return on;
 }
 
+// the dk/dv warpgroup kernel's tiles pipelined (fa_dkdv_tile_wg): SHARDLM_FA_BWD_PIPE=1 (read
+// once; not yet run on a GPU)
+static bool fa_bwd_pipe(void)
+{
+	static int on = -1;
+
+	if (on < 0) {
+		const char *e = getenv("SHARDLM_FA_BWD_PIPE");
+
+		on = e && !strcmp(e, "1");
+	}
+	return on;
+}
+
 // above 48 KB a kernel needs its dynamic shared-memory limit raised, once
 template <typename K> static void fa_allow(K kernel, size_t bytes, bool *done)
 {
@@ -1179,7 +1305,7 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 		dqkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x);
 	CUDA_LAUNCHED();
 	k_fa_dkdv<HD, CP, WG><<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::KNT, smk, c->stream>>>(
-		dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x);
+		dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x, fa_bwd_pipe());
 	CUDA_LAUNCHED();
 }
 
