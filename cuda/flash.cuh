@@ -440,10 +440,8 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 		}
 		__syncthreads();	// the next iteration's prefetch overwrites this stage
 	}
-	l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-	l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-	l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-	l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+	l0 = quad_sum(l0);
+	l1 = quad_sum(l1);
 	// part 2: part 1's lse of both rows, read by every lane before any lane writes
 	float lold[2] = { 0.f, 0.f };
 
@@ -589,10 +587,8 @@ k_fa_fwd_pipe(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int
 		wg_wait0();
 		wg_pin<NO>(&o[0][0]);
 	}
-	l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-	l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-	l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-	l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+	l0 = quad_sum(l0);
+	l1 = quad_sum(l1);
 #pragma unroll
 	for (int half = 0; half < 2; half++) {
 		const int row = half ? r1 : r0;

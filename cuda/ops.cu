@@ -543,32 +543,38 @@ k_qk_norm_rope_bwd(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *qw
 	}
 }
 
-// VE consecutive bf16 (or fp32) elements as one vector access (4, 8 or 16 bytes; 32 for fp32 VE 8
-// as two)
-template <int VE> struct alignas(2 * VE) bf_vec {
-	bf16 v[VE];
-};
+// VE (2, 4 or 8) consecutive bf16 as one word of 4, 8 or 16 bytes (the v heads' copy); VE fp32 as
+// one vector access (32 bytes for VE 8 as two: the rotary table)
+template <int VE>
+using bf_word = std::conditional_t<VE == 8, uint4, std::conditional_t<VE == 4, uint2, uint32_t>>;
 template <int VE> struct alignas(4 * VE) f_vec {
 	float v[VE];
 };
 
+// VE (2, 4 or 8) bf16 at a 2 VE-byte aligned address as floats, and back (common.cuh's ld8 and
+// st8, cvt4 and pack4)
 template <int VE> static __device__ __forceinline__ void ld_bfv(float *f, const bf16 *p)
 {
-	const bf_vec<VE> u = *(const bf_vec<VE> *)p;
+	if constexpr (VE == 8) {
+		ld8(f, p);
+	} else if constexpr (VE == 4) {
+		cvt4(f, *(const uint2 *)p);
+	} else {
+		const float2 t = __bfloat1622float2(*(const __nv_bfloat162 *)p);
 
-#pragma unroll
-	for (int k = 0; k < VE; k++)
-		f[k] = bf(u.v[k]);
+		f[0] = t.x;
+		f[1] = t.y;
+	}
 }
 
 template <int VE> static __device__ __forceinline__ void st_bfv(bf16 *p, const float *f)
 {
-	bf_vec<VE> u;
-
-#pragma unroll
-	for (int k = 0; k < VE; k++)
-		u.v[k] = tobf(f[k]);
-	*(bf_vec<VE> *)p = u;
+	if constexpr (VE == 8)
+		st8(p, f);
+	else if constexpr (VE == 4)
+		*(uint2 *)p = pack4(f);
+	else
+		*(__nv_bfloat162 *)p = __floats2bfloat162_rn(f[0], f[1]);
 }
 
 // the rotary cos and sin of pairs i .. i + VE - 1 at position p (VE consecutive, i a multiple of
@@ -671,7 +677,7 @@ k_qk_norm_rope_bwd_w(bf16 *dqkv, float *part, const bf16 *dout, const bf16 *qkv,
 		const size_t off = (size_t)t * nj * HD + (size_t)j * HD + lane * VE;
 
 		if (j >= nq) {
-			*(bf_vec<VE> *)(dqkv + off) = *(const bf_vec<VE> *)(dout + off);
+			*(bf_word<VE> *)(dqkv + off) = *(const bf_word<VE> *)(dout + off);
 			continue;
 		}
 		const bool isq = j < nh;
