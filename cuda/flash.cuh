@@ -839,8 +839,8 @@ static __device__ __forceinline__ void fa_dst(float (*s)[4], float (*dp)[4], int
 	}
 }
 
-// One query tile of the dk/dv kernel on warpgroup products (SHARDLM_FA_BWD_PIPE=1; not yet run on
-// a GPU): two sub-steps of FA_SUB queries, the second's S^T and dP^T issued with the first's
+// One query tile of the dk/dv kernel on warpgroup products (the default; SHARDLM_FA_BWD_PIPE=0
+// runs the sub-steps one after the other): two sub-steps of FA_SUB queries, the second's S^T and dP^T issued with the first's
 // dV and dK products and its P^T and dS^T made while those run (a skipped first sub-step adds
 // zeros: the control flow stays the same for every warp of the group, so ptxas keeps the
 // products asynchronous).  The same sums as the unpipelined steps, in the same order.
@@ -1221,8 +1221,8 @@ static bool fa_pipe(void)
 	return on;
 }
 
-// the dk/dv warpgroup kernel's tiles pipelined (fa_dkdv_tile_wg): SHARDLM_FA_BWD_PIPE=1 (read
-// once; not yet run on a GPU)
+// the dk/dv warpgroup kernel's tiles pipelined (fa_dkdv_tile_wg), unless SHARDLM_FA_BWD_PIPE=0
+// (read once)
 static bool fa_bwd_pipe(void)
 {
 	static int on = -1;
@@ -1230,7 +1230,7 @@ static bool fa_bwd_pipe(void)
 	if (on < 0) {
 		const char *e = getenv("SHARDLM_FA_BWD_PIPE");
 
-		on = e && !strcmp(e, "1");
+		on = !(e && !strcmp(e, "0"));
 	}
 	return on;
 }

@@ -65,10 +65,10 @@ gpu_test "cuda ops vs cpu, unpipelined attention forward" env SHARDLM_FA_PIPE=0 
 	"$top_builddir/test/test_cuda_ops"
 gpu_test "cuda model vs cpu, unpipelined attention forward" env SHARDLM_FA_PIPE=0 \
 	"$top_builddir/test/test_cuda_model"
-# the dk/dv warpgroup kernel pipelined (SHARDLM_FA_BWD_PIPE=1; opt-in)
-gpu_test "cuda ops vs cpu, pipelined attention dk/dv" env SHARDLM_FA_BWD_PIPE=1 \
+# the dk/dv warpgroup kernel unpipelined (SHARDLM_FA_BWD_PIPE=0; the pipelined one is the default)
+gpu_test "cuda ops vs cpu, unpipelined attention dk/dv" env SHARDLM_FA_BWD_PIPE=0 \
 	"$top_builddir/test/test_cuda_ops"
-gpu_test "cuda model vs cpu, pipelined attention dk/dv" env SHARDLM_FA_BWD_PIPE=1 \
+gpu_test "cuda model vs cpu, unpipelined attention dk/dv" env SHARDLM_FA_BWD_PIPE=0 \
 	"$top_builddir/test/test_cuda_model"
 gpu_test "cuda model vs cpu, mma.sync attention" env SHARDLM_FA_WGMMA=0 \
 	"$top_builddir/test/test_cuda_model"
