@@ -1358,25 +1358,91 @@ extern "C" void sl_cuda_sumsq_bf16(struct sl_cuda *c, double *out, const void *g
 	sumsq(c, out, (const bf16 *)g, n);
 }
 
-// torch's AdamW step in its order; explicit _rn intrinsics so nvcc contracts nothing into FMAs
-// and the fp32 results equal the cpu reference's
+// torch's AdamW step in its order, one element; explicit _rn intrinsics so nvcc contracts
+// nothing into FMAs and the fp32 results equal the cpu reference's
+struct adamw_k {
+	float decay, w1, b2, w2, bc2s, step, eps, gs;
+	int lerp_lo;
+};
+
+static __device__ __forceinline__ void adamw_el(float &p, float &m, float &v, float graw,
+						const adamw_k &a)
+{
+	float g = __fmul_rn(graw, a.gs);
+	float pi = __fmul_rn(p, a.decay);
+	float mi = m, vi, den;
+
+	mi = a.lerp_lo ? __fadd_rn(mi, __fmul_rn(a.w1, __fsub_rn(g, mi))) :
+			 __fsub_rn(g, __fmul_rn(__fsub_rn(g, mi), __fsub_rn(1.f, a.w1)));
+	vi = __fmul_rn(v, a.b2);
+	vi = __fadd_rn(vi, __fmul_rn(__fmul_rn(a.w2, g), g));
+	den = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), a.bc2s), a.eps);
+	p = __fadd_rn(pi, __fdiv_rn(__fmul_rn(a.step, mi), den));
+	m = mi;
+	v = vi;
+}
+
+// one element a thread (any alignment)
 template <typename G>
 __global__ void k_adamw(float *p, float *m, float *v, const G *grad, bf16 *wo, size_t n,
-			float decay, float w1, float b2, float w2, float bc2s, float step,
-			float eps, float gs, int lerp_lo)
+			adamw_k a)
 {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
-		float g = __fmul_rn(gval(grad[i]), gs);
-		float pi = __fmul_rn(p[i], decay);
-		float mi = m[i], vi, den;
+		float pi = p[i], mi = m[i], vi = v[i];
 
-		mi = lerp_lo ? __fadd_rn(mi, __fmul_rn(w1, __fsub_rn(g, mi))) :
-			       __fsub_rn(g, __fmul_rn(__fsub_rn(g, mi), __fsub_rn(1.f, w1)));
-		vi = __fmul_rn(v[i], b2);
-		vi = __fadd_rn(vi, __fmul_rn(__fmul_rn(w2, g), g));
-		den = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2s), eps);
-		pi = __fadd_rn(pi, __fdiv_rn(__fmul_rn(step, mi), den));
+		adamw_el(pi, mi, vi, gval(grad[i]), a);
+		p[i] = pi;
+		m[i] = mi;
+		v[i] = vi;
+		if (wo)
+			wo[i] = tobf(pi);
+	}
+}
+
+// four elements a thread: p, m, v as 16-byte words, the gradient as 8 (bf16) or 16 bytes, the
+// bf16 copy as 8 bytes (every pointer aligned so, the launcher's check); the last n % 4
+// elements one a thread of block 0
+static __device__ __forceinline__ void gval4(float *g, const bf16 *p)
+{
+	cvt4(g, *(const uint2 *)p);
+}
+
+static __device__ __forceinline__ void gval4(float *g, const float *p)
+{
+	float4 t = *(const float4 *)p;
+
+	g[0] = t.x, g[1] = t.y, g[2] = t.z, g[3] = t.w;
+}
+
+template <typename G>
+__global__ void k_adamw4(float *p, float *m, float *v, const G *grad, bf16 *wo, size_t n,
+			 adamw_k a)
+{
+	const size_t n4 = n / 4;
+
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		float4 P = ((const float4 *)p)[i], M = ((const float4 *)m)[i];
+		float4 V = ((const float4 *)v)[i];
+		float g[4], pf[4] = { P.x, P.y, P.z, P.w }, mf[4] = { M.x, M.y, M.z, M.w };
+		float vf[4] = { V.x, V.y, V.z, V.w };
+
+		gval4(g, grad + 4 * i);
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			adamw_el(pf[k], mf[k], vf[k], g[k], a);
+		((float4 *)p)[i] = make_float4(pf[0], pf[1], pf[2], pf[3]);
+		((float4 *)m)[i] = make_float4(mf[0], mf[1], mf[2], mf[3]);
+		((float4 *)v)[i] = make_float4(vf[0], vf[1], vf[2], vf[3]);
+		if (wo)
+			*(uint2 *)(wo + 4 * i) = pack4(pf);
+	}
+	if (blockIdx.x == 0 && threadIdx.x < n - 4 * n4) {
+		const size_t i = 4 * n4 + threadIdx.x;
+		float pi = p[i], mi = m[i], vi = v[i];
+
+		adamw_el(pi, mi, vi, gval(grad[i]), a);
 		p[i] = pi;
 		m[i] = mi;
 		v[i] = vi;
@@ -1399,9 +1465,17 @@ static void adamw(struct sl_cuda *c, float *p, float *m, float *v, const G *grad
 
 	if (!n)
 		return;
-	k_adamw<G><<<grid_for(n, NT), NT, 0, c->stream>>>(p, m, v, grad, (bf16 *)w_out, n, decay,
-							  w1, beta2, w2, bc2s, step, eps,
-							  grad_scale, fabsf(w1) < 0.5f);
+	const adamw_k a = { decay, w1, beta2, w2, bc2s, step, eps, grad_scale, fabsf(w1) < 0.5f };
+	const bool vec = (uintptr_t)p % 16 == 0 && (uintptr_t)m % 16 == 0 &&
+			 (uintptr_t)v % 16 == 0 && (uintptr_t)grad % (4 * sizeof(G)) == 0 &&
+			 (uintptr_t)w_out % 8 == 0;
+
+	if (vec)
+		k_adamw4<G><<<grid_for(n / 4 ? n / 4 : 1, NT), NT, 0, c->stream>>>(
+			p, m, v, grad, (bf16 *)w_out, n, a);
+	else
+		k_adamw<G><<<grid_for(n, NT), NT, 0, c->stream>>>(p, m, v, grad, (bf16 *)w_out, n,
+								  a);
 	CUDA_LAUNCHED();
 }
 

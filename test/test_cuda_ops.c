@@ -7,7 +7,7 @@
  * output's scale), f32 outputs of the optimizer to float rounding.  Several shapes each, odd sizes
  * and padded batches included.  Prints a table of op, shape, errors and GPU time.  A last argument
  * --bench adds the timings of the 4B's GEMMs and attention (and the Qwen3.5 4B's head_dim-256
- * attention); --bench-only runs those timings alone.
+ * attention), the q/k norm kernels and AdamW; --bench-only runs those timings alone.
  */
 #include <math.h>
 #include <stdint.h>
@@ -638,7 +638,9 @@ static void t_sumsq_at(size_t n, enum kind k, size_t off)
 	drop(g);
 }
 
-static void t_adamw(size_t n, bool wout, enum kind k)
+/* AdamW on elements [off, n) of each buffer (the first off untouched on both sides): off % 4
+ * != 0 takes the one-element kernel, else the 16-byte one (its last n % 4 elements alone) */
+static void t_adamw_at(size_t n, bool wout, enum kind k, size_t off)
 {
 	char sh[64];
 	struct buf *p = rnd(F32, n, 1), *m = rnd(F32, n, 0.1), *v = mk(F32, n);
@@ -647,16 +649,27 @@ static void t_adamw(size_t n, bool wout, enum kind k)
 				   .weight_decay = 0.1f, .bc1 = 1 - powf(0.9f, 7),
 				   .bc2 = 1 - powf(0.95f, 7), .grad_scale = 0.7f };
 	const char *op = k == BF ? "adamw_c" : "adamw_f32";
+	const size_t es = k == BF ? 2 : 4, r = n - off;
 
 	for (size_t i = 0; i < n; i++)
 		v->h[i] = (float)(0.01 * rng_unif());
 	put(v);
-	snprintf(sh, sizeof(sh), "n=%zu%s", n, wout ? " w_out" : "");
-	cpu->adamw_f32(cpu, p->c, m->c, v->c, gr->c, wo ? wo->c : NULL, n, &a);
+	snprintf(sh, sizeof(sh), "n=%zu%s from %zu", n, wout ? " w_out" : "", off);
+	if (wo && off) {	/* w_out's first off elements stay as they are: 0 on both sides */
+		for (size_t i = 0; i < off; i++)
+			wo->h[i] = 0;
+		put(wo);
+	}
+	cpu->adamw_f32(cpu, (float *)p->c + off, (float *)m->c + off, (float *)v->c + off,
+		       (float *)gr->c + off, wo ? (float *)wo->c + off : NULL, r, &a);
 	if (k == BF)
-		TIMED(gpu->adamw_c(gpu, p->g, m->g, v->g, gr->g, wo ? wo->g : NULL, n, &a));
+		TIMED(gpu->adamw_c(gpu, (float *)p->g + off, (float *)m->g + off,
+				   (float *)v->g + off, (char *)gr->g + off * es,
+				   wo ? (char *)wo->g + off * 2 : NULL, r, &a));
 	else
-		TIMED(gpu->adamw_f32(gpu, p->g, m->g, v->g, gr->g, wo ? wo->g : NULL, n, &a));
+		TIMED(gpu->adamw_f32(gpu, (float *)p->g + off, (float *)m->g + off,
+				     (float *)v->g + off, (float *)gr->g + off,
+				     wo ? (char *)wo->g + off * 2 : NULL, r, &a));
 	cmp(op, sh, "p", p, 1e-7);
 	cmp(op, sh, "m", m, 1e-7);
 	cmp(op, sh, "v", v, 1e-7);
@@ -668,6 +681,11 @@ static void t_adamw(size_t n, bool wout, enum kind k)
 	drop(gr);
 	if (wo)
 		drop(wo);
+}
+
+static void t_adamw(size_t n, bool wout, enum kind k)
+{
+	t_adamw_at(n, wout, k, 0);
 }
 
 /* a 4B-like matmul and attention shape, timed (no cpu reference: too slow there) */
@@ -758,7 +776,7 @@ static void bench(void)
 	 * (the backward with the norm weights' gradients); bytes moved: forward reads and writes
 	 * the qkv rows, the backward reads them and dout and writes dqkv */
 	{
-		const int B = 4, L = 2048, nh = 32, nkv = 8, hd = 128, W = (nh + 2 * nkv) * hd;
+		const int L = 2048, nh = 32, nkv = 8, hd = 128, W = (nh + 2 * nkv) * hd;
 		const double mb = (double)T * W * 2 / 1e6;
 		void *qkv = o, *dout = (char *)o + (size_t)T * W * 2, *qw = w;
 		void *kw = (char *)w + hd * 2, *dqw = (char *)f + ((size_t)64 << 20);
@@ -780,6 +798,39 @@ static void bench(void)
 		ms = t_ms / 10;
 		printf("  qk_norm_rope_bwd 4x2048 h=%d/%d hd=%d: %.3f ms, %.0f GB/s\n", nh, nkv, hd, ms,
 		       3 * mb / ms);
+	}
+	/* AdamW on 64M parameters with bf16 gradients and the bf16 copy (28 bytes a parameter),
+	 * from an aligned start (16-byte kernel) and one element in (one-element kernel) */
+	{
+		const size_t n = (size_t)64 << 20;
+		float *pm = gpu->alloc(gpu, 3 * (n + 4) * 4), *hb = malloc((n + 4) * 4);
+		void *gb = gpu->alloc(gpu, (n + 4) * 2), *wo = gpu->alloc(gpu, (n + 4) * 2);
+		struct sl_adamw_args a = { .lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+					   .weight_decay = 0.1f, .bc1 = 0.5f, .bc2 = 0.3f,
+					   .grad_scale = 0.7f };
+
+		for (size_t i = 0; i < n + 4; i++)
+			hb[i] = (float)(0.01 * rng_unif());
+		for (int b = 0; b < 3; b++)
+			gpu->upload(gpu, pm + b * (n + 4), hb, (n + 4) * 4);
+		for (size_t i = 0; i < n + 4; i++)	/* the gradients: bf16 of the same values */
+			((uint16_t *)hb)[i] = f2bf(hb[i] - 0.005f);
+		gpu->upload(gpu, gb, hb, (n + 4) * 2);
+		free(hb);
+		for (int o1 = 0; o1 < 2; o1++) {
+			float *p = pm + o1, *m = pm + (n + 4) + o1, *v = pm + 2 * (n + 4) + o1;
+			void *g = (char *)gb + 2 * o1, *wq = (char *)wo + 2 * o1;
+			double ms;
+
+			gpu->adamw_c(gpu, p, m, v, g, wq, n, &a);
+			TIMED(for (int i = 0; i < 5; i++) gpu->adamw_c(gpu, p, m, v, g, wq, n, &a));
+			ms = t_ms / 5;
+			printf("  adamw_c 64M bf16 grads + bf16 copy, start +%d: %.3f ms, %.0f GB/s\n",
+			       o1, ms, 28.0 * n / ms / 1e6);
+		}
+		gpu->free(gpu, pm);
+		gpu->free(gpu, gb);
+		gpu->free(gpu, wo);
 	}
 	gpu->free(gpu, x);
 	gpu->free(gpu, w);
@@ -878,6 +929,13 @@ int main(int argc, char **argv)
 	t_adamw(100001, true, F32);
 	t_adamw(1000, false, BF);
 	t_adamw(100001, true, BF);
+	/* the 16-byte kernel with 3 elements after its vectors and a start 4 elements in; the
+	 * one-element kernel from starts off the vectors */
+	t_adamw(7, true, BF);
+	t_adamw_at(100003, true, BF, 4);
+	t_adamw_at(100003, true, F32, 4);
+	t_adamw_at(1003, true, BF, 1);
+	t_adamw_at(1003, false, F32, 2);
 	t_moe_all();
 	t_q35moe_all();
 	t_cp_all();
