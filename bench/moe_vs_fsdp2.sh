@@ -39,7 +39,7 @@ backend: cuda
 data: {train: $T/data.jsonl, max_state: $SEQ, seed: 1}
 train: {batch: $B, accum: 1, steps: $STEPS, eval_every: 0}
 checkpoint: {every: 0}
-export: {dtype: bf16}
+export: {final: false}
 run: {dir: $T/run, log_every: 1}
 YAML
 # one shardlm run (NAME, then an optional NAME=VALUE environment setting)

@@ -350,7 +350,8 @@ struct lt_plan {
 };
 
 #define MAX_PLANS 32
-#define MOE_STREAMS 4
+#define MOE_STREAMS 8		// at most (each with an eighth of the workspace)
+#define MOE_STREAMS_DEF 8	// by default
 
 // a context's cuBLAS handle (on its stream) and the grouped calls' argument arrays
 struct moe_gemm {
@@ -363,7 +364,7 @@ struct moe_gemm {
 	float *alpha, *beta;
 	cublasOperation_t *ta, *tb;
 	// the per-expert matmuls spread over side streams (SHARDLM_MOE_STREAMS, default
-	// MOE_STREAMS; 1: all on the compute stream), each with its slice of the workspace
+	// MOE_STREAMS_DEF; 1: all on the compute stream), each with its slice of the workspace
 	int nside;
 	cudaStream_t side[MOE_STREAMS];
 	cudaEvent_t fork, join[MOE_STREAMS];
@@ -426,7 +427,7 @@ static struct moe_gemm *grouped_init(struct sl_cuda *c)
 	g->beta = g->alpha + GMAX;
 	g->tb = g->ta + GMAX;
 	g->mode = getenv("SHARDLM_MOE_GEMM") && !strcmp(getenv("SHARDLM_MOE_GEMM"), "batched");
-	g->nside = MOE_STREAMS;
+	g->nside = MOE_STREAMS_DEF;
 	if (getenv("SHARDLM_MOE_STREAMS")) {
 		const char *v = getenv("SHARDLM_MOE_STREAMS");
 		char *end;
