@@ -682,11 +682,17 @@ static bool aligned(int K, int N, const void *a, const void *b, const void *cc)
 	       (uintptr_t)cc % 16 == 0;
 }
 
+// the one-launch warpgroup kernel (moe_mm.cu; SHARDLM_MOE_GEMM=wg): false where it does not apply
+extern "C" bool sl_cuda_moe_mm(struct sl_cuda *c, int form, void *out, const void *a,
+			       const void *b, const int *h_offs, int E, int K, int N, size_t ws);
+
 // out(rows, N) = x(rows, K) w_e(N, K)^T  ->  out^T (N, rows) = w_e^T-op x^T (see gemm.cu)
 extern "C" void sl_cuda_moe_gemm_fwd(struct sl_cuda *c, void *out, const void *x, const void *w,
 				     const int *d_offs, const int *h_offs, int E, int K, int N,
 				     size_t ws)
 {
+	if (sl_cuda_moe_mm(c, 0, out, x, w, h_offs, E, K, N, ws))
+		return;
 	if (!aligned(K, N, out, x, w)) {
 		for (int e = 0; e < E; e++)
 			if (h_offs[e + 1] > h_offs[e])
@@ -718,6 +724,10 @@ extern "C" void sl_cuda_moe_gemm_bwd(struct sl_cuda *c, void *dx, void *dw, cons
 		}
 		return;
 	}
+	// the warpgroup kernel for both products, or cuBLASLt for both
+	if ((!dx || sl_cuda_moe_mm(c, 1, dx, dout, w, h_offs, E, K, N, ws)) &&
+	    sl_cuda_moe_mm(c, 2, dw, dout, x, h_offs, E, K, N, ws))
+		return;
 	// dx^T (K, rows) = w_e (K, N col-major) dout^T (N, rows)
 	if (dx)
 		grouped(c, d_offs, h_offs, E, 0, 0, 1, K, 0, N, w, ws, 0, K, dout, 0, N, N, dx, 0,

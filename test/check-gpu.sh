@@ -70,6 +70,9 @@ gpu_test "cuda ops vs cpu, unpipelined attention dk/dv" env SHARDLM_FA_BWD_PIPE=
 	"$top_builddir/test/test_cuda_ops"
 gpu_test "cuda model vs cpu, unpipelined attention dk/dv" env SHARDLM_FA_BWD_PIPE=0 \
 	"$top_builddir/test/test_cuda_model"
+# the experts' matmuls in one warpgroup kernel (SHARDLM_MOE_GEMM=wg; opt-in, cuda/moe_mm.cu)
+gpu_test "cuda ops vs cpu, one-launch expert matmuls" env SHARDLM_MOE_GEMM=wg \
+	"$top_builddir/test/test_cuda_ops"
 gpu_test "cuda model vs cpu, mma.sync attention" env SHARDLM_FA_WGMMA=0 \
 	"$top_builddir/test/test_cuda_model"
 # parallel.offload: the copy streams and events, then optimizer and params against on-GPU

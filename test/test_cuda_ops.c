@@ -799,6 +799,7 @@ static void bench(void)
 		printf("  qk_norm_rope_bwd 4x2048 h=%d/%d hd=%d: %.3f ms, %.0f GB/s\n", nh, nkv, hd, ms,
 		       3 * mb / ms);
 	}
+	bench_moe();
 	/* AdamW on 64M parameters with bf16 gradients and the bf16 copy (28 bytes a parameter),
 	 * from an aligned start (16-byte kernel) and one element in (one-element kernel) */
 	{
