@@ -4,8 +4,8 @@
 //
 // A block computes one 128 x 256 output tile: warpgroup 0 loads 64-deep slices of the two
 // operands with cp.async into a ring of MM_ST stages (128-byte swizzled tiles, wgmma.cuh's
-// layout; rows past an expert's last one are zeros), each stage's mbarrier completing when its
-// copies have landed; warpgroups 1 and 2 each multiply 64 of the tile's rows by its 256 columns
+// layout, each thread's copy addresses worked out once a tile: mm_load.cuh; rows past an
+// expert's last one are zeros), each stage's mbarrier completing when its copies have landed; warpgroups 1 and 2 each multiply 64 of the tile's rows by its 256 columns
 // (m64n256k16, both operands from shared memory, fp32 accumulators) and hand each stage back
 // once its products are done.  Three forms, per expert e with rows [o, o + R) of the permuted
 // tokens:
@@ -15,6 +15,7 @@
 // Each output element is one block's fixed-order sum: the results do not depend on the launch.
 #include "common.cuh"
 #include "wgmma.cuh"
+#include "mm_load.cuh"
 
 #define MM_BM 128
 #define MM_BN 256
@@ -75,6 +76,23 @@ static __device__ __forceinline__ void cp_arrive(uint64_t *b)
 	asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(b))
 		     : "memory");
 #endif
+}
+
+// a tile's copies by one loader thread (mm_load.cuh): source rows [row0, row0 + NR) of g (its
+// first column already added), rows at or past rend as zeros, into the tile at shared address sh
+template <int HD, int NR>
+static __device__ __forceinline__ void mm_load(const mm_ld<HD, NR> &L, uint32_t sh,
+					       const bf16 *g, int row0, int rend)
+{
+	const bf16 *p = g + (size_t)row0 * L.stride;
+	const int lim = rend - row0;
+
+#pragma unroll
+	for (int i = 0; i < mm_ld<HD, NR>::NC; i++) {
+		const bool ok = L.row(i) < lim;
+
+		cp_async16(sh + L.soff(i), ok ? p + L.goff(i) : g, ok);
+	}
 }
 
 // D (m64 x n256, fp32) += A (m64 x k16) * B (k16 x n256), both from shared memory; TA, TB 0:
@@ -157,26 +175,38 @@ k_moe_mm(bf16 *out, const bf16 *a, const bf16 *b, const __grid_constant__ mm_gro
 		}
 	__syncthreads();
 	if (threadIdx.x < 128) {	// the loader
+		// K-major tiles (forms 0, 1: A, and B of form 0), MN-major ones (B of 1, A and B of 2)
+		mm_ld<64, MM_BM> lka;
+		mm_ld<64, MM_BN> lkb;
+		mm_ld<MM_BM, MM_BK> lma;
+		mm_ld<MM_BN, MM_BK> lmb;
+
+		if (FORM == 0) {
+			lka.init(threadIdx.x, K);
+			lkb.init(threadIdx.x, K);
+		} else if (FORM == 1) {
+			lka.init(threadIdx.x, N);
+			lmb.init(threadIdx.x, K);
+		} else {
+			lma.init(threadIdx.x, N);
+			lmb.init(threadIdx.x, K);
+		}
 		for (int kt = 0; kt < KT; kt++) {
 			const int s = kt % MM_ST;
-			bf16 *A = sA + s * MM_BM * MM_BK, *B = sB + s * MM_BN * MM_BK;
+			const uint32_t A = smem_u32(sA + s * MM_BM * MM_BK);
+			const uint32_t B = smem_u32(sB + s * MM_BN * MM_BK);
 
 			if (kt >= MM_ST)
 				mbar_wait(&empty[s], (kt / MM_ST - 1) & 1);
 			if (FORM == 0) {
-				tile_sw<64, MM_BM>(A, a + (size_t)o * K + kt * MM_BK, K, mt * MM_BM, R,
-						   128);
-				tile_sw<64, MM_BN>(B, b + e * ws + kt * MM_BK, K, nt * MM_BN, N, 128);
+				mm_load(lka, A, a + (size_t)o * K + kt * MM_BK, mt * MM_BM, R);
+				mm_load(lkb, B, b + e * ws + kt * MM_BK, nt * MM_BN, N);
 			} else if (FORM == 1) {
-				tile_sw<64, MM_BM>(A, a + (size_t)o * N + kt * MM_BK, N, mt * MM_BM, R,
-						   128);
-				tile_sw<MM_BN, MM_BK>(B, b + e * ws + nt * MM_BN, K, kt * MM_BK, N,
-						      128);
+				mm_load(lka, A, a + (size_t)o * N + kt * MM_BK, mt * MM_BM, R);
+				mm_load(lmb, B, b + e * ws + nt * MM_BN, kt * MM_BK, N);
 			} else {
-				tile_sw<MM_BM, MM_BK>(A, a + (size_t)o * N + mt * MM_BM, N, kt * MM_BK,
-						      R, 128);
-				tile_sw<MM_BN, MM_BK>(B, b + (size_t)o * K + nt * MM_BN, K, kt * MM_BK,
-						      R, 128);
+				mm_load(lma, A, a + (size_t)o * N + mt * MM_BM, kt * MM_BK, R);
+				mm_load(lmb, B, b + (size_t)o * K + nt * MM_BN, kt * MM_BK, R);
 			}
 			cp_arrive(&full[s]);
 		}
