@@ -243,6 +243,10 @@ static inline unsigned grid_for(size_t n, int threads)
 float *sl_cuda_scratch(struct sl_cuda *c, size_t bytes, const char *who);
 int sl_cuda_scratch_grow(struct sl_cuda *c, size_t bytes);	// 0, or -1: no room (kept)
 
+// the current device is compute capability 9.0, the target of the sm_90a (SL_WGMMA) kernels
+// (context.cu; asked once)
+bool sl_cuda_sm90(void);
+
 // dbias(N) += column sums of dout(T, N) (ops.cu), for the matmul backward (gemm.cu)
 extern "C" void sl_cuda_bias_grad(struct sl_cuda *c, void *dbias, const void *dout, int T, int N);
 // the matmul cache's descriptors (gemm.cu), released by sl_cuda_destroy (context.cu)

@@ -205,3 +205,18 @@ extern "C" double sl_cuda_timer_stop(struct sl_cuda *c)
 	CUDA_CHECK(cudaEventElapsedTime(&ms, c->ev0, c->ev1));
 	return ms;
 }
+
+bool sl_cuda_sm90(void)
+{
+	static int ok = -1;
+
+	if (ok < 0) {
+		int dev = 0, major = 0, minor = 0;
+
+		CUDA_CHECK(cudaGetDevice(&dev));
+		CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+		CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+		ok = major == 9 && minor == 0;
+	}
+	return ok;
+}

@@ -840,10 +840,11 @@ static __device__ __forceinline__ void fa_dst(float (*s)[4], float (*dp)[4], int
 }
 
 // One query tile of the dk/dv kernel on warpgroup products (the default; SHARDLM_FA_BWD_PIPE=0
-// runs the sub-steps one after the other): two sub-steps of FA_SUB queries, the second's S^T and dP^T issued with the first's
-// dV and dK products and its P^T and dS^T made while those run (a skipped first sub-step adds
-// zeros: the control flow stays the same for every warp of the group, so ptxas keeps the
-// products asynchronous).  The same sums as the unpipelined steps, in the same order.
+// runs the sub-steps one after the other): two sub-steps of FA_SUB queries, the second's S^T
+// and dP^T issued with the first's dV and dK products and its P^T and dS^T made while those run
+// (a skipped first sub-step adds zeros: the control flow stays the same for every warp of the
+// group, so ptxas keeps the products asynchronous).  The same sums as the unpipelined steps, in
+// the same order.
 template <int HD, int HO>
 static __device__ __forceinline__ void
 fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, const bf16 *qt,
@@ -1193,12 +1194,8 @@ static bool fa_wg(int hd)
 
 	if (ok < 0) {
 		const char *e = getenv("SHARDLM_FA_WGMMA");
-		int dev = 0, major = 0, minor = 0;
 
-		CUDA_CHECK(cudaGetDevice(&dev));
-		CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-		CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-		ok = major == 9 && minor == 0 && !(e && !strcmp(e, "0"));
+		ok = sl_cuda_sm90() && !(e && !strcmp(e, "0"));
 	}
 	return ok && (hd == 64 || hd == 128 || hd == 256);
 #else

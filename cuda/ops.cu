@@ -1382,22 +1382,29 @@ static __device__ __forceinline__ void adamw_el(float &p, float &m, float &v, fl
 	v = vi;
 }
 
+// element i in place (and its bf16 copy)
+template <typename G>
+static __device__ __forceinline__ void adamw_at(float *p, float *m, float *v, const G *grad,
+						bf16 *wo, size_t i, const adamw_k &a)
+{
+	float pi = p[i], mi = m[i], vi = v[i];
+
+	adamw_el(pi, mi, vi, gval(grad[i]), a);
+	p[i] = pi;
+	m[i] = mi;
+	v[i] = vi;
+	if (wo)
+		wo[i] = tobf(pi);
+}
+
 // one element a thread (any alignment)
 template <typename G>
 __global__ void k_adamw(float *p, float *m, float *v, const G *grad, bf16 *wo, size_t n,
 			adamw_k a)
 {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		float pi = p[i], mi = m[i], vi = v[i];
-
-		adamw_el(pi, mi, vi, gval(grad[i]), a);
-		p[i] = pi;
-		m[i] = mi;
-		v[i] = vi;
-		if (wo)
-			wo[i] = tobf(pi);
-	}
+	     i += (size_t)gridDim.x * blockDim.x)
+		adamw_at(p, m, v, grad, wo, i, a);
 }
 
 // four elements a thread: p, m, v as 16-byte words, the gradient as 8 (bf16) or 16 bytes, the
@@ -1438,17 +1445,8 @@ __global__ void k_adamw4(float *p, float *m, float *v, const G *grad, bf16 *wo, 
 		if (wo)
 			*(uint2 *)(wo + 4 * i) = pack4(pf);
 	}
-	if (blockIdx.x == 0 && threadIdx.x < n - 4 * n4) {
-		const size_t i = 4 * n4 + threadIdx.x;
-		float pi = p[i], mi = m[i], vi = v[i];
-
-		adamw_el(pi, mi, vi, gval(grad[i]), a);
-		p[i] = pi;
-		m[i] = mi;
-		v[i] = vi;
-		if (wo)
-			wo[i] = tobf(pi);
-	}
+	if (blockIdx.x == 0 && threadIdx.x < n - 4 * n4)
+		adamw_at(p, m, v, grad, wo, 4 * n4 + threadIdx.x, a);
 }
 
 template <typename G>
