@@ -1,13 +1,16 @@
 // moe_mm.cu: the experts' grouped matmuls in one kernel on Hopper's warpgroup MMA (sm_90a,
 // SL_WGMMA): every expert's output tiles in one launch, the heaviest experts' first, so the small
-// experts' tiles fill the GPU together instead of one under-filled cuBLAS call each.
+// experts' tiles fill the GPU together instead of one under-filled cuBLAS call each.  Opt-in
+// (SHARDLM_MOE_GEMM=wg): its first versions ran at half the per-expert cuBLASLt calls' speed
+// (bench/RESULTS.md, twenty-first session), the loader being the limit.
 //
 // A block computes one 128 x 256 output tile: warpgroup 0 loads 64-deep slices of the two
 // operands with cp.async into a ring of MM_ST stages (128-byte swizzled tiles, wgmma.cuh's
 // layout, each thread's copy addresses worked out once a tile: mm_load.cuh; rows past an
-// expert's last one are zeros), each stage's mbarrier completing when its copies have landed; warpgroups 1 and 2 each multiply 64 of the tile's rows by its 256 columns
-// (m64n256k16, both operands from shared memory, fp32 accumulators) and hand each stage back
-// once its products are done.  Three forms, per expert e with rows [o, o + R) of the permuted
+// expert's last one are zeros), each stage's mbarrier completing when its copies have landed;
+// warpgroups 1 and 2 each multiply 64 of the tile's rows by its 256 columns (m64n256k16, both
+// operands from shared memory, fp32 accumulators) and hand each stage back once its products
+// are done.  Three forms, per expert e with rows [o, o + R) of the permuted
 // tokens:
 //   0 (forward):  out[o + r, n] = sum_k x[o + r, k] w_e[n, k]          A K-major, B K-major
 //   1 (dx):       dx[o + r, k]  = sum_n dy[o + r, n] w_e[n, k]         A K-major, B MN-major

@@ -1,7 +1,8 @@
 // wgmma.cuh: Hopper's warpgroup matrix multiply (wgmma.mma_async) for the flash-attention
 // kernels (flash.cuh) and the experts' matmul (moe_mm.cu): the 128-byte-swizzled shared-memory
-// tiles it reads, their descriptors, and the forms the kernels use.  Device code only; the instructions exist on sm_90a, so a
-// build for another target compiles these to traps and the launchers never pick them (SL_WGMMA).
+// tiles it reads, their descriptors, and the forms the kernels use.  Device code only; the
+// instructions exist on sm_90a, so a build for another target compiles these to traps and the
+// launchers never pick them (SL_WGMMA).
 #ifndef SL_WGMMA_CUH
 #define SL_WGMMA_CUH
 
