@@ -246,6 +246,8 @@ int sl_cuda_scratch_grow(struct sl_cuda *c, size_t bytes);	// 0, or -1: no room 
 // the current device is compute capability 9.0, the target of the sm_90a (SL_WGMMA) kernels
 // (context.cu; asked once)
 bool sl_cuda_sm90(void);
+// the experts with rows, largest first (stable), into order; returns how many (moe.cu)
+int sl_cuda_moe_order(int *order, const int *h_offs, int E);
 
 // dbias(N) += column sums of dout(T, N) (ops.cu), for the matmul backward (gemm.cu)
 extern "C" void sl_cuda_bias_grad(struct sl_cuda *c, void *dbias, const void *dout, int T, int N);

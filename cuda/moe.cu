@@ -350,8 +350,7 @@ struct lt_plan {
 };
 
 #define MAX_PLANS 32
-#define MOE_STREAMS 8		// at most (each with an eighth of the workspace)
-#define MOE_STREAMS_DEF 8	// by default
+#define MOE_STREAMS 8	// side streams, at most and by default (each an eighth of the workspace)
 
 // a context's cuBLAS handle (on its stream) and the grouped calls' argument arrays
 struct moe_gemm {
@@ -364,7 +363,7 @@ struct moe_gemm {
 	float *alpha, *beta;
 	cublasOperation_t *ta, *tb;
 	// the per-expert matmuls spread over side streams (SHARDLM_MOE_STREAMS, default
-	// MOE_STREAMS_DEF; 1: all on the compute stream), each with its slice of the workspace
+	// MOE_STREAMS; 1: all on the compute stream), each with its slice of the workspace
 	int nside;
 	cudaStream_t side[MOE_STREAMS];
 	cudaEvent_t fork, join[MOE_STREAMS];
@@ -427,7 +426,7 @@ static struct moe_gemm *grouped_init(struct sl_cuda *c)
 	g->beta = g->alpha + GMAX;
 	g->tb = g->ta + GMAX;
 	g->mode = getenv("SHARDLM_MOE_GEMM") && !strcmp(getenv("SHARDLM_MOE_GEMM"), "batched");
-	g->nside = MOE_STREAMS_DEF;
+	g->nside = MOE_STREAMS;
 	if (getenv("SHARDLM_MOE_STREAMS")) {
 		const char *v = getenv("SHARDLM_MOE_STREAMS");
 		char *end;
@@ -547,6 +546,28 @@ static struct lt_plan *plan_get(struct sl_cuda *c, struct moe_gemm *g, const int
 	return p;
 }
 
+// the experts with rows, largest first (stable; an expert without rows has nothing to write or
+// add) into order; returns how many
+int sl_cuda_moe_order(int *order, const int *h_offs, int E)
+{
+	int ne = 0;
+
+	for (int e = 0; e < E; e++) {
+		const int rows = h_offs[e + 1] - h_offs[e];
+		int i = ne;
+
+		if (rows <= 0)
+			continue;
+		ne++;
+		while (i > 0 && h_offs[order[i - 1] + 1] - h_offs[order[i - 1]] < rows) {
+			order[i] = order[i - 1];
+			i--;
+		}
+		order[i] = e;
+	}
+	return ne;
+}
+
 // one cuBLASLt matmul per expert with rows, the plan's algorithm (else this shape's own).  With
 // side streams the experts go to them largest first, each to the stream with the fewest rows so
 // far (the small experts' matmuls fill few SMs alone), every stream after the compute stream's
@@ -562,22 +583,9 @@ static void lt_grouped(struct sl_cuda *c, struct moe_gemm *g, const int *h_offs,
 	// the same budget whatever the streams: the same algorithms, the same results
 	const size_t wsb = c->ws_bytes / MOE_STREAMS;
 	float alpha = 1.f;
-	int order[GMAX], sid[GMAX], ne = 0;
+	int order[GMAX], sid[GMAX];
+	const int ne = sl_cuda_moe_order(order, h_offs, E);
 	long load[MOE_STREAMS] = { 0 };	// rows given to each stream (0: unused)
-
-	for (int e = 0; e < E; e++) {	// the experts with rows, largest first (stable)
-		int rows = h_offs[e + 1] - h_offs[e], i = ne++;
-
-		if (rows <= 0) {	// no rows: nothing to write, nothing to add
-			ne--;
-			continue;
-		}
-		while (i > 0 && h_offs[order[i - 1] + 1] - h_offs[order[i - 1]] < rows) {
-			order[i] = order[i - 1];
-			i--;
-		}
-		order[i] = e;
-	}
 	const bool spread = g->nside > 1 && ne > 1;
 
 	for (int i = 0; i < ne; i++) {
@@ -724,15 +732,13 @@ extern "C" void sl_cuda_moe_gemm_bwd(struct sl_cuda *c, void *dx, void *dw, cons
 		}
 		return;
 	}
-	// the warpgroup kernel for both products, or cuBLASLt for both
-	if ((!dx || sl_cuda_moe_mm(c, 1, dx, dout, w, h_offs, E, K, N, ws)) &&
-	    sl_cuda_moe_mm(c, 2, dw, dout, x, h_offs, E, K, N, ws))
-		return;
+	// each product by the warpgroup kernel where it applies, else by cuBLASLt
 	// dx^T (K, rows) = w_e (K, N col-major) dout^T (N, rows)
-	if (dx)
+	if (dx && !sl_cuda_moe_mm(c, 1, dx, dout, w, h_offs, E, K, N, ws))
 		grouped(c, d_offs, h_offs, E, 0, 0, 1, K, 0, N, w, ws, 0, K, dout, 0, N, N, dx, 0,
 			K, K, 0.f);
 	// dw_e^T (K, N) += x^T (K, rows) dout (rows, N)
-	grouped(c, d_offs, h_offs, E, 0, 1, 2, K, N, 0, x, 0, K, K, dout, 0, N, N, dw, ws, 0, K,
-		1.f);
+	if (!sl_cuda_moe_mm(c, 2, dw, dout, x, h_offs, E, K, N, ws))
+		grouped(c, d_offs, h_offs, E, 0, 1, 2, K, N, 0, x, 0, K, K, dout, 0, N, N, dw, ws,
+			0, K, 1.f);
 }

@@ -270,22 +270,11 @@ extern "C" bool sl_cuda_moe_mm(struct sl_cuda *c, int form, void *out, const voi
 	if (!mm_on() || E > MM_MAXG || ndim % MM_BN || mdim % MM_BM || kdim % MM_BK ||
 	    (uintptr_t)out % 16 || (uintptr_t)a % 16 || (uintptr_t)b % 16 || ws % 8)
 		return false;
-	g.n = 0;
-	for (int e = 0; e < E; e++) {	// the experts with rows, heaviest first (stable)
-		const int rows = h_offs[e + 1] - h_offs[e];
-		int i = g.n;
-
-		if (rows <= 0)
-			continue;
-		g.n++;
-		while (i > 0 && g.r[i - 1] < rows) {
-			g.e[i] = g.e[i - 1], g.o[i] = g.o[i - 1], g.r[i] = g.r[i - 1];
-			i--;
-		}
-		g.e[i] = e, g.o[i] = h_offs[e], g.r[i] = rows;
-	}
+	g.n = sl_cuda_moe_order(g.e, h_offs, E);
 	g.t0[0] = 0;
 	for (int i = 0; i < g.n; i++) {
+		g.o[i] = h_offs[g.e[i]];
+		g.r[i] = h_offs[g.e[i] + 1] - g.o[i];
 		const int mt = form == 2 ? N / MM_BM : (g.r[i] + MM_BM - 1) / MM_BM;
 
 		g.t0[i + 1] = g.t0[i] + mt * (ndim / MM_BN);
