@@ -350,20 +350,25 @@ static void fa_fwd_hd(struct sl_cuda *c, int hd, bf16 *out, float *lse, const bf
 		fa_fwd<64, CP>(c, out, lse, qkv, lens, pos, B, L, nh, nkv, sl2, x);
 }
 
+// dqa: the fused dq's sums, or NULL (fa_bwd_k)
 template <bool CP>
 static void fa_bwd_hd(struct sl_cuda *c, int hd, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 		      const float *lse, const float *D, const bf16 *qkv, const int *lens,
-		      const int *pos, int B, int L, int nh, int nkv, const fa_rows &x)
+		      const int *pos, int B, int L, int nh, int nkv, const fa_rows &x,
+		      float *dqa = nullptr)
 {
 	const float scale = (float)(1.0 / sqrt((double)hd));
 	const float sl2 = (float)(1.4426950408889634 / sqrt((double)hd));
 
 	if (hd == 256)
-		fa_bwd<256, CP>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2, scale, x);
+		fa_bwd<256, CP>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2, scale,
+				x, dqa);
 	else if (hd == 128)
-		fa_bwd<128, CP>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2, scale, x);
+		fa_bwd<128, CP>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2, scale,
+				x, dqa);
 	else
-		fa_bwd<64, CP>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2, scale, x);
+		fa_bwd<64, CP>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2, scale,
+			       x, dqa);
 }
 
 // D = rowsum(dout * out) per (query row, head), in the scratch
@@ -409,10 +414,22 @@ extern "C" void sl_cuda_attention_bwd(struct sl_cuda *c, void *dqkv, const void 
 	check_heads(nh, nkv);
 	if (B <= 0 || L <= 0)
 		return;
+	const bool mma = use_mma(hd, qkv, dqkv) && (uintptr_t)dout % 16 == 0;
+	float *dqa = NULL;
+
+	if (mma && fa_bwd_fused(c, hd)) {
+		// the fused dq's sums after D in the scratch, grown (once, the stream drained) to
+		// hold them; where the device has no room, the dq kernel as usual
+		const size_t at = ((size_t)B * L * nh * sizeof(float) + 255) / 256 * 256;
+		const size_t need = at + (size_t)B * nh * hd * fa_dq_pitch(L) * sizeof(float);
+
+		if (sl_cuda_scratch_grow(c, need) == 0)
+			dqa = (float *)((char *)c->scratch + at);
+	}
 	D = attn_dot(c, dout, out, (size_t)B * L * nh, hd);
-	if (use_mma(hd, qkv, dqkv) && (uintptr_t)dout % 16 == 0) {
+	if (mma) {
 		fa_bwd_hd<false>(c, hd, (bf16 *)dqkv, NULL, (const bf16 *)dout, lse, D,
-				 (const bf16 *)qkv, lens, pos, B, L, nh, nkv, fa_rows{});
+				 (const bf16 *)qkv, lens, pos, B, L, nh, nkv, fa_rows{}, dqa);
 		return;
 	}
 	DISPATCH(dpt, k_attn_dq, dim3((L + ROWS - 1) / ROWS, nh, B), (bf16 *)dqkv,

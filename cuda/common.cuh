@@ -67,6 +67,7 @@ struct sl_cuda {
 	cudaEvent_t order_ev;
 	pthread_mutex_t copy_mu;	// copies are issued from two threads (shard's offload worker)
 	bool range_open;		// an NVTX range "step N" is open (sl_cuda_step_range)
+	bool deterministic;		// train.deterministic: no kernel whose sums' order varies
 };
 
 void sl_cuda_copy_init(struct sl_cuda *c);

@@ -73,6 +73,11 @@ extern "C" void *sl_cuda_stream(struct sl_cuda *c)
 	return (void *)c->stream;
 }
 
+extern "C" void sl_cuda_set_deterministic(struct sl_cuda *c, bool on)
+{
+	c->deterministic = on;
+}
+
 extern "C" size_t sl_cuda_fixed_bytes(struct sl_cuda *c)
 {
 	return c->ws_bytes + c->scratch_bytes;

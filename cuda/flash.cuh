@@ -99,6 +99,16 @@ static __device__ __forceinline__ void tile_async(bf16 *sh, const bf16 *g, size_
 
 #include "wgmma.cuh"
 
+// *p += x, p[1] += y (8-byte aligned, global memory), nothing returned: one vector reduction
+static __device__ __forceinline__ void red_add2(float *p, float x, float y)
+{
+#if SL_WG_DEV
+	asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
+#else
+	__trap();	// (the fused dq's kernels run only where the warpgroup kernels do)
+#endif
+}
+
 // a streamed tile: padded rows for ldmatrix (mma.sync kernels) or swizzled panels (wgmma, WG)
 template <int HD, int NR, bool WG, int NT = FA_THR>
 static __device__ __forceinline__ void fa_tile(bf16 *sh, const bf16 *g, size_t stride, int row0,
@@ -845,15 +855,27 @@ static __device__ __forceinline__ void fa_dst(float (*s)[4], float (*dp)[4], int
 // (a skipped first sub-step adds zeros: the control flow stays the same for every warp of the
 // group, so ptxas keeps the products asynchronous).  The same sums as the unpipelined steps, in
 // the same order.
-template <int HD, int HO>
+//
+// FQ (the fused dq, fa_bwd_fused): dQ too, from the same dS: each sub-step's dS^T goes to shared
+// memory (dsb: two K-major tiles of FA_SUB query rows by the block's FA_BM keys, one a sub-step)
+// and dQ^T (head_dim x FA_SUB) = K^T dS^T runs beside dV and dK (A: the key tile read MN-major,
+// a 64-row half of head_dim a product); the block's partial dQ^T is added into dqt (fp32,
+// (head_dim, Lp) at the tile's first query, scale not applied) by vector reductions.  The other
+// blocks add into the same sums in no fixed order: not deterministic.
+template <int HD, int HO, bool FQ = false>
 static __device__ __forceinline__ void
 fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, const bf16 *qt,
 		const bf16 *gt, int j0, int wk, int r0, int r1, int tq, int wg, float sl2,
-		const float *lsl, const float *Dl, const int *dsl, const int *qil, bool mskall)
+		const float *lsl, const float *Dl, const int *dsl, const int *qil, bool mskall,
+		bf16 *dsb = nullptr, float *dqt = nullptr, int Lp = 0)
 {
 	static_assert(FA_BN == 2 * FA_SUB, "fa_dkdv_tile_wg: two sub-steps a tile");
+	static_assert(!FQ || (HO == HD && HD % 64 == 0 && HD <= 128 && FA_BM == 64),
+		      "fa_dkdv_tile_wg: the fused dq needs one warpgroup over head_dim 64 or 128");
 	uint32_t pa[FA_SUB / 16][4], da[FA_SUB / 16][4];
 	float s[FA_SUB / 8][4], dp[FA_SUB / 8][4];
+	float dq[FQ ? HD / 64 : 1][FA_SUB / 2];	// dQ^T: rows 64 p + this lane's, FA_SUB queries
+	const int kl0 = r0 - j0;		// this lane's first key in the block (its second: + 8)
 	bool go[2], msk[2];
 
 #pragma unroll
@@ -895,6 +917,53 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 			acc_to_a(da[kk], dp[2 * kk], dp[2 * kk + 1]);
 		}
 	};
+	// FQ: sub-step sb's dS^T (in dp) into its tile: query row q, key column (chunk key / 8 at
+	// chunk (key / 8) ^ (q % 8), wgmma.cuh's swizzle); the same bf16 rounding as da
+	auto st_ds = [&](int sb) {
+		bf16 *t = dsb + sb * FA_SUB * FA_BM;
+#pragma unroll
+		for (int n = 0; n < FA_SUB / 8; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				const int key = kl0 + (e >> 1) * 8, q = n * 8 + tq * 2 + (e & 1);
+
+				t[q * 64 + (((key >> 3) ^ (q & 7)) << 3) + (key & 7)] =
+					__float2bfloat16_rn(dp[n][e]);
+			}
+	};
+	// every thread's dS^T stores reach the warpgroup's products (the block is one warpgroup)
+	auto ds_ready = [&]() {
+		fence_async_smem();
+		__syncthreads();
+	};
+	auto dqp = [&](int sb) {	// dQ^T = K^T dS^T (acc 0 on the first k-step)
+		wg_fence();
+#pragma unroll
+		for (int kk = 0; kk < FA_BM / 16; kk++)
+#pragma unroll
+			for (int p = 0; p < HD / 64; p++)
+				wgmma_ss32<1, 0>(dq[p], desc_mn<FA_BM>(ks + p * FA_BM * 64, 16 * kk),
+						 desc_k<FA_SUB>(dsb + sb * FA_SUB * FA_BM, 0, kk),
+						 kk > 0);
+		wg_commit();
+	};
+	auto pin_dq = [&]() {
+#pragma unroll
+		for (int p = 0; p < HD / 64; p++)
+			wg_pin<FA_SUB / 2>(dq[p]);
+	};
+	// dq[p][4 n + 2 h + i]: row 64 p + kl0 + 8 h of dQ^T, query sb FA_SUB + 8 n + 2 tq + i
+	auto red = [&](int sb) {
+#pragma unroll
+		for (int p = 0; p < HD / 64; p++)
+#pragma unroll
+			for (int n = 0; n < FA_SUB / 8; n++)
+#pragma unroll
+				for (int h = 0; h < 2; h++)
+					red_add2(dqt + (size_t)(64 * p + kl0 + 8 * h) * Lp +
+							 sb * FA_SUB + n * 8 + tq * 2,
+						 dq[p][4 * n + 2 * h], dq[p][4 * n + 2 * h + 1]);
+	};
 
 	if (go[0]) {
 		sdp(0);
@@ -903,6 +972,8 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 		wg_pin<FA_SUB / 2>(&dp[0][0]);
 		fa_dst(s, dp, 0, msk[0], r0, r1, tq, sl2, lsl, Dl, dsl, qil);
 		pack();
+		if constexpr (FQ)
+			st_ds(0);
 	} else {
 #pragma unroll
 		for (int kk = 0; kk < FA_SUB / 16; kk++)
@@ -911,25 +982,57 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 				pa[kk][e] = da[kk][e] = 0u;
 	}
 	if (go[1]) {
+		// FQ: a skipped first sub-step's dQ^T reads whatever its tile holds and is dropped
+		// (not added): the products stay the same for every warp, as with dV and dK
+		if constexpr (FQ)
+			ds_ready();
 		sdp(1);
 		dvdk(0);
-		wg_wait1();	// S^T, dP^T; sub-step 0's dV, dK may still run
+		if constexpr (FQ) {
+			dqp(0);
+			wg_wait2();	// S^T, dP^T; sub-step 0's dV, dK and dQ^T may still run
+		} else {
+			wg_wait1();	// S^T, dP^T; sub-step 0's dV, dK may still run
+		}
 		wg_pin<FA_SUB / 2>(&s[0][0]);
 		wg_pin<FA_SUB / 2>(&dp[0][0]);
 		fa_dst(s, dp, 1, msk[1], r0, r1, tq, sl2, lsl, Dl, dsl, qil);
+		if constexpr (FQ)
+			st_ds(1);
 		wg_wait0();
 		wg_pin<HO / 2>(&dv[0][0]);
 		wg_pin<HO / 2>(&dk[0][0]);
+		if constexpr (FQ) {
+			pin_dq();
+			if (go[0])
+				red(0);
+		}
 		pack();
+		if constexpr (FQ)
+			ds_ready();
 		dvdk(1);
+		if constexpr (FQ)
+			dqp(1);
 		wg_wait0();
 		wg_pin<HO / 2>(&dv[0][0]);
 		wg_pin<HO / 2>(&dk[0][0]);
+		if constexpr (FQ) {
+			pin_dq();
+			red(1);
+		}
 	} else if (go[0]) {
+		if constexpr (FQ)
+			ds_ready();
 		dvdk(0);
+		if constexpr (FQ)
+			dqp(0);
 		wg_wait0();
 		wg_pin<HO / 2>(&dv[0][0]);
 		wg_pin<HO / 2>(&dk[0][0]);
+		if constexpr (FQ) {
+			pin_dq();
+			red(0);
+		}
 	}
 }
 
@@ -938,19 +1041,26 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 // ascending).  Per step a warp's 16 keys give S^T = K Q^T and dP^T = V dO^T (A from K, V; B from
 // Q, dO untransposed), then dV += P^T dO and dK += dS^T Q (B transposed by ldmatrix).  Context
 // parallel: the keys are whole rows' (dk, dv into dkv), the queries the rank's own.
-template <int HD, bool CP, bool WG>
+//
+// FQ (whole rows, the warpgroup kernels pipelined, head_dim 64 or 128): dQ as well, summed into
+// dqa (fp32, (B nh HD, Lp): dQ^T per record and head, unscaled) by every key block (see
+// fa_dkdv_tile_wg); no dq kernel.
+template <int HD, bool CP, bool WG, bool FQ = false>
 __global__ void __launch_bounds__(fa_cfg<HD, WG>::KNT, fa_cfg<HD, WG>::KMINB)
 k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float *D,
 	  const bf16 *qkv, const int *lens, const int *pos, int L, int nh, int nkv, float sl2,
-	  float scale, fa_rows x, bool pipe)
+	  float scale, fa_rows x, bool pipe, float *dqa, int Lp)
 {
-	// the block's keys and values, then two stages of query and dout tiles (WG: all swizzled)
+	// the block's keys and values, then two stages of query and dout tiles (WG: all swizzled);
+	// FQ: the two dS^T tiles
 	using C = fa_cfg<HD, WG>;
 	constexpr int NT = C::KNT, HO = C::HO;
+	static_assert(!FQ || (WG && !CP), "k_fa_dkdv: the fused dq is for whole rows, warpgroups");
 	const int P = HD + 8, TILE = WG ? FA_BN * HD : FA_BN * P, KT = WG ? FA_BM * HD : FA_BM * P;
 	extern __shared__ __align__(16) bf16 fa_sm[];
 	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + KT, *qs = vs + KT, *gs = qs + 2 * TILE;
-	float *lss = (float *)(gs + 2 * TILE), *Ds = lss + 2 * FA_BN;
+	bf16 *dsb = gs + 2 * TILE;
+	float *lss = (float *)(dsb + (FQ ? 2 * FA_SUB * FA_BM : 0)), *Ds = lss + 2 * FA_BN;
 	int *dss = (int *)(Ds + 2 * FA_BN);	// (2, FA_BN) the queries' document starts
 	int *qis = dss + 2 * FA_BN;		// (2, FA_BN) the queries' indices (-1: padding)
 	// The blocks start in the order of their work, longest first over every kv head and
@@ -1037,14 +1147,22 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 		const float *lsl = lss + st * FA_BN, *Dl = Ds + st * FA_BN;
 		const int *dsl = dss + st * FA_BN, *qil = qis + st * FA_BN;
 
-		if constexpr (WG) {
-			if (pipe) {
+		if constexpr (FQ) {
+			const int h = kv * grp + t / ntq, i0 = qs0 + (t % ntq) * FA_BN;
+
+			fa_dkdv_tile_wg<HD, HO, true>(dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg,
+						      sl2, lsl, Dl, dsl, qil, pos != nullptr, dsb,
+						      dqa + ((size_t)b * nh + h) * HD * Lp + i0, Lp);
+		} else if constexpr (WG) {
+			if (pipe)
 				fa_dkdv_tile_wg<HD, HO>(dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg,
 							sl2, lsl, Dl, dsl, qil, CP || pos);
-				__syncthreads();
-				continue;
-			}
 		}
+		if (FQ || (WG && pipe)) {
+			__syncthreads();
+			continue;
+		}
+		if constexpr (!FQ)	// (the fused dq's instances never get here)
 #pragma unroll
 		for (int sub = 0; sub < FA_BN / FA_SUB; sub++) {
 			const int qa = qil[sub * FA_SUB], qz = qil[sub * FA_SUB + FA_SUB - 1];
@@ -1178,10 +1296,36 @@ template <int HD, bool WG> static size_t fa_smem_dq(void)
 		       sizeof(bf16) + (WG ? 1024 : 0);
 }
 
-template <int HD, bool WG> static size_t fa_smem_dkdv(void)
+template <int HD, bool WG, bool FQ = false> static size_t fa_smem_dkdv(void)
 {
 	return (size_t)(2 * FA_BM + 4 * FA_BN) * (WG ? HD : HD + 8) * sizeof(bf16) +
+	       (FQ ? 2 * FA_SUB * FA_BM * sizeof(bf16) : 0) +
 	       4 * FA_BN * sizeof(float) + 4 * FA_BN * sizeof(int) + (WG ? 1024 : 0);
+}
+
+// the fused dq's sums: query rows per record and head, a multiple of the query tiles
+static int fa_dq_pitch(int L)
+{
+	return (L + FA_BN - 1) / FA_BN * FA_BN;
+}
+
+// The fused dq's sums into dqkv's query columns: row r of record b, column c = h HD + d gets
+// scale dqa[b nhd + c][r] (bf16), through a 32 x 32 tile in shared memory (read along dqa's rows,
+// written along dqkv's)
+__global__ void __launch_bounds__(256)
+k_fa_dq_out(bf16 *dqkv, const float *dqa, int L, int Lp, int W, int nhd, float scale)
+{
+	__shared__ float t[32][33];
+	const int b = blockIdx.z, r0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
+	const float *a = dqa + ((size_t)b * nhd + c0) * Lp + r0;
+
+	for (int i = threadIdx.y; i < 32; i += 8)
+		t[i][threadIdx.x] = r0 + (int)threadIdx.x < L ? a[(size_t)i * Lp + threadIdx.x] : 0.f;
+	__syncthreads();
+	for (int i = threadIdx.y; i < 32; i += 8)
+		if (r0 + i < L)
+			dqkv[((size_t)b * L + r0 + i) * W + c0 + threadIdx.x] =
+				__float2bfloat16_rn(t[threadIdx.x][i] * scale);
 }
 
 // the warpgroup (wgmma) kernels: built for sm_90a (SL_WGMMA), head_dim 64, 128 or 256, on a device of
@@ -1230,6 +1374,22 @@ static bool fa_bwd_pipe(void)
 		on = !(e && !strcmp(e, "0"));
 	}
 	return on;
+}
+
+// The fused dq (the dk/dv kernel computes dQ as well and adds it into fp32 sums by atomic
+// reductions; no dq kernel: 5 products instead of 7) for head_dim 64 and 128 on whole rows, where
+// the pipelined warpgroup dk/dv runs: opt-in (SHARDLM_FA_BWD_DQ=fused, read once), and never
+// with train.deterministic (the sums' order varies from run to run).
+static bool fa_bwd_fused(const struct sl_cuda *c, int hd)
+{
+	static int on = -1;
+
+	if (on < 0) {
+		const char *e = getenv("SHARDLM_FA_BWD_DQ");
+
+		on = e && !strcmp(e, "fused");
+	}
+	return on && !c->deterministic && (hd == 64 || hd == 128) && fa_wg(hd) && fa_bwd_pipe();
 }
 
 // above 48 KB a kernel needs its dynamic shared-memory limit raised, once
@@ -1282,23 +1442,46 @@ static void fa_fwd(struct sl_cuda *c, bf16 *out, float *lse, const bf16 *qkv, co
 	CUDA_LAUNCHED();
 }
 
+// dqa: the fused dq's sums (fa_bwd_fused; B nh HD x fa_dq_pitch(L) floats), or NULL
 template <int HD, bool CP, bool WG>
 static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse,
 		     const float *D, const bf16 *qkv, const int *lens, const int *pos, int B, int L,
-		     int nh, int nkv, float sl2, float scale, const fa_rows &x)
+		     int nh, int nkv, float sl2, float scale, const fa_rows &x, float *dqa)
 {
 	using C = fa_cfg<HD, WG>;
 	static bool done_q, done_kv;
 	const size_t smq = fa_smem_dq<HD, WG>(), smk = fa_smem_dkdv<HD, WG>();
 	const int Lq = CP ? x.Lq : L;
 
+	if constexpr (WG && !CP && HD <= 128) {
+		if (dqa) {
+			static bool done_f;
+			const size_t smf = fa_smem_dkdv<HD, true, true>();
+			const int Lp = fa_dq_pitch(L);
+
+			fa_allow(k_fa_dkdv<HD, false, true, true>, smf, &done_f);
+			CUDA_CHECK(cudaMemsetAsync(dqa, 0, (size_t)B * nh * HD * Lp * sizeof(float),
+						   c->stream));
+			k_fa_dkdv<HD, false, true, true>
+				<<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::KNT, smf, c->stream>>>(
+					dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2,
+					scale, x, true, dqa, Lp);
+			CUDA_LAUNCHED();
+			k_fa_dq_out<<<dim3((L + 31) / 32, nh * HD / 32, B), dim3(32, 8), 0,
+				      c->stream>>>(dqkv, dqa, L, Lp, (nh + 2 * nkv) * HD, nh * HD,
+						   scale);
+			CUDA_LAUNCHED();
+			return;
+		}
+	}
 	fa_allow(k_fa_dq<HD, CP, WG>, smq, &done_q);
 	fa_allow(k_fa_dkdv<HD, CP, WG>, smk, &done_kv);
 	k_fa_dq<HD, CP, WG><<<dim3((Lq + C::BMQ - 1) / C::BMQ, nh, B), C::NT, smq, c->stream>>>(
 		dqkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x);
 	CUDA_LAUNCHED();
 	k_fa_dkdv<HD, CP, WG><<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::KNT, smk, c->stream>>>(
-		dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x, fa_bwd_pipe());
+		dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x, fa_bwd_pipe(),
+		nullptr, 0);
 	CUDA_LAUNCHED();
 }
 
@@ -1306,15 +1489,15 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 template <int HD, bool CP>
 static void fa_bwd(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse,
 		   const float *D, const bf16 *qkv, const int *lens, const int *pos, int B, int L,
-		   int nh, int nkv, float sl2, float scale, const fa_rows &x)
+		   int nh, int nkv, float sl2, float scale, const fa_rows &x, float *dqa)
 {
 	if (fa_wg(HD)) {
 		fa_bwd_k<HD, CP, true>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2,
-				       scale, x);
+				       scale, x, dqa);
 		return;
 	}
 	fa_bwd_k<HD, CP, false>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2,
-				scale, x);
+				scale, x, nullptr);
 }
 
 #endif

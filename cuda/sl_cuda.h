@@ -32,6 +32,8 @@ struct sl_cuda;
 struct sl_cuda *sl_cuda_create(int device);	/* NULL + message when there is no such device */
 void sl_cuda_destroy(struct sl_cuda *c);
 void *sl_cuda_stream(struct sl_cuda *c);	/* the cudaStream_t every launcher runs on */
+/* train.deterministic: off (the default) lets opt-in kernels that add with atomics run */
+void sl_cuda_set_deterministic(struct sl_cuda *c, bool on);
 size_t sl_cuda_fixed_bytes(struct sl_cuda *c);	/* device bytes the context holds itself */
 void *sl_cuda_malloc(struct sl_cuda *c, size_t bytes);	/* cudaMalloc; NULL + message */
 void sl_cuda_free(struct sl_cuda *c, void *p);

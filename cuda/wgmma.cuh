@@ -104,6 +104,14 @@ static __device__ __forceinline__ void wg_wait1(void)
 #endif
 }
 
+// at most two committed groups still running
+static __device__ __forceinline__ void wg_wait2(void)
+{
+#if SL_WG_DEV
+	asm volatile("wgmma.wait_group.sync.aligned 2;\n" ::: "memory");
+#endif
+}
+
 // N registers a wgmma wrote (or reads) pinned in place: an access after this cannot move before
 // it, nor one before it after (the compiler sees the registers changed here), so code after a
 // wait cannot read an accumulator before the wait lets it
@@ -180,18 +188,19 @@ static __device__ __forceinline__ void wgmma_rs128(float *d, const uint32_t *a, 
 		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
 }
 
-// D (m64 x n32) += A (m64 x k16, shared memory, K-major) * B (K-major)
+// D (m64 x n32) += A (m64 x k16, shared memory) * B; TA, TB 0: K-major (the default), 1: MN-major
+template <int TA = 0, int TB = 0>
 static __device__ __forceinline__ void wgmma_ss32(float *d, uint64_t a, uint64_t b, int acc)
 {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
 		     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
 		     "{%0,%1,%2,%3,%4,%5,%6,%7,"
 		     "%8,%9,%10,%11,%12,%13,%14,%15}, "
-		     "%16, %17, p, 1, 1, 0, 0;\n}\n"
+		     "%16, %17, p, 1, 1, %19, %20;\n}\n"
 		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
 		       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
 		       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-		     : "l"(a), "l"(b), "r"(acc));
+		     : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
 }
 
 // D (m64 x n64) += A (m64 x k16, shared memory, K-major) * B (K-major)
@@ -213,6 +222,7 @@ static __device__ __forceinline__ void wgmma_ss64(float *d, uint64_t a, uint64_t
 		     : "l"(a), "l"(b), "r"(acc));
 }
 #else
+template <int TA = 0, int TB = 0>
 static __device__ void wgmma_ss32(float *, uint64_t, uint64_t, int) { __trap(); }
 static __device__ void wgmma_ss64(float *, uint64_t, uint64_t, int) { __trap(); }
 template <int TB> static __device__ void wgmma_rs32(float *, const uint32_t *, uint64_t, int) { __trap(); }

@@ -450,6 +450,8 @@ struct sl_backend *sl_backend_cpu64_create(void);
  * so the step loop's buffers, allocated at setup, cost none.
  */
 struct sl_backend *sl_backend_cuda_create(int device);
+/* train.deterministic on a cuda backend: the opt-in kernels that add with atomics stay off */
+void sl_backend_cuda_set_deterministic(struct sl_backend *be, bool on);
 /* Peak bytes of device memory handed out by alloc() (plus the backend's fixed workspaces). */
 size_t sl_backend_cuda_peak_bytes(struct sl_backend *be);
 /* Restart the peak from what is in use now (e.g. at the start of every step). */

@@ -421,6 +421,11 @@ static void cuda_destroy(struct sl_backend *be)
 	free(be);
 }
 
+void sl_backend_cuda_set_deterministic(struct sl_backend *be, bool on)
+{
+	sl_cuda_set_deterministic(C(be), on);
+}
+
 struct sl_backend *sl_backend_cuda_create(int device)
 {
 	struct sl_backend *be = calloc(1, sizeof(*be));

@@ -110,6 +110,7 @@ int train_create_backend(struct job *j)
 	j->be = sl_backend_cuda_create(j->device);
 	if (!j->be)
 		return -1;
+	sl_backend_cuda_set_deterministic(j->be, j->c->train.deterministic);
 	j->cuda = true;
 	j->copy = (struct sl_comm_copy){ .ctx = j->be, .to_host = staged_to_host,
 					 .to_device = staged_to_device, .sync = staged_sync };

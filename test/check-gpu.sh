@@ -5,7 +5,9 @@
 #   communicator (NCCL refuses two ranks on one device), also as 2 pretended nodes of 2.
 #   test_cuda_ops, test_cuda_model: the cuda backend's ops and the tiny model against the cpu one,
 #   again with the mma.sync flash-attention kernels in place of the wgmma ones (SHARDLM_FA_WGMMA=0),
-#   and with the unpipelined warpgroup forward (SHARDLM_FA_PIPE=0).
+#   and with the unpipelined warpgroup forward (SHARDLM_FA_PIPE=0), the unpipelined dk/dv
+#   (SHARDLM_FA_BWD_PIPE=0), the fused dq (SHARDLM_FA_BWD_DQ=fused) and the one-launch expert
+#   matmuls (SHARDLM_MOE_GEMM=wg).
 #   check-gpu-offload.sh: offloaded optimizer state and weights train to the on-GPU losses.
 #   check-gpu-sft.sh: task sft (untied, tied, packed, Qwen3-MoE) trains to the cpu backend's losses.
 #   test_cuda_qwen35: the same for the Qwen3.5 hybrid's ops and a tiny hybrid model.
@@ -69,6 +71,12 @@ gpu_test "cuda model vs cpu, unpipelined attention forward" env SHARDLM_FA_PIPE=
 gpu_test "cuda ops vs cpu, unpipelined attention dk/dv" env SHARDLM_FA_BWD_PIPE=0 \
 	"$top_builddir/test/test_cuda_ops"
 gpu_test "cuda model vs cpu, unpipelined attention dk/dv" env SHARDLM_FA_BWD_PIPE=0 \
+	"$top_builddir/test/test_cuda_model"
+# the fused dq (SHARDLM_FA_BWD_DQ=fused; opt-in: the dk/dv kernel adds dQ into fp32 sums, no dq
+# kernel), head_dim 64 and 128 on whole rows
+gpu_test "cuda ops vs cpu, fused attention dq" env SHARDLM_FA_BWD_DQ=fused \
+	"$top_builddir/test/test_cuda_ops"
+gpu_test "cuda model vs cpu, fused attention dq" env SHARDLM_FA_BWD_DQ=fused \
 	"$top_builddir/test/test_cuda_model"
 # the experts' matmuls in one warpgroup kernel (SHARDLM_MOE_GEMM=wg; opt-in, cuda/moe_mm.cu)
 gpu_test "cuda ops vs cpu, one-launch expert matmuls" env SHARDLM_MOE_GEMM=wg \
