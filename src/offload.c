@@ -176,6 +176,27 @@ static void lean_fetch(struct sl_offload_engine *o, int ui)
 			       false, o->ev_gr[k]);
 }
 
+/* run_adam's update of one run of tensors (sl_shard_update_runs) */
+struct host_run {
+	struct sl_offload_engine *o;
+	struct sl_shard_unit *u;
+	struct sl_adamw_args a;
+	const float *grad;
+	void *w;
+	size_t elt;
+};
+
+static void host_update_run(void *arg, size_t k, size_t n, const struct sl_tensor_info *ti)
+{
+	struct host_run *x = arg;
+	struct sl_shard_unit *u = x->u;
+
+	x->a.lr = x->o->h.lr * (ti->head ? x->o->h.head_lr_mult : 1.0);
+	x->a.weight_decay = ti->decay ? x->o->h.weight_decay : 0.0;
+	sl_host_adamw(u->master + k, u->m + k, u->v + k, x->grad + k, (char *)x->w + k * x->elt,
+		      x->elt, n, &x->a);
+}
+
 static void run_adam(struct sl_offload_engine *o, int ui)
 {
 	struct sl_shard *s = o->s;
@@ -199,18 +220,9 @@ static void run_adam(struct sl_offload_engine *o, int ui)
 		w = o->w_ring[r];
 	}
 
-	for (int t = 0; t < lay->n_tensors; t++) {
-		const struct sl_tensor_info *ti = &lay->t[t];
-		size_t lo, hi, k;
+	struct host_run x = { .o = o, .u = u, .a = a, .grad = grad, .w = w, .elt = b->elt };
 
-		if (ti->unit != ui || !sl_shard_part(ti, u, &lo, &hi))
-			continue;
-		k = lo - u->off;
-		a.lr = o->h.lr * (ti->head ? o->h.head_lr_mult : 1.0);
-		a.weight_decay = ti->decay ? o->h.weight_decay : 0.0;
-		sl_host_adamw(u->master + k, u->m + k, u->v + k, grad + k,
-			      (char *)w + k * b->elt, b->elt, hi - lo, &a);
-	}
+	sl_shard_update_runs(lay, u, ui, host_update_run, &x);
 	/* offload: params reads w_host itself; optimizer keeps a device copy to refresh */
 	if (!s->host_params)
 		upload_async(b, u->w_shard, w, u->shard * b->elt, false, u->ev_w);

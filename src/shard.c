@@ -632,6 +632,60 @@ bool sl_shard_part(const struct sl_tensor_info *ti, const struct sl_shard_unit *
 	return *lo < *hi;
 }
 
+void sl_shard_update_runs(const struct sl_layout *lay, const struct sl_shard_unit *u, int ui,
+			  void (*fn)(void *ctx, size_t k, size_t n, const struct sl_tensor_info *ti),
+			  void *ctx)
+{
+	const struct sl_tensor_info *first = NULL;
+	size_t k = 0, n = 0;
+
+	for (int t = 0; t < lay->n_tensors; t++) {
+		const struct sl_tensor_info *ti = &lay->t[t];
+		size_t lo, hi;
+
+		if (ti->unit > ui)	/* the layout is ordered by unit */
+			break;
+		if (ti->unit < ui || !sl_shard_part(ti, u, &lo, &hi))
+			continue;
+		if (first && first->head == ti->head && first->decay == ti->decay &&
+		    k + n == lo - u->off) {
+			n += hi - lo;
+			continue;
+		}
+		if (first)
+			fn(ctx, k, n, first);
+		first = ti;
+		k = lo - u->off;
+		n = hi - lo;
+	}
+	if (first)
+		fn(ctx, k, n, first);
+}
+
+/* sl_shard_optim_step's update of one run (sl_shard_update_runs) */
+struct update_ctx {
+	struct sl_shard *s;
+	struct sl_shard_unit *u;
+	const struct sl_optim_hparams *h;
+	struct sl_adamw_args a;
+};
+
+static void update_run(void *arg, size_t k, size_t n, const struct sl_tensor_info *ti)
+{
+	struct update_ctx *x = arg;
+	struct sl_backend *b = x->s->be;
+	struct sl_shard_unit *u = x->u;
+
+	x->a.lr = x->h->lr * (ti->head ? x->h->head_lr_mult : 1.0);
+	x->a.weight_decay = ti->decay ? x->h->weight_decay : 0.0;
+	if (x->s->grad_direct)
+		b->adamw_c(b, u->master + k, u->m + k, u->v + k, (char *)u->gradc + k * b->elt,
+			   (char *)u->w_shard + k * b->elt, n, &x->a);
+	else
+		b->adamw_f32(b, u->master + k, u->m + k, u->v + k, u->grad32 + k,
+			     (char *)u->w_shard + k * b->elt, n, &x->a);
+}
+
 int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, double *grad_norm)
 {
 	struct sl_backend *b = s->be;
@@ -677,29 +731,14 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 		.grad_scale = sl_clip_scale(*grad_norm, h->clip),
 	};
 	/*
-	 * One update per (tensor ∩ this rank's shard): learning rate and decay differ between the
-	 * tensors of a unit, and a shard boundary may cut a tensor anywhere.
+	 * One update per run of tensors in this rank's shard (sl_shard_update_runs): learning rate
+	 * and decay differ between the tensors of a unit, and a shard boundary may cut a tensor
+	 * anywhere.
 	 */
-	for (int t = 0, ui = 0; ui < s->n_units; ui++) {
-		struct sl_shard_unit *u = &s->u[ui];
+	for (int ui = 0; ui < s->n_units; ui++) {
+		struct update_ctx x = { .s = s, .u = &s->u[ui], .h = h, .a = a };
 
-		for (; t < lay->n_tensors && lay->t[t].unit == ui; t++) {
-			const struct sl_tensor_info *ti = &lay->t[t];
-			size_t lo, hi, k;
-
-			if (!sl_shard_part(ti, u, &lo, &hi))
-				continue;
-			k = lo - u->off;
-			a.lr = h->lr * (ti->head ? h->head_lr_mult : 1.0);
-			a.weight_decay = ti->decay ? h->weight_decay : 0.0;
-			if (s->grad_direct)
-				b->adamw_c(b, u->master + k, u->m + k, u->v + k,
-					   (char *)u->gradc + k * b->elt,
-					   (char *)u->w_shard + k * b->elt, hi - lo, &a);
-			else
-				b->adamw_f32(b, u->master + k, u->m + k, u->v + k, u->grad32 + k,
-					     (char *)u->w_shard + k * b->elt, hi - lo, &a);
-		}
+		sl_shard_update_runs(lay, &s->u[ui], ui, update_run, &x);
 	}
 	invalidate_slots(s);
 	return 0;

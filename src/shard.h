@@ -232,6 +232,17 @@ void sl_offload_stats(struct sl_shard *s, struct sl_offload_stats *st);
 int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, double *grad_norm);
 
 /*
+ * Unit @ui's AdamW updates on shard @u as runs: tensors of the unit (in the layout's order) whose
+ * parts of the shard lie back to back and share the head and decay flags (so the learning rate
+ * and weight decay) make one update, e.g. a layer's experts one instead of three an expert.
+ * AdamW is element-wise: a run gives every element what its tensor's own update would.
+ * @fn(ctx, k, n, ti) for each run: elements [k, k + n) of the shard, ti its first tensor.
+ */
+void sl_shard_update_runs(const struct sl_layout *lay, const struct sl_shard_unit *u, int ui,
+			  void (*fn)(void *ctx, size_t k, size_t n, const struct sl_tensor_info *ti),
+			  void *ctx);
+
+/*
  * The sizes (elements) of a pool of n unit slots, into caps[0..n): a pool holds at most n units at
  * once, so its slots take the n largest of the units' padded sizes (@padded, n_units of them),
  * largest first; more slots than units repeat the smallest.  caps has room for max(n, n_units).

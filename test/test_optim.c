@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "optim.h"
+#include "shard.h"
 #include "testutil.h"
 
 static void test_schedules(void)
@@ -263,9 +264,74 @@ static void test_bce_cpu(struct sl_backend *be)
 	be->free(be, dsum);
 }
 
+/* sl_shard_update_runs on a layout made by hand: which tensors of a unit make one update */
+struct run_log {
+	int n;
+	size_t k[8], len[8];
+	const struct sl_tensor_info *ti[8];
+};
+
+static void log_run(void *arg, size_t k, size_t n, const struct sl_tensor_info *ti)
+{
+	struct run_log *r = arg;
+
+	if (r->n < 8) {
+		r->k[r->n] = k;
+		r->len[r->n] = n;
+		r->ti[r->n] = ti;
+	}
+	r->n++;
+}
+
+static void test_update_runs(void)
+{
+	/*
+	 * unit 0: A [0, 10) decay, B [10, 15) decay, C [15, 18) no decay, D [18, 22) head decay,
+	 * E [22, 28) head decay, F [30, 34) head decay (after a gap); unit 1: G [0, 8) decay.
+	 * The shard [12, 32) of unit 0 (off 12, count 20) holds B's last 3, C, D, E, F's first 2:
+	 *   B: [12, 15) -> k 0, n 3;  C: a new run (decay differs) k 3, n 3;
+	 *   D: a new run (head differs) k 6, n 4;  E: back to back with D, same flags: k 6, n 10;
+	 *   F: [30, 32) -> k 18: not at 16, so a run of its own, n 2.  G is another unit's.
+	 */
+	struct sl_tensor_info t[7] = {
+		{ .unit = 0, .offset = 0, .numel = 10, .decay = true },
+		{ .unit = 0, .offset = 10, .numel = 5, .decay = true },
+		{ .unit = 0, .offset = 15, .numel = 3, .decay = false },
+		{ .unit = 0, .offset = 18, .numel = 4, .decay = true, .head = true },
+		{ .unit = 0, .offset = 22, .numel = 6, .decay = true, .head = true },
+		{ .unit = 0, .offset = 30, .numel = 4, .decay = true, .head = true },
+		{ .unit = 1, .offset = 0, .numel = 8, .decay = true },
+	};
+	struct sl_layout lay = { .n_tensors = 7, .t = t, .n_units = 2 };
+	struct sl_shard_unit u = { .off = 12, .count = 20 };
+	struct run_log r = { 0 };
+	const size_t ek[4] = { 0, 3, 6, 18 }, en[4] = { 3, 3, 10, 2 };
+	const int et[4] = { 1, 2, 3, 5 };
+
+	sl_shard_update_runs(&lay, &u, 0, log_run, &r);
+	CHECK(r.n == 4, "update runs: %d, expected 4", r.n);
+	for (int i = 0; i < 4 && i < r.n; i++)
+		CHECK(r.k[i] == ek[i] && r.len[i] == en[i] && r.ti[i] == &t[et[i]],
+		      "update run %d: k %zu n %zu tensor %d, expected k %zu n %zu tensor %d", i,
+		      r.k[i], r.len[i], (int)(r.ti[i] - t), ek[i], en[i], et[i]);
+
+	/* unit 1 whole (off 0, count 8): G alone; a shard past every tensor: no run */
+	r.n = 0;
+	u = (struct sl_shard_unit){ .off = 0, .count = 8 };
+	sl_shard_update_runs(&lay, &u, 1, log_run, &r);
+	CHECK(r.n == 1 && r.k[0] == 0 && r.len[0] == 8 && r.ti[0] == &t[6],
+	      "update runs of unit 1: %d", r.n);
+	r.n = 0;
+	u = (struct sl_shard_unit){ .off = 34, .count = 4 };
+	sl_shard_update_runs(&lay, &u, 0, log_run, &r);
+	CHECK(r.n == 0, "update runs past the tensors: %d, expected 0", r.n);
+}
+
 int main(void)
 {
 	struct sl_backend *be;
+
+	test_update_runs();
 
 	test_schedules();
 	test_clip();
