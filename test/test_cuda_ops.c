@@ -739,11 +739,14 @@ static void bench(void)
 		       2 * fl / ms / 1e9);
 	}
 	/* attention, 4 records of 2048: the 4B's 32 heads, 8 kv heads, hd 128; then the Qwen3.5 4B
-	 * gated attention's 16 heads, 4 kv heads, hd 256 */
-	for (int s = 0; s < 2; s++) {
-		int B = 4, L = 2048, nh = s ? 16 : 32, nkv = s ? 4 : 8, hd = s ? 256 : 128;
+	 * gated attention's 16 heads, 4 kv heads, hd 256; then issue 8's Qwen3-MoE, 2 records of
+	 * 4096, 32 heads, 4 kv heads, hd 128 (the same tokens: the buffers fit) */
+	for (int s = 0; s < 3; s++) {
+		const int Bs[3] = { 4, 4, 2 }, Ls[3] = { 2048, 2048, 4096 }, nhs[3] = { 32, 16, 32 };
+		const int nkvs[3] = { 8, 4, 4 }, hds[3] = { 128, 256, 128 };
+		int B = Bs[s], L = Ls[s], nh = nhs[s], nkv = nkvs[s], hd = hds[s];
 		int W = (nh + 2 * nkv) * hd;
-		int32_t hl[4] = { 2048, 2048, 2048, 2048 };
+		int32_t hl[4] = { L, L, L, L };
 		int32_t *lens = gpu->alloc(gpu, sizeof(hl));
 		void *qkv = o, *att = x, *dq = (char *)o + (size_t)B * L * W * 2;
 		double fl = 4.0 * B * ((double)L * (L + 1) / 2) * hd * nh, ms, ams = 0;
@@ -754,15 +757,15 @@ static void bench(void)
 			      gpu->attention_fwd(gpu, att, f, qkv, lens, NULL, B, L, nh, nkv, hd));
 		ms = t_ms / 5;
 		ams += ms;
-		printf("  attention_fwd 4x2048 h=%d/%d hd=%d: %.2f ms, %.1f TFLOP/s\n", nh, nkv, hd,
-		       ms, fl / ms / 1e9);
+		printf("  attention_fwd %dx%d h=%d/%d hd=%d: %.2f ms, %.1f TFLOP/s\n", B, L, nh, nkv,
+		       hd, ms, fl / ms / 1e9);
 		gpu->attention_bwd(gpu, dq, att, att, f, qkv, lens, NULL, B, L, nh, nkv, hd);
 		TIMED(for (int i = 0; i < 5; i++)
 			      gpu->attention_bwd(gpu, dq, att, att, f, qkv, lens, NULL, B, L, nh, nkv, hd));
 		ms = t_ms / 5;
 		ams += ms;
-		printf("  attention_bwd 4x2048 h=%d/%d hd=%d: %.2f ms, %.1f TFLOP/s (2.5x fwd)\n", nh,
-		       nkv, hd, ms, 2.5 * fl / ms / 1e9);
+		printf("  attention_bwd %dx%d h=%d/%d hd=%d: %.2f ms, %.1f TFLOP/s (2.5x fwd)\n", B,
+		       L, nh, nkv, hd, ms, 2.5 * fl / ms / 1e9);
 		gpu->free(gpu, lens);
 		if (s)
 			continue;
