@@ -178,23 +178,19 @@ static void lean_fetch(struct sl_offload_engine *o, int ui)
 
 /* run_adam's update of one run of tensors (sl_shard_update_runs) */
 struct host_run {
-	struct sl_offload_engine *o;
 	struct sl_shard_unit *u;
-	struct sl_adamw_args a;
 	const float *grad;
 	void *w;
 	size_t elt;
 };
 
-static void host_update_run(void *arg, size_t k, size_t n, const struct sl_tensor_info *ti)
+static void host_update_run(void *arg, size_t k, size_t n, const struct sl_adamw_args *a)
 {
 	struct host_run *x = arg;
 	struct sl_shard_unit *u = x->u;
 
-	x->a.lr = x->o->h.lr * (ti->head ? x->o->h.head_lr_mult : 1.0);
-	x->a.weight_decay = ti->decay ? x->o->h.weight_decay : 0.0;
 	sl_host_adamw(u->master + k, u->m + k, u->v + k, x->grad + k, (char *)x->w + k * x->elt,
-		      x->elt, n, &x->a);
+		      x->elt, n, a);
 }
 
 static void run_adam(struct sl_offload_engine *o, int ui)
@@ -220,9 +216,9 @@ static void run_adam(struct sl_offload_engine *o, int ui)
 		w = o->w_ring[r];
 	}
 
-	struct host_run x = { .o = o, .u = u, .a = a, .grad = grad, .w = w, .elt = b->elt };
+	struct host_run x = { .u = u, .grad = grad, .w = w, .elt = b->elt };
 
-	sl_shard_update_runs(lay, u, ui, host_update_run, &x);
+	sl_shard_update_runs(lay, u, ui, &o->h, &a, host_update_run, &x);
 	/* offload: params reads w_host itself; optimizer keeps a device copy to refresh */
 	if (!s->host_params)
 		upload_async(b, u->w_shard, w, u->shard * b->elt, false, u->ev_w);

@@ -632,8 +632,17 @@ bool sl_shard_part(const struct sl_tensor_info *ti, const struct sl_shard_unit *
 	return *lo < *hi;
 }
 
+/* the learning rate and decay of tensor @ti's update */
+static void run_args(struct sl_adamw_args *a, const struct sl_optim_hparams *h,
+		     const struct sl_tensor_info *ti)
+{
+	a->lr = h->lr * (ti->head ? h->head_lr_mult : 1.0);
+	a->weight_decay = ti->decay ? h->weight_decay : 0.0;
+}
+
 void sl_shard_update_runs(const struct sl_layout *lay, const struct sl_shard_unit *u, int ui,
-			  void (*fn)(void *ctx, size_t k, size_t n, const struct sl_tensor_info *ti),
+			  const struct sl_optim_hparams *h, struct sl_adamw_args *a,
+			  void (*fn)(void *ctx, size_t k, size_t n, const struct sl_adamw_args *a),
 			  void *ctx)
 {
 	const struct sl_tensor_info *first = NULL;
@@ -652,38 +661,38 @@ void sl_shard_update_runs(const struct sl_layout *lay, const struct sl_shard_uni
 			n += hi - lo;
 			continue;
 		}
-		if (first)
-			fn(ctx, k, n, first);
+		if (first) {
+			run_args(a, h, first);
+			fn(ctx, k, n, a);
+		}
 		first = ti;
 		k = lo - u->off;
 		n = hi - lo;
 	}
-	if (first)
-		fn(ctx, k, n, first);
+	if (first) {
+		run_args(a, h, first);
+		fn(ctx, k, n, a);
+	}
 }
 
 /* sl_shard_optim_step's update of one run (sl_shard_update_runs) */
 struct update_ctx {
 	struct sl_shard *s;
 	struct sl_shard_unit *u;
-	const struct sl_optim_hparams *h;
-	struct sl_adamw_args a;
 };
 
-static void update_run(void *arg, size_t k, size_t n, const struct sl_tensor_info *ti)
+static void update_run(void *arg, size_t k, size_t n, const struct sl_adamw_args *a)
 {
 	struct update_ctx *x = arg;
 	struct sl_backend *b = x->s->be;
 	struct sl_shard_unit *u = x->u;
 
-	x->a.lr = x->h->lr * (ti->head ? x->h->head_lr_mult : 1.0);
-	x->a.weight_decay = ti->decay ? x->h->weight_decay : 0.0;
 	if (x->s->grad_direct)
 		b->adamw_c(b, u->master + k, u->m + k, u->v + k, (char *)u->gradc + k * b->elt,
-			   (char *)u->w_shard + k * b->elt, n, &x->a);
+			   (char *)u->w_shard + k * b->elt, n, a);
 	else
 		b->adamw_f32(b, u->master + k, u->m + k, u->v + k, u->grad32 + k,
-			     (char *)u->w_shard + k * b->elt, n, &x->a);
+			     (char *)u->w_shard + k * b->elt, n, a);
 }
 
 int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, double *grad_norm)
@@ -736,9 +745,9 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 	 * anywhere.
 	 */
 	for (int ui = 0; ui < s->n_units; ui++) {
-		struct update_ctx x = { .s = s, .u = &s->u[ui], .h = h, .a = a };
+		struct update_ctx x = { .s = s, .u = &s->u[ui] };
 
-		sl_shard_update_runs(lay, &s->u[ui], ui, update_run, &x);
+		sl_shard_update_runs(lay, &s->u[ui], ui, h, &a, update_run, &x);
 	}
 	invalidate_slots(s);
 	return 0;

@@ -236,10 +236,12 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
  * parts of the shard lie back to back and share the head and decay flags (so the learning rate
  * and weight decay) make one update, e.g. a layer's experts one instead of three an expert.
  * AdamW is element-wise: a run gives every element what its tensor's own update would.
- * @fn(ctx, k, n, ti) for each run: elements [k, k + n) of the shard, ti its first tensor.
+ * For each run, @a's lr and weight_decay are set from @h and the run's flags, then
+ * @fn(ctx, k, n, a): elements [k, k + n) of the shard.
  */
 void sl_shard_update_runs(const struct sl_layout *lay, const struct sl_shard_unit *u, int ui,
-			  void (*fn)(void *ctx, size_t k, size_t n, const struct sl_tensor_info *ti),
+			  const struct sl_optim_hparams *h, struct sl_adamw_args *a,
+			  void (*fn)(void *ctx, size_t k, size_t n, const struct sl_adamw_args *a),
 			  void *ctx);
 
 /*

@@ -268,17 +268,18 @@ static void test_bce_cpu(struct sl_backend *be)
 struct run_log {
 	int n;
 	size_t k[8], len[8];
-	const struct sl_tensor_info *ti[8];
+	double lr[8], wd[8];
 };
 
-static void log_run(void *arg, size_t k, size_t n, const struct sl_tensor_info *ti)
+static void log_run(void *arg, size_t k, size_t n, const struct sl_adamw_args *a)
 {
 	struct run_log *r = arg;
 
 	if (r->n < 8) {
 		r->k[r->n] = k;
 		r->len[r->n] = n;
-		r->ti[r->n] = ti;
+		r->lr[r->n] = a->lr;
+		r->wd[r->n] = a->weight_decay;
 	}
 	r->n++;
 }
@@ -286,44 +287,49 @@ static void log_run(void *arg, size_t k, size_t n, const struct sl_tensor_info *
 static void test_update_runs(void)
 {
 	/*
-	 * unit 0: A [0, 10) decay, B [10, 15) decay, C [15, 18) no decay, D [18, 22) head decay,
-	 * E [22, 28) head decay, F [30, 34) head decay (after a gap); unit 1: G [0, 8) decay.
+	 * unit 0: A [0, 10) decay, B [10, 15) decay, C [15, 18) head decay, D [18, 22) head,
+	 * E [22, 28) head, F [30, 34) head (after a gap); unit 1: G [0, 8) decay.
 	 * The shard [12, 32) of unit 0 (off 12, count 20) holds B's last 3, C, D, E, F's first 2:
-	 *   B: [12, 15) -> k 0, n 3;  C: a new run (decay differs) k 3, n 3;
-	 *   D: a new run (head differs) k 6, n 4;  E: back to back with D, same flags: k 6, n 10;
-	 *   F: [30, 32) -> k 18: not at 16, so a run of its own, n 2.  G is another unit's.
+	 *   B: [12, 15) -> k 0, n 3;  C: a new run (only the head flag differs) k 3, n 3;
+	 *   D: a new run (only the decay flag differs) k 6, n 4;  E: back to back with D, same
+	 *   flags: k 6, n 10;  F: [30, 32) -> k 18: not at 16, so a run of its own, n 2.
+	 *   G is another unit's.
+	 * With lr 2, head_lr_mult 3, weight_decay 0.5: B 2 / 0.5, C 6 / 0.5, D+E and F 6 / 0.
 	 */
 	struct sl_tensor_info t[7] = {
 		{ .unit = 0, .offset = 0, .numel = 10, .decay = true },
 		{ .unit = 0, .offset = 10, .numel = 5, .decay = true },
-		{ .unit = 0, .offset = 15, .numel = 3, .decay = false },
-		{ .unit = 0, .offset = 18, .numel = 4, .decay = true, .head = true },
-		{ .unit = 0, .offset = 22, .numel = 6, .decay = true, .head = true },
-		{ .unit = 0, .offset = 30, .numel = 4, .decay = true, .head = true },
+		{ .unit = 0, .offset = 15, .numel = 3, .decay = true, .head = true },
+		{ .unit = 0, .offset = 18, .numel = 4, .head = true },
+		{ .unit = 0, .offset = 22, .numel = 6, .head = true },
+		{ .unit = 0, .offset = 30, .numel = 4, .head = true },
 		{ .unit = 1, .offset = 0, .numel = 8, .decay = true },
 	};
 	struct sl_layout lay = { .n_tensors = 7, .t = t, .n_units = 2 };
 	struct sl_shard_unit u = { .off = 12, .count = 20 };
+	const struct sl_optim_hparams h = { .lr = 2, .head_lr_mult = 3, .weight_decay = 0.5 };
+	struct sl_adamw_args a = { 0 };
 	struct run_log r = { 0 };
 	const size_t ek[4] = { 0, 3, 6, 18 }, en[4] = { 3, 3, 10, 2 };
-	const int et[4] = { 1, 2, 3, 5 };
+	const double elr[4] = { 2, 6, 6, 6 }, ewd[4] = { 0.5, 0.5, 0, 0 };
 
-	sl_shard_update_runs(&lay, &u, 0, log_run, &r);
+	sl_shard_update_runs(&lay, &u, 0, &h, &a, log_run, &r);
 	CHECK(r.n == 4, "update runs: %d, expected 4", r.n);
 	for (int i = 0; i < 4 && i < r.n; i++)
-		CHECK(r.k[i] == ek[i] && r.len[i] == en[i] && r.ti[i] == &t[et[i]],
-		      "update run %d: k %zu n %zu tensor %d, expected k %zu n %zu tensor %d", i,
-		      r.k[i], r.len[i], (int)(r.ti[i] - t), ek[i], en[i], et[i]);
+		CHECK(r.k[i] == ek[i] && r.len[i] == en[i] && r.lr[i] == elr[i] &&
+		      r.wd[i] == ewd[i],
+		      "update run %d: k %zu n %zu lr %g wd %g, expected k %zu n %zu lr %g wd %g", i,
+		      r.k[i], r.len[i], r.lr[i], r.wd[i], ek[i], en[i], elr[i], ewd[i]);
 
 	/* unit 1 whole (off 0, count 8): G alone; a shard past every tensor: no run */
 	r.n = 0;
 	u = (struct sl_shard_unit){ .off = 0, .count = 8 };
-	sl_shard_update_runs(&lay, &u, 1, log_run, &r);
-	CHECK(r.n == 1 && r.k[0] == 0 && r.len[0] == 8 && r.ti[0] == &t[6],
+	sl_shard_update_runs(&lay, &u, 1, &h, &a, log_run, &r);
+	CHECK(r.n == 1 && r.k[0] == 0 && r.len[0] == 8 && r.lr[0] == 2 && r.wd[0] == 0.5,
 	      "update runs of unit 1: %d", r.n);
 	r.n = 0;
 	u = (struct sl_shard_unit){ .off = 34, .count = 4 };
-	sl_shard_update_runs(&lay, &u, 0, log_run, &r);
+	sl_shard_update_runs(&lay, &u, 0, &h, &a, log_run, &r);
 	CHECK(r.n == 0, "update runs past the tensors: %d, expected 0", r.n);
 }
 
