@@ -68,6 +68,12 @@ struct sl_cuda {
 	pthread_mutex_t copy_mu;	// copies are issued from two threads (shard's offload worker)
 	bool range_open;		// an NVTX range "step N" is open (sl_cuda_step_range)
 	bool deterministic;		// train.deterministic: no kernel whose sums' order varies
+	// stream priorities: the compute stream (and the experts' streams) the greatest, the side
+	// stream (sl_cuda_side_begin: AdamW under the next forward) the least
+	int prio, prio_side;
+	cudaStream_t side;		// made on the first sl_cuda_side_begin, or NULL
+	cudaStream_t main;		// the compute stream while ops go to the side one, else NULL
+	cudaEvent_t side_fork;		// orders the side stream after the compute stream
 };
 
 void sl_cuda_copy_init(struct sl_cuda *c);

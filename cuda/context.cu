@@ -25,8 +25,11 @@ extern "C" struct sl_cuda *sl_cuda_create(int device)
 		return NULL;
 	c->device = device;
 	CUDA_CHECK(cudaSetDevice(device));
-	// non-blocking: the legacy default stream must not serialize us against a comm stream
-	CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+	// non-blocking: the legacy default stream must not serialize us against a comm stream.
+	// The greatest priority: work on the side stream fills only what the compute stream
+	// leaves idle (every stream that runs kernels of a step has this one).
+	CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&c->prio_side, &c->prio));
+	CUDA_CHECK(cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, c->prio));
 	CUBLAS_CHECK(cublasLtCreate(&c->lt));
 	c->ws_bytes = WORKSPACE_BYTES;
 	c->scratch_bytes = SCRATCH_BYTES;
@@ -49,6 +52,11 @@ extern "C" void sl_cuda_destroy(struct sl_cuda *c)
 	if (!c)
 		return;
 	CUDA_CHECK(cudaStreamSynchronize(c->stream));
+	if (c->side) {
+		CUDA_CHECK(cudaStreamSynchronize(c->side));
+		CUDA_CHECK(cudaStreamDestroy(c->side));
+		CUDA_CHECK(cudaEventDestroy(c->side_fork));
+	}
 	sl_cuda_copy_fini(c);
 	sl_cuda_gemm_cache_free(c);
 	sl_cuda_moe_free(c);
@@ -71,6 +79,41 @@ extern "C" void sl_cuda_destroy(struct sl_cuda *c)
 extern "C" void *sl_cuda_stream(struct sl_cuda *c)
 {
 	return (void *)c->stream;
+}
+
+// The side stream: launches go to it (c->stream is it) until sl_cuda_side_end; it first waits
+// for what the compute stream has been given so far.
+extern "C" void sl_cuda_side_begin(struct sl_cuda *c)
+{
+	if (c->main) {
+		fprintf(stderr, "cuda: internal error: side stream begun twice\n");
+		abort();
+	}
+	if (!c->side) {
+		CUDA_CHECK(cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking,
+							c->prio_side));
+		CUDA_CHECK(cudaEventCreateWithFlags(&c->side_fork, cudaEventDisableTiming));
+	}
+	CUDA_CHECK(cudaEventRecord(c->side_fork, c->stream));
+	CUDA_CHECK(cudaStreamWaitEvent(c->side, c->side_fork, 0));
+	c->main = c->stream;
+	c->stream = c->side;
+}
+
+extern "C" void sl_cuda_side_end(struct sl_cuda *c)
+{
+	if (!c->main) {
+		fprintf(stderr, "cuda: internal error: side stream ended but not begun\n");
+		abort();
+	}
+	c->stream = c->main;
+	c->main = NULL;
+}
+
+// @ev (sl_cuda_event_create's) records where the stream launches go to has reached
+extern "C" void sl_cuda_record_event(struct sl_cuda *c, void *ev)
+{
+	CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, c->stream));
 }
 
 extern "C" void sl_cuda_set_deterministic(struct sl_cuda *c, bool on)

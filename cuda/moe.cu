@@ -440,7 +440,7 @@ static struct moe_gemm *grouped_init(struct sl_cuda *c)
 		g->nside = (int)n;
 	}
 	for (int i = 0; g->nside > 1 && i < g->nside; i++) {
-		CUDA_CHECK(cudaStreamCreateWithFlags(&g->side[i], cudaStreamNonBlocking));
+		CUDA_CHECK(cudaStreamCreateWithPriority(&g->side[i], cudaStreamNonBlocking, c->prio));
 		CUDA_CHECK(cudaEventCreateWithFlags(&g->join[i], cudaEventDisableTiming));
 	}
 	if (g->nside > 1)

@@ -34,6 +34,11 @@ void sl_cuda_destroy(struct sl_cuda *c);
 void *sl_cuda_stream(struct sl_cuda *c);	/* the cudaStream_t every launcher runs on */
 /* train.deterministic: off (the default) lets opt-in kernels that add with atomics run */
 void sl_cuda_set_deterministic(struct sl_cuda *c, bool on);
+/* the side stream (backend.h side_begin): launches go to it until side_end; it first waits for the
+ * compute stream's issued work; record_event records @ev on the stream launches go to */
+void sl_cuda_side_begin(struct sl_cuda *c);
+void sl_cuda_side_end(struct sl_cuda *c);
+void sl_cuda_record_event(struct sl_cuda *c, void *ev);
 size_t sl_cuda_fixed_bytes(struct sl_cuda *c);	/* device bytes the context holds itself */
 void *sl_cuda_malloc(struct sl_cuda *c, size_t bytes);	/* cudaMalloc; NULL + message */
 void sl_cuda_free(struct sl_cuda *c, void *p);

@@ -202,6 +202,18 @@ struct sl_backend {
 	void (*wait_event)(struct sl_backend *be, void *ev);
 	/* the host waits for @ev */
 	void (*sync_event)(struct sl_backend *be, void *ev);
+	/*
+	 * Optional (NULL: none; needs the events above): a side stream, of lower priority than the
+	 * compute stream, for work that may run under what is issued after it (shard's AdamW under
+	 * the next forward).  side_begin: the ops issued until side_end run on the side stream,
+	 * after everything issued so far on the compute stream; only adamw_f32, adamw_c and
+	 * record_event may be issued in between.  The compute stream does not wait for the side
+	 * stream (sync() neither) unless told to through an event.  record_event: @ev records the
+	 * point the stream ops are being issued to (side or compute) has reached.
+	 */
+	void (*side_begin)(struct sl_backend *be);
+	void (*side_end)(struct sl_backend *be);
+	void (*record_event)(struct sl_backend *be, void *ev);
 
 	/*
 	 * ---- Mixture of experts (Qwen3-MoE, model_moe.c) ----

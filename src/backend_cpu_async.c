@@ -7,6 +7,13 @@
  * the event of the copy reading it has completed gets wrong numbers here too, so ordering bugs of
  * shard's offload show up in the cpu tests.  SHARDLM_CPU_COPY_DELAY_US (tests) delays every copy
  * to make such races likely.  The thread starts on the first copy.
+ *
+ * The side stream (backend.h side_begin) is the other extreme: what is issued on it (AdamW) is
+ * queued and runs only when the compute stream or the host waits for an event recorded on it
+ * after that work, i.e. as late as the GPU could ever run it.  A caller that reads what the side
+ * stream writes, or overwrites what it reads, without waiting for it first, computes with the
+ * values from before the side stream's work and gets other numbers than a run without the side
+ * stream: the cpu tests catch it deterministically.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -21,6 +28,21 @@
 struct cpu_event {
 	unsigned long issued;		/* records issued */
 	unsigned long done;		/* records completed */
+	unsigned long side_gen;		/* the latest record on the side stream, or 0 */
+};
+
+/* an AdamW update (adamw_c when @c, else adamw_f32) or, when ev, a record of ev, on the side
+ * stream */
+struct side_cmd {
+	bool c;
+	float *p, *m, *v;
+	const void *grad;
+	void *w_out;
+	size_t n;
+	struct sl_adamw_args a;
+	struct cpu_event *ev;
+	unsigned long gen;
+	struct side_cmd *next;
 };
 
 struct copy_cmd {
@@ -40,6 +62,9 @@ struct cpu_async {
 	pthread_t thr;
 	bool started, stop;
 	unsigned delay_us;
+	/* the side stream: only the issuing (compute) thread touches these */
+	bool side_on;			/* between side_begin and side_end */
+	struct side_cmd *side_head, *side_tail;
 };
 
 static struct cpu_async *Q(struct sl_backend *be)
@@ -138,11 +163,109 @@ static void cpu_download_async(struct sl_backend *be, void *dst, const void *src
 	enqueue(be, dst, src, bytes, done);
 }
 
+static struct side_cmd *side_new(void)
+{
+	struct side_cmd *c = calloc(1, sizeof(struct side_cmd));
+
+	if (!c) {
+		fprintf(stderr, "cpu backend: out of host memory (side stream)\n");
+		abort();
+	}
+	return c;
+}
+
+static void side_push(struct cpu_async *q, struct side_cmd *c)
+{
+	if (q->side_tail)
+		q->side_tail->next = c;
+	else
+		q->side_head = c;
+	q->side_tail = c;
+}
+
+/* run the side stream's queue until @e's latest side record (all of it when e is NULL) */
+static void side_run(struct sl_backend *be, struct cpu_event *e)
+{
+	struct cpu_async *q = Q(be);
+
+	while (q->side_head && (!e || e->done < e->side_gen)) {
+		struct side_cmd *c = q->side_head;
+
+		q->side_head = c->next;
+		if (!q->side_head)
+			q->side_tail = NULL;
+		if (c->ev) {
+			pthread_mutex_lock(&q->mu);
+			if (c->ev->done < c->gen)
+				c->ev->done = c->gen;
+			pthread_mutex_unlock(&q->mu);
+		} else if (c->c) {
+			be->adamw_c(be, c->p, c->m, c->v, c->grad, c->w_out, c->n, &c->a);
+		} else {
+			be->adamw_f32(be, c->p, c->m, c->v, c->grad, c->w_out, c->n, &c->a);
+		}
+		free(c);
+	}
+}
+
+bool sl_backend_cpu_side_defer(struct sl_backend *be, bool c, float *p, float *m, float *v,
+			       const void *grad, void *w_out, size_t n,
+			       const struct sl_adamw_args *a)
+{
+	struct cpu_async *q = Q(be);
+	struct side_cmd *cmd;
+
+	if (!q || !q->side_on)
+		return false;
+	cmd = side_new();
+	*cmd = (struct side_cmd){ .c = c, .p = p, .m = m, .v = v, .grad = grad, .w_out = w_out,
+				  .n = n, .a = *a };
+	side_push(q, cmd);
+	return true;
+}
+
+static void cpu_side_begin(struct sl_backend *be)
+{
+	if (Q(be)->side_on) {
+		fprintf(stderr, "cpu backend: internal error: side stream begun twice\n");
+		abort();
+	}
+	Q(be)->side_on = true;	/* the compute stream's work is done: nothing to wait for */
+}
+
+static void cpu_side_end(struct sl_backend *be)
+{
+	if (!Q(be)->side_on) {
+		fprintf(stderr, "cpu backend: internal error: side stream ended but not begun\n");
+		abort();
+	}
+	Q(be)->side_on = false;
+}
+
+static void cpu_record_event(struct sl_backend *be, void *ev)
+{
+	struct cpu_async *q = Q(be);
+	struct cpu_event *e = ev;
+
+	pthread_mutex_lock(&q->mu);
+	if (q->side_on) {
+		struct side_cmd *c = side_new();
+
+		c->ev = e;
+		c->gen = e->side_gen = ++e->issued;
+		side_push(q, c);
+	} else {
+		e->done = ++e->issued;	/* the compute stream is this thread: done */
+	}
+	pthread_mutex_unlock(&q->mu);
+}
+
 static void cpu_sync_event(struct sl_backend *be, void *ev)
 {
 	struct cpu_async *q = Q(be);
 	struct cpu_event *e = ev;
 
+	side_run(be, e);
 	pthread_mutex_lock(&q->mu);
 	{
 		unsigned long want = e->issued;
@@ -174,6 +297,9 @@ void sl_backend_cpu_async_init(struct sl_backend *be)
 	/* the compute stream is this thread: it waits as the host does */
 	be->wait_event = cpu_sync_event;
 	be->sync_event = cpu_sync_event;
+	be->side_begin = cpu_side_begin;
+	be->side_end = cpu_side_end;
+	be->record_event = cpu_record_event;
 }
 
 void sl_backend_cpu_async_fini(struct sl_backend *be)
@@ -182,6 +308,7 @@ void sl_backend_cpu_async_fini(struct sl_backend *be)
 
 	if (!q)
 		return;
+	side_run(be, NULL);	/* a stream's work completes */
 	pthread_mutex_lock(&q->mu);
 	q->stop = true;
 	pthread_cond_signal(&q->work);

@@ -5,10 +5,19 @@
 #ifndef SL_BACKEND_CPU_ASYNC_H
 #define SL_BACKEND_CPU_ASYNC_H
 
+#include <stdbool.h>
+
 #include "backend.h"
 
 /* Install the asynchronous copy ops on @be (uses be->priv).  Aborts when out of memory. */
 void sl_backend_cpu_async_init(struct sl_backend *be);
+/*
+ * adamw_f32 (!c) or adamw_c (c) issued on the side stream: queued (true) to run when an event
+ * recorded after it is waited for; false outside side_begin .. side_end (run it now).
+ */
+bool sl_backend_cpu_side_defer(struct sl_backend *be, bool c, float *p, float *m, float *v,
+			       const void *grad, void *w_out, size_t n,
+			       const struct sl_adamw_args *a);
 /* Finish the queued copies and stop the copy thread. */
 void sl_backend_cpu_async_fini(struct sl_backend *be);
 

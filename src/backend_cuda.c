@@ -173,6 +173,21 @@ static void cuda_sync_event(struct sl_backend *be, void *ev)
 	sl_cuda_sync_event(C(be), ev);
 }
 
+static void cuda_side_begin(struct sl_backend *be)
+{
+	sl_cuda_side_begin(C(be));
+}
+
+static void cuda_side_end(struct sl_backend *be)
+{
+	sl_cuda_side_end(C(be));
+}
+
+static void cuda_record_event(struct sl_backend *be, void *ev)
+{
+	sl_cuda_record_event(C(be), ev);
+}
+
 /* ---- ops --------------------------------------------------------------------------------- */
 
 static void cuda_embedding_fwd(struct sl_backend *be, void *out, const int32_t *ids,
@@ -488,6 +503,9 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	be->download_async = cuda_download_async;
 	be->wait_event = cuda_wait_event;
 	be->sync_event = cuda_sync_event;
+	be->side_begin = cuda_side_begin;
+	be->side_end = cuda_side_end;
+	be->record_event = cuda_record_event;
 	be->host_alloc = cuda_host_alloc;
 	be->host_free = cuda_host_free;
 	be->moe_route_fwd = cuda_moe_route_fwd;

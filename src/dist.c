@@ -468,8 +468,12 @@ int sl_comm_all_gather_start(struct sl_comm *c, void *recv, const void *send, si
 		if (!c->side) {
 			cudaStream_t st;
 			cudaEvent_t a, b;
+			int least, greatest;
 
-			CUDA_RT_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+			/* the compute stream's priority (the cuda backend's: the greatest) */
+			CUDA_RT_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+			CUDA_RT_CHECK(cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking,
+								   greatest));
 			CUDA_RT_CHECK(cudaEventCreateWithFlags(&a, cudaEventDisableTiming));
 			CUDA_RT_CHECK(cudaEventCreateWithFlags(&b, cudaEventDisableTiming));
 			c->side = st, c->ev_issued = a, c->ev_done = b;

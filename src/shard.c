@@ -33,6 +33,27 @@ static bool in_place(const struct sl_shard *s, const struct sl_shard_unit *u)
 	return u->S == 1 && !s->host_params;
 }
 
+/* overlap_optimizer: what follows on the compute stream reads unit @u after its update */
+static void opt_await(struct sl_shard *s, struct sl_shard_unit *u)
+{
+	if (!u->opt_wait)
+		return;
+	s->be->wait_event(s->be, u->ev_opt);
+	u->opt_wait = false;
+}
+
+void sl_shard_settle(struct sl_shard *s)
+{
+	if (!s->overlap_opt || s->opt_last < 0)
+		return;
+	/* the side stream runs the units in order: the last one's event covers them all */
+	if (s->u[s->opt_last].opt_wait)
+		s->be->wait_event(s->be, s->u[s->opt_last].ev_opt);
+	for (int i = 0; i < s->n_units; i++)
+		s->u[i].opt_wait = false;
+	s->opt_last = -1;
+}
+
 static void *host_alloc(struct sl_shard *s, size_t bytes)
 {
 	struct sl_backend *b = s->be;
@@ -161,6 +182,7 @@ static const void *unit_weights(void *ctx, int unit)
 		s->bwd = false;		/* only a forward asks for the embedding's weights */
 	if (s->off && !s->host_params)
 		sl_offload_await(s, unit);
+	opt_await(s, u);
 	if (in_place(s, u))
 		return u->w_shard;
 	slot = take_slot(s, s->wslots, s->n_wslots, unit, &fresh);
@@ -194,6 +216,8 @@ static void *unit_grads(void *ctx, int unit)
 	struct sl_shard_slot *slot;
 	bool fresh;
 
+	/* the forward waited already; a unit whose weights it did not read must too */
+	opt_await(s, &s->u[unit]);
 	if (s->grad_direct) {
 		struct sl_shard_unit *u = &s->u[unit];
 
@@ -430,6 +454,11 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	s->d_sumsq = b->alloc(b, s->n_units * sizeof(double));
 	if (s->host_params && !single(s))
 		s->d_wstage = b->alloc(b, max_shard * b->elt);
+	s->opt_last = -1;
+	s->overlap_opt = o->overlap_optimizer && !s->host_state && be->side_begin &&
+		be->side_end && be->record_event && be->event_create && be->wait_event;
+	for (int i = 0; s->overlap_opt && i < s->n_units; i++)
+		s->u[i].ev_opt = be->event_create(be);
 	s->src = (struct sl_unit_source){ .ctx = s, .weights = unit_weights, .grads = unit_grads,
 					  .release_fwd = release_weights,
 					  .release_bwd = release_grads };
@@ -445,9 +474,15 @@ void sl_shard_destroy(struct sl_shard *s)
 	if (!s->u)
 		return;
 	sl_offload_destroy(s);
+	if (s->overlap_opt) {
+		sl_shard_settle(s);
+		b->sync(b);
+	}
 	for (int i = 0; i < s->n_units; i++) {
 		struct sl_shard_unit *u = &s->u[i];
 
+		if (u->ev_opt)
+			b->event_destroy(b, u->ev_opt);
 		state_free(s, u->master);
 		state_free(s, u->m);
 		state_free(s, u->v);
@@ -515,6 +550,7 @@ void sl_shard_get_state(struct sl_shard *s, int ui, float *master, float *m, flo
 			memcpy(v, u->v, n);
 		return;
 	}
+	sl_shard_settle(s);
 	b->download(b, master, u->master, n);
 	if (m)
 		b->download(b, m, u->m, n);
@@ -544,6 +580,7 @@ void sl_shard_set_state(struct sl_shard *s, int ui, const float *master, const f
 		invalidate_slots(s);
 		return;
 	}
+	sl_shard_settle(s);
 	b->upload(b, u->master, master, u->shard * sizeof(float));
 	if (m)
 		b->upload(b, u->m, m, u->shard * sizeof(float));
@@ -708,6 +745,8 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 			invalidate_slots(s);
 		return r;
 	}
+	/* a unit the step did not read may still be in the last update */
+	sl_shard_settle(s);
 	for (int i = 0; i < s->n_units; i++) {
 		struct sl_shard_unit *u = &s->u[i];
 
@@ -742,13 +781,23 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 	/*
 	 * One update per run of tensors in this rank's shard (sl_shard_update_runs): learning rate
 	 * and decay differ between the tensors of a unit, and a shard boundary may cut a tensor
-	 * anywhere.
+	 * anywhere.  overlap_optimizer: on the side stream, in unit (forward) order, each unit's
+	 * end recorded for the next forward (unit_weights) to wait for.
 	 */
+	if (s->overlap_opt)
+		b->side_begin(b);
 	for (int ui = 0; ui < s->n_units; ui++) {
 		struct update_ctx x = { .s = s, .u = &s->u[ui] };
 
 		sl_shard_update_runs(lay, &s->u[ui], ui, h, &a, update_run, &x);
+		if (s->overlap_opt) {
+			b->record_event(b, s->u[ui].ev_opt);
+			s->u[ui].opt_wait = true;
+			s->opt_last = ui;
+		}
 	}
+	if (s->overlap_opt)
+		b->side_end(b);
 	invalidate_slots(s);
 	return 0;
 }

@@ -78,6 +78,8 @@ struct sl_shard_unit {
 	bool w_wait;			/* the compute stream must still wait for ev_w */
 	unsigned long w_gen;		/* == shard's w_gen when w_host holds the newest update */
 	double sumsq;			/* sum of grad32^2 once the step's gradients are in */
+	void *ev_opt;			/* overlap_optimizer: the unit's AdamW done (side stream) */
+	bool opt_wait;			/* the compute stream must still wait for ev_opt */
 };
 
 struct sl_shard_slot {
@@ -139,6 +141,13 @@ struct sl_shard {
 	size_t *shard_starts;		/* (n_units) each unit's off, for checkpoints */
 	size_t *shard_counts;		/* (n_units) each unit's count */
 	struct sl_unit_source src;	/* what the model reads units through */
+	/*
+	 * opts.overlap_optimizer: AdamW runs on the backend's side stream, unit after unit in
+	 * forward order, and the next forward waits only for the unit it reads (ev_opt); a host
+	 * read or write of the state first waits for all of it (sl_shard_settle).
+	 */
+	bool overlap_opt;
+	int opt_last;			/* the last unit updated on the side stream, or -1 */
 };
 
 /*
@@ -179,6 +188,12 @@ struct sl_shard_opts {
 	void *(*grad_room)(void *ctx, int unit, bool during, size_t *bytes);
 	void *grad_room_ctx;
 	bool no_grad_direct;		/* tests: the fp32 path even where grad_direct applies */
+	/*
+	 * AdamW on the backend's side stream (backend.h side_begin), under the next step's
+	 * forward, which waits for each unit's update only where it reads the unit's weights.
+	 * Ignored with offload (which overlaps its own way) or a backend without a side stream.
+	 */
+	bool overlap_optimizer;
 	bool host_lean;			/* offload: optimizer on a host too small for the usual
 					 * layout: gradients stay on the device (fp32, summed
 					 * there) and stream through a small host ring during
@@ -189,6 +204,11 @@ struct sl_shard_opts {
 int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_layout *lay,
 		    const struct sl_shard_opts *o);
 void sl_shard_destroy(struct sl_shard *s);
+/*
+ * overlap_optimizer: the compute stream waits for the whole of the last optimizer step (the
+ * state functions below and the next optimizer step do this themselves); else nothing.
+ */
+void sl_shard_settle(struct sl_shard *s);
 
 /* Take this rank's slice of unit u from the whole unit in host memory (the layout's
  * unit_numel[u] floats). */
@@ -226,8 +246,9 @@ void sl_offload_stats(struct sl_shard *s, struct sl_offload_stats *st);
 /*
  * Finish the step: replica all-reduce (HSDP), global gradient norm (*grad_norm, before
  * clipping), clipping, AdamW on the master shards, new compute weights.  Returns 0, or 1 when the
- * gradient norm is not finite (nothing updated).  Collective.  With offload the update runs on
- * in the background after the return; whatever reads the weights or the state waits for it.
+ * gradient norm is not finite (nothing updated).  Collective.  With offload or
+ * overlap_optimizer the update runs on in the background after the return; whatever reads the
+ * weights or the state waits for it.
  */
 int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, double *grad_norm);
 

@@ -129,6 +129,8 @@ static void log_offload(struct job *j)
  * tests: SHARDLM_TEST_HOST_ACCUM: offload adds micro-batches up on the host even where the GPU
  * has room; SHARDLM_TEST_HOST_LEAN: offload optimizer keeps gradients on the device (host_lean)
  * even where the host has room; SHARDLM_TEST_USR1_AT_START: SIGUSR1 before MPI starts.
+ * Also the opt-in SHARDLM_OPT_OVERLAP=1: AdamW under the next step's forward
+ * (sl_shard_opts.overlap_optimizer), not yet measured on a GPU.
  */
 static bool test_env(const char *name)
 {
@@ -398,6 +400,7 @@ int sl_cmd_train(int argc, char **argv)
 			.grad_room = test_env("SHARDLM_TEST_NO_GRAD_ROOM") ? NULL : grad_room,
 			.grad_room_ctx = j->model,
 			.no_grad_direct = test_env("SHARDLM_TEST_NO_GRAD_ROOM"),
+			.overlap_optimizer = test_env("SHARDLM_OPT_OVERLAP"),
 		};
 
 		if (!all_ok(sl_shard_create(&j->sh, j->be, &j->mf.lay, &so) == 0))
@@ -426,6 +429,9 @@ int sl_cmd_train(int argc, char **argv)
 	sl_log("sharding: %d rank(s) per shard group (%s), %d replica(s)", j->sh.S,
 	       j->c->parallel.shard_group == SL_SHARD_NODE ? "node: HSDP" : "world: FSDP",
 	       j->g.replica.size);
+	if (j->sh.overlap_opt)
+		sl_log("optimizer: AdamW on a side stream, under the next step's forward "
+		       "(SHARDLM_OPT_OVERLAP)");
 	if (j->have_xcomm) {
 		const struct sl_shard_unit *xu = &j->sh.u[j->mf.lay.n_units - 1];
 

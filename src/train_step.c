@@ -389,6 +389,9 @@ int train_run_steps(struct job *j)
 	sl_log("trained steps %d to %d in %s", j->first_step, j->steps, dur);
 	ret = 0;
 out:
+	/* the last update may still run on the side stream (overlap_optimizer) */
+	sl_shard_settle(&j->sh);
+	j->be->sync(j->be);
 	if (j->be->step_range)
 		j->be->step_range(j->be, 0);
 	free(idx);

@@ -10,6 +10,7 @@
 #   matmuls (SHARDLM_MOE_GEMM=wg).
 #   check-gpu-offload.sh: offloaded optimizer state and weights train to the on-GPU losses.
 #   check-gpu-sft.sh: task sft (untied, tied, packed, Qwen3-MoE) trains to the cpu backend's losses.
+#   check-gpu-overlap.sh: AdamW under the next forward (SHARDLM_OPT_OVERLAP=1), the same bits.
 #   test_cuda_qwen35: the same for the Qwen3.5 hybrid's ops and a tiny hybrid model.
 #   check-gpu-q35moe.sh: a tiny Qwen3.5-MoE model's sft trains to the cpu backend's losses.
 #   check-gpu-ep.sh: expert parallel on 2 ranks of the GPU and the expert capacity, on cuda.
@@ -89,6 +90,8 @@ gpu_test "cuda async copies" "$top_builddir/test/test_cuda_async"
 gpu_test "offload vs on-GPU losses" sh "$top_srcdir/test/check-gpu-offload.sh"
 # task sft (dense, tied, packed, MoE) against the cpu backend's losses
 gpu_test "sft cuda vs cpu losses" sh "$top_srcdir/test/check-gpu-sft.sh"
+# AdamW under the next forward (SHARDLM_OPT_OVERLAP=1) gives the same bits as without
+gpu_test "optimizer overlap, same bits" sh "$top_srcdir/test/check-gpu-overlap.sh"
 # the Qwen3.5 hybrid's cuda ops (cuda/gdn.cu) and its tiny model against the cpu backend
 gpu_test "cuda qwen3.5 ops and model vs cpu" "$top_builddir/test/test_cuda_qwen35"
 # Qwen3.5-MoE (the shared expert's gate, cuda/q35moe.cu) sft on cuda against the cpu backend

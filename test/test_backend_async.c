@@ -2,9 +2,10 @@
  * test_backend_async: the cpu backend's asynchronous transfers (backend.h), which shard's
  * offload relies on for its ordering: copies really run later, on their own thread; copies of a
  * direction run in issue order; an event stands for its latest record; copies and waits work
- * from two threads at once.  Also the host's bf16 rounding (host_adamw.c) against hand-worked
+ * from two threads at once; the side stream's work runs as late as it may.  Also the host's bf16 rounding (host_adamw.c) against hand-worked
  * halfway cases (round to nearest even, as the cuda backend's __float2bfloat16_rn).
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <unistd.h>
@@ -133,6 +134,51 @@ int main(void)
 		free(back);
 		fast->destroy(fast);
 		be = slow;
+	}
+
+	/*
+	 * The side stream (backend.h side_begin): its work runs only once an event recorded after
+	 * it is waited for, the latest a GPU could run it (neither sync() nor the end of the span
+	 * runs it), and up to that event only.  AdamW from p = 1, m = v = 0, gradient 2, lr 0.1,
+	 * step 1 (bc1 = 0.1, bc2 = 0.001), by hand: m/bc1 = 2, sqrt(v/bc2) = 2, p = 1 - 0.1 = 0.9.
+	 */
+	{
+		float *p = be->alloc(be, N * sizeof(float)), *m = be->alloc(be, N * sizeof(float));
+		float *v = be->alloc(be, N * sizeof(float)), *g = be->alloc(be, N * sizeof(float));
+		const struct sl_adamw_args ar = { .lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f,
+						  .eps = 1e-8f, .bc1 = 0.1f, .bc2 = 0.001f,
+						  .grad_scale = 1 };
+		bool near = true;
+
+		CHECK(be->side_begin && be->side_end && be->record_event);
+		for (int i = 0; i < N; i++) {
+			p[i] = 1;
+			g[i] = 2;
+		}
+		be->side_begin(be);
+		be->adamw_f32(be, p, m, v, g, NULL, N / 2, &ar);
+		be->record_event(be, e1);
+		be->adamw_f32(be, p + N / 2, m + N / 2, v + N / 2, g + N / 2, NULL, N / 2, &ar);
+		be->record_event(be, e2);
+		be->side_end(be);
+		be->sync(be);
+		CHECK(all_eq(p, 1, N), "side stream work ran before its event was waited for");
+		be->wait_event(be, e1);
+		for (int i = 0; i < N / 2; i++)
+			near &= fabsf(p[i] - 0.9f) < 1e-6f;
+		CHECK(near, "waiting for the first event did not run the first update");
+		CHECK(all_eq(p + N / 2, 1, N / 2), "waiting for the first event ran the second update");
+		be->sync_event(be, e2);
+		for (int i = N / 2; i < N; i++)
+			near &= fabsf(p[i] - 0.9f) < 1e-6f;
+		CHECK(near, "sync_event did not run the second update");
+		/* recorded on the compute stream (this thread): complete at once */
+		be->record_event(be, e1);
+		be->sync_event(be, e1);
+		be->free(be, p);
+		be->free(be, m);
+		be->free(be, v);
+		be->free(be, g);
 	}
 
 	/* bf16 round to nearest even: halfway cases go to the even neighbour */

@@ -1,0 +1,122 @@
+#!/bin/sh
+# SHARDLM_OPT_OVERLAP=1: AdamW on the backend's side stream, under the next step's forward, which
+# waits for each unit's update only where it reads the unit.  On the cpu backend the side stream
+# runs its work only when an event recorded after it is waited for: the latest a GPU could ever
+# run it, so a read of a unit before its update (weights, gradients living in the layers'
+# activations, a checkpoint or the export) gives other numbers.  Every run here must repeat the
+# run without the overlap bit for bit: losses and gradient norms of every step, and the exported
+# fp32 weights (cmp):
+#  - 1 rank, accum 1: gradients in the compute type, held in the layers' activations; an
+#    evaluation between steps;
+#  - 1 rank, accum 2 (fp32 accumulators); activation checkpointing;
+#  - 2 ranks (FSDP: all-gathers of the updated shards), accum 1 and 2;
+#  - the tiny Qwen3-MoE sft fixture (expert units), 1 rank;
+#  - a run stopped after step 3 with a checkpoint and resumed to step 6 (the checkpoint written
+#    while the update may still be running).
+. "${top_srcdir:-$(dirname "$0")/..}/test/lib.sh"
+
+if ! command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1; then
+	echo "no mpirun: skipped"; exit 77
+fi
+MPIRUN=${MPIRUN:-mpirun}
+FIX="$top_srcdir/test/fixtures/moe"
+tiny_fsdp_inputs "$T"
+head -n 8 "$T/data.jsonl" >"$T/valid.jsonl"
+cat >"$T/base.yaml" <<YAML
+model: {path: $T/model}
+backend: cpu
+data: {train: $T/data.jsonl, valid: $T/valid.jsonl, max_state: 32, seed: 3}
+train: {steps: 6, eval_every: 2, batch: 4, accum: 1}
+optim: {lr: 3.0e-3, schedule: constant, warmup: 1, weight_decay: 0.1, clip: 1.0}
+checkpoint: {every: 0}
+export: {dtype: fp32}
+run: {log_every: 1}
+YAML
+# no evaluation, whose forward would wait for the update before the checkpoint is written
+grep -v "^data:" "$T/base.yaml" >"$T/noeval.yaml"
+echo "data: {train: $T/data.jsonl, max_state: 32, seed: 3}" >>"$T/noeval.yaml"
+cat >"$T/moe.yaml" <<YAML
+model: {path: $FIX/sft}
+task: sft
+backend: cpu
+data: {train: $FIX/sft_records.jsonl, shuffle: false, length_sort: false, max_state: 64}
+train: {steps: 4, eval_every: 0, batch: 2, accum: 1}
+optim: {lr: 1.0e-3, warmup: 1, weight_decay: 0.1, clip: 1.0}
+checkpoint: {every: 0}
+export: {dtype: fp32}
+run: {log_every: 1}
+YAML
+
+# run NAME OVERLAP NP CONFIG [--set ...]
+run() {
+	name=$1 ov=$2 np=$3 cfg=$4
+	shift 4
+	ok
+	launch="$MPIRUN -np $np --oversubscribe -x SHARDLM_OPT_OVERLAP"
+	[ "$np" = 1 ] && launch=
+	if ! SHARDLM_OPT_OVERLAP=$ov $launch "$SHARDLM" train "$T/$cfg.yaml" \
+		--set run.dir="$T/$name" "$@" >"$T/$name.out" 2>&1; then
+		fail "$name: exited non-zero"; tail -n 20 "$T/$name.out" >&2
+		return
+	fi
+	ok
+	if [ "$ov" = 1 ] && ! grep -q "AdamW on a side stream" "$T/$name.out"; then
+		fail "$name: the log does not say the optimizer overlaps"
+	fi
+}
+
+# same A B [FIRST]: B's losses and gradient norms equal A's from step FIRST (default 1) on, and
+# the exported weights are the same bytes
+same() {
+	ok
+	python3 - "$T/$1/training_metrics.json" "$T/$2/training_metrics.json" "${3:-1}" <<'PY' ||
+import json, sys
+a = json.load(open(sys.argv[1]))["steps"]
+b = json.load(open(sys.argv[2]))["steps"]
+first = int(sys.argv[3])
+a = [s for s in a if s["step"] >= first]
+b = [s for s in b if s["step"] >= first]
+assert len(a) == len(b) >= 3, (len(a), len(b))
+for x, y in zip(a, b):
+    assert x["step"] == y["step"], (x, y)
+    for key in ("loss", "grad_norm"):
+        assert x[key] == y[key], (key, x["step"], x[key], y[key])
+assert a[-1]["loss"] != a[0]["loss"]
+PY
+	fail "$2: the losses or gradient norms differ from $1's"
+	ok
+	n=0
+	for f in "$T/$1/model/"*.safetensors; do
+		n=$((n + 1))
+		cmp -s "$f" "$T/$2/model/$(basename "$f")" ||
+			fail "$2: exported $(basename "$f") differs from $1's"
+	done
+	[ "$n" -gt 0 ] || fail "$1: no exported weights"
+}
+
+run one 0 1 base
+run one_ov 1 1 base
+same one one_ov
+grep -q "eval" "$T/one_ov/training_metrics.json" || fail "one_ov: no evaluation between steps"
+run acc2 0 1 base --set train.batch=2 --set train.accum=2
+run acc2_ov 1 1 base --set train.batch=2 --set train.accum=2
+same acc2 acc2_ov
+run ac 0 1 base --set train.activation_checkpointing=true
+run ac_ov 1 1 base --set train.activation_checkpointing=true
+same ac ac_ov
+run fsdp 0 2 base --set train.batch=2
+run fsdp_ov 1 2 base --set train.batch=2
+same fsdp fsdp_ov
+run fsdp2 0 2 base --set train.batch=1 --set train.accum=2
+run fsdp2_ov 1 2 base --set train.batch=1 --set train.accum=2
+same fsdp2 fsdp2_ov
+run moe 0 1 moe
+run moe_ov 1 1 moe
+same moe moe_ov
+# stopped after step 3 with a checkpoint, then resumed to step 6 (no evaluation)
+run res 0 1 noeval
+run res_ov 1 1 noeval --set train.steps=3 --set checkpoint.every=3
+run res_ov 1 1 noeval --set checkpoint.every=3
+grep -q "resuming from" "$T/res_ov.out" || fail "res_ov: the second run did not resume"
+same res res_ov 4
+finish
