@@ -11,8 +11,10 @@
 # Prints one table last: tokens/s (median after the warm-up steps), MFU on active parameters,
 # peak GB, ratio to FSDP2 eager; the expert load of shardlm's last step.
 # Environment: STEPS (default 8), PEERS (default "eager"; "" for none), PEER_TIMEOUT s (default
-# 600), VARIANTS (default "-": shardlm as it is; a list of NAME=VALUE environment settings, "-"
-# for none, runs shardlm once per entry, e.g. "- SHARDLM_MOE_STREAMS=1").
+# 600), VARIANTS (default "-": shardlm as it is; a list of entries, each "-" for none or
+# NAME=VALUE[,NAME=VALUE...] environment settings, runs shardlm once per entry, e.g.
+# "- SHARDLM_MOE_STREAMS=1 SHARDLM_FA_BWD_DQ=fused,SHARDLM_OPT_OVERLAP=1"), ROUNDS (default 1:
+# the variants one after another, ROUNDS times, for A/B runs that alternate).
 set -u
 OUT=${1:-/tmp/moe-vs-fsdp2}
 mkdir -p "$OUT"
@@ -45,14 +47,12 @@ YAML
 # one shardlm run (NAME, then an optional NAME=VALUE environment setting)
 shardlm_run() {
 	local name=$1 var=${2:-} log
-	log="$OUT/$(echo "$name" | tr ' =/' '___').log"
+	log="$OUT/$(echo "$name" | tr ' =/,()' '______').log"
 	echo "== $name"
 	rm -rf "$T/run"
-	if [ -n "$var" ]; then
-		env "$var" "$SHARDLM" train "$T/moe.yaml" >"$log" 2>&1
-	else
-		"$SHARDLM" train "$T/moe.yaml" >"$log" 2>&1
-	fi
+	local envs=()
+	[ -z "$var" ] || IFS=, read -r -a envs <<<"$var"
+	env "${envs[@]}" "$SHARDLM" train "$T/moe.yaml" >"$log" 2>&1
 	echo "$name exit $? (log $log)"
 	tail -3 "$log"
 	cp "$T/run/training_metrics.json" "${log%.log}_metrics.json" 2>/dev/null
@@ -76,12 +76,16 @@ print(json.dumps({"impl": sys.argv[5], "batch": B, "seq": n, "s_per_step": t,
 PY
 }
 
-for var in ${VARIANTS:--}; do
-	if [ "$var" = - ]; then
-		shardlm_run shardlm
-	else
-		shardlm_run "shardlm $var" "$var"
-	fi
+for round in $(seq 1 "${ROUNDS:-1}"); do
+	sfx=
+	[ "${ROUNDS:-1}" = 1 ] || sfx=" (round $round)"
+	for var in ${VARIANTS:--}; do
+		if [ "$var" = - ]; then
+			shardlm_run "shardlm$sfx"
+		else
+			shardlm_run "shardlm $var$sfx" "$var"
+		fi
+	done
 done
 
 for peer in $PEERS; do
@@ -100,12 +104,13 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 base = next((r["tokens_per_s"] for r in rows if r["impl"] == "fsdp2-eager"), None)
 print("| Qwen3-MoE 2048x12, 64 experts top 8, batch 2x4096 | s/step | tokens/s | MFU (active) "
-      "| peak GB | vs FSDP2 eager |")
-print("|---|---|---|---|---|---|")
+      "| peak GB | last loss | vs FSDP2 eager |")
+print("|---|---|---|---|---|---|---|")
 for r in rows:
     ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
-    print(f"| {r['impl']} | {r['s_per_step']:.3f} | {r['tokens_per_s']:,.0f} | "
-          f"{100 * r['mfu']:.1f}% | {r['peak_gb']:.1f} | {ratio} |")
+    loss = f"{r['loss']:.6f}" if "loss" in r else "-"
+    print(f"| {r['impl']} | {r['s_per_step']:.4f} | {r['tokens_per_s']:,.0f} | "
+          f"{100 * r['mfu']:.1f}% | {r['peak_gb']:.1f} | {loss} | {ratio} |")
 for r in rows[:1]:
     if r.get("expert_tokens_last"):
         print(f"\nshardlm last step: loss {r['loss']:.4f}; tokens per expert per layer "

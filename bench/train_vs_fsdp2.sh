@@ -11,8 +11,10 @@
 # attention times of test_cuda_ops --bench at the 4B shape.
 # Environment: STEPS (default 8), SHAPES (default "4b 1.7b"), PEERS (default "eager compile";
 # "none": shardlm alone), PEER_TIMEOUT seconds per peer run (default 300), OPS (default 1; 0
-# leaves out test_cuda_ops --bench), VARIANTS (default "-": shardlm as it is; a list of NAME=VALUE
-# environment settings, "-" for none, runs shardlm once per entry, e.g. "- SHARDLM_FA_WGMMA=1").
+# leaves out test_cuda_ops --bench), VARIANTS (default "-": shardlm as it is; a list of entries,
+# each "-" for none or NAME=VALUE[,NAME=VALUE...] environment settings, runs shardlm once per
+# entry, e.g. "- SHARDLM_FA_WGMMA=1 SHARDLM_FA_BWD_DQ=fused,SHARDLM_OPT_OVERLAP=1"), ROUNDS
+# (default 1: the variants one after another, ROUNDS times, for A/B runs that alternate).
 set -u
 OUT=${1:-/tmp/train-vs-fsdp2}
 mkdir -p "$OUT"
@@ -60,14 +62,17 @@ checkpoint: {every: 0}
 export: {dtype: bf16}
 run: {dir: $T/run-$shape, log_every: 1}
 YAML
+	for round in $(seq 1 "${ROUNDS:-1}"); do
 	for var in ${VARIANTS:--}; do
-	if [ "$var" = - ]; then
-		impl=shardlm; log="$OUT/shardlm-$shape.log"
-		shardlm train "$T/$shape.yaml" >"$log" 2>&1
-	else
-		impl="shardlm $var"; log="$OUT/shardlm-$shape-${var%%=*}.log"
-		env "$var" shardlm train "$T/$shape.yaml" >"$log" 2>&1
+	envs=()
+	impl=shardlm; log="$OUT/shardlm-$shape"
+	if [ "$var" != - ]; then
+		IFS=, read -r -a envs <<<"$var"
+		impl="shardlm $var"; log="$log-$(echo "$var" | tr '=/,' '___')"
 	fi
+	[ "${ROUNDS:-1}" = 1 ] || { impl="$impl (round $round)"; log="$log-r$round"; }
+	log="$log.log"
+	env "${envs[@]}" shardlm train "$T/$shape.yaml" >"$log" 2>&1
 	python3 - "$T/run-$shape/training_metrics.json" "$M/config.json" "$shape" "$B" "$impl" \
 		>>"$RES" <<'PY'
 import json, statistics, sys
@@ -83,9 +88,11 @@ n = 2048
 fl = 6 * p + 12.0 * hd * nh * nl * (n + 1) / 2
 print(json.dumps({"shape": sys.argv[3], "impl": sys.argv[5], "batch": int(sys.argv[4]),
                   "s_per_step": t, "tokens_per_s": tok / t, "mfu": fl * tok / t / 989e12,
-                  "peak_gb": max(s.get("peak_gpu_bytes", 0) for s in m["steps"]) / 1e9}))
+                  "peak_gb": max(s.get("peak_gpu_bytes", 0) for s in m["steps"]) / 1e9,
+                  "loss": m["steps"][-1]["loss"]}))
 PY
 	rm -rf "$T/run-$shape"
+	done
 	done
 	for peer in $PEERS; do
 		flag=""
@@ -103,15 +110,17 @@ done
 python3 - "$RES" <<'PY' | tee "$OUT/table.md"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print("| shape | batch | trainer | s/step | tokens/s | MFU | peak GB | vs FSDP2 eager |")
-print("|---|---|---|---|---|---|---|---|")
+print("| shape | batch | trainer | s/step | tokens/s | MFU | peak GB | last loss | vs FSDP2 eager |")
+print("|---|---|---|---|---|---|---|---|---|")
 for shape in dict.fromkeys(r["shape"] for r in rows):
     base = next((r["tokens_per_s"] for r in rows if r["shape"] == shape and r["impl"] == "fsdp2-eager"), None)
     for r in rows:
         if r["shape"] != shape:
             continue
         ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
-        print(f"| {shape} | {r['batch']} | {r['impl']} | {r['s_per_step']:.3f} | "
-              f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% | {r['peak_gb']:.1f} | {ratio} |")
+        loss = f"{r['loss']:.6f}" if "loss" in r else "-"
+        print(f"| {shape} | {r['batch']} | {r['impl']} | {r['s_per_step']:.4f} | "
+              f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% | {r['peak_gb']:.1f} | {loss} | "
+              f"{ratio} |")
 PY
 rm -rf "$T"
