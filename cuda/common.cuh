@@ -74,7 +74,10 @@ struct sl_cuda {
 	cudaStream_t side;		// made on the first sl_cuda_side_begin, or NULL
 	cudaStream_t main;		// the compute stream while ops go to the side one, else NULL
 	cudaEvent_t side_fork;		// orders the side stream after the compute stream
+	void *side_scratch;		// SIDE_SCRATCH_BYTES: the side stream's sumsq partials
 };
+
+#define SIDE_SCRATCH_BYTES (64u << 10)
 
 void sl_cuda_copy_init(struct sl_cuda *c);
 void sl_cuda_copy_fini(struct sl_cuda *c);

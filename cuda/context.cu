@@ -56,6 +56,7 @@ extern "C" void sl_cuda_destroy(struct sl_cuda *c)
 		CUDA_CHECK(cudaStreamSynchronize(c->side));
 		CUDA_CHECK(cudaStreamDestroy(c->side));
 		CUDA_CHECK(cudaEventDestroy(c->side_fork));
+		CUDA_CHECK(cudaFree(c->side_scratch));
 	}
 	sl_cuda_copy_fini(c);
 	sl_cuda_gemm_cache_free(c);
@@ -93,6 +94,8 @@ extern "C" void sl_cuda_side_begin(struct sl_cuda *c)
 		CUDA_CHECK(cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking,
 							c->prio_side));
 		CUDA_CHECK(cudaEventCreateWithFlags(&c->side_fork, cudaEventDisableTiming));
+		// the side stream's own scratch: the compute stream's may be in use meanwhile
+		CUDA_CHECK(cudaMalloc(&c->side_scratch, SIDE_SCRATCH_BYTES));
 	}
 	CUDA_CHECK(cudaEventRecord(c->side_fork, c->stream));
 	CUDA_CHECK(cudaStreamWaitEvent(c->side, c->side_fork, 0));
@@ -147,6 +150,14 @@ int sl_cuda_scratch_grow(struct sl_cuda *c, size_t bytes)
 
 float *sl_cuda_scratch(struct sl_cuda *c, size_t bytes, const char *who)
 {
+	if (c->main) {		// on the side stream (sl_cuda_side_begin)
+		if (bytes > SIDE_SCRATCH_BYTES) {
+			fprintf(stderr, "cuda: %s needs %zu bytes of the side stream's scratch, %u "
+				"reserved\n", who, bytes, SIDE_SCRATCH_BYTES);
+			abort();
+		}
+		return (float *)c->side_scratch;
+	}
 	if (bytes > c->scratch_bytes) {
 		fprintf(stderr, "cuda: %s needs %zu bytes of scratch, %zu reserved\n", who, bytes,
 			c->scratch_bytes);

@@ -206,8 +206,8 @@ struct sl_backend {
 	 * Optional (NULL: none; needs the events above): a side stream, of lower priority than the
 	 * compute stream, for work that may run under what is issued after it (shard's AdamW under
 	 * the next forward).  side_begin: the ops issued until side_end run on the side stream,
-	 * after everything issued so far on the compute stream; only adamw_f32, adamw_c and
-	 * record_event may be issued in between.  The compute stream does not wait for the side
+	 * after everything issued so far on the compute stream; only adamw_f32, adamw_c,
+	 * sumsq_f32, sumsq_c and record_event may be issued in between.  The compute stream does not wait for the side
 	 * stream (sync() neither) unless told to through an event.  record_event: @ev records the
 	 * point the stream ops are being issued to (side or compute) has reached.
 	 */

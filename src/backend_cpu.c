@@ -745,6 +745,8 @@ static void cpu_sumsq_f32(struct sl_backend *be, double *out, const float *g, si
 {
 	double s = 0;
 
+	if (sl_backend_cpu_side_defer_sumsq(be, false, out, g, n))
+		return;
 #pragma omp parallel for simd reduction(+ : s) schedule(static)
 	for (size_t i = 0; i < n; i++)
 		s += (double)g[i] * g[i];
@@ -774,6 +776,8 @@ static void cpu_sumsq_c(struct sl_backend *be, double *out, const void *g, size_
 	const real *x = g;
 	double s = 0;
 
+	if (sl_backend_cpu_side_defer_sumsq(be, true, out, g, n))
+		return;
 #pragma omp parallel for simd reduction(+ : s) schedule(static)
 	for (size_t i = 0; i < n; i++) {
 		float f = (float)x[i];

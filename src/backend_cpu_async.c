@@ -13,7 +13,8 @@
  * after that work, i.e. as late as the GPU could ever run it.  A caller that reads what the side
  * stream writes, or overwrites what it reads, without waiting for it first, computes with the
  * values from before the side stream's work and gets other numbers than a run without the side
- * stream: the cpu tests catch it deterministically.
+ * stream: the cpu tests catch it deterministically.  SHARDLM_CPU_SIDE=now (tests) runs it when
+ * issued instead, the earliest: work issued before what it reads is final gets other numbers.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -31,13 +32,14 @@ struct cpu_event {
 	unsigned long side_gen;		/* the latest record on the side stream, or 0 */
 };
 
-/* an AdamW update (adamw_c when @c, else adamw_f32) or, when ev, a record of ev, on the side
- * stream */
+/* an op on the side stream: an AdamW update, a sum of squares, or (ev) a record of ev */
+enum side_kind { SIDE_ADAMW_F32, SIDE_ADAMW_C, SIDE_SUMSQ_F32, SIDE_SUMSQ_C, SIDE_RECORD };
 struct side_cmd {
-	bool c;
+	enum side_kind kind;
 	float *p, *m, *v;
-	const void *grad;
+	const void *grad;		/* the gradient (AdamW) or what is summed */
 	void *w_out;
+	double *out;			/* sums of squares */
 	size_t n;
 	struct sl_adamw_args a;
 	struct cpu_event *ev;
@@ -64,6 +66,7 @@ struct cpu_async {
 	unsigned delay_us;
 	/* the side stream: only the issuing (compute) thread touches these */
 	bool side_on;			/* between side_begin and side_end */
+	bool side_now;			/* SHARDLM_CPU_SIDE=now: run side work when issued */
 	struct side_cmd *side_head, *side_tail;
 };
 
@@ -194,34 +197,58 @@ static void side_run(struct sl_backend *be, struct cpu_event *e)
 		q->side_head = c->next;
 		if (!q->side_head)
 			q->side_tail = NULL;
-		if (c->ev) {
+		switch (c->kind) {
+		case SIDE_RECORD:
 			pthread_mutex_lock(&q->mu);
 			if (c->ev->done < c->gen)
 				c->ev->done = c->gen;
 			pthread_mutex_unlock(&q->mu);
-		} else if (c->c) {
+			break;
+		case SIDE_ADAMW_C:
 			be->adamw_c(be, c->p, c->m, c->v, c->grad, c->w_out, c->n, &c->a);
-		} else {
+			break;
+		case SIDE_ADAMW_F32:
 			be->adamw_f32(be, c->p, c->m, c->v, c->grad, c->w_out, c->n, &c->a);
+			break;
+		case SIDE_SUMSQ_C:
+			be->sumsq_c(be, c->out, c->grad, c->n);
+			break;
+		case SIDE_SUMSQ_F32:
+			be->sumsq_f32(be, c->out, c->grad, c->n);
+			break;
 		}
 		free(c);
 	}
+}
+
+/* queue @cmd's copy, or false (outside the side span, or SHARDLM_CPU_SIDE=now: run it now) */
+static bool side_queue(struct sl_backend *be, const struct side_cmd *cmd)
+{
+	struct cpu_async *q = Q(be);
+	struct side_cmd *c;
+
+	if (!q || !q->side_on || q->side_now)
+		return false;
+	c = side_new();
+	*c = *cmd;
+	side_push(q, c);
+	return true;
 }
 
 bool sl_backend_cpu_side_defer(struct sl_backend *be, bool c, float *p, float *m, float *v,
 			       const void *grad, void *w_out, size_t n,
 			       const struct sl_adamw_args *a)
 {
-	struct cpu_async *q = Q(be);
-	struct side_cmd *cmd;
+	return side_queue(be, &(struct side_cmd){ .kind = c ? SIDE_ADAMW_C : SIDE_ADAMW_F32,
+						 .p = p, .m = m, .v = v, .grad = grad,
+						 .w_out = w_out, .n = n, .a = *a });
+}
 
-	if (!q || !q->side_on)
-		return false;
-	cmd = side_new();
-	*cmd = (struct side_cmd){ .c = c, .p = p, .m = m, .v = v, .grad = grad, .w_out = w_out,
-				  .n = n, .a = *a };
-	side_push(q, cmd);
-	return true;
+bool sl_backend_cpu_side_defer_sumsq(struct sl_backend *be, bool c, double *out, const void *g,
+				     size_t n)
+{
+	return side_queue(be, &(struct side_cmd){ .kind = c ? SIDE_SUMSQ_C : SIDE_SUMSQ_F32,
+						 .out = out, .grad = g, .n = n });
 }
 
 static void cpu_side_begin(struct sl_backend *be)
@@ -248,9 +275,10 @@ static void cpu_record_event(struct sl_backend *be, void *ev)
 	struct cpu_event *e = ev;
 
 	pthread_mutex_lock(&q->mu);
-	if (q->side_on) {
+	if (q->side_on && !q->side_now) {
 		struct side_cmd *c = side_new();
 
+		c->kind = SIDE_RECORD;
 		c->ev = e;
 		c->gen = e->side_gen = ++e->issued;
 		side_push(q, c);
@@ -289,6 +317,7 @@ void sl_backend_cpu_async_init(struct sl_backend *be)
 	pthread_cond_init(&q->work, NULL);
 	pthread_cond_init(&q->done, NULL);
 	q->delay_us = d ? (unsigned)strtoul(d, NULL, 10) : 0;
+	q->side_now = getenv("SHARDLM_CPU_SIDE") && !strcmp(getenv("SHARDLM_CPU_SIDE"), "now");
 	be->priv = q;
 	be->event_create = cpu_event_create;
 	be->event_destroy = cpu_event_destroy;

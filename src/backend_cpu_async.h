@@ -18,6 +18,9 @@ void sl_backend_cpu_async_init(struct sl_backend *be);
 bool sl_backend_cpu_side_defer(struct sl_backend *be, bool c, float *p, float *m, float *v,
 			       const void *grad, void *w_out, size_t n,
 			       const struct sl_adamw_args *a);
+/* sumsq_f32 (!c) or sumsq_c (c) on the side stream: the same */
+bool sl_backend_cpu_side_defer_sumsq(struct sl_backend *be, bool c, double *out, const void *g,
+				     size_t n);
 /* Finish the queued copies and stop the copy thread. */
 void sl_backend_cpu_async_fini(struct sl_backend *be);
 

@@ -54,6 +54,28 @@ void sl_shard_settle(struct sl_shard *s)
 	s->opt_last = -1;
 }
 
+/*
+ * sq_overlap: unit @ui's gradient is reduced (for now: a later micro-batch or a second release
+ * issues another, which the side stream runs later); its sum of squares on the side stream
+ */
+static void side_sumsq(struct sl_shard *s, int ui)
+{
+	struct sl_backend *b = s->be;
+	struct sl_shard_unit *u = &s->u[ui];
+
+	if (!s->sq_overlap)
+		return;
+	b->side_begin(b);
+	if (s->grad_direct)
+		b->sumsq_c(b, s->d_sumsq + ui, u->gradc, u->shard);
+	else
+		b->sumsq_f32(b, s->d_sumsq + ui, u->grad32, u->shard);
+	b->record_event(b, s->ev_sq);
+	b->side_end(b);
+	u->sq_side = true;
+	s->sq_pending = true;
+}
+
 static void *host_alloc(struct sl_shard *s, size_t bytes)
 {
 	struct sl_backend *b = s->be;
@@ -271,6 +293,7 @@ static void release_grads(void *ctx, int unit)
 	if (s->grad_direct) {
 		/* the gradient is where the optimizer reads it already */
 		u->grads_seen = true;
+		side_sumsq(s, unit);
 		release_weights(ctx, unit);
 		return;
 	}
@@ -292,6 +315,8 @@ static void release_grads(void *ctx, int unit)
 		sl_shard_reduce_to(s, unit, slot->buf, dst);
 		if (u->grads_seen)
 			b->add_f32(b, u->grad32, s->rs_out, u->shard);
+		if (s->mb_last)
+			side_sumsq(s, unit);
 	}
 	u->grads_seen = true;
 	slot->in_use = false;
@@ -459,6 +484,10 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 		be->side_end && be->record_event && be->event_create && be->wait_event;
 	for (int i = 0; s->overlap_opt && i < s->n_units; i++)
 		s->u[i].ev_opt = be->event_create(be);
+	/* with replicas the accumulators are all-reduced in the optimizer step first */
+	s->sq_overlap = s->overlap_opt && (!s->replica_comm || s->replica_comm->size <= 1);
+	if (s->sq_overlap)
+		s->ev_sq = be->event_create(be);
 	s->src = (struct sl_unit_source){ .ctx = s, .weights = unit_weights, .grads = unit_grads,
 					  .release_fwd = release_weights,
 					  .release_bwd = release_grads };
@@ -476,7 +505,11 @@ void sl_shard_destroy(struct sl_shard *s)
 	sl_offload_destroy(s);
 	if (s->overlap_opt) {
 		sl_shard_settle(s);
+		if (s->sq_pending)
+			b->wait_event(b, s->ev_sq);
 		b->sync(b);
+		if (s->ev_sq)
+			b->event_destroy(b, s->ev_sq);
 	}
 	for (int i = 0; i < s->n_units; i++) {
 		struct sl_shard_unit *u = &s->u[i];
@@ -645,7 +678,7 @@ void sl_shard_begin_step(struct sl_shard *s)
 		sl_offload_drain(s);
 	s->grads_pending = false;
 	for (int i = 0; i < s->n_units; i++)
-		s->u[i].grads_seen = false;
+		s->u[i].grads_seen = s->u[i].sq_side = false;
 }
 
 void sl_shard_begin_micro(struct sl_shard *s, bool last)
@@ -750,6 +783,8 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 	for (int i = 0; i < s->n_units; i++) {
 		struct sl_shard_unit *u = &s->u[i];
 
+		if (u->sq_side)
+			continue;	/* on the side stream already (sq_overlap) */
 		/* a unit with no gradient this step (cannot happen for this model) counts as 0 */
 		if (!u->grads_seen)
 			b->zero(b, s->grad_direct ? u->gradc : (void *)u->grad32,
@@ -761,6 +796,10 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 		if (s->replica_comm && s->replica_comm->size > 1)
 			sl_comm_all_reduce(s->replica_comm, u->grad32, u->shard, SL_COMM_F32);
 		b->sumsq_f32(b, s->d_sumsq + i, u->grad32, u->shard);
+	}
+	if (s->sq_pending) {
+		b->wait_event(b, s->ev_sq);
+		s->sq_pending = false;
 	}
 	/* one download for all units; summed in unit order (the same sum on every run) */
 	b->download(b, s->h_sumsq, s->d_sumsq, s->n_units * sizeof(double));

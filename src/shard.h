@@ -80,6 +80,7 @@ struct sl_shard_unit {
 	double sumsq;			/* sum of grad32^2 once the step's gradients are in */
 	void *ev_opt;			/* overlap_optimizer: the unit's AdamW done (side stream) */
 	bool opt_wait;			/* the compute stream must still wait for ev_opt */
+	bool sq_side;			/* this step's sum of squares is on the side stream */
 };
 
 struct sl_shard_slot {
@@ -148,6 +149,11 @@ struct sl_shard {
 	 */
 	bool overlap_opt;
 	int opt_last;			/* the last unit updated on the side stream, or -1 */
+	/* overlap_optimizer, no replicas: each unit's sum of squares runs on the side stream as
+	 * soon as its backward's gradient is reduced, the step's end waits for the last one */
+	bool sq_overlap;
+	void *ev_sq;			/* the latest of them */
+	bool sq_pending;		/* issued since the last wait for ev_sq */
 };
 
 /*
@@ -190,8 +196,10 @@ struct sl_shard_opts {
 	bool no_grad_direct;		/* tests: the fp32 path even where grad_direct applies */
 	/*
 	 * AdamW on the backend's side stream (backend.h side_begin), under the next step's
-	 * forward, which waits for each unit's update only where it reads the unit's weights.
-	 * Ignored with offload (which overlaps its own way) or a backend without a side stream.
+	 * forward, which waits for each unit's update only where it reads the unit's weights;
+	 * without replicas the gradient norm's sums of squares too, unit by unit under the rest of
+	 * the backward.  Ignored with offload (which overlaps its own way) or a backend without a
+	 * side stream.
 	 */
 	bool overlap_optimizer;
 	bool host_lean;			/* offload: optimizer on a host too small for the usual

@@ -430,8 +430,9 @@ int sl_cmd_train(int argc, char **argv)
 	       j->c->parallel.shard_group == SL_SHARD_NODE ? "node: HSDP" : "world: FSDP",
 	       j->g.replica.size);
 	if (j->sh.overlap_opt)
-		sl_log("optimizer: AdamW on a side stream, under the next step's forward "
-		       "(SHARDLM_OPT_OVERLAP)");
+		sl_log("optimizer: AdamW on a side stream, under the next step's forward%s "
+		       "(SHARDLM_OPT_OVERLAP)", j->sh.sq_overlap ? "; the gradient norm's sums "
+		       "of squares there too, each under the rest of the backward" : "");
 	if (j->have_xcomm) {
 		const struct sl_shard_unit *xu = &j->sh.u[j->mf.lay.n_units - 1];
 

@@ -155,14 +155,18 @@ int main(void)
 			p[i] = 1;
 			g[i] = 2;
 		}
+		double *sq = be->alloc(be, sizeof(double));
+
 		be->side_begin(be);
 		be->adamw_f32(be, p, m, v, g, NULL, N / 2, &ar);
 		be->record_event(be, e1);
 		be->adamw_f32(be, p + N / 2, m + N / 2, v + N / 2, g + N / 2, NULL, N / 2, &ar);
+		be->sumsq_f32(be, sq, g, N);		/* 4 N */
 		be->record_event(be, e2);
 		be->side_end(be);
 		be->sync(be);
-		CHECK(all_eq(p, 1, N), "side stream work ran before its event was waited for");
+		CHECK(all_eq(p, 1, N) && *sq == 0,
+		      "side stream work ran before its event was waited for");
 		be->wait_event(be, e1);
 		for (int i = 0; i < N / 2; i++)
 			near &= fabsf(p[i] - 0.9f) < 1e-6f;
@@ -171,7 +175,8 @@ int main(void)
 		be->sync_event(be, e2);
 		for (int i = N / 2; i < N; i++)
 			near &= fabsf(p[i] - 0.9f) < 1e-6f;
-		CHECK(near, "sync_event did not run the second update");
+		CHECK(near && *sq == 4.0 * N, "sync_event did not run the second update and sum");
+		be->free(be, sq);
 		/* recorded on the compute stream (this thread): complete at once */
 		be->record_event(be, e1);
 		be->sync_event(be, e1);

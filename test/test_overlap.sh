@@ -1,14 +1,18 @@
 #!/bin/sh
 # SHARDLM_OPT_OVERLAP=1: AdamW on the backend's side stream, under the next step's forward, which
-# waits for each unit's update only where it reads the unit.  On the cpu backend the side stream
-# runs its work only when an event recorded after it is waited for: the latest a GPU could ever
-# run it, so a read of a unit before its update (weights, gradients living in the layers'
-# activations, a checkpoint or the export) gives other numbers.  Every run here must repeat the
-# run without the overlap bit for bit: losses and gradient norms of every step, and the exported
-# fp32 weights (cmp):
+# waits for each unit's update only where it reads the unit; and each unit's sum of squares (the
+# gradient norm) there as soon as its gradient is reduced, under the rest of the backward.  On
+# the cpu backend the side stream runs its work only when an event recorded after it is waited
+# for: the latest a GPU could ever run it, so a read of a unit before its update (weights,
+# gradients living in the layers' activations, a checkpoint or the export) gives other numbers.
+# Each overlapped run also runs with SHARDLM_CPU_SIDE=now, the side work run when issued, the
+# earliest: a sum of squares issued before the gradient is whole gives another norm.  Every run
+# here must repeat the run without the overlap bit for bit: losses and gradient norms of every
+# step, and the exported fp32 weights (cmp):
 #  - 1 rank, accum 1: gradients in the compute type, held in the layers' activations; an
 #    evaluation between steps;
-#  - 1 rank, accum 2 (fp32 accumulators); activation checkpointing;
+#  - 1 rank, accum 2 (fp32 accumulators, the norm's sums issued at the last micro-batch);
+#    activation checkpointing;
 #  - 2 ranks (FSDP: all-gathers of the updated shards), accum 1 and 2;
 #  - the tiny Qwen3-MoE sft fixture (expert units), 1 rank;
 #  - a run stopped after step 3 with a checkpoint and resumed to step 6 (the checkpoint written
@@ -47,14 +51,15 @@ export: {dtype: fp32}
 run: {log_every: 1}
 YAML
 
-# run NAME OVERLAP NP CONFIG [--set ...]
+# run NAME OVERLAP NP CONFIG [--set ...]; OVERLAP: 0, 1, or now (1 with SHARDLM_CPU_SIDE=now)
 run() {
-	name=$1 ov=$2 np=$3 cfg=$4
+	name=$1 ov=$2 np=$3 cfg=$4 side=
 	shift 4
 	ok
-	launch="$MPIRUN -np $np --oversubscribe -x SHARDLM_OPT_OVERLAP"
+	[ "$ov" = now ] && ov=1 side=now
+	launch="$MPIRUN -np $np --oversubscribe -x SHARDLM_OPT_OVERLAP -x SHARDLM_CPU_SIDE"
 	[ "$np" = 1 ] && launch=
-	if ! SHARDLM_OPT_OVERLAP=$ov $launch "$SHARDLM" train "$T/$cfg.yaml" \
+	if ! SHARDLM_OPT_OVERLAP=$ov SHARDLM_CPU_SIDE=$side $launch "$SHARDLM" train "$T/$cfg.yaml" \
 		--set run.dir="$T/$name" "$@" >"$T/$name.out" 2>&1; then
 		fail "$name: exited non-zero"; tail -n 20 "$T/$name.out" >&2
 		return
@@ -94,25 +99,26 @@ PY
 	[ "$n" -gt 0 ] || fail "$1: no exported weights"
 }
 
-run one 0 1 base
-run one_ov 1 1 base
-same one one_ov
+# case NAME NP CONFIG [--set ...]: without, overlapped (side work late), overlapped (early)
+case_() {
+	cn=$1
+	shift
+	run "$cn" 0 "$@"
+	run "${cn}_ov" 1 "$@"
+	run "${cn}_now" now "$@"
+	same "$cn" "${cn}_ov"
+	same "$cn" "${cn}_now"
+}
+
+case_ one 1 base
 grep -q "eval" "$T/one_ov/training_metrics.json" || fail "one_ov: no evaluation between steps"
-run acc2 0 1 base --set train.batch=2 --set train.accum=2
-run acc2_ov 1 1 base --set train.batch=2 --set train.accum=2
-same acc2 acc2_ov
-run ac 0 1 base --set train.activation_checkpointing=true
-run ac_ov 1 1 base --set train.activation_checkpointing=true
-same ac ac_ov
-run fsdp 0 2 base --set train.batch=2
-run fsdp_ov 1 2 base --set train.batch=2
-same fsdp fsdp_ov
-run fsdp2 0 2 base --set train.batch=1 --set train.accum=2
-run fsdp2_ov 1 2 base --set train.batch=1 --set train.accum=2
-same fsdp2 fsdp2_ov
-run moe 0 1 moe
-run moe_ov 1 1 moe
-same moe moe_ov
+ok
+grep -q "sums of squares there too" "$T/one_ov.out" || fail "one_ov: the norm is not overlapped"
+case_ acc2 1 base --set train.batch=2 --set train.accum=2
+case_ ac 1 base --set train.activation_checkpointing=true
+case_ fsdp 2 base --set train.batch=2
+case_ fsdp2 2 base --set train.batch=1 --set train.accum=2
+case_ moe 1 moe
 # stopped after step 3 with a checkpoint, then resumed to step 6 (no evaluation)
 run res 0 1 noeval
 run res_ov 1 1 noeval --set train.steps=3 --set checkpoint.every=3
