@@ -14,7 +14,8 @@
 #  - 1 rank, accum 2 (fp32 accumulators, the norm's sums issued at the last micro-batch);
 #    activation checkpointing;
 #  - 2 ranks (FSDP: all-gathers of the updated shards), accum 1 and 2;
-#  - the tiny Qwen3-MoE sft fixture (expert units), 1 rank;
+#  - the tiny Qwen3-MoE sft fixture (expert units), 1 rank; the tiny Qwen3.5-MoE hybrid (Gated
+#    DeltaNet and gated attention layers, its own activations), 1 rank; context parallel 2;
 #  - a run stopped after step 3 with a checkpoint and resumed to step 6 (the checkpoint written
 #    while the update may still be running).
 . "${top_srcdir:-$(dirname "$0")/..}/test/lib.sh"
@@ -45,6 +46,18 @@ task: sft
 backend: cpu
 data: {train: $FIX/sft_records.jsonl, shuffle: false, length_sort: false, max_state: 64}
 train: {steps: 4, eval_every: 0, batch: 2, accum: 1}
+optim: {lr: 1.0e-3, warmup: 1, weight_decay: 0.1, clip: 1.0}
+checkpoint: {every: 0}
+export: {dtype: fp32}
+run: {log_every: 1}
+YAML
+
+cat >"$T/q35.yaml" <<YAML
+model: {path: $top_srcdir/test/fixtures/q35moe/text}
+task: sft
+backend: cpu
+data: {train: $top_srcdir/test/fixtures/q35moe/records.jsonl, max_state: 256, shuffle: false}
+train: {steps: 3, eval_every: 0, batch: 2, accum: 1}
 optim: {lr: 1.0e-3, warmup: 1, weight_decay: 0.1, clip: 1.0}
 checkpoint: {every: 0}
 export: {dtype: fp32}
@@ -119,6 +132,8 @@ case_ ac 1 base --set train.activation_checkpointing=true
 case_ fsdp 2 base --set train.batch=2
 case_ fsdp2 2 base --set train.batch=1 --set train.accum=2
 case_ moe 1 moe
+case_ q35 1 q35
+case_ cp 2 base --set parallel.context=2 --set train.batch=2
 # stopped after step 3 with a checkpoint, then resumed to step 6 (no evaluation)
 run res 0 1 noeval
 run res_ov 1 1 noeval --set train.steps=3 --set checkpoint.every=3
