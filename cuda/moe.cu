@@ -260,6 +260,133 @@ __global__ void k_combine_bwd(bf16 *dy, float *dw, const bf16 *g, const bf16 *y,
 	}
 }
 
+// The same two on 16-byte words (H a multiple of 8, rows 16-byte aligned): a thread owns 8
+// columns and loads a batch of up to CB chosen rows' words before it uses any (the scalar kernels
+// issue one 2-byte load after another); combine_bwd reads the token's gradient row once and
+// reduces its k dot products together at the end (two barriers instead of two a choice).  The
+// forward's sums and every dy are the scalar kernels' bit for bit; dw's sums run in another order.
+#define CB 8
+
+__global__ void k_combine_fwd8(bf16 *out, const bf16 *y, const float *w, const int *slot, int k,
+			       int H)
+{
+	__shared__ size_t sr[MAXK];
+	__shared__ float sw[MAXK];
+	const int t = blockIdx.x;
+
+	if (threadIdx.x < k) {
+		sr[threadIdx.x] = (size_t)slot[(size_t)t * k + threadIdx.x] * H;
+		sw[threadIdx.x] = w[(size_t)t * k + threadIdx.x];
+	}
+	__syncthreads();
+	for (int h = threadIdx.x * 8; h < H; h += blockDim.x * 8) {
+		float acc[8];
+
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			acc[e] = 0.f;
+		for (int j0 = 0; j0 < k; j0 += CB) {
+			uint4 v[CB];
+
+#pragma unroll
+			for (int j = 0; j < CB; j++)
+				if (j0 + j < k)
+					v[j] = *(const uint4 *)(y + sr[j0 + j] + h);
+#pragma unroll
+			for (int j = 0; j < CB; j++)
+				if (j0 + j < k) {
+					float f[8];
+
+					cvt8(f, v[j]);
+#pragma unroll
+					for (int e = 0; e < 8; e++)
+						acc[e] += sw[j0 + j] * f[e];
+				}
+		}
+		st8(out + (size_t)t * H + h, acc);
+	}
+}
+
+// KM: the most choices it takes (its dot products live in registers): CB, or MAXK
+template <int KM>
+__global__ void k_combine_bwd8(bf16 *dy, float *dw, const bf16 *g, const bf16 *y, const float *w,
+			       const int *slot, int k, int H)
+{
+	__shared__ size_t sr[KM];
+	__shared__ float sw[KM], sh[KM][32];
+	const int t = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+	const int nw = blockDim.x >> 5;
+	float dot[KM];
+
+	if (threadIdx.x < k) {
+		sr[threadIdx.x] = (size_t)slot[(size_t)t * k + threadIdx.x] * H;
+		sw[threadIdx.x] = w[(size_t)t * k + threadIdx.x];
+	}
+#pragma unroll
+	for (int j = 0; j < KM; j++)
+		dot[j] = 0.f;
+	__syncthreads();
+	for (int h = threadIdx.x * 8; h < H; h += blockDim.x * 8) {
+		float gv[8];
+
+		ld8(gv, g + (size_t)t * H + h);
+#pragma unroll
+		for (int j0 = 0; j0 < KM; j0 += CB) {
+			uint4 v[CB];
+
+			if (j0 >= k)
+				break;
+#pragma unroll
+			for (int j = 0; j < CB; j++)
+				if (j0 + j < k)
+					v[j] = *(const uint4 *)(y + sr[j0 + j] + h);
+#pragma unroll
+			for (int j = 0; j < CB; j++)
+				if (j0 + j < k) {
+					float f[8], o[8];
+
+					cvt8(f, v[j]);
+#pragma unroll
+					for (int e = 0; e < 8; e++) {
+						dot[j0 + j] += gv[e] * f[e];
+						o[e] = sw[j0 + j] * gv[e];
+					}
+					st8(dy + sr[j0 + j] + h, o);
+				}
+		}
+	}
+#pragma unroll
+	for (int j = 0; j < KM; j++)
+		if (j < k) {
+			const float d = warp_sum(dot[j]);
+
+			if (!lane)
+				sh[j][wid] = d;
+		}
+	__syncthreads();
+	if (threadIdx.x < k) {
+		float s = 0.f;
+
+		for (int i = 0; i < nw; i++)
+			s += sh[threadIdx.x][i];
+		dw[(size_t)t * k + threadIdx.x] = s;
+	}
+}
+
+// the 16-byte kernels apply: H a multiple of 8, the row arrays 16-byte aligned
+static bool combine_vec(int H, const void *a, const void *b)
+{
+	return H % 8 == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0;
+}
+
+// threads for 8 columns each, whole warps, at most 256
+static int combine_threads(int H)
+{
+	const int n = (H / 8 + 31) / 32 * 32;
+
+	return n < 256 ? n : 256;
+}
+
 // ---- launchers ---------------------------------------------------------------------------
 
 static void need_k(int k)
@@ -320,7 +447,12 @@ extern "C" void sl_cuda_moe_combine_fwd(struct sl_cuda *c, void *out, const void
 {
 	if (T <= 0)
 		return;
-	k_combine_fwd<<<T, 256, 0, c->stream>>>((bf16 *)out, (const bf16 *)y, topw, slot, k, H);
+	if (combine_vec(H, out, y))
+		k_combine_fwd8<<<T, combine_threads(H), 0, c->stream>>>((bf16 *)out, (const bf16 *)y,
+									 topw, slot, k, H);
+	else
+		k_combine_fwd<<<T, 256, 0, c->stream>>>((bf16 *)out, (const bf16 *)y, topw, slot, k,
+							H);
 	CUDA_LAUNCHED();
 }
 
@@ -330,8 +462,15 @@ extern "C" void sl_cuda_moe_combine_bwd(struct sl_cuda *c, void *dy, float *dtop
 {
 	if (T <= 0)
 		return;
-	k_combine_bwd<<<T, 256, 0, c->stream>>>((bf16 *)dy, dtopw, (const bf16 *)dout,
-						 (const bf16 *)y, topw, slot, k, H);
+	if (combine_vec(H, dy, y) && (uintptr_t)dout % 16 == 0 && k <= CB)
+		k_combine_bwd8<CB><<<T, combine_threads(H), 0, c->stream>>>(
+			(bf16 *)dy, dtopw, (const bf16 *)dout, (const bf16 *)y, topw, slot, k, H);
+	else if (combine_vec(H, dy, y) && (uintptr_t)dout % 16 == 0)
+		k_combine_bwd8<MAXK><<<T, combine_threads(H), 0, c->stream>>>(
+			(bf16 *)dy, dtopw, (const bf16 *)dout, (const bf16 *)y, topw, slot, k, H);
+	else
+		k_combine_bwd<<<T, 256, 0, c->stream>>>((bf16 *)dy, dtopw, (const bf16 *)dout,
+							 (const bf16 *)y, topw, slot, k, H);
 	CUDA_LAUNCHED();
 }
 
