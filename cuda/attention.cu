@@ -15,13 +15,7 @@
 
 #include "common.cuh"
 
-// Packed rows: pos (B*L) holds each token's position in its document, so row i's document starts
-// at i - pos[i] and its keys are [i - pos[i], i].  Without pos the row is one document.  Document
-// starts never decrease along a row, so a block's first row has the earliest one.
-static __device__ __forceinline__ int doc_start(const int *pos, int b, int L, int i)
-{
-	return pos ? i - pos[(size_t)b * L + i] : 0;
-}
+// Packed rows: pos (B*L) holds each token's position in its document (common.cuh's doc_start).
 
 #define TPR 8		// threads per row
 #define ROWS 32		// rows per block

@@ -12,6 +12,9 @@
 #include <cublasLt.h>
 
 #include "sl_cuda.h"
+#ifdef SL_EMU
+#include "emu.cuh"
+#endif
 
 typedef __nv_bfloat16 bf16;
 
@@ -182,60 +185,104 @@ static __device__ __forceinline__ float block_sum(float v)
 // barrier that publishes them.  !valid writes zeros (rows past a record) and reads nothing.
 static __device__ __forceinline__ uint32_t smem_u32(const void *p)
 {
+#ifdef SL_EMU
+	return emu_smem_u32(p);
+#else
 	return (uint32_t)__cvta_generic_to_shared(p);
+#endif
 }
 
 // 16 bytes (src and dst aligned to 16)
 static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid)
 {
+#ifdef SL_EMU
+	emu_cp_async(dst, src, 16, valid);
+#else
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
 		     "r"(valid ? 16 : 0));
+#endif
 }
 
 // 4 bytes (aligned to 4)
 static __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool valid)
 {
+#ifdef SL_EMU
+	emu_cp_async(dst, src, 4, valid);
+#else
 	asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
 		     "r"(valid ? 4 : 0));
+#endif
 }
 
 static __device__ __forceinline__ void cp_commit(void)
 {
+#ifdef SL_EMU
+	emu_cp_commit();
+#else
 	asm volatile("cp.async.commit_group;\n" ::);
+#endif
 }
 
 // every copy this thread issued complete
 static __device__ __forceinline__ void cp_wait_all(void)
 {
+#ifdef SL_EMU
+	emu_cp_wait(-1);
+#else
 	asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
 }
 
 // all but the newest group complete (the newest is the tile being prefetched)
 static __device__ __forceinline__ void cp_wait1(void)
 {
+#ifdef SL_EMU
+	emu_cp_wait(1);
+#else
 	asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
 }
 
 // all but the two newest groups complete (a three-stage pipeline)
 static __device__ __forceinline__ void cp_wait2(void)
 {
+#ifdef SL_EMU
+	emu_cp_wait(2);
+#else
 	asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+#endif
 }
 
 // four 8 x 8 bf16 matrices from shared memory (lanes 8q .. 8q + 7 give matrix q's row
 // addresses); .trans: each transposed
 static __device__ __forceinline__ void ldsm4(uint32_t *r, uint32_t addr)
 {
+#ifdef SL_EMU
+	__trap();	// (the mma.sync kernels are not emulated)
+#else
 	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
 		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
 		     : "r"(addr));
+#endif
 }
 
 static __device__ __forceinline__ void ldsm4t(uint32_t *r, uint32_t addr)
 {
+#ifdef SL_EMU
+	__trap();
+#else
 	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
 		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
 		     : "r"(addr));
+#endif
+}
+
+// Packed rows (attention): pos (B*L) holds each token's position in its document, so row i's
+// document starts at i - pos[i] and its keys are [i - pos[i], i].  Without pos the row is one
+// document.  Document starts never decrease along a row, so a block's first row has the earliest.
+static __device__ __forceinline__ int doc_start(const int *pos, int b, int L, int i)
+{
+	return pos ? i - pos[(size_t)b * L + i] : 0;
 }
 
 // blocks for a grid-stride loop over n items: enough to fill the GPU, never more than needed

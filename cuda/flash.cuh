@@ -52,10 +52,14 @@ template <int HD, bool WG> struct fa_cfg {
 
 static __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, const uint32_t *b)
 {
+#ifdef SL_EMU
+	__trap();	// (the mma.sync kernels are not emulated)
+#else
 	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
 		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
 		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
 		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
 }
 
 static __device__ __forceinline__ uint32_t ld32(const bf16 *p)
@@ -73,10 +77,14 @@ static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
 // one MUFU instruction; -inf gives 0 (masked scores)
 static __device__ __forceinline__ float fexp2(float x)
 {
+#ifdef SL_EMU
+	return exp2f(x);
+#else
 	float y;
 
 	asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
 	return y;
+#endif
 }
 
 // rows [row0, row0 + NR) of a (rows, stride) bf16 matrix, columns [0, HD) from g, into sh with
@@ -104,6 +112,9 @@ static __device__ __forceinline__ void red_add2(float *p, float x, float y)
 {
 #if SL_WG_DEV
 	asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
+#elif defined(SL_EMU)
+	emu_red_add(p, x);
+	emu_red_add(p + 1, y);
 #else
 	__trap();	// (the fused dq's kernels run only where the warpgroup kernels do)
 #endif
@@ -506,10 +517,12 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 // iteration t + 1).  O sees the same operations in the same order as in k_fa_fwd (O += P_{t-1}
 // V_{t-1}, O *= c_t, O += P_t V_t), so the two kernels' results are equal bit for bit.
 // MINB: blocks an SM.  2 (the default): 176 registers at head_dim 128.  3 (opt-in,
-// SHARDLM_FA_FWD_BLOCKS=3): at most 168 registers (ptxas spills 32 bytes at head_dim 128, none
-// at 64), 195 KB of shared memory an SM, and three warps a scheduler instead of two: the
-// kernel's profile (bench/RESULTS.md, fourteenth session) showed it waiting on its own
-// instruction stream's latencies with two, the tensor pipe 26% busy.  The same results.
+// SHARDLM_FA_FWD_BLOCKS=3): at most 168 registers, 195 KB of shared memory an SM, and three
+// warps a scheduler instead of two: the kernel's profile (bench/RESULTS.md, fourteenth session)
+// showed it waiting on its own instruction stream's latencies with two, the tensor pipe 26%
+// busy.  But at head_dim 128 ptxas then spills 32 bytes and serializes the wgmma (C7512: each
+// product waited for where it is issued), so the third block has to make up for the pipelining
+// it loses; head_dim 64 keeps both (128 registers).  The same results either way.
 template <int HD, int MINB = 2>
 __global__ void __launch_bounds__(FA_THR, MINB)
 k_fa_fwd_pipe(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos, int L,
@@ -1333,6 +1346,7 @@ k_fa_dq_out(bf16 *dqkv, const float *dqa, int L, int Lp, int W, int nhd, float s
 				__float2bfloat16_rn(t[threadIdx.x][i] * scale);
 }
 
+#ifndef SL_EMU	// the launchers: not in the host emulation's build (test/test_fa_emu.cc)
 // the warpgroup (wgmma) kernels: built for sm_90a (SL_WGMMA), head_dim 64, 128 or 256, on a device of
 // compute capability 9.0; SHARDLM_FA_WGMMA=0 falls back to the mma.sync kernels (make check-gpu
 // runs test_cuda_ops and test_cuda_model both ways).
@@ -1531,5 +1545,7 @@ static void fa_bwd(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout, c
 	fa_bwd_k<HD, CP, false>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2,
 				scale, x, nullptr);
 }
+
+#endif	// SL_EMU
 
 #endif

@@ -85,6 +85,8 @@ static __device__ __forceinline__ void wg_commit(void)
 {
 #if SL_WG_DEV
 	asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#elif defined(SL_EMU)
+	emu_wg_commit();
 #endif
 }
 
@@ -93,6 +95,8 @@ static __device__ __forceinline__ void wg_wait0(void)
 {
 #if SL_WG_DEV
 	asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#elif defined(SL_EMU)
+	emu_wg_wait(0);
 #endif
 }
 
@@ -101,6 +105,8 @@ static __device__ __forceinline__ void wg_wait1(void)
 {
 #if SL_WG_DEV
 	asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+#elif defined(SL_EMU)
+	emu_wg_wait(1);
 #endif
 }
 
@@ -109,6 +115,8 @@ static __device__ __forceinline__ void wg_wait2(void)
 {
 #if SL_WG_DEV
 	asm volatile("wgmma.wait_group.sync.aligned 2;\n" ::: "memory");
+#elif defined(SL_EMU)
+	emu_wg_wait(2);
 #endif
 }
 
@@ -117,9 +125,11 @@ static __device__ __forceinline__ void wg_wait2(void)
 // wait cannot read an accumulator before the wait lets it
 template <int N> static __device__ __forceinline__ void wg_pin(float *r)
 {
+#ifndef SL_EMU
 #pragma unroll
 	for (int i = 0; i < N; i++)
 		asm volatile("" : "+f"(r[i])::"memory");
+#endif
 }
 
 // D (m64 x nN, fp32) += A (m64 x k16, bf16, registers) * B (k16 x nN, bf16, shared memory);
@@ -221,6 +231,31 @@ static __device__ __forceinline__ void wgmma_ss64(float *d, uint64_t a, uint64_t
 		       "+f"(d[30]), "+f"(d[31])
 		     : "l"(a), "l"(b), "r"(acc));
 }
+#elif defined(SL_EMU)
+template <int TB>
+static inline void wgmma_rs32(float *d, const uint32_t *a, uint64_t b, int acc)
+{
+	emu_wgmma(32, d, a, 0, b, acc, 0, TB);
+}
+template <int TB>
+static inline void wgmma_rs64(float *d, const uint32_t *a, uint64_t b, int acc)
+{
+	emu_wgmma(64, d, a, 0, b, acc, 0, TB);
+}
+template <int TB>
+static inline void wgmma_rs128(float *d, const uint32_t *a, uint64_t b, int acc)
+{
+	emu_wgmma(128, d, a, 0, b, acc, 0, TB);
+}
+template <int TA = 0, int TB = 0>
+static inline void wgmma_ss32(float *d, uint64_t a, uint64_t b, int acc)
+{
+	emu_wgmma(32, d, nullptr, a, b, acc, TA, TB);
+}
+static inline void wgmma_ss64(float *d, uint64_t a, uint64_t b, int acc)
+{
+	emu_wgmma(64, d, nullptr, a, b, acc, 0, 0);
+}
 #else
 template <int TA = 0, int TB = 0>
 static __device__ void wgmma_ss32(float *, uint64_t, uint64_t, int) { __trap(); }
@@ -319,6 +354,8 @@ static __device__ __forceinline__ void wgmma_ss256(float *d, uint64_t a, uint64_
 		       "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
 		       "+f"(d[126]), "+f"(d[127])
 		     : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
+#elif defined(SL_EMU)
+	emu_wgmma(256, d, nullptr, a, b, acc, TA, TB);
 #else
 	__trap();
 #endif
