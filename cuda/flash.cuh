@@ -126,7 +126,7 @@ static __device__ __forceinline__ void fa_tile(bf16 *sh, const bf16 *g, size_t s
 					       int rend)
 {
 	if constexpr (WG)
-		tile_sw<HD, NR>(sh, g, stride, row0, rend, NT);
+		tile_sw<HD, NR, NT>(sh, g, stride, row0, rend);
 	else
 		tile_async<HD, NR>(sh, g, stride, row0, rend);
 }
@@ -550,7 +550,7 @@ k_fa_fwd_pipe(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int
 	float o[HD / 8][4], s[FA_BN / 8][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
 	if (nt > kt0)
-		tile_sw<HD, FA_BN>(ks, kg, W, kt0 * FA_BN, kend, FA_THR);
+		tile_sw<HD, FA_BN, FA_THR>(ks, kg, W, kt0 * FA_BN, kend);
 	cp_commit();
 	load_afrag<HD>(qf, base + (size_t)r0 * W + (size_t)h * HD, W, p0 >= 0, p1 >= 0, tq);
 #pragma unroll
@@ -562,8 +562,8 @@ k_fa_fwd_pipe(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int
 		// K_{t+1} over K_{t-1}, V_t over V_{t-2}: both products that read them were waited
 		// for by every warp before the last iteration's closing barrier
 		if (t + 1 < nt)
-			tile_sw<HD, FA_BN>(ks + (st ^ 1) * TILE, kg, W, k0 + FA_BN, kend, FA_THR);
-		tile_sw<HD, FA_BN>(vs + st * TILE, vg, W, k0, kend, FA_THR);
+			tile_sw<HD, FA_BN, FA_THR>(ks + (st ^ 1) * TILE, kg, W, k0 + FA_BN, kend);
+		tile_sw<HD, FA_BN, FA_THR>(vs + st * TILE, vg, W, k0, kend);
 		cp_commit();
 		cp_wait1();	// K_t and V_{t-1}
 		fence_async_smem();

@@ -1,11 +1,11 @@
 // mm_load.cuh: one loader thread's copies of a bf16 tile into wgmma.cuh's 128-byte swizzled
-// layout (tile_sw's: NR rows x HD columns as HD/64 panels of NR rows x 64 columns, chunk c of a
-// panel row at c ^ (row % 8)), with each copy's addresses worked out once per tile instead of
-// once per copy.  Copy i of thread t is tile_sw's e = t + 128 i: row r0 + i RS (RS = 128 / the
-// row's 16-byte chunks), the same chunk column for every i; so its shared offset steps by RS
-// rows (plus a fixed shift on odd copies where RS = 4 moves the swizzle) and its global offset
-// by RS rows of the source.  Plain integer code: test/test_mm_load.cc checks it against
-// tile_sw's formulas on the host.
+// layout (NR rows x HD columns as HD/64 panels of NR rows x 64 columns, chunk c of a panel row at
+// c ^ (row % 8)), with each copy's addresses worked out once per tile instead of once per copy.
+// Of NT loader threads, copy i of thread t is element e = t + NT i of the tile's 16-byte chunks
+// in row order: row r0 + i RS (RS = NT / the row's chunks), the same chunk column for every i;
+// so its shared offset steps by RS rows (plus a fixed shift on odd copies where RS = 4 moves the
+// swizzle) and its global offset by RS rows of the source.  Plain integer code:
+// test/test_mm_load.cc checks it against the layout's formulas on the host.
 #ifndef SL_MM_LOAD_CUH
 #define SL_MM_LOAD_CUH
 
@@ -18,11 +18,12 @@
 #define MM_HD inline
 #endif
 
-template <int HD, int NR> struct mm_ld {
+template <int HD, int NR, int NT = 128> struct mm_ld {
 	static constexpr int CPR = HD / 8;		// 16-byte chunks a row
-	static constexpr int RS = 128 / CPR;		// rows between a thread's copies
-	static constexpr int NC = NR * CPR / 128;	// copies a thread
+	static constexpr int RS = NT / CPR;		// rows between a thread's copies
+	static constexpr int NC = NR * CPR / NT;	// copies a thread
 	static_assert(CPR == 8 || CPR == 16 || CPR == 32, "mm_ld: 64, 128 or 256 columns");
+	static_assert(NT % CPR == 0 && RS % 4 == 0, "mm_ld: the loaders cover rows of 4 or 8");
 	static_assert(NR % RS == 0, "mm_ld: rows a multiple of the copies' step");
 
 	uint32_t s0;	// copy 0: bytes into the tile
@@ -31,7 +32,7 @@ template <int HD, int NR> struct mm_ld {
 	size_t g0;	// copy 0: elements from the tile's first row's first column
 	size_t stride;	// elements between source rows
 
-	// thread t of the 128 loaders; ld: the source's row stride in elements
+	// thread t of the NT loaders; ld: the source's row stride in elements
 	MM_HD void init(int t, size_t ld)
 	{
 		const int c = t % CPR, sw = (c & 7) ^ (t / CPR & 7);

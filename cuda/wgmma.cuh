@@ -6,6 +6,8 @@
 #ifndef SL_WGMMA_CUH
 #define SL_WGMMA_CUH
 
+#include "mm_load.cuh"
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SL_WG_DEV 1
 #else
@@ -16,20 +18,26 @@
 // 128 bytes, and its 16-byte chunk c sits at chunk c ^ (row % 8) (the hardware's 128-byte
 // swizzle, applied to address bits, so a tile starts on a 1024-byte boundary).  The same tile is
 // read as a K-major operand (rows are the n index: keys for S = Q K^T) or an MN-major one (rows
-// are the k index: keys for O += P V).
-template <int HD, int NR>
+// are the k index: keys for O += P V).  Rows [row0, row0 + NR) of g (stride elements apart),
+// zeros from rend on, copied by the block's NT threads (threadIdx.x < NT): each thread's copies'
+// addresses are worked out once (mm_load.cuh) and the copies unrolled.
+template <int HD, int NR, int NT>
 static __device__ __forceinline__ void tile_sw(bf16 *sh, const bf16 *g, size_t stride, int row0,
-					       int rend, int nthr)
+					       int rend)
 {
-	const int CPR = HD / 8;
+	mm_ld<HD, NR, NT> L;
+	const uint32_t s = smem_u32(sh);
+
+	L.init(threadIdx.x, stride);
+	const bf16 *src = g + (size_t)row0 * stride + L.g0;	// copy 0's, then RS rows on
+	const size_t step = (size_t)L.RS * stride;
+	const int left = rend - row0 - L.r0;			// copy i is a row while i RS < left
 
 #pragma unroll
-	for (int e = threadIdx.x; e < NR * CPR; e += nthr) {
-		const int r = e / CPR, c = e % CPR, pnl = c >> 3, ch = (c & 7) ^ (r & 7);
-		const bool ok = row0 + r < rend;
+	for (int i = 0; i < L.NC; i++, src += step) {
+		const bool ok = i * L.RS < left;
 
-		cp_async16(smem_u32(sh + (pnl * NR + r) * 64 + ch * 8),
-			   ok ? g + (size_t)(row0 + r) * stride + c * 8 : g, ok);
+		cp_async16(s + L.soff(i), ok ? src : g, ok);
 	}
 }
 

@@ -3,8 +3,9 @@
  * emulation of the instructions they use (cuda/emu.cuh), against a double-precision attention
  * computed here: the forward (k_fa_fwd_pipe, k_fa_fwd), the dq kernel and the dk/dv kernel (its
  * pipelined and unpipelined tiles) and the fused dq (SHARDLM_FA_BWD_DQ=fused: the dk/dv kernel
- * adding dQ into fp32 sums), at head_dim 64 and 128, grouped-query heads, records shorter than
- * the row, lengths that are no multiple of the tiles.
+ * adding dQ into fp32 sums), at head_dim 64 and 128 (and 256: two warpgroups a block; neither
+ * the pipelined forward nor the fused dq exist there), grouped-query heads, records shorter than
+ * the row, packed rows, lengths that are no multiple of the tiles.
  *
  * The emulator: each thread of a block is a fiber (ucontext); barriers, shuffles and the
  * warpgroup's collective instructions switch between them.  Its model of the hardware, from the
@@ -576,17 +577,23 @@ template <int HD> void run_fwd(const Prob &p, bool pipe, std::vector<bf16> &out,
 		v = __float2bfloat16_rn(NAN);
 	for (auto &v : lse)
 		v = NAN;
-	if (pipe)
-		launch({ (unsigned)((L + FA_BM - 1) / FA_BM), (unsigned)nh, (unsigned)p.B }, FA_THR,
-		       fa_smem_fwd<HD, true>(),
-		       [=] { k_fa_fwd_pipe<HD>(o, l, qkv, lens, pos, L, nh, nkv, sl2); });
-	else
-		launch({ (unsigned)((L + C::BMQ - 1) / C::BMQ), (unsigned)nh, (unsigned)p.B }, C::NT,
-		       fa_smem_fwd<HD, true>(), [=] {
-			       k_fa_fwd<HD, false, true>(o, l, qkv, lens, pos, L, nh, nkv, sl2,
-							 fa_rows{});
-		       });
+	if constexpr (HD <= 128) {	// (the pipelined forward is for head_dim 64 and 128)
+		if (pipe) {
+			launch({ (unsigned)((L + FA_BM - 1) / FA_BM), (unsigned)nh, (unsigned)p.B },
+			       FA_THR, fa_smem_fwd<HD, true>(), [=] {
+				       k_fa_fwd_pipe<HD>(o, l, qkv, lens, pos, L, nh, nkv, sl2);
+			       });
+			return;
+		}
+	}
+	launch({ (unsigned)((L + C::BMQ - 1) / C::BMQ), (unsigned)nh, (unsigned)p.B }, C::NT,
+	       fa_smem_fwd<HD, true>(), [=] {
+		       k_fa_fwd<HD, false, true>(o, l, qkv, lens, pos, L, nh, nkv, sl2, fa_rows{});
+	       });
 }
+
+template <int HD> void fused_bwd(const Prob &p, bf16 *dq, const bf16 *dout, const float *ls,
+				 const float *Dp, const bf16 *qkv, const int *lens, const int *pos);
 
 // the backward: dq kernel + dk/dv kernel (pipe or not), or the fused dq; dqkv (bf16)
 template <int HD> void run_bwd(const Prob &p, int how, const std::vector<bf16> &out,
@@ -629,7 +636,18 @@ template <int HD> void run_bwd(const Prob &p, int how, const std::vector<bf16> &
 		       });
 		return;
 	}
-	// the fused dq: sums (B nh HD, Lp) zeroed, then k_fa_dq_out's transpose and scale here
+	if constexpr (HD <= 128)	// (the fused dq is for head_dim 64 and 128)
+		fused_bwd<HD>(p, dq, dout, ls, Dp, qkv, lens, pos);
+}
+
+// the fused dq: sums (B nh HD, Lp) zeroed, then k_fa_dq_out's transpose and scale here
+template <int HD> void fused_bwd(const Prob &p, bf16 *dq, const bf16 *dout, const float *ls,
+				 const float *Dp, const bf16 *qkv, const int *lens, const int *pos)
+{
+	using C = fa_cfg<HD, true>;
+	const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD));
+	const float scale = (float)(1.0 / sqrt((double)HD));
+	const int L = p.L, nh = p.nh, nkv = p.nkv, B_ = p.B;
 	const int Lp = fa_dq_pitch(L);
 	std::vector<float> dqa((size_t)B_ * nh * HD * Lp, 0.f);
 	float *a = dqa.data();
@@ -684,7 +702,7 @@ template <int HD> void check(int B_, int L, int nh, int nkv, std::vector<int> le
 	reference(p);
 	ln = p.lens.data();
 	dqkv.resize(p.qkv.size());
-	for (int pipe = 1; pipe >= 0; pipe--) {
+	for (int pipe = HD <= 128; pipe >= 0; pipe--) {
 		run_fwd<HD>(p, pipe, out, lse, ln);
 		mask_pad(p, out, nh * HD);
 		mask_pad(p, lse, nh);
@@ -693,7 +711,7 @@ template <int HD> void check(int B_, int L, int nh, int nkv, std::vector<int> le
 		compare(pipe ? "forward (k_fa_fwd_pipe): lse" : "forward (k_fa_fwd): lse", p,
 			lse.data(), p.lse, 1e-3);
 	}
-	for (int how = 0; how < 3; how++) {
+	for (int how = 0; how < (HD <= 128 ? 3 : 2); how++) {
 		static const char *name[] = { "backward (dq, dk/dv unpipelined): dqkv",
 					      "backward (dq, dk/dv pipelined): dqkv",
 					      "backward (fused dq): dqkv" };
@@ -717,5 +735,8 @@ int main(void)
 	 * key block's first 64, one shorter than a sub-step */
 	check<128>(2, 200, 4, 2, { 200, 181 }, 4, { { 45, 100, 55 }, { 70, 20, 91 } });
 	check<64>(1, 256, 2, 1, { 256 }, 5, { { 96, 40, 120 } });
+	/* head_dim 256 (Qwen3.5's gated attention): two warpgroups a block, 128 query rows, the dq
+	 * kernel's 32-key tiles, dK and dV split over the warpgroups */
+	check<256>(2, 140, 2, 1, { 140, 77 }, 6);
 	return test_exit("test_fa_emu");
 }
