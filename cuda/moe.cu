@@ -267,6 +267,17 @@ __global__ void k_combine_bwd(bf16 *dy, float *dw, const bf16 *g, const bf16 *y,
 // forward's sums and every dy are the scalar kernels' bit for bit; dw's sums run in another order.
 #define CB 8
 
+// the 16-byte words at column h of chosen rows j0 .. j0 + CB - 1 (those below k; row r at y +
+// sr[r]), every load issued before any is used
+static __device__ __forceinline__ void rows_word(uint4 *v, const bf16 *y, const size_t *sr,
+						 int j0, int k, int h)
+{
+#pragma unroll
+	for (int j = 0; j < CB; j++)
+		if (j0 + j < k)
+			v[j] = *(const uint4 *)(y + sr[j0 + j] + h);
+}
+
 __global__ void k_combine_fwd8(bf16 *out, const bf16 *y, const float *w, const int *slot, int k,
 			       int H)
 {
@@ -288,10 +299,7 @@ __global__ void k_combine_fwd8(bf16 *out, const bf16 *y, const float *w, const i
 		for (int j0 = 0; j0 < k; j0 += CB) {
 			uint4 v[CB];
 
-#pragma unroll
-			for (int j = 0; j < CB; j++)
-				if (j0 + j < k)
-					v[j] = *(const uint4 *)(y + sr[j0 + j] + h);
+			rows_word(v, y, sr, j0, k, h);
 #pragma unroll
 			for (int j = 0; j < CB; j++)
 				if (j0 + j < k) {
@@ -336,10 +344,7 @@ __global__ void k_combine_bwd8(bf16 *dy, float *dw, const bf16 *g, const bf16 *y
 
 			if (j0 >= k)
 				break;
-#pragma unroll
-			for (int j = 0; j < CB; j++)
-				if (j0 + j < k)
-					v[j] = *(const uint4 *)(y + sr[j0 + j] + h);
+			rows_word(v, y, sr, j0, k, h);
 #pragma unroll
 			for (int j = 0; j < CB; j++)
 				if (j0 + j < k) {

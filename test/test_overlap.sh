@@ -40,29 +40,23 @@ YAML
 # no evaluation, whose forward would wait for the update before the checkpoint is written
 grep -v "^data:" "$T/base.yaml" >"$T/noeval.yaml"
 echo "data: {train: $T/data.jsonl, max_state: 32, seed: 3}" >>"$T/noeval.yaml"
-cat >"$T/moe.yaml" <<YAML
-model: {path: $FIX/sft}
+# sft_yaml NAME MODEL RECORDS MAX_STATE STEPS: an sft config on the cpu backend
+sft_yaml() {
+	cat >"$T/$1.yaml" <<YAML
+model: {path: $2}
 task: sft
 backend: cpu
-data: {train: $FIX/sft_records.jsonl, shuffle: false, length_sort: false, max_state: 64}
-train: {steps: 4, eval_every: 0, batch: 2, accum: 1}
+data: {train: $3, shuffle: false, length_sort: false, max_state: $4}
+train: {steps: $5, eval_every: 0, batch: 2, accum: 1}
 optim: {lr: 1.0e-3, warmup: 1, weight_decay: 0.1, clip: 1.0}
 checkpoint: {every: 0}
 export: {dtype: fp32}
 run: {log_every: 1}
 YAML
-
-cat >"$T/q35.yaml" <<YAML
-model: {path: $top_srcdir/test/fixtures/q35moe/text}
-task: sft
-backend: cpu
-data: {train: $top_srcdir/test/fixtures/q35moe/records.jsonl, max_state: 256, shuffle: false}
-train: {steps: 3, eval_every: 0, batch: 2, accum: 1}
-optim: {lr: 1.0e-3, warmup: 1, weight_decay: 0.1, clip: 1.0}
-checkpoint: {every: 0}
-export: {dtype: fp32}
-run: {log_every: 1}
-YAML
+}
+sft_yaml moe "$FIX/sft" "$FIX/sft_records.jsonl" 64 4
+sft_yaml q35 "$top_srcdir/test/fixtures/q35moe/text" "$top_srcdir/test/fixtures/q35moe/records.jsonl" \
+	256 3
 
 # run NAME OVERLAP NP CONFIG [--set ...]; OVERLAP: 0, 1, or now (1 with SHARDLM_CPU_SIDE=now)
 run() {
