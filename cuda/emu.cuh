@@ -27,6 +27,9 @@ extern emu_now_t *emu_now;
 #define gridDim (emu_now->gdim)
 #define blockDim (emu_now->bdim)
 #define __launch_bounds__(...)
+// a block's shared variables: one object for every fiber (blocks run one after another)
+#undef __shared__
+#define __shared__ static
 #define __syncthreads() emu_syncthreads()
 #define __trap() emu_trap(__FILE__, __LINE__)
 

@@ -21,6 +21,13 @@
 // buffers: results repeat bit for bit.  The backward computes in steps of 32 columns to keep the
 // live scores (S and dP) at 32 registers.
 
+// the kernels' dynamic shared memory (the host emulation's is a global array of the test's)
+#ifdef SL_EMU
+#define FA_SMEM extern bf16 fa_sm[]
+#else
+#define FA_SMEM extern __shared__ __align__(16) bf16 fa_sm[]
+#endif
+
 #define FA_BM 64		// rows a block owns (16 per warp)
 #define FA_BN 64		// rows of a streamed shared-memory tile
 #define FA_SUB 32		// columns per compute step in the backward
@@ -331,7 +338,7 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 	constexpr bool BIG = C::BIG;
 	constexpr int BM = C::BMQ, NT = C::NT;
 	const int P = HD + 8, TILE = WG ? FA_BN * HD : FA_BN * P;
-	extern __shared__ __align__(16) bf16 fa_sm[];
+	FA_SMEM;
 	// BIG: the block's queries (BM x HD, swizzled) after the key and value stages
 	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + 2 * TILE, *qsm = vs + 2 * TILE;
 	const int W = (nh + 2 * nkv) * HD, b = blockIdx.z, h = blockIdx.y, grp = nh / nkv;
@@ -529,7 +536,7 @@ k_fa_fwd_pipe(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int
 	      int nh, int nkv, float sl2)
 {
 	constexpr int TILE = FA_BN * HD, NO = HD / 8 * 4, NS = FA_BN / 8 * 4;
-	extern __shared__ __align__(16) bf16 fa_sm[];
+	FA_SMEM;
 	bf16 *ks = sw_base(fa_sm), *vs = ks + 2 * TILE;
 	const fa_rows x{};
 	const int W = (nh + 2 * nkv) * HD, b = blockIdx.z, h = blockIdx.y, grp = nh / nkv;
@@ -642,7 +649,7 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 	constexpr bool BIG = C::BIG;
 	constexpr int BM = C::BMQ, BN = C::BNQ, NT = C::NT;
 	const int P = HD + 8, TILE = WG ? BN * HD : BN * P;
-	extern __shared__ __align__(16) bf16 fa_sm[];
+	FA_SMEM;
 	// BIG: the block's queries and their dO (BM x HD each, swizzled) after the stages
 	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + 2 * TILE, *qsm = vs + 2 * TILE;
 	bf16 *gsm = qsm + BM * HD;
@@ -1075,7 +1082,7 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	constexpr int NT = C::KNT, HO = C::HO;
 	static_assert(!FQ || (WG && !CP), "k_fa_dkdv: the fused dq is for whole rows, warpgroups");
 	const int P = HD + 8, TILE = WG ? FA_BN * HD : FA_BN * P, KT = WG ? FA_BM * HD : FA_BM * P;
-	extern __shared__ __align__(16) bf16 fa_sm[];
+	FA_SMEM;
 	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + KT, *qs = vs + KT, *gs = qs + 2 * TILE;
 	bf16 *dsb = gs + 2 * TILE;
 	float *lss = (float *)(dsb + (FQ ? 2 * FA_SUB * FA_BM : 0)), *Ds = lss + 2 * FA_BN;

@@ -1,0 +1,417 @@
+/*
+ * emu_run.h: the host emulator the kernels of cuda/ run on when built with -DSL_EMU
+ * (cuda/emu.cuh's hooks): each thread of a block is a fiber (ucontext); barriers, shuffles, votes
+ * and the warpgroup's collective instructions switch between them.  Its model of the hardware,
+ * from the PTX ISA, is independent of the kernels:
+ *  - wgmma m64nNk16: the A fragment in registers as mma.sync m16n8k16 gives a warp its 16 rows
+ *    (a0 (g, 2t..2t+1), a1 (g+8, ..), a2 (g, 2t+8..), a3 (g+8, 2t+8..) for lane 4g + t); D per
+ *    8 columns (d0 (g, 2t), d1 (g, 2t+1), d2 (g+8, 2t), d3 (g+8, 2t+1)); an operand in shared
+ *    memory through its matrix descriptor (start, leading and stride byte offsets, 128-byte
+ *    swizzle: address bits 4-6 XOR bits 7-9), K-major (element (mn, k) at start + (mn / 8) SBO +
+ *    (mn % 8) 128 + 2k) or MN-major (at start + (k / 8) SBO + (k % 8) 128 + (mn / 64) LBO +
+ *    2 (mn % 64));
+ *  - wgmma runs asynchronously: its products are made when a wait_group lets them finish, from
+ *    the shared memory of that moment (registers as issued), so a kernel that changes a tile
+ *    or reads an accumulator before waiting gets other numbers;
+ *  - cp.async copies land when a wait_group lets them, not before;
+ *  - dynamic shared memory (the flash kernels' fa_sm) starts each block filled with a large
+ *    value: a read of what nothing wrote shows; __shared__ variables are one object a block.
+ * Included by one test program each (it defines globals), after cuda/common.cuh with SL_EMU
+ * defined.
+ */
+#ifndef SL_TEST_EMU_RUN_H
+#define SL_TEST_EMU_RUN_H
+
+#include <ucontext.h>
+
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <vector>
+
+// every flash kernel's dynamic shared memory (declared extern inside each kernel)
+alignas(1024) bf16 fa_sm[(228u << 10) / sizeof(bf16)];
+
+emu_now_t *emu_now;
+
+namespace {
+
+struct Copy {
+	uint32_t dst;
+	const void *src;
+	int bytes;
+	bool valid;
+};
+
+struct Fiber {
+	ucontext_t ctx;
+	std::vector<char> stack;
+	bool done;
+	emu_now_t now;
+	std::vector<Copy> open;
+	std::deque<std::vector<Copy>> groups;
+};
+
+struct Coll {
+	int count = 0;
+	unsigned gen = 0;
+};
+
+struct WgOp {
+	int n, acc, ta, tb;
+	bool rs;
+	uint64_t ad, bd;
+	float *d[128];
+	uint32_t a[128][4];
+};
+
+struct Wg {
+	Coll c;
+	WgOp building;
+	std::vector<WgOp> open;
+	std::deque<std::vector<WgOp>> groups;
+};
+
+struct Warp {
+	Coll c;
+	uint32_t slot[32];
+};
+
+struct Block {
+	int nthr, cur;
+	std::vector<Fiber> f;
+	ucontext_t sched;
+	Coll bar;
+	Wg wg[2];
+	Warp warp[8];
+	std::function<void()> body;
+	unsigned long progress;
+	const char *fault;
+};
+
+Block *B;
+size_t smem_bytes;
+
+int tid()
+{
+	return B->cur;
+}
+
+void yield()
+{
+	swapcontext(&B->f[B->cur].ctx, &B->sched);
+}
+
+// the last of @need arrivals runs @act, then every one goes on
+template <class F> void collective(Coll &c, int need, F act)
+{
+	const unsigned g = c.gen;
+
+	if (++c.count == need) {
+		act();
+		c.count = 0;
+		c.gen++;
+		B->progress++;
+		return;
+	}
+	while (c.gen == g)
+		yield();
+}
+
+void fiber_main()
+{
+	B->body();
+	B->f[B->cur].done = true;
+	B->progress++;
+	swapcontext(&B->f[B->cur].ctx, &B->sched);
+}
+
+float bfv(const void *p)
+{
+	return __bfloat162float(*(const bf16 *)p);
+}
+
+// an operand element (mn, k) of a descriptor's tile: K-major (t 0) or MN-major (t 1)
+float ld_desc(uint64_t desc, int t, int mn, int k)
+{
+	const uint32_t start = (uint32_t)(desc & 0x3FFF) << 4;
+	const uint32_t lbo = (uint32_t)((desc >> 16) & 0x3FFF) << 4;
+	const uint32_t sbo = (uint32_t)((desc >> 32) & 0x3FFF) << 4;
+	uint32_t a;
+
+	if ((desc >> 62) != 1)
+		emu_trap("descriptor without the 128-byte swizzle", 0);
+	a = t == 0 ? start + (mn / 8) * sbo + (mn % 8) * 128 + k * 2 :
+		     start + (k / 8) * sbo + (k % 8) * 128 + (mn / 64) * lbo + (mn % 64) * 2;
+	a ^= ((a >> 7) & 7) << 4;
+	if (a + 2 > smem_bytes)
+		emu_trap("wgmma operand past the block's shared memory", 0);
+	return bfv((const char *)fa_sm + a);
+}
+
+float as_float(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+float lo16(uint32_t v)
+{
+	return as_float(v << 16);
+}
+
+float hi16(uint32_t v)
+{
+	return as_float(v & 0xFFFF0000u);
+}
+
+// one wgmma of the warpgroup, all 128 threads' parts
+void exec(const WgOp &op)
+{
+	static float A[64][16], Bm[16][256];
+
+	for (int m = 0; m < 64; m++)
+		for (int k = 0; k < 16; k++)
+			A[m][k] = op.rs ? 0.f : ld_desc(op.ad, op.ta, m, k);
+	if (op.rs)
+		for (int i = 0; i < 128; i++) {
+			const int w = i / 32, g = (i % 32) / 4, t = i % 4;
+
+			for (int r = 0; r < 4; r++) {
+				const int m = 16 * w + g + 8 * (r & 1), k = 2 * t + 8 * (r >> 1);
+
+				A[m][k] = lo16(op.a[i][r]);
+				A[m][k + 1] = hi16(op.a[i][r]);
+			}
+		}
+	for (int k = 0; k < 16; k++)
+		for (int n = 0; n < op.n; n++)
+			Bm[k][n] = ld_desc(op.bd, op.tb, n, k);
+	for (int i = 0; i < 128; i++) {
+		const int w = i / 32, g = (i % 32) / 4, t = i % 4;
+
+		for (int n8 = 0; n8 < op.n / 8; n8++)
+			for (int e = 0; e < 4; e++) {
+				const int m = 16 * w + g + 8 * (e >> 1), n = 8 * n8 + 2 * t + (e & 1);
+				float s = 0.f, &d = op.d[i][4 * n8 + e];
+
+				for (int k = 0; k < 16; k++)
+					s += A[m][k] * Bm[k][n];
+				d = op.acc ? d + s : s;
+			}
+	}
+}
+
+void run_copies(std::vector<Copy> &v)
+{
+	for (const Copy &c : v) {
+		if (c.dst + c.bytes > smem_bytes)
+			emu_trap("cp.async past the block's shared memory", 0);
+		if (c.valid)
+			memcpy((char *)fa_sm + c.dst, c.src, c.bytes);
+		else
+			memset((char *)fa_sm + c.dst, 0, c.bytes);
+	}
+	v.clear();
+}
+
+} // namespace
+
+void emu_syncthreads(void)
+{
+	collective(B->bar, B->nthr, [] {});
+}
+
+void emu_trap(const char *file, int line)
+{
+	fprintf(stderr, "emu: trap: %s:%d (thread %d)\n", file, line, B ? B->cur : -1);
+	abort();
+}
+
+uint32_t emu_shfl_xor32(uint32_t v, int m)
+{
+	Warp &w = B->warp[tid() / 32];
+	const int lane = tid() % 32;
+	uint32_t r;
+
+	w.slot[lane] = v;
+	collective(w.c, 32, [] {});
+	r = w.slot[lane ^ m];
+	collective(w.c, 32, [] {});	// every lane read before the slots are reused
+	return r;
+}
+
+uint32_t emu_smem_u32(const void *p)
+{
+	return (uint32_t)((const char *)p - (const char *)fa_sm);
+}
+
+void emu_cp_async(uint32_t dst, const void *src, int bytes, bool valid)
+{
+	B->f[tid()].open.push_back({ dst, src, bytes, valid });
+}
+
+void emu_cp_commit(void)
+{
+	Fiber &f = B->f[tid()];
+
+	f.groups.push_back(std::move(f.open));
+	f.open.clear();
+}
+
+void emu_cp_wait(int n)
+{
+	Fiber &f = B->f[tid()];
+
+	if (n < 0) {
+		emu_cp_commit();
+		n = 0;
+	}
+	while ((int)f.groups.size() > n) {
+		run_copies(f.groups.front());
+		f.groups.pop_front();
+	}
+}
+
+void emu_wgmma(int n, float *d, const uint32_t *a, uint64_t ad, uint64_t bd, int acc, int ta,
+	       int tb)
+{
+	Wg &g = B->wg[tid() / 128];
+	WgOp &o = g.building;
+	const int i = tid() % 128;
+
+	if (g.c.count == 0) {
+		o.n = n, o.acc = acc, o.ta = ta, o.tb = tb, o.rs = a != nullptr, o.ad = ad,
+		o.bd = bd;
+	} else if (o.n != n || o.acc != acc || o.ta != ta || o.tb != tb || o.rs != (a != nullptr) ||
+		   o.ad != ad || o.bd != bd) {
+		emu_trap("the warpgroup's threads issued different wgmma", 0);
+	}
+	o.d[i] = d;
+	if (a)
+		memcpy(o.a[i], a, sizeof(o.a[i]));
+	collective(g.c, 128, [&g] { g.open.push_back(g.building); });
+}
+
+void emu_wg_commit(void)
+{
+	Wg &g = B->wg[tid() / 128];
+
+	collective(g.c, 128, [&g] {
+		g.groups.push_back(std::move(g.open));
+		g.open.clear();
+	});
+}
+
+void emu_wg_wait(int n)
+{
+	Wg &g = B->wg[tid() / 128];
+
+	collective(g.c, 128, [&g, n] {
+		while ((int)g.groups.size() > n) {
+			for (const WgOp &op : g.groups.front())
+				exec(op);
+			g.groups.pop_front();
+		}
+	});
+}
+
+void emu_red_add(float *p, float x)
+{
+	*p += x;
+}
+
+bool emu_any(bool pred)
+{
+	Warp &w = B->warp[tid() / 32];
+	const int lane = tid() % 32;
+	bool r = false;
+
+	w.slot[lane] = pred;
+	collective(w.c, 32, [] {});
+	for (int i = 0; i < 32; i++)
+		r |= w.slot[i] != 0;
+	collective(w.c, 32, [] {});
+	return r;
+}
+
+void emu_syncwarp(void)
+{
+	collective(B->warp[tid() / 32].c, 32, [] {});
+}
+
+namespace {
+
+struct D3 {
+	unsigned x, y, z;
+};
+
+// every block of the grid, one after another, each on nthr fibers
+void launch(D3 grid, int nthr, size_t smem, const std::function<void()> &body)
+{
+	if (smem > sizeof(fa_sm) || nthr > 256 || nthr % 32) {
+		fprintf(stderr, "emu: launch of %d threads, %zu bytes of shared memory\n", nthr, smem);
+		abort();
+	}
+	smem_bytes = smem;
+	for (unsigned z = 0; z < grid.z; z++)
+		for (unsigned y = 0; y < grid.y; y++)
+			for (unsigned x = 0; x < grid.x; x++) {
+				Block blk;
+				int ndone = 0;
+
+				blk.nthr = nthr;
+				blk.body = body;
+				blk.progress = 0;
+				blk.f.resize(nthr);
+				B = &blk;
+				/* a large finite value: read where nothing wrote, it shows */
+				for (size_t i = 0; i < sizeof(fa_sm) / sizeof(bf16); i++)
+					fa_sm[i] = __float2bfloat16_rn(60000.f);
+				for (int t = 0; t < nthr; t++) {
+					Fiber &f = blk.f[t];
+
+					f.done = false;
+					f.now = { { (unsigned)t, 0, 0 }, { x, y, z },
+						  { grid.x, grid.y, grid.z }, { (unsigned)nthr, 1, 1 } };
+					f.stack.resize(1 << 18);
+					getcontext(&f.ctx);
+					f.ctx.uc_stack.ss_sp = f.stack.data();
+					f.ctx.uc_stack.ss_size = f.stack.size();
+					f.ctx.uc_link = nullptr;
+					makecontext(&f.ctx, fiber_main, 0);
+				}
+				while (ndone < nthr) {
+					const unsigned long p0 = blk.progress;
+
+					for (int t = 0; t < nthr; t++) {
+						if (blk.f[t].done)
+							continue;
+						blk.cur = t;
+						emu_now = &blk.f[t].now;
+						swapcontext(&blk.sched, &blk.f[t].ctx);
+					}
+					ndone = 0;
+					for (int t = 0; t < nthr; t++)
+						ndone += blk.f[t].done;
+					if (ndone < nthr && blk.progress == p0) {
+						fprintf(stderr, "emu: block (%u,%u,%u): deadlock (%d of %d "
+							"threads done)\n", x, y, z, ndone, nthr);
+						abort();
+					}
+				}
+				for (int w = 0; w < 2; w++)
+					if (!blk.wg[w].open.empty() || !blk.wg[w].groups.empty()) {
+						fprintf(stderr, "emu: a block ended with wgmma not waited for\n");
+						abort();
+					}
+				B = nullptr;
+			}
+}
+
+} // namespace
+
+#endif
