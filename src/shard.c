@@ -44,7 +44,13 @@ static void opt_await(struct sl_shard *s, struct sl_shard_unit *u)
 
 void sl_shard_settle(struct sl_shard *s)
 {
-	if (!s->overlap_opt || s->opt_last < 0)
+	if (!s->overlap_opt)
+		return;
+	if (s->sq_pending) {	/* the step's sums of squares issued so far */
+		s->be->wait_event(s->be, s->ev_sq);
+		s->sq_pending = false;
+	}
+	if (s->opt_last < 0)
 		return;
 	/* the side stream runs the units in order: the last one's event covers them all */
 	if (s->u[s->opt_last].opt_wait)
@@ -505,8 +511,6 @@ void sl_shard_destroy(struct sl_shard *s)
 	sl_offload_destroy(s);
 	if (s->overlap_opt) {
 		sl_shard_settle(s);
-		if (s->sq_pending)
-			b->wait_event(b, s->ev_sq);
 		b->sync(b);
 		if (s->ev_sq)
 			b->event_destroy(b, s->ev_sq);
@@ -778,7 +782,8 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 			invalidate_slots(s);
 		return r;
 	}
-	/* a unit the step did not read may still be in the last update */
+	/* a unit the step did not read may still be in the last update; the backward issued its
+	 * sums of squares (sq_overlap) already: the download below waits for them */
 	sl_shard_settle(s);
 	for (int i = 0; i < s->n_units; i++) {
 		struct sl_shard_unit *u = &s->u[i];
@@ -796,10 +801,6 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 		if (s->replica_comm && s->replica_comm->size > 1)
 			sl_comm_all_reduce(s->replica_comm, u->grad32, u->shard, SL_COMM_F32);
 		b->sumsq_f32(b, s->d_sumsq + i, u->grad32, u->shard);
-	}
-	if (s->sq_pending) {
-		b->wait_event(b, s->ev_sq);
-		s->sq_pending = false;
 	}
 	/* one download for all units; summed in unit order (the same sum on every run) */
 	b->download(b, s->h_sumsq, s->d_sumsq, s->n_units * sizeof(double));

@@ -213,8 +213,9 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 		    const struct sl_shard_opts *o);
 void sl_shard_destroy(struct sl_shard *s);
 /*
- * overlap_optimizer: the compute stream waits for the whole of the last optimizer step (the
- * state functions below and the next optimizer step do this themselves); else nothing.
+ * overlap_optimizer: the compute stream waits for everything on the side stream (the last
+ * optimizer step, the sums of squares issued since; the state functions below and the next
+ * optimizer step do this themselves); else nothing.
  */
 void sl_shard_settle(struct sl_shard *s);
 
