@@ -77,7 +77,8 @@ struct sl_cuda {
 	cudaStream_t side;		// made on the first sl_cuda_side_begin, or NULL
 	cudaStream_t main;		// the compute stream while ops go to the side one, else NULL
 	cudaEvent_t side_fork;		// orders the side stream after the compute stream
-	void *side_scratch;		// SIDE_SCRATCH_BYTES: the side stream's sumsq partials
+	void *side_scratch;		// SIDE_SCRATCH_BYTES (made with the context, counted in its
+					// fixed bytes): the side stream's sumsq partials
 };
 
 #define SIDE_SCRATCH_BYTES (64u << 10)

@@ -35,6 +35,8 @@ extern "C" struct sl_cuda *sl_cuda_create(int device)
 	c->scratch_bytes = SCRATCH_BYTES;
 	CUDA_CHECK(cudaMalloc(&c->ws, c->ws_bytes));
 	CUDA_CHECK(cudaMalloc(&c->scratch, c->scratch_bytes));
+	// the side stream's own (sl_cuda_side_begin): the compute stream's may be in use meanwhile
+	CUDA_CHECK(cudaMalloc(&c->side_scratch, SIDE_SCRATCH_BYTES));
 	// without pinned memory every upload simply stays synchronous
 	if (cudaHostAlloc((void **)&c->stage, (size_t)STAGE_SLOTS * STAGE_BYTES,
 			  cudaHostAllocDefault) != cudaSuccess) {
@@ -56,7 +58,6 @@ extern "C" void sl_cuda_destroy(struct sl_cuda *c)
 		CUDA_CHECK(cudaStreamSynchronize(c->side));
 		CUDA_CHECK(cudaStreamDestroy(c->side));
 		CUDA_CHECK(cudaEventDestroy(c->side_fork));
-		CUDA_CHECK(cudaFree(c->side_scratch));
 	}
 	sl_cuda_copy_fini(c);
 	sl_cuda_gemm_cache_free(c);
@@ -72,6 +73,7 @@ extern "C" void sl_cuda_destroy(struct sl_cuda *c)
 	}
 	CUDA_CHECK(cudaFree(c->ws));
 	CUDA_CHECK(cudaFree(c->scratch));
+	CUDA_CHECK(cudaFree(c->side_scratch));
 	CUBLAS_CHECK(cublasLtDestroy(c->lt));
 	CUDA_CHECK(cudaStreamDestroy(c->stream));
 	free(c);
@@ -94,8 +96,6 @@ extern "C" void sl_cuda_side_begin(struct sl_cuda *c)
 		CUDA_CHECK(cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking,
 							c->prio_side));
 		CUDA_CHECK(cudaEventCreateWithFlags(&c->side_fork, cudaEventDisableTiming));
-		// the side stream's own scratch: the compute stream's may be in use meanwhile
-		CUDA_CHECK(cudaMalloc(&c->side_scratch, SIDE_SCRATCH_BYTES));
 	}
 	CUDA_CHECK(cudaEventRecord(c->side_fork, c->stream));
 	CUDA_CHECK(cudaStreamWaitEvent(c->side, c->side_fork, 0));
@@ -126,7 +126,7 @@ extern "C" void sl_cuda_set_deterministic(struct sl_cuda *c, bool on)
 
 extern "C" size_t sl_cuda_fixed_bytes(struct sl_cuda *c)
 {
-	return c->ws_bytes + c->scratch_bytes;
+	return c->ws_bytes + c->scratch_bytes + SIDE_SCRATCH_BYTES;
 }
 
 // grows the scratch to at least bytes (the stream drained first; the new one allocated before the

@@ -21,6 +21,7 @@
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define CUDA_WORKSPACE (32ull << 20)	/* cuBLASLt workspace (cuda/context.cu) */
 #define CUDA_SCRATCH (64ull << 20)	/* reduction scratch (cuda/context.cu) */
+#define CUDA_SIDE_SCRATCH (64ull << 10)	/* the side stream's (cuda/common.cuh) */
 /*
  * Outside the arena: the CUDA context, the kernels, cuBLAS(Lt) and NCCL's own allocations.  The
  * H200 showed 1.84 to 1.88 GiB of device memory in use beyond the arena's chunks, one rank,
@@ -355,7 +356,7 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 		+ A(&dk, lay->n_units * sizeof(double))			/* d_sumsq */
 		+ (host_state && !p->lean ? 2 * A(&dk, p->max_shard * sizeof(float)) : 0) /* ring */
 		+ (host_params && p->S > 1 ? A(&dk, p->max_shard * e) : 0);	/* d_wstage */
-	p->dev[SL_PLAN_WORKSPACE] = p->cuda ? CUDA_WORKSPACE + CUDA_SCRATCH : 0;
+	p->dev[SL_PLAN_WORKSPACE] = p->cuda ? CUDA_WORKSPACE + CUDA_SCRATCH + CUDA_SIDE_SCRATCH : 0;
 	p->dev[SL_PLAN_RUNTIME] = p->cuda ? CUDA_CONTEXT : 0;
 
 	/*

@@ -210,8 +210,9 @@ static const struct shape hybrid27 = {
  * 4 x 8,192:  75,776
  */
 #define HEADBUF 75776ull
-/* cuBLASLt workspace 32 MiB + reduction scratch 64 MiB; CUDA context estimate 1900 MiB */
-#define WS (96ull << 20)
+/* cuBLASLt workspace 32 MiB + reduction scratch 64 MiB + the side stream's 64 KiB (cuda/
+ * context.cu allocates the three); CUDA context estimate 1900 MiB */
+#define WS ((96ull << 20) + (64ull << 10))
 #define CTX (1900ull << 20)
 
 /* sum over units of r256(shard * bytes): shard = ceil(unit / S) */
