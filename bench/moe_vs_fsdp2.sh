@@ -14,7 +14,8 @@
 # 600), VARIANTS (default "-": shardlm as it is; a list of entries, each "-" for none or
 # NAME=VALUE[,NAME=VALUE...] environment settings, runs shardlm once per entry, e.g.
 # "- SHARDLM_MOE_STREAMS=1 SHARDLM_FA_BWD_DQ=fused,SHARDLM_OPT_OVERLAP=1"), ROUNDS (default 1:
-# the variants one after another, ROUNDS times, for A/B runs that alternate).
+# the variants one after another, ROUNDS times, for A/B runs that alternate).  An entry's
+# SHARDLM_BIN=PATH runs that shardlm program instead (another build, side by side).
 set -u
 OUT=${1:-/tmp/moe-vs-fsdp2}
 mkdir -p "$OUT"
@@ -52,7 +53,9 @@ shardlm_run() {
 	rm -rf "$T/run"
 	local envs=()
 	[ -z "$var" ] || IFS=, read -r -a envs <<<"$var"
-	env "${envs[@]}" "$SHARDLM" train "$T/moe.yaml" >"$log" 2>&1
+	local bin=$SHARDLM e
+	for e in "${envs[@]}"; do [ "${e#SHARDLM_BIN=}" = "$e" ] || bin=${e#SHARDLM_BIN=}; done
+	env "${envs[@]}" "$bin" train "$T/moe.yaml" >"$log" 2>&1
 	echo "$name exit $? (log $log)"
 	tail -3 "$log"
 	cp "$T/run/training_metrics.json" "${log%.log}_metrics.json" 2>/dev/null

@@ -2,7 +2,8 @@
 # ops_ab.sh: the kernels' timings under environment variants, alternating in one call (the GPU
 # machine; test/test_cuda_ops in PATH or TEST_CUDA_OPS).  Each round runs `test_cuda_ops SEED
 # --bench-only` once per variant, so drift and clocks hit every variant alike; the same SEED gives
-# every run the same random expert loads.  A variant is "-" (the defaults) or VAR=VALUE[,VAR=VALUE].
+# every run the same random expert loads.  A variant is "-" (the defaults) or VAR=VALUE[,VAR=VALUE];
+# TEST_CUDA_OPS=PATH in a variant runs that program (another build's kernels, side by side).
 # Prints, per timed line (attention, the 4B's GEMMs, the experts' matmuls, AdamW), the ms of
 # each run, variants side by side.
 #   usage: bench/ops_ab.sh [-r ROUNDS] [-s SEED] [-o OUTDIR] VARIANT...
@@ -29,7 +30,9 @@ for r in $(seq 1 "$rounds"); do
 		i=$((i + 1))
 		envs=()
 		[ "$v" = - ] || IFS=, read -r -a envs <<<"$v"
-		if ! env "${envs[@]}" "$prog" "$seed" --bench-only >"$out/v$i-r$r.log" 2>&1; then
+		bin=$prog
+		for e in "${envs[@]}"; do [ "${e#TEST_CUDA_OPS=}" = "$e" ] || bin=${e#TEST_CUDA_OPS=}; done
+		if ! env "${envs[@]}" "$bin" "$seed" --bench-only >"$out/v$i-r$r.log" 2>&1; then
 			echo "ops_ab.sh: variant '$v' round $r failed: $(tail -n 3 "$out/v$i-r$r.log")" >&2
 		fi
 	done

@@ -14,7 +14,8 @@
 # leaves out test_cuda_ops --bench), VARIANTS (default "-": shardlm as it is; a list of entries,
 # each "-" for none or NAME=VALUE[,NAME=VALUE...] environment settings, runs shardlm once per
 # entry, e.g. "- SHARDLM_FA_WGMMA=1 SHARDLM_FA_BWD_DQ=fused,SHARDLM_OPT_OVERLAP=1"), ROUNDS
-# (default 1: the variants one after another, ROUNDS times, for A/B runs that alternate).
+# (default 1: the variants one after another, ROUNDS times, for A/B runs that alternate); an
+# entry's SHARDLM_BIN=PATH runs that shardlm program instead (another build, side by side).
 set -u
 OUT=${1:-/tmp/train-vs-fsdp2}
 mkdir -p "$OUT"
@@ -72,7 +73,9 @@ YAML
 	fi
 	[ "${ROUNDS:-1}" = 1 ] || { impl="$impl (round $round)"; log="$log-r$round"; }
 	log="$log.log"
-	env "${envs[@]}" shardlm train "$T/$shape.yaml" >"$log" 2>&1
+	bin=${SHARDLM:-shardlm}
+	for e in "${envs[@]}"; do [ "${e#SHARDLM_BIN=}" = "$e" ] || bin=${e#SHARDLM_BIN=}; done
+	env "${envs[@]}" "$bin" train "$T/$shape.yaml" >"$log" 2>&1
 	python3 - "$T/run-$shape/training_metrics.json" "$M/config.json" "$shape" "$B" "$impl" \
 		>>"$RES" <<'PY'
 import json, statistics, sys
