@@ -523,15 +523,8 @@ k_fa_fwd(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos
 // stages each, the values a tile behind the keys (V_t is copied during iteration t and read in
 // iteration t + 1).  O sees the same operations in the same order as in k_fa_fwd (O += P_{t-1}
 // V_{t-1}, O *= c_t, O += P_t V_t), so the two kernels' results are equal bit for bit.
-// MINB: blocks an SM.  2 (the default): 176 registers at head_dim 128.  3 (opt-in,
-// SHARDLM_FA_FWD_BLOCKS=3): at most 168 registers, 195 KB of shared memory an SM, and three
-// warps a scheduler instead of two: the kernel's profile (bench/RESULTS.md, fourteenth session)
-// showed it waiting on its own instruction stream's latencies with two, the tensor pipe 26%
-// busy.  But at head_dim 128 ptxas then spills 32 bytes and serializes the wgmma (C7512: each
-// product waited for where it is issued), so the third block has to make up for the pipelining
-// it loses; head_dim 64 keeps both (128 registers).  The same results either way.
-template <int HD, int MINB = 2>
-__global__ void __launch_bounds__(FA_THR, MINB)
+template <int HD>
+__global__ void __launch_bounds__(FA_THR, 2)
 k_fa_fwd_pipe(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int *pos, int L,
 	      int nh, int nkv, float sl2)
 {
@@ -1388,19 +1381,6 @@ static bool fa_pipe(void)
 	return on;
 }
 
-// blocks an SM of the pipelined forward: SHARDLM_FA_FWD_BLOCKS=3 (opt-in, read once), else 2
-static int fa_fwd_blocks(void)
-{
-	static int n = 0;
-
-	if (!n) {
-		const char *e = getenv("SHARDLM_FA_FWD_BLOCKS");
-
-		n = e && !strcmp(e, "3") ? 3 : 2;
-	}
-	return n;
-}
-
 // the dk/dv warpgroup kernel's tiles pipelined (fa_dkdv_tile_wg), unless SHARDLM_FA_BWD_PIPE=0
 // (read once)
 static bool fa_bwd_pipe(void)
@@ -1457,20 +1437,6 @@ static void fa_fwd(struct sl_cuda *c, bf16 *out, float *lse, const bf16 *qkv, co
 		if constexpr (!CP && !C::BIG) {
 			static bool done_p;
 
-			if (fa_pipe() && fa_fwd_blocks() == 3) {
-				static bool done_3;
-
-				if (!done_3)	// three blocks' shared memory: the largest carveout
-					CUDA_CHECK(cudaFuncSetAttribute(
-						k_fa_fwd_pipe<HD, 3>,
-						cudaFuncAttributePreferredSharedMemoryCarveout,
-						cudaSharedmemCarveoutMaxShared));
-				fa_allow(k_fa_fwd_pipe<HD, 3>, sm, &done_3);
-				k_fa_fwd_pipe<HD, 3><<<grid, FA_THR, sm, c->stream>>>(
-					out, lse, qkv, lens, pos, L, nh, nkv, sl2);
-				CUDA_LAUNCHED();
-				return;
-			}
 			if (fa_pipe()) {
 				fa_allow(k_fa_fwd_pipe<HD>, sm, &done_p);
 				k_fa_fwd_pipe<HD><<<grid, FA_THR, sm, c->stream>>>(out, lse, qkv, lens,

@@ -6,8 +6,8 @@
 #   test_cuda_ops, test_cuda_model: the cuda backend's ops and the tiny model against the cpu one,
 #   again with the mma.sync flash-attention kernels in place of the wgmma ones (SHARDLM_FA_WGMMA=0),
 #   and with the unpipelined warpgroup forward (SHARDLM_FA_PIPE=0), the unpipelined dk/dv
-#   (SHARDLM_FA_BWD_PIPE=0), the fused dq (SHARDLM_FA_BWD_DQ=fused), the forward at three blocks
-#   an SM (SHARDLM_FA_FWD_BLOCKS=3) and the one-launch expert matmuls (SHARDLM_MOE_GEMM=wg).
+#   (SHARDLM_FA_BWD_PIPE=0), the fused dq (SHARDLM_FA_BWD_DQ=fused) and the one-launch expert
+#   matmuls (SHARDLM_MOE_GEMM=wg).
 #   check-gpu-offload.sh: offloaded optimizer state and weights train to the on-GPU losses.
 #   check-gpu-sft.sh: task sft (untied, tied, packed, Qwen3-MoE) trains to the cpu backend's losses.
 #   check-gpu-overlap.sh: AdamW under the next forward (SHARDLM_OPT_OVERLAP=1), the same bits.
@@ -78,11 +78,6 @@ gpu_test "cuda model vs cpu, unpipelined attention dk/dv" env SHARDLM_FA_BWD_PIP
 gpu_test "cuda ops vs cpu, fused attention dq" env SHARDLM_FA_BWD_DQ=fused \
 	"$top_builddir/test/test_cuda_ops"
 gpu_test "cuda model vs cpu, fused attention dq" env SHARDLM_FA_BWD_DQ=fused \
-	"$top_builddir/test/test_cuda_model"
-# the pipelined forward at three blocks an SM (SHARDLM_FA_FWD_BLOCKS=3; opt-in)
-gpu_test "cuda ops vs cpu, forward at three blocks an SM" env SHARDLM_FA_FWD_BLOCKS=3 \
-	"$top_builddir/test/test_cuda_ops"
-gpu_test "cuda model vs cpu, forward at three blocks an SM" env SHARDLM_FA_FWD_BLOCKS=3 \
 	"$top_builddir/test/test_cuda_model"
 # the experts' matmuls in one warpgroup kernel (SHARDLM_MOE_GEMM=wg; opt-in, cuda/moe_mm.cu)
 gpu_test "cuda ops vs cpu, one-launch expert matmuls" env SHARDLM_MOE_GEMM=wg \
