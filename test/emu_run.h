@@ -349,9 +349,15 @@ struct D3 {
 	unsigned x, y, z;
 };
 
-// every block of the grid, one after another, each on nthr fibers
-void launch(D3 grid, int nthr, size_t smem, const std::function<void()> &body)
+// every block of the grid, one after another, each on nthr fibers; blk_dim: a block of x by y
+// threads (x fastest, warps of 32 consecutive as on the GPU) where given, else nthr by 1
+void launch(D3 grid, int nthr, size_t smem, const std::function<void()> &body,
+	    D3 blk_dim = { 0, 0, 0 })
 {
+	if (blk_dim.x)
+		nthr = (int)(blk_dim.x * blk_dim.y);
+	else
+		blk_dim = { (unsigned)nthr, 1, 1 };
 	if (smem > sizeof(fa_sm) || nthr > 256 || nthr % 32) {
 		fprintf(stderr, "emu: launch of %d threads, %zu bytes of shared memory\n", nthr, smem);
 		abort();
@@ -375,8 +381,8 @@ void launch(D3 grid, int nthr, size_t smem, const std::function<void()> &body)
 					Fiber &f = blk.f[t];
 
 					f.done = false;
-					f.now = { { (unsigned)t, 0, 0 }, { x, y, z },
-						  { grid.x, grid.y, grid.z }, { (unsigned)nthr, 1, 1 } };
+					f.now = { { t % blk_dim.x, t / blk_dim.x, 0 }, { x, y, z },
+						  { grid.x, grid.y, grid.z }, { blk_dim.x, blk_dim.y, 1 } };
 					f.stack.resize(1 << 18);
 					getcontext(&f.ctx);
 					f.ctx.uc_stack.ss_sp = f.stack.data();

@@ -1,0 +1,352 @@
+// qknorm.cuh: the Qwen3 q/k RMSNorm + rotary kernels (forward, backward, the norm weights'
+// first pass), included by ops.cu; device code only, so that test/test_qk_emu.cc runs them on
+// the host emulation (emu.cuh).
+#ifndef SL_QKNORM_CUH
+#define SL_QKNORM_CUH
+
+#include <type_traits>
+
+// k_qk_dw_partial's dynamic shared memory (on the emulation: its fa_sm)
+#ifdef SL_EMU
+extern bf16 fa_sm[];
+#define QK_DYN_SMEM(name) float *name = (float *)fa_sm
+#else
+#define QK_DYN_SMEM(name) extern __shared__ float name[]
+#endif
+
+#define QK_WARPS 8
+#define QK_FWD_ROWS QK_WARPS	// (token, head) rows a block of k_qk_norm_rope_fwd_w takes
+#define HD_MAX 256
+
+// the token's position: pos[t] (packed rows, context parallel) or its index in its row
+static __device__ __forceinline__ int rope_pos(const int *pos, int t, int L)
+{
+	return pos ? pos[t] : t % L;
+}
+
+// cos and sin of position p for pair i: from the rotary table (norm_dw.cuh rope_table, rot =
+// hd), or without one (rows too long for the scratch) the same angle in double computed here
+static __device__ __forceinline__ void rope_pair(const float *tab, int p, int hd, float theta,
+						 int i, float *c, float *s)
+{
+	if (tab) {
+		*c = tab[(size_t)p * hd + i];
+		*s = tab[(size_t)p * hd + hd / 2 + i];
+	} else {
+		double ang = p * pow((double)theta, -2.0 * i / hd), sd, cd;
+
+		sincos(ang, &sd, &cd);
+		*c = (float)cd;
+		*s = (float)sd;
+	}
+}
+
+// any even head_dim: one block per token, warp per head
+__global__ void __launch_bounds__(QK_WARPS * 32)
+k_qk_norm_rope_fwd(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, const bf16 *kw,
+		   const float *tab, int L, const int *pos, int nh, int nkv, int hd, float eps,
+		   float theta)
+{
+	__shared__ float cs[HD_MAX / 2], sn[HD_MAX / 2];
+	__shared__ float nb[QK_WARPS][HD_MAX];
+	const int t = blockIdx.x, W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const bf16 *in = qkv + (size_t)t * W;
+	bf16 *o = out + (size_t)t * W;
+
+	for (int i = threadIdx.x; i < half; i += blockDim.x)
+		rope_pair(tab, rope_pos(pos, t, L), hd, theta, i, &cs[i], &sn[i]);
+	__syncthreads();
+
+	for (int j = warp; j < nq; j += QK_WARPS) {
+		const bf16 *x = in + (size_t)j * hd, *w = j < nh ? qw : kw;
+		float *n = nb[warp], ss = 0.f, r;
+
+		for (int i = lane; i < hd; i += 32) {
+			float v = bf(x[i]);
+
+			ss += v * v;
+		}
+		ss = warp_sum(ss);
+		r = 1.f / sqrtf(ss / hd + eps);
+		if (!lane)
+			rstd[(size_t)t * nq + j] = r;
+		for (int i = lane; i < hd; i += 32)
+			n[i] = (bf(x[i]) * r) * bf(w[i]);
+		__syncwarp();
+		for (int i = lane; i < half; i += 32) {
+			o[(size_t)j * hd + i] = tobf(n[i] * cs[i] - n[i + half] * sn[i]);
+			o[(size_t)j * hd + i + half] = tobf(n[i + half] * cs[i] + n[i] * sn[i]);
+		}
+		__syncwarp();
+	}
+	for (int i = threadIdx.x; i < nkv * hd; i += blockDim.x)
+		o[(size_t)nq * hd + i] = in[(size_t)nq * hd + i];
+}
+
+// gradient w.r.t. the normed, un-rotated element i, from the rotated gradient dy
+static __device__ __forceinline__ float rope_back(const bf16 *dy, const float *cs, const float *sn,
+						  int i, int half)
+{
+	if (i < half)
+		return bf(dy[i]) * cs[i] + bf(dy[i + half]) * sn[i];
+	i -= half;
+	return -bf(dy[i]) * sn[i] + bf(dy[i + half]) * cs[i];
+}
+
+__global__ void __launch_bounds__(QK_WARPS * 32)
+k_qk_norm_rope_bwd(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *qw, const bf16 *kw,
+		   const float *rstd, const float *tab, int L, const int *pos, int nh, int nkv,
+		   int hd, float theta)
+{
+	__shared__ float cs[HD_MAX / 2], sn[HD_MAX / 2];
+	const int t = blockIdx.x, W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+	for (int i = threadIdx.x; i < half; i += blockDim.x)
+		rope_pair(tab, rope_pos(pos, t, L), hd, theta, i, &cs[i], &sn[i]);
+	__syncthreads();
+
+	for (int j = warp; j < nq; j += QK_WARPS) {
+		size_t off = (size_t)t * W + (size_t)j * hd;
+		const bf16 *x = qkv + off, *dy = dout + off, *w = j < nh ? qw : kw;
+		float r = rstd[(size_t)t * nq + j], s = 0.f, k;
+
+		for (int i = lane; i < hd; i += 32)
+			s += rope_back(dy, cs, sn, i, half) * bf(w[i]) * bf(x[i]);
+		s = warp_sum(s);
+		k = s * r * r * r / hd;
+		for (int i = lane; i < hd; i += 32)
+			dqkv[off + i] = tobf(r * bf(w[i]) * rope_back(dy, cs, sn, i, half) -
+					     bf(x[i]) * k);
+	}
+	for (int i = threadIdx.x; i < nkv * hd; i += blockDim.x) {
+		size_t off = (size_t)t * W + (size_t)nq * hd + i;
+
+		dqkv[off] = dout[off];
+	}
+}
+
+// VE (2, 4 or 8) consecutive bf16 as one word of 4, 8 or 16 bytes (the v heads' copy); VE fp32 as
+// one vector access (32 bytes for VE 8 as two: the rotary table)
+template <int VE>
+using bf_word = std::conditional_t<VE == 8, uint4, std::conditional_t<VE == 4, uint2, uint32_t>>;
+template <int VE> struct alignas(4 * VE) f_vec {
+	float v[VE];
+};
+
+// VE (2, 4 or 8) bf16 at a 2 VE-byte aligned address as floats, and back (common.cuh's ld8 and
+// st8, cvt4 and pack4)
+template <int VE> static __device__ __forceinline__ void ld_bfv(float *f, const bf16 *p)
+{
+	if constexpr (VE == 8) {
+		ld8(f, p);
+	} else if constexpr (VE == 4) {
+		cvt4(f, *(const uint2 *)p);
+	} else {
+		const float2 t = __bfloat1622float2(*(const __nv_bfloat162 *)p);
+
+		f[0] = t.x;
+		f[1] = t.y;
+	}
+}
+
+template <int VE> static __device__ __forceinline__ void st_bfv(bf16 *p, const float *f)
+{
+	if constexpr (VE == 8)
+		st8(p, f);
+	else if constexpr (VE == 4)
+		*(uint2 *)p = pack4(f);
+	else
+		*(__nv_bfloat162 *)p = __floats2bfloat162_rn(f[0], f[1]);
+}
+
+// the rotary cos and sin of pairs i .. i + VE - 1 at position p (VE consecutive, i a multiple of
+// VE): from the table by vectors, else computed
+template <int HD, int VE>
+static __device__ __forceinline__ void rope_vec(const float *tab, int p, float theta, int i,
+						float *c, float *s)
+{
+	if (tab) {
+		const f_vec<VE> cv = *(const f_vec<VE> *)(tab + (size_t)p * HD + i);
+		const f_vec<VE> sv = *(const f_vec<VE> *)(tab + (size_t)p * HD + HD / 2 + i);
+
+#pragma unroll
+		for (int k = 0; k < VE; k++) {
+			c[k] = cv.v[k];
+			s[k] = sv.v[k];
+		}
+		return;
+	}
+#pragma unroll
+	for (int k = 0; k < VE; k++)
+		rope_pair(NULL, p, HD, theta, i + k, &c[k], &s[k]);
+}
+
+// head_dim HD a multiple of 64: one warp per (token, head), lane l holding elements l + 32k in
+// registers, so an element and its rotary partner (k + HD/64) sit in the same lane; v heads are
+// copied.  The same arithmetic, in the same order, as the kernels above.
+template <int HD>
+__global__ void __launch_bounds__(QK_WARPS * 32)
+k_qk_norm_rope_fwd_w(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, const bf16 *kw,
+		     const float *tab, int T, int L, const int *pos, int nh, int nkv, float eps,
+		     float theta)
+{
+	constexpr int NK = HD / 32, HK = NK / 2, half = HD / 2;
+	const int nj = nh + 2 * nkv, nq = nh + nkv, lane = threadIdx.x & 31;
+	const size_t wid = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
+
+	if (wid >= (size_t)T * nj)
+		return;
+	const int t = (int)(wid / nj), j = (int)(wid % nj);
+	const size_t off = (size_t)t * nj * HD + (size_t)j * HD;
+	float x[NK], ss = 0.f, r;
+
+	if (j >= nq) {
+#pragma unroll
+		for (int k = 0; k < NK; k++)
+			out[off + lane + 32 * k] = qkv[off + lane + 32 * k];
+		return;
+	}
+#pragma unroll
+	for (int k = 0; k < NK; k++) {
+		x[k] = bf(qkv[off + lane + 32 * k]);
+		ss += x[k] * x[k];
+	}
+	ss = warp_sum(ss);
+	r = 1.f / sqrtf(ss / HD + eps);
+	if (!lane)
+		rstd[(size_t)t * nq + j] = r;
+	const bf16 *w = j < nh ? qw : kw;
+	const int p = rope_pos(pos, t, L);
+#pragma unroll
+	for (int k = 0; k < NK; k++)
+		x[k] = (x[k] * r) * bf(w[lane + 32 * k]);
+#pragma unroll
+	for (int k = 0; k < HK; k++) {
+		const int i = lane + 32 * k;
+		float c, sn;
+
+		rope_pair(tab, p, HD, theta, i, &c, &sn);
+		out[off + i] = tobf(x[k] * c - x[k + HK] * sn);
+		out[off + i + half] = tobf(x[k + HK] * c + x[k] * sn);
+	}
+}
+
+// A warp per (token, head) in turn (warps stride over them: warp w of block b takes every
+// (gridDim.x * QK_WARPS)-th one from b * QK_WARPS + w), lane l holding the VE = HD / 32
+// consecutive elements from l VE (one 4- to 16-byte access each; an element's rotary partner,
+// i + HD/2 or i - HD/2, sits at the same place in lane l ^ 16 and comes by one shuffle), and the
+// norm weights' gradients on the way: each lane sums dn x rstd of its columns over its
+// warp's q heads and k heads, the block adds its warps' sums in order into
+// part[(kind * gridDim.x + block) * HD + i] (kind 0 q, 1 k), which norm_dw_final adds up in a
+// fixed order: the same sums on every run.
+template <int HD>
+__global__ void __launch_bounds__(QK_WARPS * 32)
+k_qk_norm_rope_bwd_w(bf16 *dqkv, float *part, const bf16 *dout, const bf16 *qkv, const bf16 *qw,
+		     const bf16 *kw, const float *rstd, const float *tab, int T, int L,
+		     const int *pos, int nh, int nkv, float theta)
+{
+	constexpr int VE = HD / 32;
+	__shared__ float red[QK_WARPS][2][HD];
+	const int nj = nh + 2 * nkv, nq = nh + nkv, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const size_t n = (size_t)T * nj, stride = (size_t)gridDim.x * QK_WARPS;
+	float aq[VE], ak[VE];
+
+#pragma unroll
+	for (int k = 0; k < VE; k++)
+		aq[k] = ak[k] = 0.f;
+	for (size_t wid = (size_t)blockIdx.x * QK_WARPS + warp; wid < n; wid += stride) {
+		const int t = (int)(wid / nj), j = (int)(wid % nj);
+		const size_t off = (size_t)t * nj * HD + (size_t)j * HD + lane * VE;
+
+		if (j >= nq) {
+			*(bf_word<VE> *)(dqkv + off) = *(const bf_word<VE> *)(dout + off);
+			continue;
+		}
+		const bool isq = j < nh;
+		float dy[VE], dyp[VE], dn[VE], x[VE], wv[VE], c[VE], sn[VE], g[VE];
+		const float r = rstd[(size_t)t * nq + j];
+		float s = 0.f, kk;
+
+		ld_bfv<VE>(dy, dout + off);
+		ld_bfv<VE>(x, qkv + off);
+		ld_bfv<VE>(wv, (isq ? qw : kw) + lane * VE);
+#pragma unroll
+		for (int k = 0; k < VE; k++)
+			dyp[k] = __shfl_xor_sync(0xffffffffu, dy[k], 16);
+		rope_vec<HD, VE>(tab, rope_pos(pos, t, L), theta, (lane & 15) * VE, c, sn);
+#pragma unroll
+		for (int k = 0; k < VE; k++)	// first half: dy c + dy' s; second: -dy' s + dy c
+			dn[k] = lane < 16 ? dy[k] * c[k] + dyp[k] * sn[k] :
+					    -dyp[k] * sn[k] + dy[k] * c[k];
+#pragma unroll
+		for (int k = 0; k < VE; k++) {
+			const float e = dn[k] * x[k];
+
+			s += e * wv[k];
+			if (isq)
+				aq[k] += e * r;
+			else
+				ak[k] += e * r;
+		}
+		s = warp_sum(s);
+		kk = s * r * r * r / HD;
+#pragma unroll
+		for (int k = 0; k < VE; k++)
+			g[k] = r * wv[k] * dn[k] - x[k] * kk;
+		st_bfv<VE>(dqkv + off, g);
+	}
+#pragma unroll
+	for (int k = 0; k < VE; k++) {
+		red[warp][0][lane * VE + k] = aq[k];
+		red[warp][1][lane * VE + k] = ak[k];
+	}
+	__syncthreads();
+	for (int e = threadIdx.x; e < 2 * HD; e += QK_WARPS * 32) {
+		const int kind = e / HD, i = e % HD;
+		float acc = 0.f;
+
+		for (int w = 0; w < QK_WARPS; w++)
+			acc += red[w][kind][i];
+		part[((size_t)kind * gridDim.x + blockIdx.x) * HD + i] = acc;
+	}
+}
+
+// norm weight gradients, pass 1: blockIdx.y 0 = q heads, 1 = k heads; block (hd, R) sums the
+// tokens of chunk blockIdx.x (lanes of y take every R-th token)
+__global__ void k_qk_dw_partial(float *part, const bf16 *dout, const bf16 *qkv, const float *rstd,
+				const float *tab, int T, int L, const int *pos, int nh, int nkv,
+				int hd, float theta, int tpc)
+{
+	QK_DYN_SMEM(red);	// (R, hd)
+	const int W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2, kind = blockIdx.y;
+	const int i = threadIdx.x, ii = i < half ? i : i - half, R = blockDim.y;
+	const int j0 = kind ? nh : 0, j1 = kind ? nq : nh;
+	int t0 = blockIdx.x * tpc, t1 = min(T, t0 + tpc);
+	float acc = 0.f;
+
+	for (int t = t0 + threadIdx.y; t < t1; t += R) {
+		float c, s;
+
+		rope_pair(tab, rope_pos(pos, t, L), hd, theta, ii, &c, &s);
+
+		for (int j = j0; j < j1; j++) {
+			size_t off = (size_t)t * W + (size_t)j * hd;
+			const bf16 *dy = dout + off;
+			float dn = i < half ? bf(dy[i]) * c + bf(dy[i + half]) * s :
+					      -bf(dy[ii]) * s + bf(dy[ii + half]) * c;
+
+			acc += dn * bf(qkv[off + i]) * rstd[(size_t)t * nq + j];
+		}
+	}
+	red[threadIdx.y * hd + i] = acc;
+	__syncthreads();
+	if (!threadIdx.y) {
+		for (int k = 1; k < R; k++)
+			acc += red[k * hd + i];
+		part[((size_t)kind * gridDim.x + blockIdx.x) * hd + i] = acc;
+	}
+}
+
+#endif
