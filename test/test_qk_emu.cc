@@ -100,23 +100,22 @@ void check_ref(const Prob &P)
 			l += dy[i] * y[i];
 		return l;
 	};
-	for (int i = 0; i < hd; i++) {
-		const double h = 1e-5, x0 = x[i], w0 = w[i];
+	// the loss's central difference in v (an element of x or w), v left as it was
+	auto diff = [&](double &v) {
+		const double h = 1e-5, v0 = v;
 		double lp, lm;
 
-		x[i] = x0 + h;
+		v = v0 + h;
 		lp = loss();
-		x[i] = x0 - h;
+		v = v0 - h;
 		lm = loss();
-		x[i] = x0;
-		ex = fmax(ex, fabs((lp - lm) / (2 * h) - dx[i]));
+		v = v0;
+		return (lp - lm) / (2 * h);
+	};
+	for (int i = 0; i < hd; i++) {
+		ex = fmax(ex, fabs(diff(x[i]) - dx[i]));
 		mx = fmax(mx, fabs(dx[i]));
-		w[i] = w0 + h;
-		lp = loss();
-		w[i] = w0 - h;
-		lm = loss();
-		w[i] = w0;
-		ew = fmax(ew, fabs((lp - lm) / (2 * h) - dw[i]));
+		ew = fmax(ew, fabs(diff(w[i]) - dw[i]));
 		mw = fmax(mw, fabs(dw[i]));
 	}
 	CHECK(ex <= 1e-6 * mx && ew <= 1e-6 * mw,
