@@ -18,6 +18,14 @@
 
 typedef __nv_bfloat16 bf16;
 
+// a kernel's dynamic shared memory as an array `name` of T, 16-byte aligned (on the host
+// emulation: emu.cuh's fa_sm)
+#ifdef SL_EMU
+#define SL_DYN_SMEM(T, name) T *name = (T *)::fa_sm
+#else
+#define SL_DYN_SMEM(T, name) extern __shared__ __align__(16) T name[]
+#endif
+
 // Leaf code knows no rank: host and file:line are what a failing call can name.
 static inline void sl_cuda_die(const char *what, const char *msg, const char *file, int line)
 {

@@ -48,7 +48,9 @@ template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int m)
 	__builtin_memcpy(&t, &r, 4);
 	return t;
 }
-// shared memory: the test's fa_sm, 1024-byte aligned; addresses are offsets into it
+// shared memory: the test's fa_sm, 1024-byte aligned; addresses are offsets into it.  fa_sm is
+// also every kernel's dynamic shared memory (common.cuh's SL_DYN_SMEM)
+extern __nv_bfloat16 fa_sm[];
 uint32_t emu_smem_u32(const void *p);
 void emu_cp_async(uint32_t dst, const void *src, int bytes, bool valid);
 void emu_cp_commit(void);

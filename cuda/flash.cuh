@@ -21,12 +21,8 @@
 // buffers: results repeat bit for bit.  The backward computes in steps of 32 columns to keep the
 // live scores (S and dP) at 32 registers.
 
-// the kernels' dynamic shared memory (the host emulation's is a global array of the test's)
-#ifdef SL_EMU
-#define FA_SMEM extern bf16 fa_sm[]
-#else
-#define FA_SMEM extern __shared__ __align__(16) bf16 fa_sm[]
-#endif
+// the kernels' dynamic shared memory
+#define FA_SMEM SL_DYN_SMEM(bf16, fa_sm)
 
 #define FA_BM 64		// rows a block owns (16 per warp)
 #define FA_BN 64		// rows of a streamed shared-memory tile

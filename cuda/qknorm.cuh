@@ -6,14 +6,6 @@
 
 #include <type_traits>
 
-// k_qk_dw_partial's dynamic shared memory (on the emulation: its fa_sm)
-#ifdef SL_EMU
-extern bf16 fa_sm[];
-#define QK_DYN_SMEM(name) float *name = (float *)fa_sm
-#else
-#define QK_DYN_SMEM(name) extern __shared__ float name[]
-#endif
-
 #define QK_WARPS 8
 #define QK_FWD_ROWS QK_WARPS	// (token, head) rows a block of k_qk_norm_rope_fwd_w takes
 #define HD_MAX 256
@@ -319,7 +311,7 @@ __global__ void k_qk_dw_partial(float *part, const bf16 *dout, const bf16 *qkv, 
 				const float *tab, int T, int L, const int *pos, int nh, int nkv,
 				int hd, float theta, int tpc)
 {
-	QK_DYN_SMEM(red);	// (R, hd)
+	SL_DYN_SMEM(float, red);	// (R, hd)
 	const int W = (nh + 2 * nkv) * hd, nq = nh + nkv, half = hd / 2, kind = blockIdx.y;
 	const int i = threadIdx.x, ii = i < half ? i : i - half, R = blockDim.y;
 	const int j0 = kind ? nh : 0, j1 = kind ? nq : nh;
