@@ -16,6 +16,8 @@
 # "- SHARDLM_MOE_STREAMS=1 SHARDLM_FA_BWD_DQ=fused,SHARDLM_OPT_OVERLAP=1"), ROUNDS (default 1:
 # the variants one after another, ROUNDS times, for A/B runs that alternate).  An entry's
 # SHARDLM_BIN=PATH runs that shardlm program instead (another build, side by side).
+# KTRACE=PATH/libktrace.so: one more shardlm run (defaults) under bench/ktrace.c's kernel trace;
+# bench/ktrace.py's table of the step's GPU time in OUTDIR/ktrace-moe.md.
 set -u
 OUT=${1:-/tmp/moe-vs-fsdp2}
 mkdir -p "$OUT"
@@ -27,6 +29,8 @@ SHARDLM=${SHARDLM:-shardlm}
 B=2
 SEQ=4096
 T=$(mktemp -d /tmp/mvf-XXXXXX)
+trap 'rm -rf "$T"' EXIT   # the model and runs, also when cut off by a timeout
+trap 'exit 143' TERM
 RES="$OUT/results.jsonl"
 : >"$RES"
 M="$T/model"
@@ -90,6 +94,14 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
 		fi
 	done
 done
+
+if [ -n "${KTRACE:-}" ]; then
+	rm -rf "$T/run"
+	KTRACE_OUT="$OUT/ktrace-moe.csv" CUDA_INJECTION64_PATH=$KTRACE $SHARDLM train "$T/moe.yaml" \
+		>"$OUT/shardlm-ktrace.log" 2>&1 &&
+		python3 "$HERE/ktrace.py" "$OUT/ktrace-moe.csv" >"$OUT/ktrace-moe.md" 2>&1
+	echo "ktrace: exit $? ($OUT/ktrace-moe.md)"
+fi
 
 for peer in $PEERS; do
 	flag=""

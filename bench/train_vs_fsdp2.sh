@@ -16,6 +16,9 @@
 # entry, e.g. "- SHARDLM_FA_WGMMA=1 SHARDLM_FA_BWD_DQ=fused,SHARDLM_OPT_OVERLAP=1"), ROUNDS
 # (default 1: the variants one after another, ROUNDS times, for A/B runs that alternate); an
 # entry's SHARDLM_BIN=PATH runs that shardlm program instead (another build, side by side).
+# KTRACE=PATH/libktrace.so (test/, built where CUPTI is): one more shardlm run per shape, with
+# the defaults, under that kernel trace; bench/ktrace.py's table of the step's GPU time as it ran
+# (kinds, idle time, kernels) in OUTDIR/ktrace-SHAPE.md (not counted in the speed table).
 set -u
 OUT=${1:-/tmp/train-vs-fsdp2}
 mkdir -p "$OUT"
@@ -26,6 +29,8 @@ PEERS=${PEERS:-"eager compile"}
 [ "$PEERS" = none ] && PEERS=
 PEER_TIMEOUT=${PEER_TIMEOUT:-300}
 T=$(mktemp -d /tmp/tvf-XXXXXX)
+trap 'rm -rf "$T"' EXIT   # the models and runs (tens of GB), also when cut off by a timeout
+trap 'exit 143' TERM
 RES="$OUT/results.jsonl"
 : >"$RES"
 
@@ -60,9 +65,16 @@ backend: cuda
 data: {train: $T/data.jsonl, max_state: 2048, seed: 1}
 train: {batch: $B, accum: 1, steps: $STEPS, eval_every: 0}
 checkpoint: {every: 0}
-export: {dtype: bf16}
+export: {final: false}
 run: {dir: $T/run-$shape, log_every: 1}
 YAML
+	if [ -n "${KTRACE:-}" ]; then
+		KTRACE_OUT="$OUT/ktrace-$shape.csv" CUDA_INJECTION64_PATH=$KTRACE ${SHARDLM:-shardlm} \
+			train "$T/$shape.yaml" >"$OUT/shardlm-$shape-ktrace.log" 2>&1 &&
+			python3 "$HERE/ktrace.py" "$OUT/ktrace-$shape.csv" >"$OUT/ktrace-$shape.md" 2>&1
+		echo "ktrace $shape: exit $? ($OUT/ktrace-$shape.md)"
+		rm -rf "$T/run-$shape"
+	fi
 	for round in $(seq 1 "${ROUNDS:-1}"); do
 	for var in ${VARIANTS:--}; do
 	envs=()

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""ktrace.py: a training step's GPU time from a bench/ktrace.c trace, as the step ran.
+
+    python3 bench/ktrace.py TRACE.csv [--step-kernel REGEX] [--skip N] [--top N]
+
+Steps start where the kernel that starts each step's forward runs (--step-kernel, default
+k_embedding_fwd: one launch a micro-batch, so use it with accum 1).  Each whole step after the
+first --skip (default 2: warm-up) is a window from its first kernel to the next step's; the last
+step is left out (its window has no end).  Printed, as means over the windows: the step's wall
+time, the time the GPU ran anything (the union of all records), its idle time, and by kind
+(GEMM, attention, optimizer, communication, copies, the rest) and by kernel: launches, the sum
+of their durations (overlapping records each count) and the share of the step's wall time.
+"""
+import argparse
+import re
+import sys
+from collections import defaultdict
+
+KINDS = [("gemm", re.compile(r"nvjet|gemm|cutlass|xmma|cublas", re.I)),
+         ("attention", re.compile(r"^k_fa_|flash", re.I)),
+         ("optimizer", re.compile(r"adamw|sumsq|grad_norm|clip", re.I)),
+         ("communication", re.compile(r"nccl", re.I)),
+         ("copies", re.compile(r"^(copy|memset)"))]
+
+
+def short(name):
+    """the function's own name from an Itanium-mangled one (templates and arguments dropped)"""
+    if not name.startswith("_Z"):
+        return name.split("(")[0]
+    s = name[2:]
+    nested = s.startswith("N")
+    if nested:
+        s = s[1:]
+        while s[:1] in ("K", "V", "r"):
+            s = s[1:]
+    parts = []
+    while True:
+        m = re.match(r"(\d+)", s)
+        if not m:
+            break
+        n = int(m.group(1))
+        s = s[m.end():]
+        parts.append(s[:n])
+        s = s[n:]
+        if not nested:
+            break
+        if s.startswith("I"):  # template arguments of this component: stop here
+            break
+    return "::".join(parts) if parts else name
+
+
+def kind_of(name):
+    for k, rx in KINDS:
+        if rx.search(name):
+            return k
+    return "rest"
+
+
+def union_ns(iv):
+    tot, cur_s, cur_e = 0, None, None
+    for s, e in sorted(iv):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                tot += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    if cur_e is not None:
+        tot += cur_e - cur_s
+    return tot
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("trace")
+    ap.add_argument("--step-kernel", default="k_embedding_fwd")
+    ap.add_argument("--skip", type=int, default=2)
+    ap.add_argument("--top", type=int, default=30)
+    a = ap.parse_args()
+    recs = []
+    with open(a.trace) as f:
+        for ln, line in enumerate(f, 1):
+            p = line.rstrip("\n").split(",", 4)
+            if len(p) != 5 or p[0] not in "KCS":
+                sys.exit(f"{a.trace}:{ln}: not a ktrace record: {line.strip()[:80]!r}")
+            name = short(p[4]) if p[0] == "K" else p[4].split(" ")[0]
+            recs.append((int(p[1]), int(p[2]), int(p[3]), name))
+    if not recs:
+        sys.exit(f"{a.trace}: no records (did the program run with CUDA_INJECTION64_PATH?)")
+    rx = re.compile(a.step_kernel)
+    starts = sorted(s for s, _, _, n in recs if rx.search(n))
+    if len(starts) < a.skip + 2:
+        sys.exit(f"{a.trace}: {len(starts)} launches of /{a.step_kernel}/: too few steps for "
+                 f"--skip {a.skip} and one whole step after it")
+    wins = list(zip(starts[a.skip:-1], starts[a.skip + 1:]))
+    nw = len(wins)
+    by_name = defaultdict(lambda: [0, 0])
+    by_kind = defaultdict(int)
+    wall = busy = 0
+    for w0, w1 in wins:
+        wall += w1 - w0
+        iv = []
+        for s, e, _, n in recs:
+            s, e = max(s, w0), min(e, w1)
+            if e <= s:
+                continue
+            iv.append((s, e))
+            by_name[n][0] += 1
+            by_name[n][1] += e - s
+            by_kind[kind_of(n)] += e - s
+        busy += union_ns(iv)
+    ms = lambda ns: ns / nw / 1e6
+    print(f"{a.trace}: steps {a.skip + 1} to {a.skip + nw} ({nw} whole steps after "
+          f"{a.skip}), means a step")
+    print(f"| | ms | share of the step |\n|---|---|---|")
+    print(f"| step (wall) | {ms(wall):.2f} | 100% |")
+    print(f"| GPU running anything | {ms(busy):.2f} | {100 * busy / wall:.1f}% |")
+    print(f"| GPU idle | {ms(wall - busy):.2f} | {100 * (wall - busy) / wall:.1f}% |")
+    for k in [k for k, _ in KINDS] + ["rest"]:
+        if by_kind.get(k):
+            print(f"| {k} | {ms(by_kind[k]):.2f} | {100 * by_kind[k] / wall:.1f}% |")
+    print(f"\n| kernel | launches | ms | share | us a launch |\n|---|---|---|---|---|")
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:a.top]
+    for n, (c, t) in top:
+        print(f"| {n[:60]} | {c / nw:g} | {ms(t):.2f} | {100 * t / wall:.1f}% | "
+              f"{t / c / 1e3:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
