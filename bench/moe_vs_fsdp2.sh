@@ -16,7 +16,8 @@
 # "- SHARDLM_MOE_STREAMS=1 SHARDLM_FA_BWD_DQ=fused,SHARDLM_OPT_OVERLAP=1"), ROUNDS (default 1:
 # the variants one after another, ROUNDS times, for A/B runs that alternate).  An entry's
 # SHARDLM_BIN=PATH runs that shardlm program instead (another build, side by side).
-# KTRACE=PATH/libktrace.so: one more shardlm run (defaults) under bench/ktrace.c's kernel trace;
+# LAYERS (default 12): fewer layers of the same widths, to fit a smaller GPU (not the issue's
+# figure).  KTRACE=PATH/libktrace.so: one more shardlm run (defaults) under bench/ktrace.c's kernel trace;
 # bench/ktrace.py's table of the step's GPU time in OUTDIR/ktrace-moe.md.
 set -u
 OUT=${1:-/tmp/moe-vs-fsdp2}
@@ -36,7 +37,7 @@ RES="$OUT/results.jsonl"
 M="$T/model"
 
 echo "== random Qwen3-MoE model and data in $T"
-python3 "$HERE/moe_model.py" "$M" "$T/data.jsonl" --seq "$SEQ" ||
+python3 "$HERE/moe_model.py" "$M" "$T/data.jsonl" --seq "$SEQ" --layers "${LAYERS:-12}" ||
 	{ echo "model generation failed" >&2; exit 1; }
 
 cat >"$T/moe.yaml" <<YAML

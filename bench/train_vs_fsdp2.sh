@@ -16,6 +16,7 @@
 # entry, e.g. "- SHARDLM_FA_WGMMA=1 SHARDLM_FA_BWD_DQ=fused,SHARDLM_OPT_OVERLAP=1"), ROUNDS
 # (default 1: the variants one after another, ROUNDS times, for A/B runs that alternate); an
 # entry's SHARDLM_BIN=PATH runs that shardlm program instead (another build, side by side).
+# LAYERS: that many layers instead of the shape's (to fit a smaller GPU; not the figures).
 # KTRACE=PATH/libktrace.so (test/, built where CUPTI is): one more shardlm run per shape, with
 # the defaults, under that kernel trace; bench/ktrace.py's table of the step's GPU time as it ran
 # (kinds, idle time, kernels) in OUTDIR/ktrace-SHAPE.md (not counted in the speed table).
@@ -55,6 +56,8 @@ for shape in $SHAPES; do
 	1.7b) args="--hidden 2048 --layers 28 --heads 16 --kv-heads 8 --intermediate 6144"; B=8 ;;
 	*) echo "unknown shape $shape" >&2; continue ;;
 	esac
+	# LAYERS: fewer layers of the shape's widths, to fit a smaller GPU (not the figure)
+	[ -z "${LAYERS:-}" ] || args="${args/--layers [0-9]*--heads/--layers $LAYERS --heads}"
 	M="$T/m-$shape"
 	# shellcheck disable=SC2086
 	mkmodel --out "$M" --vocab 151936 --head-dim 128 $args --seed 1 --dtype bf16 >/dev/null ||
