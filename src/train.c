@@ -129,14 +129,27 @@ static void log_offload(struct job *j)
  * tests: SHARDLM_TEST_HOST_ACCUM: offload adds micro-batches up on the host even where the GPU
  * has room; SHARDLM_TEST_HOST_LEAN: offload optimizer keeps gradients on the device (host_lean)
  * even where the host has room; SHARDLM_TEST_USR1_AT_START: SIGUSR1 before MPI starts.
- * Also the opt-in SHARDLM_OPT_OVERLAP=1: AdamW under the next step's forward
- * (sl_shard_opts.overlap_optimizer), not yet measured on a GPU.
  */
 static bool test_env(const char *name)
 {
 	const char *e = getenv(name);
 
 	return e && *e && strcmp(e, "0");
+}
+
+/*
+ * AdamW under the next step's forward (sl_shard_opts.overlap_optimizer): on by default on the
+ * cuda backend, where it saves 1-2% of a step (bench/RESULTS.md, twenty-fifth session), off on
+ * the cpu backend, where the side stream only defers the work; SHARDLM_OPT_OVERLAP=0 or =1
+ * decides instead (the same bits either way).
+ */
+static bool opt_overlap(const struct job *j)
+{
+	const char *e = getenv("SHARDLM_OPT_OVERLAP");
+
+	if (e && *e)
+		return strcmp(e, "0") != 0;
+	return j->c->backend == SL_BACKEND_CUDA;
 }
 
 static void job_free(struct job *j)
@@ -400,7 +413,7 @@ int sl_cmd_train(int argc, char **argv)
 			.grad_room = test_env("SHARDLM_TEST_NO_GRAD_ROOM") ? NULL : grad_room,
 			.grad_room_ctx = j->model,
 			.no_grad_direct = test_env("SHARDLM_TEST_NO_GRAD_ROOM"),
-			.overlap_optimizer = test_env("SHARDLM_OPT_OVERLAP"),
+			.overlap_optimizer = opt_overlap(j),
 		};
 
 		if (!all_ok(sl_shard_create(&j->sh, j->be, &j->mf.lay, &so) == 0))
@@ -431,7 +444,7 @@ int sl_cmd_train(int argc, char **argv)
 	       j->g.replica.size);
 	if (j->sh.overlap_opt)
 		sl_log("optimizer: AdamW on a side stream, under the next step's forward%s "
-		       "(SHARDLM_OPT_OVERLAP)", j->sh.sq_overlap ? "; the gradient norm's sums "
+		       "(SHARDLM_OPT_OVERLAP=0: off)", j->sh.sq_overlap ? "; the gradient norm's sums "
 		       "of squares there too, each under the rest of the backward" : "");
 	if (j->have_xcomm) {
 		const struct sl_shard_unit *xu = &j->sh.u[j->mf.lay.n_units - 1];
