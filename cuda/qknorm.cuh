@@ -16,8 +16,18 @@ static __device__ __forceinline__ int rope_pos(const int *pos, int t, int L)
 	return pos ? pos[t] : t % L;
 }
 
+// the rotary angle's cos and sin computed in double (no table: rows too long for the scratch);
+// not inlined, so that the double math's registers do not weigh on the kernels' table path
+static __device__ __noinline__ float2 rope_angle(int p, int hd, float theta, int i)
+{
+	double ang = p * pow((double)theta, -2.0 * i / hd), sd, cd;
+
+	sincos(ang, &sd, &cd);
+	return make_float2((float)cd, (float)sd);
+}
+
 // cos and sin of position p for pair i: from the rotary table (norm_dw.cuh rope_table, rot =
-// hd), or without one (rows too long for the scratch) the same angle in double computed here
+// hd), or without one the same angle in double computed here
 static __device__ __forceinline__ void rope_pair(const float *tab, int p, int hd, float theta,
 						 int i, float *c, float *s)
 {
@@ -25,11 +35,10 @@ static __device__ __forceinline__ void rope_pair(const float *tab, int p, int hd
 		*c = tab[(size_t)p * hd + i];
 		*s = tab[(size_t)p * hd + hd / 2 + i];
 	} else {
-		double ang = p * pow((double)theta, -2.0 * i / hd), sd, cd;
+		const float2 cs = rope_angle(p, hd, theta, i);
 
-		sincos(ang, &sd, &cd);
-		*c = (float)cd;
-		*s = (float)sd;
+		*c = cs.x;
+		*s = cs.y;
 	}
 }
 
@@ -192,7 +201,7 @@ k_qk_norm_rope_fwd_w(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, co
 		return;
 	const int t = (int)(wid / nj), j = (int)(wid % nj);
 	const size_t off = (size_t)t * nj * HD + (size_t)j * HD;
-	float x[NK], ss = 0.f, r;
+	float x[NK], wv[NK], c[HK], sn[HK], ss = 0.f, r;
 
 	if (j >= nq) {
 #pragma unroll
@@ -200,28 +209,34 @@ k_qk_norm_rope_fwd_w(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, co
 			out[off + lane + 32 * k] = qkv[off + lane + 32 * k];
 		return;
 	}
+	// every load first (the row, the weights, the rotary pairs), so that a warp waits for
+	// memory once: a warp's row is only 2 HD bytes, the kernel lives on loads in flight
+	const bf16 *w = j < nh ? qw : kw;
+	const int p = rope_pos(pos, t, L);
 #pragma unroll
 	for (int k = 0; k < NK; k++) {
 		x[k] = bf(qkv[off + lane + 32 * k]);
-		ss += x[k] * x[k];
+		wv[k] = bf(w[lane + 32 * k]);
 	}
+#pragma unroll
+	for (int k = 0; k < HK; k++)
+		rope_pair(tab, p, HD, theta, lane + 32 * k, &c[k], &sn[k]);
+#pragma unroll
+	for (int k = 0; k < NK; k++)
+		ss += x[k] * x[k];
 	ss = warp_sum(ss);
 	r = 1.f / sqrtf(ss / HD + eps);
 	if (!lane)
 		rstd[(size_t)t * nq + j] = r;
-	const bf16 *w = j < nh ? qw : kw;
-	const int p = rope_pos(pos, t, L);
 #pragma unroll
 	for (int k = 0; k < NK; k++)
-		x[k] = (x[k] * r) * bf(w[lane + 32 * k]);
+		x[k] = (x[k] * r) * wv[k];
 #pragma unroll
 	for (int k = 0; k < HK; k++) {
 		const int i = lane + 32 * k;
-		float c, sn;
 
-		rope_pair(tab, p, HD, theta, i, &c, &sn);
-		out[off + i] = tobf(x[k] * c - x[k + HK] * sn);
-		out[off + i + half] = tobf(x[k + HK] * c + x[k] * sn);
+		out[off + i] = tobf(x[k] * c[k] - x[k + HK] * sn[k]);
+		out[off + i + half] = tobf(x[k + HK] * c[k] + x[k] * sn[k]);
 	}
 }
 
