@@ -17,7 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define BUF_BYTES (8u << 20)
+/* large buffers: CUPTI hands a full one over while the program runs, the likely cause of a
+ * 4.7 ms host stall seen once with 8 MB ones (bench/RESULTS.md, twenty-fifth session); 64 MB
+ * holds tens of steps of the benchmark shapes */
+#define BUF_BYTES (64u << 20)
 
 static FILE *out;
 static unsigned long long dropped;
