@@ -26,6 +26,14 @@ typedef __nv_bfloat16 bf16;
 #define SL_DYN_SMEM(T, name) extern __shared__ __align__(16) T name[]
 #endif
 
+// a device function kept out of line (nvcc's __noinline__; the host emulation's compiler knows
+// only the attribute)
+#ifdef SL_EMU
+#define SL_NOINLINE __attribute__((noinline))
+#else
+#define SL_NOINLINE __noinline__
+#endif
+
 // Leaf code knows no rank: host and file:line are what a failing call can name.
 static inline void sl_cuda_die(const char *what, const char *msg, const char *file, int line)
 {

@@ -18,7 +18,7 @@ static __device__ __forceinline__ int rope_pos(const int *pos, int t, int L)
 
 // the rotary angle's cos and sin computed in double (no table: rows too long for the scratch);
 // not inlined, so that the double math's registers do not weigh on the kernels' table path
-static __device__ __noinline__ float2 rope_angle(int p, int hd, float theta, int i)
+static __device__ SL_NOINLINE float2 rope_angle(int p, int hd, float theta, int i)
 {
 	double ang = p * pow((double)theta, -2.0 * i / hd), sd, cd;
 
