@@ -66,8 +66,6 @@ static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buf,
 	CUpti_Activity *r = NULL;
 	size_t n = 0;
 
-	(void)ctx;
-	(void)stream;
 	(void)size;
 	while (cuptiActivityGetNextRecord(buf, valid, &r) == CUPTI_SUCCESS)
 		put_record(r);
@@ -86,13 +84,14 @@ static void at_exit(void)
 	out = NULL;
 }
 
+/* InitializeInjection's failure (0), said on stderr */
 static int fail(const char *what, CUptiResult e)
 {
 	const char *s = NULL;
 
 	cuptiGetResultString(e, &s);
 	fprintf(stderr, "ktrace: %s: %s\n", what, s ? s : "unknown CUPTI error");
-	return 1;
+	return 0;
 }
 
 /* called by the CUDA driver at its initialization when CUDA_INJECTION64_PATH names this file */
@@ -115,11 +114,11 @@ int InitializeInjection(void)
 	}
 	e = cuptiActivityRegisterCallbacks(buf_requested, buf_completed);
 	if (e != CUPTI_SUCCESS)
-		return fail("registering the buffer callbacks", e) ? 0 : 1;
+		return fail("registering the buffer callbacks", e);
 	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
 		e = cuptiActivityEnable(kinds[i]);
 		if (e != CUPTI_SUCCESS)
-			return fail("enabling an activity kind", e) ? 0 : 1;
+			return fail("enabling an activity kind", e);
 	}
 	atexit(at_exit);
 	return 1;

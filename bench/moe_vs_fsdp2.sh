@@ -17,8 +17,8 @@
 # the variants one after another, ROUNDS times, for A/B runs that alternate).  An entry's
 # SHARDLM_BIN=PATH runs that shardlm program instead (another build, side by side).
 # LAYERS (default 12): fewer layers of the same widths, to fit a smaller GPU (not the issue's
-# figure).  KTRACE=PATH/libktrace.so: one more shardlm run (defaults) under bench/ktrace.c's kernel trace;
-# bench/ktrace.py's table of the step's GPU time in OUTDIR/ktrace-moe.md.
+# figure).  KTRACE=PATH/libktrace.so: one more shardlm run (defaults) under bench/ktrace.c's
+# kernel trace; bench/ktrace.py's table of the step's GPU time in OUTDIR/ktrace-moe.md.
 set -u
 OUT=${1:-/tmp/moe-vs-fsdp2}
 mkdir -p "$OUT"

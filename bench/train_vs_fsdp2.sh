@@ -52,12 +52,10 @@ fi
 
 for shape in $SHAPES; do
 	case $shape in
-	4b) args="--hidden 2560 --layers 36 --heads 32 --kv-heads 8 --intermediate 9728"; B=4 ;;
-	1.7b) args="--hidden 2048 --layers 28 --heads 16 --kv-heads 8 --intermediate 6144"; B=8 ;;
+	4b) args="--hidden 2560 --layers ${LAYERS:-36} --heads 32 --kv-heads 8 --intermediate 9728"; B=4 ;;
+	1.7b) args="--hidden 2048 --layers ${LAYERS:-28} --heads 16 --kv-heads 8 --intermediate 6144"; B=8 ;;
 	*) echo "unknown shape $shape" >&2; continue ;;
 	esac
-	# LAYERS: fewer layers of the shape's widths, to fit a smaller GPU (not the figure)
-	[ -z "${LAYERS:-}" ] || args="${args/--layers [0-9]*--heads/--layers $LAYERS --heads}"
 	M="$T/m-$shape"
 	# shellcheck disable=SC2086
 	mkmodel --out "$M" --vocab 151936 --head-dim 128 $args --seed 1 --dtype bf16 >/dev/null ||

@@ -1,8 +1,8 @@
 #!/bin/bash
 # bench/ktrace.py on a hand-made trace: step windows from the step kernel's launches, records
 # clipped to their window, overlap counted once in the busy time, kinds by name, mangled names
-# shortened, a trace with too few steps refused.  (bench/ktrace.c itself needs a GPU: its
-# traces are read by check-gpu runs and bench/train_vs_fsdp2.sh.)
+# shortened, a trace with too few steps or a bad line refused.  (bench/ktrace.c itself needs a
+# GPU: the step benchmarks' KTRACE= runs use it.)
 top_srcdir=${top_srcdir:-$(cd "$(dirname "$0")/.." && pwd)}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
