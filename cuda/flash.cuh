@@ -626,13 +626,96 @@ k_fa_fwd_pipe(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int
 	}
 }
 
+// a dq sub-step's dS = P (dP - D) in place of S (s), as the A fragments of dQ += dS K (da): this
+// lane's queries (indices p0, p1: -1 padding; document starts ds0, ds1; lse * log2 e ls0, ls1;
+// D0, D1) by the FA_SUB keys from c0; keys after the query, past the record or before the
+// query's document are zeros
+static __device__ __forceinline__ void fa_dq_ds(float (*s)[4], const float (*dp)[4],
+						uint32_t (*da)[4], int c0, int p0, int p1, int ds0,
+						int ds1, float ls0, float ls1, float D0, float D1,
+						int len, int tq, float sl2)
+{
+	const bool msk = c0 + FA_SUB - 1 > p0 || c0 + FA_SUB > len || c0 < ds1;
+
+#pragma unroll
+	for (int n = 0; n < FA_SUB / 8; n++) {
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			const int qi = e < 2 ? p0 : p1, key = c0 + n * 8 + tq * 2 + (e & 1);
+			float p = fexp2(fmaf(s[n][e], sl2, -(e < 2 ? ls0 : ls1)));
+
+			if (msk && (key > qi || key >= len || key < (e < 2 ? ds0 : ds1)))
+				p = 0.f;
+			s[n][e] = p * (dp[n][e] - (e < 2 ? D0 : D1));
+		}
+	}
+#pragma unroll
+	for (int kk = 0; kk < FA_SUB / 16; kk++)
+		acc_to_a(da[kk], s[2 * kk], s[2 * kk + 1]);
+}
+
+// One key tile (BN = 2 FA_SUB keys) of the dq kernel on warpgroup products (head_dim 64 and 128;
+// the default, SHARDLM_FA_DQ_PIPE=0 runs the sub-steps one after the other): both sub-steps' S
+// and dP are issued at once, the first's dS is made while the second's products run, and the
+// second's while the first's dQ product runs.  Both sub-steps always run (a warpgroup's queries
+// reach past the tile's first FA_SUB keys unless the record ends inside it; masked keys give
+// zeros), so every warp takes the same path and ptxas keeps the products asynchronous.  The
+// same sums as the unpipelined steps, in the same order.
+template <int HD, int BN>
+static __device__ __forceinline__ void
+fa_dq_tile_wg(float (*dq)[4], const uint32_t (*qf)[4], const uint32_t (*gf)[4], const bf16 *kt,
+	      const bf16 *vt, int k0, int p0, int p1, int ds0, int ds1, float ls0, float ls1,
+	      float D0, float D1, int len, int tq, float sl2)
+{
+	static_assert(BN == 2 * FA_SUB, "fa_dq_tile_wg: two sub-steps a tile");
+	float s[2][FA_SUB / 8][4], dp[2][FA_SUB / 8][4];
+	uint32_t da[2][FA_SUB / 16][4];
+
+	auto sdp = [&](int sb) {	// S and dP (the first k-step writes them: acc 0)
+		wg_fence();
+#pragma unroll
+		for (int kk = 0; kk < HD / 16; kk++) {
+			wgmma_rs<FA_SUB, 0>(&s[sb][0][0], qf[kk], desc_k<BN>(kt, sb * FA_SUB, kk),
+					    kk > 0);
+			wgmma_rs<FA_SUB, 0>(&dp[sb][0][0], gf[kk], desc_k<BN>(vt, sb * FA_SUB, kk),
+					    kk > 0);
+		}
+		wg_commit();
+	};
+	auto dqp = [&](int sb) {	// dQ += dS K
+		wg_fence();
+#pragma unroll
+		for (int kk = 0; kk < FA_SUB / 16; kk++)
+			wgmma_rs_mn<HD, BN>(&dq[0][0], da[sb][kk], kt, sb * FA_SUB + kk * 16);
+		wg_commit();
+	};
+
+	sdp(0);
+	sdp(1);
+	wg_wait1();	// sub-step 0's S and dP; 1's may still run
+	wg_pin<FA_SUB / 2>(&s[0][0][0]);
+	wg_pin<FA_SUB / 2>(&dp[0][0][0]);
+	fa_dq_ds(s[0], dp[0], da[0], k0, p0, p1, ds0, ds1, ls0, ls1, D0, D1, len, tq, sl2);
+	dqp(0);
+	wg_wait1();	// sub-step 1's S and dP; 0's dQ may still run
+	wg_pin<FA_SUB / 2>(&s[1][0][0]);
+	wg_pin<FA_SUB / 2>(&dp[1][0][0]);
+	fa_dq_ds(s[1], dp[1], da[1], k0 + FA_SUB, p0, p1, ds0, ds1, ls0, ls1, D0, D1, len, tq,
+		 sl2);
+	dqp(1);
+	wg_wait0();
+	wg_pin<HD / 2>(&dq[0][0]);
+}
+
 // dq: a warp's 16 queries hold Q and dO as A fragments; per key step S = Q K^T and dP = dO V^T
 // (K, V not transposed), dS = P (dP - D) rounded to bf16 is the A operand of dQ += dS K (K
-// transposed by ldmatrix)
+// transposed by ldmatrix).  pipe: the warpgroup kernel's tiles by fa_dq_tile_wg (head_dim 64 and
+// 128)
 template <int HD, bool CP, bool WG>
 __global__ void __launch_bounds__(fa_cfg<HD, WG>::NT, fa_cfg<HD, WG>::MINB)
 k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf16 *qkv,
-	const int *lens, const int *pos, int L, int nh, int nkv, float sl2, float scale, fa_rows x)
+	const int *lens, const int *pos, int L, int nh, int nkv, float sl2, float scale, fa_rows x,
+	bool pipe)
 {
 	using C = fa_cfg<HD, WG>;
 	constexpr bool BIG = C::BIG;
@@ -710,6 +793,14 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 		const bf16 *kt = ks + st * TILE, *vt = vs + st * TILE;
 		const uint32_t kb = smem_u32(kt), vb = smem_u32(vt);
 
+		if constexpr (WG && !BIG) {
+			if (pipe) {
+				fa_dq_tile_wg<HD, BN>(dq, qf, gf, kt, vt, k0, p0, p1, ds0, ds1, ls0,
+						      ls1, D0, D1, len, tq, sl2);
+				__syncthreads();
+				continue;
+			}
+		}
 #pragma unroll
 		for (int sub = 0; sub < BN / FA_SUB; sub++) {
 			const int c0 = k0 + sub * FA_SUB;
@@ -1391,6 +1482,20 @@ static bool fa_bwd_pipe(void)
 	return on;
 }
 
+// the dq warpgroup kernel's tiles pipelined (fa_dq_tile_wg), unless SHARDLM_FA_DQ_PIPE=0 (read
+// once)
+static bool fa_dq_pipe(void)
+{
+	static int on = -1;
+
+	if (on < 0) {
+		const char *e = getenv("SHARDLM_FA_DQ_PIPE");
+
+		on = !(e && !strcmp(e, "0"));
+	}
+	return on;
+}
+
 // The fused dq (the dk/dv kernel computes dQ as well and adds it into fp32 sums by atomic
 // reductions; no dq kernel: 5 products instead of 7) for head_dim 64 and 128 on whole rows, where
 // the pipelined warpgroup dk/dv runs: opt-in (SHARDLM_FA_BWD_DQ=fused, read once), and never
@@ -1492,7 +1597,7 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 	fa_allow(k_fa_dq<HD, CP, WG>, smq, &done_q);
 	fa_allow(k_fa_dkdv<HD, CP, WG>, smk, &done_kv);
 	k_fa_dq<HD, CP, WG><<<dim3((Lq + C::BMQ - 1) / C::BMQ, nh, B), C::NT, smq, c->stream>>>(
-		dqkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x);
+		dqkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x, fa_dq_pipe());
 	CUDA_LAUNCHED();
 	k_fa_dkdv<HD, CP, WG><<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::KNT, smk, c->stream>>>(
 		dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x, fa_bwd_pipe(),

@@ -2,7 +2,7 @@
 // src/backend.h; src/backend_cpu_moe.c is their reference).  Routing runs in fp32 on bf16 logits;
 // routing values are float.  Reductions run in a fixed order (no atomics): results repeat bit for
 // bit.  The grouped matmuls are one cuBLASLt matmul per expert, with the algorithm chosen once per
-// shape class for a typical row count (SHARDLM_MOE_GEMM=batched: one cublasGemmGroupedBatchedEx
+// shape class and class of row counts (SHARDLM_MOE_GEMM=batched: one cublasGemmGroupedBatchedEx
 // call instead, which ran at 40% of a dense matmul's speed on an H200), spread over side streams
 // (lt_grouped).
 #include <cmath>
@@ -318,15 +318,30 @@ extern "C" void sl_cuda_moe_combine_bwd(struct sl_cuda *c, void *dy, float *dtop
 
 #define GMAX 4096
 
+#define ROW_CLASSES 16	// row-count classes a shape class keeps an algorithm for (row_class)
+
 // one grouped matmul's shape class: a cuBLASLt descriptor, layouts whose row-count dimension is
-// set per expert, and the algorithm the heuristic chose for a typical row count
+// set per expert, and the algorithms the heuristic chose: one per class of row counts (asked
+// the first time an expert of that class comes), or (SHARDLM_MOE_ALGO=typical) one for a
+// typical expert of 1024 rows for every count
 struct lt_plan {
 	int key[10];		// ta, tb, which_rows, m0, n0, k0, lda, ldb, ldc, beta != 0
 	cublasLtMatmulDesc_t desc;
 	cublasLtMatrixLayout_t a, b, c;
-	cublasLtMatmulAlgo_t algo;
-	bool have_algo;
+	cublasLtMatmulAlgo_t algo[ROW_CLASSES];
+	signed char have[ROW_CLASSES];	// 0 not asked yet, 1 algo[i] set, -1 none
 };
+
+// the class of a row count: counts in (2^(i+3), 2^(i+4)] are class i (class 0 up to 16 rows, the
+// last everything over 2^18); the heuristic is asked for the class's largest count
+static int row_class(int rows)
+{
+	int i = 0;
+
+	while (i < ROW_CLASSES - 1 && rows > 16 << i)
+		i++;
+	return i;
+}
 
 #define MAX_PLANS 32
 #define MOE_STREAMS 8	// side streams, at most and by default (each an eighth of the workspace)
@@ -336,6 +351,7 @@ struct moe_gemm {
 	struct lt_plan plans[MAX_PLANS];
 	int n_plans;
 	int mode;		// 0 cuBLASLt per expert, 1 cublasGemmGroupedBatchedEx
+	bool typical;		// one algorithm a shape class (SHARDLM_MOE_ALGO=typical)
 	cublasHandle_t h;
 	void **ptrs;		// device: 3 * GMAX pointers (A, B, C of each group)
 	int *m, *n, *kk, *lda, *ldb, *ldc, *gs;	// host arrays of GMAX
@@ -405,6 +421,15 @@ static struct moe_gemm *grouped_init(struct sl_cuda *c)
 	g->beta = g->alpha + GMAX;
 	g->tb = g->ta + GMAX;
 	g->mode = getenv("SHARDLM_MOE_GEMM") && !strcmp(getenv("SHARDLM_MOE_GEMM"), "batched");
+	if (getenv("SHARDLM_MOE_ALGO")) {
+		const char *v = getenv("SHARDLM_MOE_ALGO");
+
+		if (strcmp(v, "typical") && strcmp(v, "rows")) {
+			fprintf(stderr, "cuda: SHARDLM_MOE_ALGO=%s: want rows or typical\n", v);
+			exit(2);
+		}
+		g->typical = !strcmp(v, "typical");
+	}
 	g->nside = MOE_STREAMS;
 	if (getenv("SHARDLM_MOE_STREAMS")) {
 		const char *v = getenv("SHARDLM_MOE_STREAMS");
@@ -494,12 +519,11 @@ static void plan_dims(struct lt_plan *p, int ta, int tb, int m, int n, int k)
 	set_dims(p->c, m, n);
 }
 
-static struct lt_plan *plan_get(struct sl_cuda *c, struct moe_gemm *g, const int *key)
+static struct lt_plan *plan_get(struct moe_gemm *g, const int *key)
 {
 	struct lt_plan *p;
 	cublasOperation_t ta = key[0] ? CUBLAS_OP_T : CUBLAS_OP_N;
 	cublasOperation_t tb = key[1] ? CUBLAS_OP_T : CUBLAS_OP_N;
-	int m, n, k;
 
 	for (int i = 0; i < g->n_plans; i++)
 		if (!memcmp(g->plans[i].key, key, sizeof(g->plans[i].key)))
@@ -518,11 +542,25 @@ static struct lt_plan *plan_get(struct sl_cuda *c, struct moe_gemm *g, const int
 	CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, 1, 1, key[6]));
 	CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, 1, 1, key[7]));
 	CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16BF, 1, 1, key[8]));
-	// the algorithm of a typical expert (1024 rows) serves every row count it supports
-	dims(key[2], 1024, key[3], key[4], key[5], &m, &n, &k);
-	plan_dims(p, key[0], key[1], m, n, k);
-	p->have_algo = heuristic(c, p, &p->algo, c->ws_bytes / MOE_STREAMS);
+	memset(p->have, 0, sizeof(p->have));
 	return p;
+}
+
+// the plan's algorithm for an expert of @rows rows (asked of the heuristic the first time its
+// class comes; the layouts are left at the class's size); NULL where there is none
+static const cublasLtMatmulAlgo_t *plan_algo(struct sl_cuda *c, const struct moe_gemm *g,
+					     struct lt_plan *p, int rows)
+{
+	const int *key = p->key;
+	const int i = g->typical ? 0 : row_class(rows);
+	int m, n, k;
+
+	if (!p->have[i]) {
+		dims(key[2], g->typical ? 1024 : 16 << i, key[3], key[4], key[5], &m, &n, &k);
+		plan_dims(p, key[0], key[1], m, n, k);
+		p->have[i] = heuristic(c, p, &p->algo[i], c->ws_bytes / MOE_STREAMS) ? 1 : -1;
+	}
+	return p->have[i] > 0 ? &p->algo[i] : NULL;
 }
 
 // the experts with rows, largest first (stable; an expert without rows has nothing to write or
@@ -558,7 +596,7 @@ static void lt_grouped(struct sl_cuda *c, struct moe_gemm *g, const int *h_offs,
 		       size_t sc, size_t rc, int ldc, float beta)
 {
 	int key[10] = { ta, tb, which_rows, m0, n0, k0, lda, ldb, ldc, beta != 0.f };
-	struct lt_plan *p = plan_get(c, g, key);
+	struct lt_plan *p = plan_get(g, key);
 	// the same budget whatever the streams: the same algorithms, the same results
 	const size_t wsb = c->ws_bytes / MOE_STREAMS;
 	float alpha = 1.f;
@@ -590,15 +628,16 @@ static void lt_grouped(struct sl_cuda *c, struct moe_gemm *g, const int *h_offs,
 		bf16 *cc = (bf16 *)C + sc * e + rc * o;
 		cudaStream_t st = spread ? g->side[sid[i]] : c->stream;
 		void *ws = (char *)c->ws + (spread ? sid[i] : 0) * wsb;
+		const cublasLtMatmulAlgo_t *pa = plan_algo(c, g, p, rows);
 		cublasLtMatmulAlgo_t algo;
 		cublasStatus_t r = CUBLAS_STATUS_NOT_SUPPORTED;
 		int m, n, k;
 
 		dims(which_rows, rows, m0, n0, k0, &m, &n, &k);
 		plan_dims(p, ta, tb, m, n, k);
-		if (p->have_algo)
+		if (pa)
 			r = cublasLtMatmul(c->lt, p->desc, &alpha, a, p->a, b, p->b, &beta, cc,
-					   p->c, cc, p->c, &p->algo, ws, wsb, st);
+					   p->c, cc, p->c, pa, ws, wsb, st);
 		if (r == CUBLAS_STATUS_SUCCESS)
 			continue;
 		if (!heuristic(c, p, &algo, wsb)) {

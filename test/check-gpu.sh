@@ -6,8 +6,8 @@
 #   test_cuda_ops, test_cuda_model: the cuda backend's ops and the tiny model against the cpu one,
 #   again with the mma.sync flash-attention kernels in place of the wgmma ones (SHARDLM_FA_WGMMA=0),
 #   and with the unpipelined warpgroup forward (SHARDLM_FA_PIPE=0), the unpipelined dk/dv
-#   (SHARDLM_FA_BWD_PIPE=0), the fused dq (SHARDLM_FA_BWD_DQ=fused) and the one-launch expert
-#   matmuls (SHARDLM_MOE_GEMM=wg).
+#   (SHARDLM_FA_BWD_PIPE=0) and dq (SHARDLM_FA_DQ_PIPE=0), the fused dq (SHARDLM_FA_BWD_DQ=fused)
+#   and the one-launch expert matmuls (SHARDLM_MOE_GEMM=wg).
 #   check-gpu-offload.sh: offloaded optimizer state and weights train to the on-GPU losses.
 #   check-gpu-sft.sh: task sft (untied, tied, packed, Qwen3-MoE) trains to the cpu backend's losses.
 #   check-gpu-overlap.sh: AdamW under the next forward (SHARDLM_OPT_OVERLAP=1), the same bits.
@@ -72,6 +72,12 @@ gpu_test "cuda model vs cpu, unpipelined attention forward" env SHARDLM_FA_PIPE=
 gpu_test "cuda ops vs cpu, unpipelined attention dk/dv" env SHARDLM_FA_BWD_PIPE=0 \
 	"$top_builddir/test/test_cuda_ops"
 gpu_test "cuda model vs cpu, unpipelined attention dk/dv" env SHARDLM_FA_BWD_PIPE=0 \
+	"$top_builddir/test/test_cuda_model"
+# the dq warpgroup kernel unpipelined (SHARDLM_FA_DQ_PIPE=0; the pipelined one is the default at
+# head_dim 64 and 128)
+gpu_test "cuda ops vs cpu, unpipelined attention dq" env SHARDLM_FA_DQ_PIPE=0 \
+	"$top_builddir/test/test_cuda_ops"
+gpu_test "cuda model vs cpu, unpipelined attention dq" env SHARDLM_FA_DQ_PIPE=0 \
 	"$top_builddir/test/test_cuda_model"
 # the fused dq (SHARDLM_FA_BWD_DQ=fused; opt-in: the dk/dv kernel adds dQ into fp32 sums, no dq
 # kernel), head_dim 64 and 128 on whole rows

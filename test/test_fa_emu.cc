@@ -1,8 +1,8 @@
 /*
  * test_fa_emu: the warpgroup flash-attention kernels of cuda/flash.cuh run on the host, on an
  * emulation of the instructions they use (cuda/emu.cuh), against a double-precision attention
- * computed here: the forward (k_fa_fwd_pipe, k_fa_fwd), the dq kernel and the dk/dv kernel (its
- * pipelined and unpipelined tiles) and the fused dq (SHARDLM_FA_BWD_DQ=fused: the dk/dv kernel
+ * computed here: the forward (k_fa_fwd_pipe, k_fa_fwd), the dq kernel and the dk/dv kernel (each
+ * with its pipelined and unpipelined tiles) and the fused dq (SHARDLM_FA_BWD_DQ=fused: the dk/dv kernel
  * adding dQ into fp32 sums), at head_dim 64 and 128 (and 256: two warpgroups a block; neither
  * the pipelined forward nor the fused dq exist there), grouped-query heads, records shorter than
  * the row, packed rows, lengths that are no multiple of the tiles.
@@ -14,6 +14,7 @@
  */
 #define SL_EMU 1
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "../cuda/common.cuh"
@@ -197,7 +198,8 @@ template <int HD> void run_fwd(const Prob &p, bool pipe, std::vector<bf16> &out,
 template <int HD> void fused_bwd(const Prob &p, bf16 *dq, const bf16 *dout, const float *ls,
 				 const float *Dp, const bf16 *qkv, const int *lens, const int *pos);
 
-// the backward: dq kernel + dk/dv kernel (pipe or not), or the fused dq; dqkv (bf16)
+// the backward (how): 0 dq + dk/dv kernels unpipelined, 1 both pipelined, 2 the pipelined dk/dv
+// with the unpipelined dq, 3 the fused dq; dqkv (bf16)
 template <int HD> void run_bwd(const Prob &p, int how, const std::vector<bf16> &out,
 			       const std::vector<float> &lse, std::vector<bf16> &dqkv,
 			       const int *lens)
@@ -222,13 +224,13 @@ template <int HD> void run_bwd(const Prob &p, int how, const std::vector<bf16> &
 	Dp = D.data();
 	for (auto &v : dqkv)
 		v = __float2bfloat16_rn(NAN);
-	if (how < 2) {
-		const bool pipe = how == 1;
+	if (how < 3) {
+		const bool pipe = how > 0, qpipe = how == 1;
 
 		launch({ (unsigned)((L + C::BMQ - 1) / C::BMQ), (unsigned)nh, (unsigned)B_ }, C::NT,
 		       fa_smem_dq<HD, true>(), [=] {
 			       k_fa_dq<HD, false, true>(dq, dout, ls, Dp, qkv, lens, pos, L, nh,
-							nkv, sl2, scale, fa_rows{});
+							nkv, sl2, scale, fa_rows{}, qpipe);
 		       });
 		launch({ (unsigned)((L + FA_BM - 1) / FA_BM), (unsigned)nkv, (unsigned)B_ }, C::KNT,
 		       fa_smem_dkdv<HD, true>(), [=] {
@@ -286,7 +288,7 @@ template <int HD> void check(int B_, int L, int nh, int nkv, std::vector<int> le
 			     std::vector<std::vector<int>> docs = {})
 {
 	Prob p;
-	std::vector<bf16> out((size_t)B_ * L * nh * HD), dqkv;
+	std::vector<bf16> out((size_t)B_ * L * nh * HD), dqkv, piped;
 	std::vector<float> lse((size_t)B_ * L * nh);
 	const int *ln;
 
@@ -313,14 +315,22 @@ template <int HD> void check(int B_, int L, int nh, int nkv, std::vector<int> le
 		compare(pipe ? "forward (k_fa_fwd_pipe): lse" : "forward (k_fa_fwd): lse", p,
 			lse.data(), p.lse, 1e-3);
 	}
-	for (int how = 0; how < (HD <= 128 ? 3 : 2); how++) {
+	for (int how = 0; how < (HD <= 128 ? 4 : 3); how++) {
 		static const char *name[] = { "backward (dq, dk/dv unpipelined): dqkv",
 					      "backward (dq, dk/dv pipelined): dqkv",
+					      "backward (dq unpipelined, dk/dv pipelined): dqkv",
 					      "backward (fused dq): dqkv" };
 
 		run_bwd<HD>(p, how, out, lse, dqkv, ln);
 		mask_pad(p, dqkv, p.W());
 		compare(name[how], p, dqkv.data(), p.dq, 3e-2);
+		// the pipelined tiles make the same sums in the same order: the same bits
+		if (how == 1)
+			piped = dqkv;
+		if (how == 2)
+			CHECK(!memcmp(piped.data(), dqkv.data(), dqkv.size() * sizeof(bf16)),
+			      "hd %d L %d: the pipelined dq kernel's dq differs from the "
+			      "unpipelined one's", HD, L);
 	}
 }
 
