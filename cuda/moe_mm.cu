@@ -1,8 +1,11 @@
 // moe_mm.cu: the experts' grouped matmuls in one kernel on Hopper's warpgroup MMA (sm_90a,
 // SL_WGMMA): every expert's output tiles in one launch, the heaviest experts' first, so the small
 // experts' tiles fill the GPU together instead of one under-filled cuBLAS call each.  Opt-in
-// (SHARDLM_MOE_GEMM=wg): its first versions ran at half the per-expert cuBLASLt calls' speed
-// (bench/RESULTS.md, twenty-first session), the loader being the limit.
+// (SHARDLM_MOE_GEMM=wg; wg-bwd: the backward's forms only, wg-dw: dw only, narrow: the backward
+// where the experts' inputs are at most 1024 wide): its first versions ran at half the
+// per-expert cuBLASLt calls' speed (bench/RESULTS.md, twenty-first session), the loader being
+// the limit; since the loader works out its addresses once a tile (twenty-third session) it
+// runs the down projection's backward faster than they do (twenty-sixth session).
 //
 // A block computes one 128 x 256 output tile: warpgroup 0 loads 64-deep slices of the two
 // operands with cp.async into a ring of MM_ST stages (128-byte swizzled tiles, wgmma.cuh's
@@ -225,19 +228,25 @@ k_moe_mm(bf16 *out, const bf16 *a, const bf16 *b, const __grid_constant__ mm_gro
 	}
 }
 
-// on: a build with SL_WGMMA, a device of compute capability 9.0, SHARDLM_MOE_GEMM=wg (read once)
-static bool mm_on(void)
+// on for this form of a matmul whose experts take K wide rows: a build with SL_WGMMA, a device of
+// compute capability 9.0, SHARDLM_MOE_GEMM=wg (every form), wg-bwd (forms 1 and 2), wg-dw
+// (form 2) or narrow (forms 1 and 2 where K is at most 1024: the products whose outputs have
+// few tiles an expert, where the per-expert cuBLASLt calls fill the GPU worst) (read once)
+static bool mm_on(int form, int K)
 {
 #ifdef SL_WGMMA
-	static int on = -1;
+	static int forms = -1;	// bit f: form f; bit 3: narrow
 
-	if (on < 0) {
+	if (forms < 0) {
 		const char *v = getenv("SHARDLM_MOE_GEMM");
 
-		on = v && !strcmp(v, "wg") && sl_cuda_sm90();
+		forms = !v || !sl_cuda_sm90() ? 0 : !strcmp(v, "wg") ? 7 : !strcmp(v, "wg-bwd") ? 6 :
+			!strcmp(v, "wg-dw") ? 4 : !strcmp(v, "narrow") ? 8 | 6 : 0;
 	}
-	return on;
+	return (forms >> form & 1) && (!(forms & 8) || K <= 1024);
 #else
+	(void)form;
+	(void)K;
 	return false;
 #endif
 }
@@ -267,7 +276,7 @@ extern "C" bool sl_cuda_moe_mm(struct sl_cuda *c, int form, void *out, const voi
 	const int mdim = form == 2 ? N : 0, ndim = form == 0 ? N : K, kdim = form == 1 ? N : K;
 	mm_groups g;
 
-	if (!mm_on() || E > MM_MAXG || ndim % MM_BN || mdim % MM_BM || kdim % MM_BK ||
+	if (!mm_on(form, K) || E > MM_MAXG || ndim % MM_BN || mdim % MM_BM || kdim % MM_BK ||
 	    (uintptr_t)out % 16 || (uintptr_t)a % 16 || (uintptr_t)b % 16 || ws % 8)
 		return false;
 	g.n = sl_cuda_moe_order(g.e, h_offs, E);
