@@ -654,24 +654,35 @@ static __device__ __forceinline__ void fa_dq_ds(float (*s)[4], const float (*dp)
 		acc_to_a(da[kk], s[2 * kk], s[2 * kk + 1]);
 }
 
-// One key tile (BN = 2 FA_SUB keys) of the dq kernel on warpgroup products (head_dim 64 and 128;
-// the default, SHARDLM_FA_DQ_PIPE=0 runs the sub-steps one after the other): both sub-steps' S
-// and dP are issued at once, the first's dS is made while the second's products run, and the
-// second's while the first's dQ product runs.  Both sub-steps always run (a warpgroup's queries
-// reach past the tile's first FA_SUB keys unless the record ends inside it; masked keys give
-// zeros), so every warp takes the same path and ptxas keeps the products asynchronous.  The
-// same sums as the unpipelined steps, in the same order.
-template <int HD, int BN>
+// The dq kernel's key tiles on warpgroup products, pipelined (head_dim 64 and 128; the default,
+// SHARDLM_FA_DQ_PIPE=0 runs the unpipelined loop): three stages of key and value tiles (stages 0
+// and 1 where the unpipelined loop keeps its two, stage 2 after them), tile t + 2 loading while
+// tile t computes.  A tile's two sub-steps' S and dP are issued at once, while the previous
+// tile's dQ products still run; the first sub-step's dS is made while the second's products
+// run, the second's while the first's dQ product runs.  Every sub-step always runs (a
+// warpgroup's queries reach past a tile's first FA_SUB keys unless the record ends inside it;
+// masked keys give zeros), so every warp takes the same path and ptxas keeps the products
+// asynchronous.  The same sums as the unpipelined loop, in the same order.  ks: the stages'
+// base, tile kt0 already issued into stage 0 as the only pending copy group.
+template <int HD, int BN, int NT>
 static __device__ __forceinline__ void
-fa_dq_tile_wg(float (*dq)[4], const uint32_t (*qf)[4], const uint32_t (*gf)[4], const bf16 *kt,
-	      const bf16 *vt, int k0, int p0, int p1, int ds0, int ds1, float ls0, float ls1,
-	      float D0, float D1, int len, int tq, float sl2)
+fa_dq_loop_wg(float (*dq)[4], const uint32_t (*qf)[4], const uint32_t (*gf)[4], bf16 *ks,
+	      int TILE, const bf16 *kg, const bf16 *vg, int KS, int kt0, int nt, int kend, int p0,
+	      int p1, int ds0, int ds1, float ls0, float ls1, float D0, float D1, int len, int tq,
+	      float sl2)
 {
-	static_assert(BN == 2 * FA_SUB, "fa_dq_tile_wg: two sub-steps a tile");
+	static_assert(BN == 2 * FA_SUB, "fa_dq_loop_wg: two sub-steps a tile");
 	float s[2][FA_SUB / 8][4], dp[2][FA_SUB / 8][4];
 	uint32_t da[2][FA_SUB / 16][4];
+	auto kst = [&](int st) { return ks + (st < 2 ? st : 4) * TILE; };
+	auto vst = [&](int st) { return ks + (st < 2 ? 2 + st : 5) * TILE; };
+	auto load = [&](int t) {	// tile t into its stage
+		const int st = (t - kt0) % 3;
 
-	auto sdp = [&](int sb) {	// S and dP (the first k-step writes them: acc 0)
+		fa_tile<HD, BN, true, NT>(kst(st), kg, KS, t * BN, kend);
+		fa_tile<HD, BN, true, NT>(vst(st), vg, KS, t * BN, kend);
+	};
+	auto sdp = [&](const bf16 *kt, const bf16 *vt, int sb) {	// S and dP (acc 0 first)
 		wg_fence();
 #pragma unroll
 		for (int kk = 0; kk < HD / 16; kk++) {
@@ -682,7 +693,7 @@ fa_dq_tile_wg(float (*dq)[4], const uint32_t (*qf)[4], const uint32_t (*gf)[4], 
 		}
 		wg_commit();
 	};
-	auto dqp = [&](int sb) {	// dQ += dS K
+	auto dqp = [&](const bf16 *kt, int sb) {	// dQ += dS K
 		wg_fence();
 #pragma unroll
 		for (int kk = 0; kk < FA_SUB / 16; kk++)
@@ -690,26 +701,42 @@ fa_dq_tile_wg(float (*dq)[4], const uint32_t (*qf)[4], const uint32_t (*gf)[4], 
 		wg_commit();
 	};
 
-	sdp(0);
-	sdp(1);
-	wg_wait1();	// sub-step 0's S and dP; 1's may still run
-	wg_pin<FA_SUB / 2>(&s[0][0][0]);
-	wg_pin<FA_SUB / 2>(&dp[0][0][0]);
-	fa_dq_ds(s[0], dp[0], da[0], k0, p0, p1, ds0, ds1, ls0, ls1, D0, D1, len, tq, sl2);
-	dqp(0);
-	wg_wait1();	// sub-step 1's S and dP; 0's dQ may still run
-	wg_pin<FA_SUB / 2>(&s[1][0][0]);
-	wg_pin<FA_SUB / 2>(&dp[1][0][0]);
-	fa_dq_ds(s[1], dp[1], da[1], k0 + FA_SUB, p0, p1, ds0, ds1, ls0, ls1, D0, D1, len, tq,
-		 sl2);
-	dqp(1);
+	if (kt0 + 1 < nt)
+		load(kt0 + 1);
+	cp_commit();
+	for (int t = kt0; t < nt; t++) {
+		const int st = (t - kt0) % 3, k0 = t * BN;
+		const bf16 *kt = kst(st), *vt = vst(st);
+
+		cp_wait1();	// tile t's copies (tile t + 1's may still run)
+		fence_async_smem();
+		__syncthreads();
+		sdp(kt, vt, 0);
+		sdp(kt, vt, 1);
+		wg_wait2();		// the previous tile's dQ products ...
+		__syncthreads();	// ... in every warp: their stage takes tile t + 2
+		if (t + 2 < nt)
+			load(t + 2);
+		cp_commit();
+		wg_wait1();	// sub-step 0's S and dP; 1's may still run
+		wg_pin<FA_SUB / 2>(&s[0][0][0]);
+		wg_pin<FA_SUB / 2>(&dp[0][0][0]);
+		fa_dq_ds(s[0], dp[0], da[0], k0, p0, p1, ds0, ds1, ls0, ls1, D0, D1, len, tq, sl2);
+		dqp(kt, 0);
+		wg_wait1();	// sub-step 1's S and dP; 0's dQ may still run
+		wg_pin<FA_SUB / 2>(&s[1][0][0]);
+		wg_pin<FA_SUB / 2>(&dp[1][0][0]);
+		fa_dq_ds(s[1], dp[1], da[1], k0 + FA_SUB, p0, p1, ds0, ds1, ls0, ls1, D0, D1, len,
+			 tq, sl2);
+		dqp(kt, 1);
+	}
 	wg_wait0();
 	wg_pin<HD / 2>(&dq[0][0]);
 }
 
 // dq: a warp's 16 queries hold Q and dO as A fragments; per key step S = Q K^T and dP = dO V^T
 // (K, V not transposed), dS = P (dP - D) rounded to bf16 is the A operand of dQ += dS K (K
-// transposed by ldmatrix).  pipe: the warpgroup kernel's tiles by fa_dq_tile_wg (head_dim 64 and
+// transposed by ldmatrix).  pipe: the warpgroup kernel's tiles by fa_dq_loop_wg (head_dim 64 and
 // 128)
 template <int HD, bool CP, bool WG>
 __global__ void __launch_bounds__(fa_cfg<HD, WG>::NT, fa_cfg<HD, WG>::MINB)
@@ -778,7 +805,16 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 #pragma unroll
 	for (int n = 0; n < HD / 8; n++)
 		dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
-	for (int t = kt0; t < nt; t++) {
+	bool piped = false;
+
+	if constexpr (WG && !BIG) {
+		if (pipe) {
+			fa_dq_loop_wg<HD, BN, NT>(dq, qf, gf, ks, TILE, kg, vg, KS, kt0, nt, kend, p0,
+						  p1, ds0, ds1, ls0, ls1, D0, D1, len, tq, sl2);
+			piped = true;
+		}
+	}
+	for (int t = piped ? nt : kt0; t < nt; t++) {
 		const int k0 = t * BN, st = (t - kt0) & 1;
 
 		if (t + 1 < nt) {
@@ -793,14 +829,6 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 		const bf16 *kt = ks + st * TILE, *vt = vs + st * TILE;
 		const uint32_t kb = smem_u32(kt), vb = smem_u32(vt);
 
-		if constexpr (WG && !BIG) {
-			if (pipe) {
-				fa_dq_tile_wg<HD, BN>(dq, qf, gf, kt, vt, k0, p0, p1, ds0, ds1, ls0,
-						      ls1, D0, D1, len, tq, sl2);
-				__syncthreads();
-				continue;
-			}
-		}
 #pragma unroll
 		for (int sub = 0; sub < BN / FA_SUB; sub++) {
 			const int c0 = k0 + sub * FA_SUB;
@@ -1397,8 +1425,9 @@ template <int HD, bool WG> static size_t fa_smem_dq(void)
 {
 	using C = fa_cfg<HD, WG>;
 
-	return (size_t)(4 * C::BNQ + (C::BIG ? 2 * C::BMQ : 0)) * (WG ? HD : HD + 8) *
-		       sizeof(bf16) + (WG ? 1024 : 0);
+	// (the pipelined warpgroup loop, fa_dq_loop_wg: a third stage of key and value tiles)
+	return (size_t)((WG && !C::BIG ? 6 : 4) * C::BNQ + (C::BIG ? 2 * C::BMQ : 0)) *
+		       (WG ? HD : HD + 8) * sizeof(bf16) + (WG ? 1024 : 0);
 }
 
 template <int HD, bool WG, bool FQ = false> static size_t fa_smem_dkdv(void)
@@ -1482,7 +1511,7 @@ static bool fa_bwd_pipe(void)
 	return on;
 }
 
-// the dq warpgroup kernel's tiles pipelined (fa_dq_tile_wg), unless SHARDLM_FA_DQ_PIPE=0 (read
+// the dq warpgroup kernel's tiles pipelined (fa_dq_loop_wg), unless SHARDLM_FA_DQ_PIPE=0 (read
 // once)
 static bool fa_dq_pipe(void)
 {
