@@ -626,14 +626,13 @@ k_fa_fwd_pipe(bf16 *out, float *lse, const bf16 *qkv, const int *lens, const int
 	}
 }
 
-// a dq sub-step's dS = P (dP - D) in place of S (s), as the A fragments of dQ += dS K (da): this
-// lane's queries (indices p0, p1: -1 padding; document starts ds0, ds1; lse * log2 e ls0, ls1;
-// D0, D1) by the FA_SUB keys from c0; keys after the query, past the record or before the
-// query's document are zeros
-static __device__ __forceinline__ void fa_dq_ds(float (*s)[4], const float (*dp)[4],
-						uint32_t (*da)[4], int c0, int p0, int p1, int ds0,
-						int ds1, float ls0, float ls1, float D0, float D1,
-						int len, int tq, float sl2)
+// a dq sub-step's dS = P (dP - D) in place of S (s): this lane's queries (indices p0, p1: -1
+// padding; document starts ds0, ds1; lse * log2 e ls0, ls1; D0, D1) by the FA_SUB keys from c0;
+// keys after the query, past the record or before the query's document are zeros
+static __device__ __forceinline__ void fa_dq_p(float (*s)[4], const float (*dp)[4], int c0,
+					       int p0, int p1, int ds0, int ds1, float ls0,
+					       float ls1, float D0, float D1, int len, int tq,
+					       float sl2)
 {
 	const bool msk = c0 + FA_SUB - 1 > p0 || c0 + FA_SUB > len || c0 < ds1;
 
@@ -649,6 +648,15 @@ static __device__ __forceinline__ void fa_dq_ds(float (*s)[4], const float (*dp)
 			s[n][e] = p * (dp[n][e] - (e < 2 ? D0 : D1));
 		}
 	}
+}
+
+// fa_dq_p, then dS as the A fragments of dQ += dS K (da)
+static __device__ __forceinline__ void fa_dq_ds(float (*s)[4], const float (*dp)[4],
+						uint32_t (*da)[4], int c0, int p0, int p1, int ds0,
+						int ds1, float ls0, float ls1, float D0, float D1,
+						int len, int tq, float sl2)
+{
+	fa_dq_p(s, dp, c0, p0, p1, ds0, ds1, ls0, ls1, D0, D1, len, tq, sl2);
 #pragma unroll
 	for (int kk = 0; kk < FA_SUB / 16; kk++)
 		acc_to_a(da[kk], s[2 * kk], s[2 * kk + 1]);
@@ -880,19 +888,7 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 					}
 				}
 			}
-			const bool msk = c0 + FA_SUB - 1 > p0 || c0 + FA_SUB > len || c0 < ds1;
-#pragma unroll
-			for (int n = 0; n < FA_SUB / 8; n++) {
-#pragma unroll
-				for (int e = 0; e < 4; e++) {
-					const int qi = e < 2 ? p0 : p1, key = c0 + n * 8 + tq * 2 + (e & 1);
-					float p = fexp2(fmaf(s[n][e], sl2, -(e < 2 ? ls0 : ls1)));
-
-					if (msk && (key > qi || key >= len || key < (e < 2 ? ds0 : ds1)))
-						p = 0.f;
-					s[n][e] = p * (dp[n][e] - (e < 2 ? D0 : D1));
-				}
-			}
+			fa_dq_p(s, dp, c0, p0, p1, ds0, ds1, ls0, ls1, D0, D1, len, tq, sl2);
 			if constexpr (WG) {
 				uint32_t da[FA_SUB / 16][4];
 
@@ -1483,46 +1479,40 @@ static bool fa_wg(int hd)
 #endif
 }
 
+// an environment switch that is on unless set to "0", read once into *cache (-1: not yet)
+static bool fa_env_on(const char *name, int *cache)
+{
+	if (*cache < 0) {
+		const char *e = getenv(name);
+
+		*cache = !(e && !strcmp(e, "0"));
+	}
+	return *cache;
+}
+
 // the pipelined warpgroup forward (k_fa_fwd_pipe) for head_dim 64 and 128 on whole rows, unless
-// SHARDLM_FA_PIPE=0 (read once; make check-gpu runs test_cuda_ops and test_cuda_model both ways)
+// SHARDLM_FA_PIPE=0 (make check-gpu runs test_cuda_ops and test_cuda_model both ways)
 static bool fa_pipe(void)
 {
 	static int on = -1;
 
-	if (on < 0) {
-		const char *e = getenv("SHARDLM_FA_PIPE");
-
-		on = !(e && !strcmp(e, "0"));
-	}
-	return on;
+	return fa_env_on("SHARDLM_FA_PIPE", &on);
 }
 
 // the dk/dv warpgroup kernel's tiles pipelined (fa_dkdv_tile_wg), unless SHARDLM_FA_BWD_PIPE=0
-// (read once)
 static bool fa_bwd_pipe(void)
 {
 	static int on = -1;
 
-	if (on < 0) {
-		const char *e = getenv("SHARDLM_FA_BWD_PIPE");
-
-		on = !(e && !strcmp(e, "0"));
-	}
-	return on;
+	return fa_env_on("SHARDLM_FA_BWD_PIPE", &on);
 }
 
-// the dq warpgroup kernel's tiles pipelined (fa_dq_loop_wg), unless SHARDLM_FA_DQ_PIPE=0 (read
-// once)
+// the dq warpgroup kernel's tiles pipelined (fa_dq_loop_wg), unless SHARDLM_FA_DQ_PIPE=0
 static bool fa_dq_pipe(void)
 {
 	static int on = -1;
 
-	if (on < 0) {
-		const char *e = getenv("SHARDLM_FA_DQ_PIPE");
-
-		on = !(e && !strcmp(e, "0"));
-	}
-	return on;
+	return fa_env_on("SHARDLM_FA_DQ_PIPE", &on);
 }
 
 // The fused dq (the dk/dv kernel computes dQ as well and adds it into fp32 sums by atomic
