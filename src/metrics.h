@@ -1,8 +1,9 @@
 /*
  * metrics: the run's machine-readable files.
  *
- * RUN/training_metrics.json ({"run": {...}, "steps": [...], "eval": [...]}), rewritten through a
- * temporary file and rename after every step so a dead job still leaves its steps, and
+ * RUN/training_metrics.json ({"run": {...}, "steps": [...], "eval": [...]}, a step or evaluation
+ * a line), rewritten through a temporary file and rename after every step (by a writer thread,
+ * so the step does not wait for the file) so a dead job still leaves its steps, and
  * RUN/provenance.json (versions, hosts, ranks, libraries, NCCL_* environment, input hashes).
  */
 #ifndef SL_METRICS_H
@@ -53,8 +54,19 @@ void sl_metrics_add_eval(struct sl_metrics *m, int step, double loss, long recor
 int sl_metrics_keep_earlier(struct sl_metrics *m, const char *path, int max_step);
 void sl_metrics_add_eval_stats(struct sl_metrics *m, int step, long records, int n,
 			       const char *const *keys, const double *values);
-/* Atomic rewrite (temp file + fsync + rename).  0 or negative. */
+/*
+ * Atomic rewrite (temp file + fsync + rename), here and now (after any pending asynchronous one).
+ * 0, or negative when this or an earlier asynchronous write failed (the error is logged).
+ */
 int sl_metrics_write(struct sl_metrics *m);
+/*
+ * The same rewrite by a writer thread (started on first use), so the caller does not wait for
+ * the file: the thread writes the latest document it was handed, a newer one replacing one it
+ * had not begun.  Returns negative when an earlier write failed, else 0.
+ */
+int sl_metrics_write_async(struct sl_metrics *m);
+/* Waits until the writer thread has written the latest document; 0, or negative as above. */
+int sl_metrics_flush(struct sl_metrics *m);
 
 /* 64-bit FNV-1a of a file's bytes (provenance, not security); 0 and *bytes = -1 if unreadable. */
 uint64_t sl_file_hash(const char *path, long long *bytes);

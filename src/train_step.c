@@ -372,7 +372,7 @@ int train_run_steps(struct job *j)
 		}
 		if (j->tb && (step % c->run.log_every == 0 || step == j->steps))
 			sl_tb_flush(j->tb);
-		if (j->d.rank == 0 && sl_metrics_write(j->met))
+		if (j->d.rank == 0 && sl_metrics_write_async(j->met))
 			sl_dist_abort("cannot write training_metrics.json");
 		sl_watchdog_disarm();
 		if (c->checkpoint.every > 0 && !status &&
@@ -389,6 +389,9 @@ int train_run_steps(struct job *j)
 	sl_log("trained steps %d to %d in %s", j->first_step, j->steps, dur);
 	ret = 0;
 out:
+	/* the metrics' writer thread has the last step's document still to write */
+	if (j->d.rank == 0 && sl_metrics_flush(j->met))
+		sl_dist_abort("cannot write training_metrics.json");
 	/* the last update may still run on the side stream (overlap_optimizer) */
 	sl_shard_settle(&j->sh);
 	j->be->sync(j->be);
