@@ -300,6 +300,19 @@ void sl_metrics_add_eval_stats(struct sl_metrics *m, int step, long records, int
 	texts_add(m, &m->eval, o);
 }
 
+/* a written temporary file @tmp in place of @path (@ret 0: it was written whole), else removed;
+ * 0 or -1 */
+static int commit_tmp(const char *tmp, const char *path, int ret)
+{
+	if (ret == 0 && rename(tmp, path) != 0) {
+		sl_error("cannot rename %s to %s: %s", tmp, path, strerror(errno));
+		ret = -1;
+	}
+	if (ret)
+		unlink(tmp);
+	return ret;
+}
+
 int sl_write_file_atomic(const char *path, const char *text, size_t len)
 {
 	char tmp[SL_PATH_MAX + 16];
@@ -329,13 +342,7 @@ int sl_write_file_atomic(const char *path, const char *text, size_t len)
 	ret = 0;
 out_close:
 	close(fd);
-	if (ret == 0 && rename(tmp, path) != 0) {
-		sl_error("cannot rename %s to %s: %s", tmp, path, strerror(errno));
-		ret = -1;
-	}
-	if (ret)
-		unlink(tmp);
-	return ret;
+	return commit_tmp(tmp, path, ret);
 }
 
 static int write_json(const char *path, json_t *j)
@@ -388,13 +395,7 @@ static int write_doc(const char *path, const char *run, char *const *steps, size
 		sl_error("cannot write %s: %s", tmp, strerror(errno));
 		ret = -1;
 	}
-	if (ret == 0 && rename(tmp, path) != 0) {
-		sl_error("cannot rename %s to %s: %s", tmp, path, strerror(errno));
-		ret = -1;
-	}
-	if (ret)
-		unlink(tmp);
-	return ret;
+	return commit_tmp(tmp, path, ret);
 }
 
 /* the run object's text, indented as a member of the document (the caller frees it); NULL: out

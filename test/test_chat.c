@@ -86,25 +86,6 @@ static void test_tojson(void)
 
 /* ---- loading and refusing templates --------------------------------------------------------- */
 
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf;
-	long n;
-
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	buf = malloc(n + 1);
-	if (fread(buf, 1, n, f) != (size_t)n)
-		n = 0;
-	buf[n] = 0;
-	fclose(f);
-	return buf;
-}
-
 static void test_templates(void)
 {
 	char path[600], *cfg_text, *tmpl, msg[2048], *err = NULL;
@@ -120,7 +101,7 @@ static void test_templates(void)
 	CHECK(!strcmp(sl_chat_name(chat), "qwen3"));
 
 	snprintf(path, sizeof(path), "%s/tokenizer_config.json", tokdir);
-	cfg_text = slurp(path);
+	cfg_text = test_slurp(path);
 	cfg = jparse(cfg_text);
 	tmpl = strdup(json_string_value(json_object_get(cfg, "chat_template")));
 

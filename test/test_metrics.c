@@ -29,26 +29,6 @@ static json_t *load(const char *path)
 	return j;
 }
 
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	char *t;
-	long n;
-
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	t = calloc(1, n + 1);
-	if (t && fread(t, 1, n, f) != (size_t)n) {
-		free(t);
-		t = NULL;
-	}
-	fclose(f);
-	return t;
-}
-
 /* step @i's metrics; @counts: 2 layers x 3 experts when @moe */
 static struct sl_step_metrics step_of(int i, bool moe, const long long *counts)
 {
@@ -173,7 +153,7 @@ static void test_async_and_resume(void)
 		}
 	json_decref(j);
 	sl_metrics_destroy(m);
-	before = slurp(path);
+	before = test_slurp(path);
 
 	/* resume after step 150: the first 150 entries, as they were */
 	m = sl_metrics_create(path);
@@ -185,7 +165,7 @@ static void test_async_and_resume(void)
 	}
 	CHECK(sl_metrics_write_async(m) == 0, "write_async after resume");
 	sl_metrics_destroy(m);	/* writes the pending document */
-	after = slurp(path);
+	after = test_slurp(path);
 	j = load(path);
 	CHECK(json_array_size(json_object_get(j, "steps")) == 151, "%zu steps after the resume",
 	      json_array_size(json_object_get(j, "steps")));

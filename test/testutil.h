@@ -34,6 +34,28 @@ static int test_checks;
 		      "(diff %.3g)", #a, _a, _b, _d);                                 \
 	} while (0)
 
+/* a file's bytes, NUL-terminated (the caller frees them); NULL when it cannot be read */
+static inline char *test_slurp(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	long n;
+
+	if (!f)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+	    (buf = malloc(n + 1)) != NULL) {
+		if (fread(buf, 1, n, f) == (size_t)n) {
+			buf[n] = 0;
+		} else {
+			free(buf);
+			buf = NULL;
+		}
+	}
+	fclose(f);
+	return buf;
+}
+
 static inline int test_exit(const char *name)
 {
 	printf("%s: %d checks, %d failed\n", name, test_checks, test_failures);
