@@ -44,7 +44,7 @@ static inline char *test_slurp(const char *path)
 	if (!f)
 		return NULL;
 	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
-	    (buf = malloc(n + 1)) != NULL) {
+	    (buf = (char *)malloc(n + 1)) != NULL) {
 		if (fread(buf, 1, n, f) == (size_t)n) {
 			buf[n] = 0;
 		} else {
