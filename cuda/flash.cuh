@@ -650,13 +650,9 @@ static __device__ __forceinline__ void fa_dq_p(float (*s)[4], const float (*dp)[
 	}
 }
 
-// fa_dq_p, then dS as the A fragments of dQ += dS K (da)
-static __device__ __forceinline__ void fa_dq_ds(float (*s)[4], const float (*dp)[4],
-						uint32_t (*da)[4], int c0, int p0, int p1, int ds0,
-						int ds1, float ls0, float ls1, float D0, float D1,
-						int len, int tq, float sl2)
+// a dq sub-step's dS (fa_dq_p's s) as the A fragments of dQ += dS K on warpgroup products
+static __device__ __forceinline__ void fa_dq_frags(uint32_t (*da)[4], const float (*s)[4])
 {
-	fa_dq_p(s, dp, c0, p0, p1, ds0, ds1, ls0, ls1, D0, D1, len, tq, sl2);
 #pragma unroll
 	for (int kk = 0; kk < FA_SUB / 16; kk++)
 		acc_to_a(da[kk], s[2 * kk], s[2 * kk + 1]);
@@ -729,13 +725,14 @@ fa_dq_loop_wg(float (*dq)[4], const uint32_t (*qf)[4], const uint32_t (*gf)[4], 
 		wg_wait1();	// sub-step 0's S and dP; 1's may still run
 		wg_pin<FA_SUB / 2>(&s[0][0][0]);
 		wg_pin<FA_SUB / 2>(&dp[0][0][0]);
-		fa_dq_ds(s[0], dp[0], da[0], k0, p0, p1, ds0, ds1, ls0, ls1, D0, D1, len, tq, sl2);
+		fa_dq_p(s[0], dp[0], k0, p0, p1, ds0, ds1, ls0, ls1, D0, D1, len, tq, sl2);
+		fa_dq_frags(da[0], s[0]);
 		dqp(kt, 0);
 		wg_wait1();	// sub-step 1's S and dP; 0's dQ may still run
 		wg_pin<FA_SUB / 2>(&s[1][0][0]);
 		wg_pin<FA_SUB / 2>(&dp[1][0][0]);
-		fa_dq_ds(s[1], dp[1], da[1], k0 + FA_SUB, p0, p1, ds0, ds1, ls0, ls1, D0, D1, len,
-			 tq, sl2);
+		fa_dq_p(s[1], dp[1], k0 + FA_SUB, p0, p1, ds0, ds1, ls0, ls1, D0, D1, len, tq, sl2);
+		fa_dq_frags(da[1], s[1]);
 		dqp(kt, 1);
 	}
 	wg_wait0();
@@ -892,9 +889,7 @@ k_fa_dq(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf
 			if constexpr (WG) {
 				uint32_t da[FA_SUB / 16][4];
 
-#pragma unroll
-				for (int kk = 0; kk < FA_SUB / 16; kk++)
-					acc_to_a(da[kk], s[2 * kk], s[2 * kk + 1]);
+				fa_dq_frags(da, s);
 				wg_fence();
 #pragma unroll
 				for (int kk = 0; kk < FA_SUB / 16; kk++)
