@@ -957,18 +957,23 @@ static __device__ __forceinline__ void fa_dst(float (*s)[4], float (*dp)[4], int
 					      int r0, int r1, int tq, float sl2, const float *lsl,
 					      const float *Dl, const int *dsl, const int *qil)
 {
+	// a lane's queries come in pairs (columns 2 tq, 2 tq + 1 of each 8): lse and D as one
+	// 8-byte load each, the indices and document starts only where something may be masked
 #pragma unroll
 	for (int n = 0; n < FA_SUB / 8; n++) {
+		const int q0 = sub * FA_SUB + n * 8 + tq * 2;
+		const float2 ls = *(const float2 *)(lsl + q0), dd = *(const float2 *)(Dl + q0);
+		const float l2[2] = { ls.x * LOG2E, ls.y * LOG2E }, d[2] = { dd.x, dd.y };
+
 #pragma unroll
 		for (int e = 0; e < 4; e++) {
-			const int key = e < 2 ? r0 : r1;
-			const int qc = sub * FA_SUB + n * 8 + tq * 2 + (e & 1), q = qil[qc];
-			float p = fexp2(fmaf(s[n][e], sl2, -lsl[qc]));
+			const int key = e < 2 ? r0 : r1, i = e & 1;
+			float p = fexp2(fmaf(s[n][e], sl2, -l2[i]));
 
-			if (msk && (q < key || key < dsl[qc]))
+			if (msk && (qil[q0 + i] < key || key < dsl[q0 + i]))
 				p = 0.f;
 			s[n][e] = p;
-			dp[n][e] = p * (dp[n][e] - Dl[qc]);
+			dp[n][e] = p * (dp[n][e] - d[i]);
 		}
 	}
 }
@@ -1228,7 +1233,10 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	const uint32_t va = smem_u32(vs + warp * 16 * P) + off_a<P>(lane);
 	float dk[HO / 8][4], dv[HO / 8][4];
 
-	// issue the loads of step t (query head, query tile) into stage t & 1
+	// issue the loads of step t (query head, query tile) into stage t & 1.  The queries' lse and
+	// D too by cp.async (zeros for padding), in flight with the tiles: loaded into registers
+	// here, they held warps 0 and 1 for a round trip to memory at every tile (lse is scaled by
+	// log2 e where fa_dst reads it)
 	auto issue = [&](int t) {
 		const int h = kv * grp + t / ntq, i0 = qs0 + (t % ntq) * FA_BN, st = t & 1;
 
@@ -1238,8 +1246,8 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 			const size_t tr = ((size_t)b * Lq + i0 + e) * nh + h;
 			const int i = fa_qidx<CP>(x, b, len, i0 + e);
 
-			lss[st * FA_BN + e] = i >= 0 ? lse[tr] * LOG2E : 0.f;
-			Ds[st * FA_BN + e] = i >= 0 ? D[tr] : 0.f;
+			cp_async4(smem_u32(lss + st * FA_BN + e), i >= 0 ? lse + tr : lse, i >= 0);
+			cp_async4(smem_u32(Ds + st * FA_BN + e), i >= 0 ? D + tr : D, i >= 0);
 			dss[st * FA_BN + e] = i >= 0 ? fa_qdoc<CP>(x, pos, b, L, i0 + e, i) : 0;
 			qis[st * FA_BN + e] = i;
 		}
@@ -1256,16 +1264,19 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	for (int n = 0; n < HO / 8; n++)
 		for (int e = 0; e < 4; e++)
 			dk[n][e] = dv[n][e] = 0.f;
+	// One barrier a tile: past it, tile t's copies have landed (each thread waited for its own)
+	// and every warp is done with tile t - 1 (its products waited for, its shared reads done),
+	// so tile t + 1 may load into that stage
 	for (int t = 0; t < nt; t++) {
 		const int st = t & 1;
 
-		if (t + 1 < nt)
-			issue(t + 1);
-		cp_commit();
-		cp_wait1();
+		cp_wait_all();
 		if (WG)
 			fence_async_smem();
 		__syncthreads();
+		if (t + 1 < nt)
+			issue(t + 1);
+		cp_commit();
 		const bf16 *qt = qs + st * TILE, *gt = gs + st * TILE;
 		const uint32_t qb = smem_u32(qt), gb = smem_u32(gt);
 		const float *lsl = lss + st * FA_BN, *Dl = Ds + st * FA_BN;
@@ -1282,10 +1293,8 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 				fa_dkdv_tile_wg<HD, HO>(dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg,
 							sl2, lsl, Dl, dsl, qil, CP || pos);
 		}
-		if (FQ || (WG && pipe)) {
-			__syncthreads();
+		if (FQ || (WG && pipe))
 			continue;
-		}
 		if constexpr (!FQ)	// (the fused dq's instances never get here)
 #pragma unroll
 		for (int sub = 0; sub < FA_BN / FA_SUB; sub++) {
@@ -1378,7 +1387,6 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 				}
 			}
 		}
-		__syncthreads();
 	}
 #pragma unroll
 	for (int half = 0; half < 2; half++) {
