@@ -957,23 +957,18 @@ static __device__ __forceinline__ void fa_dst(float (*s)[4], float (*dp)[4], int
 					      int r0, int r1, int tq, float sl2, const float *lsl,
 					      const float *Dl, const int *dsl, const int *qil)
 {
-	// a lane's queries come in pairs (columns 2 tq, 2 tq + 1 of each 8): lse and D as one
-	// 8-byte load each, the indices and document starts only where something may be masked
 #pragma unroll
 	for (int n = 0; n < FA_SUB / 8; n++) {
-		const int q0 = sub * FA_SUB + n * 8 + tq * 2;
-		const float2 ls = *(const float2 *)(lsl + q0), dd = *(const float2 *)(Dl + q0);
-		const float l2[2] = { ls.x * LOG2E, ls.y * LOG2E }, d[2] = { dd.x, dd.y };
-
 #pragma unroll
 		for (int e = 0; e < 4; e++) {
-			const int key = e < 2 ? r0 : r1, i = e & 1;
-			float p = fexp2(fmaf(s[n][e], sl2, -l2[i]));
+			const int key = e < 2 ? r0 : r1;
+			const int qc = sub * FA_SUB + n * 8 + tq * 2 + (e & 1), q = qil[qc];
+			float p = fexp2(fmaf(s[n][e], sl2, -(lsl[qc] * LOG2E)));
 
-			if (msk && (qil[q0 + i] < key || key < dsl[q0 + i]))
+			if (msk && (q < key || key < dsl[qc]))
 				p = 0.f;
 			s[n][e] = p;
-			dp[n][e] = p * (dp[n][e] - d[i]);
+			dp[n][e] = p * (dp[n][e] - Dl[qc]);
 		}
 	}
 }
@@ -1264,19 +1259,16 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	for (int n = 0; n < HO / 8; n++)
 		for (int e = 0; e < 4; e++)
 			dk[n][e] = dv[n][e] = 0.f;
-	// One barrier a tile: past it, tile t's copies have landed (each thread waited for its own)
-	// and every warp is done with tile t - 1 (its products waited for, its shared reads done),
-	// so tile t + 1 may load into that stage
 	for (int t = 0; t < nt; t++) {
 		const int st = t & 1;
 
-		cp_wait_all();
-		if (WG)
-			fence_async_smem();
-		__syncthreads();
 		if (t + 1 < nt)
 			issue(t + 1);
 		cp_commit();
+		cp_wait1();
+		if (WG)
+			fence_async_smem();
+		__syncthreads();
 		const bf16 *qt = qs + st * TILE, *gt = gs + st * TILE;
 		const uint32_t qb = smem_u32(qt), gb = smem_u32(gt);
 		const float *lsl = lss + st * FA_BN, *Dl = Ds + st * FA_BN;
@@ -1293,8 +1285,10 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 				fa_dkdv_tile_wg<HD, HO>(dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg,
 							sl2, lsl, Dl, dsl, qil, CP || pos);
 		}
-		if (FQ || (WG && pipe))
+		if (FQ || (WG && pipe)) {
+			__syncthreads();
 			continue;
+		}
 		if constexpr (!FQ)	// (the fused dq's instances never get here)
 #pragma unroll
 		for (int sub = 0; sub < FA_BN / FA_SUB; sub++) {
@@ -1387,6 +1381,7 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 				}
 			}
 		}
+		__syncthreads();
 	}
 #pragma unroll
 	for (int half = 0; half < 2; half++) {
