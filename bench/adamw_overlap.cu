@@ -47,7 +47,9 @@
 
 #define PIN_SMEM (120 << 10)
 
-// the trainer's AdamW element (torch's order), four a thread a step, grid-stride
+// AdamW's traffic as the trainer's k_adamw4 has it (fp32 p, m, v in and out, a bf16 gradient
+// in, a bf16 copy out) with about its arithmetic (not its exact rounding), four elements a
+// thread, grid-stride
 __global__ void __launch_bounds__(1024) k_adam(float4 *p, float4 *m, float4 *v,
 					       const uint2 *g, uint2 *wo, size_t n4)
 {
