@@ -959,16 +959,19 @@ static __device__ __forceinline__ void fa_dst(float (*s)[4], float (*dp)[4], int
 {
 #pragma unroll
 	for (int n = 0; n < FA_SUB / 8; n++) {
+		// this lane's two queries (one 8-byte read each of lse and D)
+		const int q0 = sub * FA_SUB + n * 8 + tq * 2;
+		const float2 ls = *(const float2 *)(lsl + q0), dd = *(const float2 *)(Dl + q0);
+
 #pragma unroll
 		for (int e = 0; e < 4; e++) {
-			const int key = e < 2 ? r0 : r1;
-			const int qc = sub * FA_SUB + n * 8 + tq * 2 + (e & 1), q = qil[qc];
-			float p = fexp2(fmaf(s[n][e], sl2, -(lsl[qc] * LOG2E)));
+			const int key = e < 2 ? r0 : r1, qc = q0 + (e & 1);
+			float p = fexp2(fmaf(s[n][e], sl2, -((e & 1 ? ls.y : ls.x) * LOG2E)));
 
-			if (msk && (q < key || key < dsl[qc]))
+			if (msk && (qil[qc] < key || key < dsl[qc]))
 				p = 0.f;
 			s[n][e] = p;
-			dp[n][e] = p * (dp[n][e] - Dl[qc]);
+			dp[n][e] = p * (dp[n][e] - (e & 1 ? dd.y : dd.x));
 		}
 	}
 }
@@ -986,7 +989,12 @@ static __device__ __forceinline__ void fa_dst(float (*s)[4], float (*dp)[4], int
 // a 64-row half of head_dim a product); the block's partial dQ^T is added into dqt (fp32,
 // (head_dim, Lp) at the tile's first query, scale not applied) by vector reductions.  The other
 // blocks add into the same sums in no fixed order: not deterministic.
-template <int HD, int HO, bool FQ = false>
+//
+// F2 (k_fa_dkdv's two-warpgroup fused dq): the block's 128 keys are two warpgroups' 64 each (wg
+// picks the key rows of ks and vs, not columns: HO is HD); each sub-step's dS^T goes to the
+// warpgroup's panel of dsb (query rows, its 64 keys; zeros for a skipped sub-step) and the kernel
+// makes dQ^T from both panels after the tile.
+template <int HD, int HO, bool FQ = false, bool F2 = false>
 static __device__ __forceinline__ void
 fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, const bf16 *qt,
 		const bf16 *gt, int j0, int wk, int r0, int r1, int tq, int wg, float sl2,
@@ -996,6 +1004,10 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 	static_assert(FA_BN == 2 * FA_SUB, "fa_dkdv_tile_wg: two sub-steps a tile");
 	static_assert(!FQ || (HO == HD && HD % 64 == 0 && HD <= 128 && FA_BM == 64),
 		      "fa_dkdv_tile_wg: the fused dq needs one warpgroup over head_dim 64 or 128");
+	static_assert(!F2 || (!FQ && HO == HD && FA_BM == 64),
+		      "fa_dkdv_tile_wg: F2 is two warpgroups of 64 keys, each over all columns");
+	constexpr int KR = F2 ? 2 * FA_BM : FA_BM;	// rows of the key and value tiles
+	const int kr0 = F2 ? wg * FA_BM : 0, cw = F2 ? 0 : wg;	// this warpgroup's keys, columns
 	uint32_t pa[FA_SUB / 16][4], da[FA_SUB / 16][4];
 	float s[FA_SUB / 8][4], dp[FA_SUB / 8][4];
 	float dq[FQ ? HD / 64 : 1][FA_SUB / 2];	// dQ^T: rows 64 p + this lane's, FA_SUB queries
@@ -1015,9 +1027,9 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 		wg_fence();
 #pragma unroll
 		for (int kk = 0; kk < HD / 16; kk++) {
-			wgmma_ss32(&s[0][0], desc_k<FA_BM>(ks, 0, kk),
+			wgmma_ss32(&s[0][0], desc_k<KR>(ks, kr0, kk),
 				   desc_k<FA_BN>(qt, sb * FA_SUB, kk), kk > 0);
-			wgmma_ss32(&dp[0][0], desc_k<FA_BM>(vs, 0, kk),
+			wgmma_ss32(&dp[0][0], desc_k<KR>(vs, kr0, kk),
 				   desc_k<FA_BN>(gt, sb * FA_SUB, kk), kk > 0);
 		}
 		wg_commit();
@@ -1026,8 +1038,8 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 		wg_fence();
 #pragma unroll
 		for (int kk = 0; kk < FA_SUB / 16; kk++) {
-			// the warpgroup's columns [wg HO, (wg + 1) HO): panels of 64
-			const int r = sb * FA_SUB + kk * 16, c = wg * (HO / 64) * FA_BN * 64;
+			// the warpgroup's columns [cw HO, (cw + 1) HO): panels of 64
+			const int r = sb * FA_SUB + kk * 16, c = cw * (HO / 64) * FA_BN * 64;
 
 			wgmma_rs_mn<HO, FA_BN>(&dv[0][0], pa[kk], gt + c, r);
 			wgmma_rs_mn<HO, FA_BN>(&dk[0][0], da[kk], qt + c, r);
@@ -1043,8 +1055,9 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 	};
 	// FQ: sub-step sb's dS^T (in dp) into its tile: query row q, key column (chunk key / 8 at
 	// chunk (key / 8) ^ (q % 8), wgmma.cuh's swizzle); the same bf16 rounding as da
+	// (F2: the warpgroup's 64-row panel, rows sb FA_SUB on: the same addresses one panel on)
 	auto st_ds = [&](int sb) {
-		bf16 *t = dsb + sb * FA_SUB * FA_BM;
+		bf16 *t = dsb + (F2 ? wg * FA_BN * 64 : 0) + sb * FA_SUB * FA_BM;
 #pragma unroll
 		for (int n = 0; n < FA_SUB / 8; n++)
 #pragma unroll
@@ -1096,7 +1109,7 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 		wg_pin<FA_SUB / 2>(&dp[0][0]);
 		fa_dst(s, dp, 0, msk[0], r0, r1, tq, sl2, lsl, Dl, dsl, qil);
 		pack();
-		if constexpr (FQ)
+		if constexpr (FQ || F2)
 			st_ds(0);
 	} else {
 #pragma unroll
@@ -1104,6 +1117,14 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 #pragma unroll
 			for (int e = 0; e < 4; e++)
 				pa[kk][e] = da[kk][e] = 0u;
+		if constexpr (F2) {	// the kernel's dQ^T reads every row of the panel
+#pragma unroll
+			for (int n = 0; n < FA_SUB / 8; n++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					dp[n][e] = 0.f;
+			st_ds(0);
+		}
 	}
 	if (go[1]) {
 		// FQ: a skipped first sub-step's dQ^T reads whatever its tile holds and is dropped
@@ -1121,7 +1142,7 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 		wg_pin<FA_SUB / 2>(&s[0][0]);
 		wg_pin<FA_SUB / 2>(&dp[0][0]);
 		fa_dst(s, dp, 1, msk[1], r0, r1, tq, sl2, lsl, Dl, dsl, qil);
-		if constexpr (FQ)
+		if constexpr (FQ || F2)
 			st_ds(1);
 		wg_wait0();
 		wg_pin<HO / 2>(&dv[0][0]);
@@ -1145,6 +1166,14 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 			red(1);
 		}
 	} else if (go[0]) {
+		if constexpr (F2) {	// sub-step 1 skipped: zeros (dp is sub-step 0's, packed)
+#pragma unroll
+			for (int n = 0; n < FA_SUB / 8; n++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					dp[n][e] = 0.f;
+			st_ds(1);
+		}
 		if constexpr (FQ)
 			ds_ready();
 		dvdk(0);
@@ -1157,6 +1186,8 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 			pin_dq();
 			red(0);
 		}
+	} else if constexpr (F2) {	// both skipped: sub-step 0's zeros stored, dp zeros
+		st_ds(1);
 	}
 }
 
@@ -1169,22 +1200,34 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 // FQ (whole rows, the warpgroup kernels pipelined, head_dim 64 or 128): dQ as well, summed into
 // dqa (fp32, (B nh HD, Lp): dQ^T per record and head, unscaled) by every key block (see
 // fa_dkdv_tile_wg); no dq kernel.
-template <int HD, bool CP, bool WG, bool FQ = false>
-__global__ void __launch_bounds__(fa_cfg<HD, WG>::KNT, fa_cfg<HD, WG>::KMINB)
+//
+// F2 (head_dim 128, whole rows, pipelined; SHARDLM_FA_BWD_DQ=wg2): the fused dq on blocks of 128
+// keys, two warpgroups of 64 (one block an SM).  Each tile's dS^T of both warpgroups goes to
+// shared memory (dsb: two 64-key panels of the tile's 64 queries), then warpgroup w makes rows
+// [64 w, 64 w + 64) of dQ^T = K^T dS^T over all 128 keys (m64 n64 k16 products: A the key tile's
+// panel w read MN-major, B dsb) and adds them into dqa by vector reductions: half the fused
+// dq's sums a key of FQ's, from products of twice its width.  Not deterministic, as FQ.
+template <int HD, bool CP, bool WG, bool FQ = false, bool F2 = false>
+__global__ void __launch_bounds__(F2 ? 2 * FA_THR : fa_cfg<HD, WG>::KNT,
+				  F2 ? 1 : fa_cfg<HD, WG>::KMINB)
 k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float *D,
 	  const bf16 *qkv, const int *lens, const int *pos, int L, int nh, int nkv, float sl2,
 	  float scale, fa_rows x, bool pipe, float *dqa, int Lp)
 {
 	// the block's keys and values, then two stages of query and dout tiles (WG: all swizzled);
-	// FQ: the two dS^T tiles
+	// FQ: the two dS^T tiles; F2: the two warpgroups' dS^T panels
 	using C = fa_cfg<HD, WG>;
-	constexpr int NT = C::KNT, HO = C::HO;
+	constexpr int NT = F2 ? 2 * FA_THR : C::KNT, HO = F2 ? HD : C::HO;
+	constexpr int BK = F2 ? 2 * FA_BM : FA_BM;	// the block's keys
 	static_assert(!FQ || (WG && !CP), "k_fa_dkdv: the fused dq is for whole rows, warpgroups");
-	const int P = HD + 8, TILE = WG ? FA_BN * HD : FA_BN * P, KT = WG ? FA_BM * HD : FA_BM * P;
+	static_assert(!F2 || (WG && !CP && !FQ && HD == 128 && !C::SPLIT),
+		      "k_fa_dkdv: F2 is for whole rows, warpgroups, head_dim 128");
+	const int P = HD + 8, TILE = WG ? FA_BN * HD : FA_BN * P, KT = WG ? BK * HD : BK * P;
 	FA_SMEM;
 	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + KT, *qs = vs + KT, *gs = qs + 2 * TILE;
 	bf16 *dsb = gs + 2 * TILE;
-	float *lss = (float *)(dsb + (FQ ? 2 * FA_SUB * FA_BM : 0)), *Ds = lss + 2 * FA_BN;
+	float *lss = (float *)(dsb + (F2 ? 2 * FA_BN * FA_BM : FQ ? 2 * FA_SUB * FA_BM : 0));
+	float *Ds = lss + 2 * FA_BN;
 	int *dss = (int *)(Ds + 2 * FA_BN);	// (2, FA_BN) the queries' document starts
 	int *qis = dss + 2 * FA_BN;		// (2, FA_BN) the queries' indices (-1: padding)
 	// The blocks start in the order of their work, longest first over every kv head and
@@ -1200,19 +1243,20 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	const int W = (nh + 2 * nkv) * HD, OW = nh * HD;
 	const int Lq = CP ? x.Lq : L, KS = CP ? 2 * nkv * HD : W;
 	// warp: of the warpgroup (its 16 keys); wg: the warpgroup (BIG: its half of the columns)
-	const int grp = nh / nkv, j0 = (int)(lin / yz) * FA_BM, warp = (threadIdx.x >> 5) & 3;
+	const int grp = nh / nkv, j0 = (int)(lin / yz) * BK, warp = (threadIdx.x >> 5) & 3;
 	const int wg = threadIdx.x >> 7;
 	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, len = lens[b];
 	const bf16 *base = qkv + (size_t)b * Lq * W, *gbase = dout + (size_t)b * Lq * OW;
 	const bf16 *kvb = CP ? x.kv + (size_t)b * L * KS : base;
-	const int wk = j0 + warp * 16, r0 = wk + g, r1 = r0 + 8;
+	const int jw = j0 + (F2 ? wg * FA_BM : 0);	// the warpgroup's first key
+	const int wk = jw + warp * 16, r0 = wk + g, r1 = r0 + 8;
 	// query tiles from the first query at or after the block's first key to the record's end,
 	// or, packed, to the first tile wholly in documents that start after the block's last key
 	const int qs0 = CP ? (j0 < len ? fa_first_row(x, b, j0) : Lq) : j0;
 	int ntq = 0;
 
 	if (j0 < len) {
-		const int jl = min(j0 + FA_BM, len) - 1;
+		const int jl = min(j0 + BK, len) - 1;
 
 		for (;;) {
 			const int r = qs0 + ntq * FA_BN, i = fa_qidx<CP>(x, b, len, r);
@@ -1249,9 +1293,9 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	};
 
 	if (nt > 0) {
-		fa_tile<HD, FA_BM, WG, NT>(ks, kvb + (size_t)((CP ? 0 : nh) + kv) * HD, KS, j0, len);
-		fa_tile<HD, FA_BM, WG, NT>(vs, kvb + (size_t)((CP ? 0 : nh) + nkv + kv) * HD, KS, j0,
-					   len);
+		fa_tile<HD, BK, WG, NT>(ks, kvb + (size_t)((CP ? 0 : nh) + kv) * HD, KS, j0, len);
+		fa_tile<HD, BK, WG, NT>(vs, kvb + (size_t)((CP ? 0 : nh) + nkv + kv) * HD, KS, j0,
+					len);
 		issue(0);
 	}
 	cp_commit();
@@ -1259,22 +1303,56 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	for (int n = 0; n < HO / 8; n++)
 		for (int e = 0; e < 4; e++)
 			dk[n][e] = dv[n][e] = 0.f;
+	// one barrier a tile: after it, tile t has landed and every thread is done with tile t - 1,
+	// whose stage tile t + 1's loads then overwrite while tile t computes
 	for (int t = 0; t < nt; t++) {
 		const int st = t & 1;
 
-		if (t + 1 < nt)
-			issue(t + 1);
-		cp_commit();
-		cp_wait1();
+		cp_wait_all();
 		if (WG)
 			fence_async_smem();
 		__syncthreads();
+		if (t + 1 < nt)
+			issue(t + 1);
+		cp_commit();
 		const bf16 *qt = qs + st * TILE, *gt = gs + st * TILE;
 		const uint32_t qb = smem_u32(qt), gb = smem_u32(gt);
 		const float *lsl = lss + st * FA_BN, *Dl = Ds + st * FA_BN;
 		const int *dsl = dss + st * FA_BN, *qil = qis + st * FA_BN;
 
-		if constexpr (FQ) {
+		if constexpr (F2) {
+			const int h = kv * grp + t / ntq, i0 = qs0 + (t % ntq) * FA_BN;
+			const int qa = qil[0], qz = qil[FA_BN - 1];
+
+			fa_dkdv_tile_wg<HD, HD, false, true>(dk, dv, ks, vs, qt, gt, jw, wk, r0, r1,
+							     tq, wg, sl2, lsl, Dl, dsl, qil,
+							     pos != nullptr, dsb);
+			// every query of the tile padding or before every key of the block (the
+			// same for every thread): no dS, no dQ
+			if (qa < 0 || (qz >= 0 && qz < j0))
+				continue;
+			float dq[8][4];	// dQ^T rows 64 wg + 16 warp + g (+ 8), 64 queries
+
+			fence_async_smem();	// both panels' generic stores, to the async proxy
+			__syncthreads();
+			wg_fence();
+#pragma unroll
+			for (int kk = 0; kk < BK / 16; kk++)
+				wgmma_ss64<1, 0>(&dq[0][0], desc_mn<BK>(ks + wg * BK * 64, 16 * kk),
+						 desc_k<FA_BN>(dsb, 0, kk), kk > 0);
+			wg_commit();
+			wg_wait0();
+			wg_pin<32>(&dq[0][0]);
+			float *dqt = dqa + (((size_t)b * nh + h) * HD + wg * 64 + warp * 16 + g) * Lp +
+				     i0 + tq * 2;
+#pragma unroll
+			for (int n = 0; n < 8; n++)
+#pragma unroll
+				for (int hh = 0; hh < 2; hh++)
+					red_add2(dqt + (size_t)(8 * hh) * Lp + n * 8, dq[n][2 * hh],
+						 dq[n][2 * hh + 1]);
+			continue;
+		} else if constexpr (FQ) {
 			const int h = kv * grp + t / ntq, i0 = qs0 + (t % ntq) * FA_BN;
 
 			fa_dkdv_tile_wg<HD, HO, true>(dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg,
@@ -1285,11 +1363,9 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 				fa_dkdv_tile_wg<HD, HO>(dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg,
 							sl2, lsl, Dl, dsl, qil, CP || pos);
 		}
-		if (FQ || (WG && pipe)) {
-			__syncthreads();
+		if (FQ || (WG && pipe))
 			continue;
-		}
-		if constexpr (!FQ)	// (the fused dq's instances never get here)
+		if constexpr (!FQ && !F2)	// (the fused dq's instances never get here)
 #pragma unroll
 		for (int sub = 0; sub < FA_BN / FA_SUB; sub++) {
 			const int qa = qil[sub * FA_SUB], qz = qil[sub * FA_SUB + FA_SUB - 1];
@@ -1381,7 +1457,6 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 				}
 			}
 		}
-		__syncthreads();
 	}
 #pragma unroll
 	for (int half = 0; half < 2; half++) {
@@ -1392,7 +1467,7 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 			continue;
 		bf16 *yk = (CP ? dkv + ((size_t)b * L + row) * KS + (size_t)kv * HD :
 				 dqkv + ((size_t)b * L + row) * W + (size_t)(nh + kv) * HD) +
-			   wg * HO;
+			   (F2 ? 0 : wg) * HO;
 		bf16 *yv = yk + (size_t)nkv * HD;
 #pragma unroll
 		for (int n = 0; n < HO / 8; n++) {
@@ -1424,10 +1499,11 @@ template <int HD, bool WG> static size_t fa_smem_dq(void)
 		       (WG ? HD : HD + 8) * sizeof(bf16) + (WG ? 1024 : 0);
 }
 
-template <int HD, bool WG, bool FQ = false> static size_t fa_smem_dkdv(void)
+template <int HD, bool WG, bool FQ = false, bool F2 = false> static size_t fa_smem_dkdv(void)
 {
-	return (size_t)(2 * FA_BM + 4 * FA_BN) * (WG ? HD : HD + 8) * sizeof(bf16) +
-	       (FQ ? 2 * FA_SUB * FA_BM * sizeof(bf16) : 0) +
+	return (size_t)(2 * (F2 ? 2 : 1) * FA_BM + 4 * FA_BN) * (WG ? HD : HD + 8) * sizeof(bf16) +
+	       (F2 ? 2 * FA_BN * FA_BM * sizeof(bf16) :
+		FQ ? 2 * FA_SUB * FA_BM * sizeof(bf16) : 0) +
 	       4 * FA_BN * sizeof(float) + 4 * FA_BN * sizeof(int) + (WG ? 1024 : 0);
 }
 
@@ -1514,19 +1590,22 @@ static bool fa_dq_pipe(void)
 }
 
 // The fused dq (the dk/dv kernel computes dQ as well and adds it into fp32 sums by atomic
-// reductions; no dq kernel: 5 products instead of 7) for head_dim 64 and 128 on whole rows, where
-// the pipelined warpgroup dk/dv runs: opt-in (SHARDLM_FA_BWD_DQ=fused, read once), and never
-// with train.deterministic (the sums' order varies from run to run).
-static bool fa_bwd_fused(const struct sl_cuda *c, int hd)
+// reductions; no dq kernel: 5 products instead of 7) on whole rows, where the pipelined warpgroup
+// dk/dv runs: opt-in (SHARDLM_FA_BWD_DQ, read once: "fused" one warpgroup a block, head_dim 64
+// and 128; "wg2" two, head_dim 128 only, other head_dims as without), and never with
+// train.deterministic (the sums' order varies from run to run).  0: off, else 1 or 2 warpgroups.
+static int fa_bwd_fused(const struct sl_cuda *c, int hd)
 {
 	static int on = -1;
 
 	if (on < 0) {
 		const char *e = getenv("SHARDLM_FA_BWD_DQ");
 
-		on = e && !strcmp(e, "fused");
+		on = !e ? 0 : !strcmp(e, "fused") ? 1 : !strcmp(e, "wg2") ? 2 : 0;
 	}
-	return on && !c->deterministic && (hd == 64 || hd == 128) && fa_wg(hd) && fa_bwd_pipe();
+	if (!on || c->deterministic || !fa_wg(hd) || !fa_bwd_pipe())
+		return 0;
+	return on == 2 ? (hd == 128 ? 2 : 0) : (hd == 64 || hd == 128 ? 1 : 0);
 }
 
 // above 48 KB a kernel needs its dynamic shared-memory limit raised, once
@@ -1592,17 +1671,32 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 
 	if constexpr (WG && !CP && HD <= 128) {
 		if (dqa) {
-			static bool done_f;
-			const size_t smf = fa_smem_dkdv<HD, true, true>();
+			static bool done_f, done_2;
 			const int Lp = fa_dq_pitch(L);
 
-			fa_allow(k_fa_dkdv<HD, false, true, true>, smf, &done_f);
 			CUDA_CHECK(cudaMemsetAsync(dqa, 0, (size_t)B * nh * HD * Lp * sizeof(float),
 						   c->stream));
-			k_fa_dkdv<HD, false, true, true>
-				<<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::KNT, smf, c->stream>>>(
-					dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2,
-					scale, x, true, dqa, Lp);
+			if constexpr (HD == 128) {
+				if (fa_bwd_fused(c, HD) == 2) {
+					const size_t sm2 = fa_smem_dkdv<HD, true, false, true>();
+
+					fa_allow(k_fa_dkdv<HD, false, true, false, true>, sm2, &done_2);
+					k_fa_dkdv<HD, false, true, false, true>
+						<<<dim3((L + 2 * FA_BM - 1) / (2 * FA_BM), nkv, B),
+						   2 * FA_THR, sm2, c->stream>>>(
+							dqkv, dkv, dout, lse, D, qkv, lens, pos, L,
+							nh, nkv, sl2, scale, x, true, dqa, Lp);
+				}
+			}
+			if (fa_bwd_fused(c, HD) == 1) {
+				const size_t smf = fa_smem_dkdv<HD, true, true>();
+
+				fa_allow(k_fa_dkdv<HD, false, true, true>, smf, &done_f);
+				k_fa_dkdv<HD, false, true, true>
+					<<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::KNT, smf,
+					   c->stream>>>(dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh,
+							nkv, sl2, scale, x, true, dqa, Lp);
+			}
 			CUDA_LAUNCHED();
 			k_fa_dq_out<<<dim3((L + 31) / 32, nh * HD / 32, B), dim3(32, 8), 0,
 				      c->stream>>>(dqkv, dqa, L, Lp, (nh + 2 * nkv) * HD, nh * HD,

@@ -221,7 +221,8 @@ static __device__ __forceinline__ void wgmma_ss32(float *d, uint64_t a, uint64_t
 		     : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
 }
 
-// D (m64 x n64) += A (m64 x k16, shared memory, K-major) * B (K-major)
+// D (m64 x n64) += A (m64 x k16, shared memory) * B; TA, TB 0: K-major (the default), 1: MN-major
+template <int TA = 0, int TB = 0>
 static __device__ __forceinline__ void wgmma_ss64(float *d, uint64_t a, uint64_t b, int acc)
 {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -230,14 +231,14 @@ static __device__ __forceinline__ void wgmma_ss64(float *d, uint64_t a, uint64_t
 		     "%8,%9,%10,%11,%12,%13,%14,%15,"
 		     "%16,%17,%18,%19,%20,%21,%22,%23,"
 		     "%24,%25,%26,%27,%28,%29,%30,%31}, "
-		     "%32, %33, p, 1, 1, 0, 0;\n}\n"
+		     "%32, %33, p, 1, 1, %35, %36;\n}\n"
 		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
 		       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
 		       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
 		       "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
 		       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
 		       "+f"(d[30]), "+f"(d[31])
-		     : "l"(a), "l"(b), "r"(acc));
+		     : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
 }
 #elif defined(SL_EMU)
 template <int TB>
@@ -260,13 +261,15 @@ static inline void wgmma_ss32(float *d, uint64_t a, uint64_t b, int acc)
 {
 	emu_wgmma(32, d, nullptr, a, b, acc, TA, TB);
 }
+template <int TA = 0, int TB = 0>
 static inline void wgmma_ss64(float *d, uint64_t a, uint64_t b, int acc)
 {
-	emu_wgmma(64, d, nullptr, a, b, acc, 0, 0);
+	emu_wgmma(64, d, nullptr, a, b, acc, TA, TB);
 }
 #else
 template <int TA = 0, int TB = 0>
 static __device__ void wgmma_ss32(float *, uint64_t, uint64_t, int) { __trap(); }
+template <int TA = 0, int TB = 0>
 static __device__ void wgmma_ss64(float *, uint64_t, uint64_t, int) { __trap(); }
 template <int TB> static __device__ void wgmma_rs32(float *, const uint32_t *, uint64_t, int) { __trap(); }
 template <int TB> static __device__ void wgmma_rs64(float *, const uint32_t *, uint64_t, int) { __trap(); }

@@ -6,8 +6,8 @@
 #   test_cuda_ops, test_cuda_model: the cuda backend's ops and the tiny model against the cpu one,
 #   again with the mma.sync flash-attention kernels in place of the wgmma ones (SHARDLM_FA_WGMMA=0),
 #   and with the unpipelined warpgroup forward (SHARDLM_FA_PIPE=0), the unpipelined dk/dv
-#   (SHARDLM_FA_BWD_PIPE=0) and dq (SHARDLM_FA_DQ_PIPE=0), the fused dq (SHARDLM_FA_BWD_DQ=fused)
-#   and the one-launch expert matmuls (SHARDLM_MOE_GEMM=wg).
+#   (SHARDLM_FA_BWD_PIPE=0) and dq (SHARDLM_FA_DQ_PIPE=0), the fused dq (SHARDLM_FA_BWD_DQ=fused
+#   and =wg2) and the one-launch expert matmuls (SHARDLM_MOE_GEMM=wg).
 #   check-gpu-offload.sh: offloaded optimizer state and weights train to the on-GPU losses.
 #   check-gpu-sft.sh: task sft (untied, tied, packed, Qwen3-MoE) trains to the cpu backend's losses.
 #   check-gpu-overlap.sh: AdamW under the next forward (SHARDLM_OPT_OVERLAP=1), the same bits.
@@ -84,6 +84,11 @@ gpu_test "cuda model vs cpu, unpipelined attention dq" env SHARDLM_FA_DQ_PIPE=0 
 gpu_test "cuda ops vs cpu, fused attention dq" env SHARDLM_FA_BWD_DQ=fused \
 	"$top_builddir/test/test_cuda_ops"
 gpu_test "cuda model vs cpu, fused attention dq" env SHARDLM_FA_BWD_DQ=fused \
+	"$top_builddir/test/test_cuda_model"
+# the fused dq on two warpgroups of 64 keys a block (SHARDLM_FA_BWD_DQ=wg2; opt-in), head_dim 128
+gpu_test "cuda ops vs cpu, fused attention dq, two warpgroups" env SHARDLM_FA_BWD_DQ=wg2 \
+	"$top_builddir/test/test_cuda_ops"
+gpu_test "cuda model vs cpu, fused attention dq, two warpgroups" env SHARDLM_FA_BWD_DQ=wg2 \
 	"$top_builddir/test/test_cuda_model"
 # the experts' matmuls in one warpgroup kernel (SHARDLM_MOE_GEMM=wg; opt-in, cuda/moe_mm.cu)
 gpu_test "cuda ops vs cpu, one-launch expert matmuls" env SHARDLM_MOE_GEMM=wg \
