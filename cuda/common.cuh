@@ -75,7 +75,6 @@ struct sl_cuda {
 	struct moe_gemm *moe;		// the grouped matmuls' cuBLAS handle (moe.cu), or NULL
 	int n_gemms, cap_gemms;
 	cudaEvent_t ev0, ev1;		// sl_cuda_timer_*, made on first use
-	cudaEvent_t tune_ev[2];		// SHARDLM_GEMM_TUNE's timing, made on first use
 	// small uploads (micro-batch ids, lengths, labels) go through pinned staging slots and do
 	// not wait for the stream; each slot's event says when its copy has left the host
 	char *stage;			// STAGE_SLOTS x STAGE_BYTES pinned host memory, or NULL

@@ -959,19 +959,16 @@ static __device__ __forceinline__ void fa_dst(float (*s)[4], float (*dp)[4], int
 {
 #pragma unroll
 	for (int n = 0; n < FA_SUB / 8; n++) {
-		// this lane's two queries (one 8-byte read each of lse and D)
-		const int q0 = sub * FA_SUB + n * 8 + tq * 2;
-		const float2 ls = *(const float2 *)(lsl + q0), dd = *(const float2 *)(Dl + q0);
-
 #pragma unroll
 		for (int e = 0; e < 4; e++) {
-			const int key = e < 2 ? r0 : r1, qc = q0 + (e & 1);
-			float p = fexp2(fmaf(s[n][e], sl2, -((e & 1 ? ls.y : ls.x) * LOG2E)));
+			const int key = e < 2 ? r0 : r1;
+			const int qc = sub * FA_SUB + n * 8 + tq * 2 + (e & 1), q = qil[qc];
+			float p = fexp2(fmaf(s[n][e], sl2, -(lsl[qc] * LOG2E)));
 
-			if (msk && (qil[qc] < key || key < dsl[qc]))
+			if (msk && (q < key || key < dsl[qc]))
 				p = 0.f;
 			s[n][e] = p;
-			dp[n][e] = p * (dp[n][e] - (e & 1 ? dd.y : dd.x));
+			dp[n][e] = p * (dp[n][e] - Dl[qc]);
 		}
 	}
 }
@@ -990,11 +987,11 @@ static __device__ __forceinline__ void fa_dst(float (*s)[4], float (*dp)[4], int
 // (head_dim, Lp) at the tile's first query, scale not applied) by vector reductions.  The other
 // blocks add into the same sums in no fixed order: not deterministic.
 //
-// F2 (k_fa_dkdv's tile-wise fused dq, F2 warpgroups a block, 64 keys each): each sub-step's dS^T
-// goes to the warpgroup's panel of dsb (query rows, its 64 keys; zeros for a skipped sub-step)
-// and the kernel makes dQ^T from the panels after the tile.  F2 2: wg picks the key rows of ks
-// and vs (128 of them), not columns (HO is HD).
-template <int HD, int HO, bool FQ = false, int F2 = 0>
+// F2 (k_fa_dkdv's two-warpgroup fused dq): the block's 128 keys are two warpgroups' 64 each (wg
+// picks the key rows of ks and vs, not columns: HO is HD); each sub-step's dS^T goes to the
+// warpgroup's panel of dsb (query rows, its 64 keys; zeros for a skipped sub-step) and the kernel
+// makes dQ^T from both panels after the tile.
+template <int HD, int HO, bool FQ = false, bool F2 = false>
 static __device__ __forceinline__ void
 fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, const bf16 *qt,
 		const bf16 *gt, int j0, int wk, int r0, int r1, int tq, int wg, float sl2,
@@ -1005,8 +1002,8 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 	static_assert(!FQ || (HO == HD && HD % 64 == 0 && HD <= 128 && FA_BM == 64),
 		      "fa_dkdv_tile_wg: the fused dq needs one warpgroup over head_dim 64 or 128");
 	static_assert(!F2 || (!FQ && HO == HD && FA_BM == 64),
-		      "fa_dkdv_tile_wg: F2 is warpgroups of 64 keys, each over all columns");
-	constexpr int KR = F2 == 2 ? 2 * FA_BM : FA_BM;	// rows of the key and value tiles
+		      "fa_dkdv_tile_wg: F2 is two warpgroups of 64 keys, each over all columns");
+	constexpr int KR = F2 ? 2 * FA_BM : FA_BM;	// rows of the key and value tiles
 	const int kr0 = F2 ? wg * FA_BM : 0, cw = F2 ? 0 : wg;	// this warpgroup's keys, columns
 	uint32_t pa[FA_SUB / 16][4], da[FA_SUB / 16][4];
 	float s[FA_SUB / 8][4], dp[FA_SUB / 8][4];
@@ -1201,36 +1198,34 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 // dqa (fp32, (B nh HD, Lp): dQ^T per record and head, unscaled) by every key block (see
 // fa_dkdv_tile_wg); no dq kernel.
 //
-// F2 (whole rows, pipelined; the fused dq tile by tile, SHARDLM_FA_BWD_DQ=tile or wg2): each
-// tile's dS^T goes to shared memory (dsb: a 64-key panel of the tile's 64 queries a
-// warpgroup), then dQ^T = K^T dS^T over the block's keys (m64 n64 k16 products: A a 64-column
-// panel of the key tile read MN-major, B dsb) is added into dqa by vector reductions.  F2 1
-// (tile; head_dim 64 and 128): one warpgroup of 64 keys, two blocks an SM, the panels of dQ^T one
-// after the other.  F2 2 (wg2; head_dim 128): blocks of 128 keys, two warpgroups of 64 (one block
-// an SM); warpgroup w makes dQ^T's panel w over all 128 keys: half the sums a key of F2 1's.
-// Against FQ: one product of twice the width per tile instead of one a sub-step, one barrier
-// less.  Not deterministic, as FQ.
-template <int HD, bool CP, bool WG, bool FQ = false, int F2 = 0>
-__global__ void __launch_bounds__(F2 == 2 ? 2 * FA_THR : fa_cfg<HD, WG>::KNT,
-				  F2 == 2 ? 1 : fa_cfg<HD, WG>::KMINB)
+// F2 (head_dim 128, whole rows, pipelined; SHARDLM_FA_BWD_DQ=wg2): the fused dq on blocks of 128
+// keys, two warpgroups of 64 (one block an SM).  Each tile's dS^T of both warpgroups goes to
+// shared memory (dsb: two 64-key panels of the tile's 64 queries), then warpgroup w makes rows
+// [64 w, 64 w + 64) of dQ^T = K^T dS^T over all 128 keys (m64 n64 k16 products: A the key tile's
+// panel w read MN-major, B dsb) and adds them into dqa by vector reductions: half the fused
+// dq's sums a key of FQ's, from products of twice its width.  Not deterministic, as FQ.  On an
+// H100 it ran 1.47 ms alone at 4 x 2048 (32/8 heads), against 0.80 + 0.62 for dk/dv and dq: the
+// two warpgroups meet at two barriers a tile (bench/RESULTS.md, twenty-eighth session).
+template <int HD, bool CP, bool WG, bool FQ = false, bool F2 = false>
+__global__ void __launch_bounds__(F2 ? 2 * FA_THR : fa_cfg<HD, WG>::KNT,
+				  F2 ? 1 : fa_cfg<HD, WG>::KMINB)
 k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float *D,
 	  const bf16 *qkv, const int *lens, const int *pos, int L, int nh, int nkv, float sl2,
 	  float scale, fa_rows x, bool pipe, float *dqa, int Lp)
 {
 	// the block's keys and values, then two stages of query and dout tiles (WG: all swizzled);
-	// FQ: the two dS^T tiles; F2: the warpgroups' dS^T panels
+	// FQ: the two dS^T tiles; F2: the two warpgroups' dS^T panels
 	using C = fa_cfg<HD, WG>;
-	constexpr int NT = F2 == 2 ? 2 * FA_THR : C::KNT, HO = F2 ? HD : C::HO;
-	constexpr int BK = F2 == 2 ? 2 * FA_BM : FA_BM;	// the block's keys
+	constexpr int NT = F2 ? 2 * FA_THR : C::KNT, HO = F2 ? HD : C::HO;
+	constexpr int BK = F2 ? 2 * FA_BM : FA_BM;	// the block's keys
 	static_assert(!FQ || (WG && !CP), "k_fa_dkdv: the fused dq is for whole rows, warpgroups");
-	static_assert(!F2 || (WG && !CP && !FQ && HD % 64 == 0 && HD <= 128 && !C::SPLIT &&
-			      (F2 == 1 || HD == 128)),
-		      "k_fa_dkdv: F2 is for whole rows, warpgroups, head_dim 64 (F2 1) or 128");
+	static_assert(!F2 || (WG && !CP && !FQ && HD == 128 && !C::SPLIT),
+		      "k_fa_dkdv: F2 is for whole rows, warpgroups, head_dim 128");
 	const int P = HD + 8, TILE = WG ? FA_BN * HD : FA_BN * P, KT = WG ? BK * HD : BK * P;
 	FA_SMEM;
 	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + KT, *qs = vs + KT, *gs = qs + 2 * TILE;
 	bf16 *dsb = gs + 2 * TILE;
-	float *lss = (float *)(dsb + (F2 ? F2 * FA_BN * FA_BM : FQ ? 2 * FA_SUB * FA_BM : 0));
+	float *lss = (float *)(dsb + (F2 ? 2 * FA_BN * FA_BM : FQ ? 2 * FA_SUB * FA_BM : 0));
 	float *Ds = lss + 2 * FA_BN;
 	int *dss = (int *)(Ds + 2 * FA_BN);	// (2, FA_BN) the queries' document starts
 	int *qis = dss + 2 * FA_BN;		// (2, FA_BN) the queries' indices (-1: padding)
@@ -1252,7 +1247,7 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, len = lens[b];
 	const bf16 *base = qkv + (size_t)b * Lq * W, *gbase = dout + (size_t)b * Lq * OW;
 	const bf16 *kvb = CP ? x.kv + (size_t)b * L * KS : base;
-	const int jw = j0 + (F2 == 2 ? wg * FA_BM : 0);	// the warpgroup's first key
+	const int jw = j0 + (F2 ? wg * FA_BM : 0);	// the warpgroup's first key
 	const int wk = jw + warp * 16, r0 = wk + g, r1 = r0 + 8;
 	// query tiles from the first query at or after the block's first key to the record's end,
 	// or, packed, to the first tile wholly in documents that start after the block's last key
@@ -1307,18 +1302,16 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	for (int n = 0; n < HO / 8; n++)
 		for (int e = 0; e < 4; e++)
 			dk[n][e] = dv[n][e] = 0.f;
-	// one barrier a tile: after it, tile t has landed and every thread is done with tile t - 1,
-	// whose stage tile t + 1's loads then overwrite while tile t computes
 	for (int t = 0; t < nt; t++) {
 		const int st = t & 1;
 
-		cp_wait_all();
-		if (WG)
-			fence_async_smem();
-		__syncthreads();
 		if (t + 1 < nt)
 			issue(t + 1);
 		cp_commit();
+		cp_wait1();
+		if (WG)
+			fence_async_smem();
+		__syncthreads();
 		const bf16 *qt = qs + st * TILE, *gt = gs + st * TILE;
 		const uint32_t qb = smem_u32(qt), gb = smem_u32(gt);
 		const float *lsl = lss + st * FA_BN, *Dl = Ds + st * FA_BN;
@@ -1328,31 +1321,26 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 			const int h = kv * grp + t / ntq, i0 = qs0 + (t % ntq) * FA_BN;
 			const int qa = qil[0], qz = qil[FA_BN - 1];
 
-			fa_dkdv_tile_wg<HD, HD, false, F2>(dk, dv, ks, vs, qt, gt, jw, wk, r0, r1, tq,
-							   wg, sl2, lsl, Dl, dsl, qil,
-							   pos != nullptr, dsb);
+			fa_dkdv_tile_wg<HD, HD, false, true>(dk, dv, ks, vs, qt, gt, jw, wk, r0, r1,
+							     tq, wg, sl2, lsl, Dl, dsl, qil,
+							     pos != nullptr, dsb);
 			// every query of the tile padding or before every key of the block (the
 			// same for every thread): no dS, no dQ
-			if (qa < 0 || (qz >= 0 && qz < j0))
-				continue;
-			fence_async_smem();	// the panels' generic stores, to the async proxy
-			__syncthreads();
-			// dQ^T's 64-row panels: F2 2 warpgroup wg's, F2 1 each in turn
-#pragma unroll
-			for (int p = 0; p < (F2 == 2 ? 1 : HD / 64); p++) {
-				const int pn = F2 == 2 ? wg : p;
-				float dq[8][4];	// dQ^T rows 64 pn + 16 warp + g (+ 8), 64 queries
+			if (!(qa < 0 || (qz >= 0 && qz < j0))) {
+				float dq[8][4];	// dQ^T rows 64 wg + 16 warp + g (+ 8), 64 queries
 
+				fence_async_smem();	// both panels' generic stores, to the async proxy
+				__syncthreads();
 				wg_fence();
 #pragma unroll
 				for (int kk = 0; kk < BK / 16; kk++)
 					wgmma_ss64<1, 0>(&dq[0][0],
-							 desc_mn<BK>(ks + pn * BK * 64, 16 * kk),
+							 desc_mn<BK>(ks + wg * BK * 64, 16 * kk),
 							 desc_k<FA_BN>(dsb, 0, kk), kk > 0);
 				wg_commit();
 				wg_wait0();
 				wg_pin<32>(&dq[0][0]);
-				float *dqt = dqa + (((size_t)b * nh + h) * HD + pn * 64 + warp * 16 + g) *
+				float *dqt = dqa + (((size_t)b * nh + h) * HD + wg * 64 + warp * 16 + g) *
 							   Lp + i0 + tq * 2;
 #pragma unroll
 				for (int n = 0; n < 8; n++)
@@ -1361,7 +1349,6 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 						red_add2(dqt + (size_t)(8 * hh) * Lp + n * 8,
 							 dq[n][2 * hh], dq[n][2 * hh + 1]);
 			}
-			continue;
 		} else if constexpr (FQ) {
 			const int h = kv * grp + t / ntq, i0 = qs0 + (t % ntq) * FA_BN;
 
@@ -1373,8 +1360,11 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 				fa_dkdv_tile_wg<HD, HO>(dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg,
 							sl2, lsl, Dl, dsl, qil, CP || pos);
 		}
-		if (FQ || (WG && pipe))
+		// every thread done with the stage (and F2's dS^T panels) the next tile's loads take
+		if (FQ || F2 || (WG && pipe)) {
+			__syncthreads();
 			continue;
+		}
 		if constexpr (!FQ && !F2)	// (the fused dq's instances never get here)
 #pragma unroll
 		for (int sub = 0; sub < FA_BN / FA_SUB; sub++) {
@@ -1467,6 +1457,7 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 				}
 			}
 		}
+		__syncthreads();
 	}
 #pragma unroll
 	for (int half = 0; half < 2; half++) {
@@ -1477,7 +1468,7 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 			continue;
 		bf16 *yk = (CP ? dkv + ((size_t)b * L + row) * KS + (size_t)kv * HD :
 				 dqkv + ((size_t)b * L + row) * W + (size_t)(nh + kv) * HD) +
-			   (F2 == 2 ? 0 : wg) * HO;
+			   (F2 ? 0 : wg) * HO;
 		bf16 *yv = yk + (size_t)nkv * HD;
 #pragma unroll
 		for (int n = 0; n < HO / 8; n++) {
@@ -1509,11 +1500,10 @@ template <int HD, bool WG> static size_t fa_smem_dq(void)
 		       (WG ? HD : HD + 8) * sizeof(bf16) + (WG ? 1024 : 0);
 }
 
-template <int HD, bool WG, bool FQ = false, int F2 = 0> static size_t fa_smem_dkdv(void)
+template <int HD, bool WG, bool FQ = false, bool F2 = false> static size_t fa_smem_dkdv(void)
 {
-	return (size_t)(2 * (F2 == 2 ? 2 : 1) * FA_BM + 4 * FA_BN) * (WG ? HD : HD + 8) *
-		       sizeof(bf16) +
-	       (F2 ? F2 * FA_BN * FA_BM * sizeof(bf16) :
+	return (size_t)(2 * (F2 ? 2 : 1) * FA_BM + 4 * FA_BN) * (WG ? HD : HD + 8) * sizeof(bf16) +
+	       (F2 ? 2 * FA_BN * FA_BM * sizeof(bf16) :
 		FQ ? 2 * FA_SUB * FA_BM * sizeof(bf16) : 0) +
 	       4 * FA_BN * sizeof(float) + 4 * FA_BN * sizeof(int) + (WG ? 1024 : 0);
 }
@@ -1602,10 +1592,9 @@ static bool fa_dq_pipe(void)
 
 // The fused dq (the dk/dv kernel computes dQ as well and adds it into fp32 sums by atomic
 // reductions; no dq kernel: 5 products instead of 7) on whole rows, where the pipelined warpgroup
-// dk/dv runs: opt-in (SHARDLM_FA_BWD_DQ, read once: "fused" (FQ) dQ a sub-step, "tile" (F2 1) a
-// tile, head_dim 64 and 128; "wg2" (F2 2) a tile on two warpgroups, head_dim 128 only, other
-// head_dims as without), and never with train.deterministic (the sums' order varies from run to
-// run).  0: off, 1 fused, 2 wg2, 3 tile.
+// dk/dv runs: opt-in (SHARDLM_FA_BWD_DQ, read once: "fused" one warpgroup a block, head_dim 64
+// and 128; "wg2" two, head_dim 128 only, other head_dims as without), and never with
+// train.deterministic (the sums' order varies from run to run).  0: off, else 1 or 2 warpgroups.
 static int fa_bwd_fused(const struct sl_cuda *c, int hd)
 {
 	static int on = -1;
@@ -1613,12 +1602,11 @@ static int fa_bwd_fused(const struct sl_cuda *c, int hd)
 	if (on < 0) {
 		const char *e = getenv("SHARDLM_FA_BWD_DQ");
 
-		on = !e ? 0 : !strcmp(e, "fused") ? 1 : !strcmp(e, "wg2") ? 2 :
-			 !strcmp(e, "tile") ? 3 : 0;
+		on = !e ? 0 : !strcmp(e, "fused") ? 1 : !strcmp(e, "wg2") ? 2 : 0;
 	}
-	if (!on || c->deterministic || !fa_wg(hd) || !fa_bwd_pipe() || (hd != 64 && hd != 128))
+	if (!on || c->deterministic || !fa_wg(hd) || !fa_bwd_pipe())
 		return 0;
-	return on == 2 && hd != 128 ? 0 : on;
+	return on == 2 ? (hd == 128 ? 2 : 0) : (hd == 64 || hd == 128 ? 1 : 0);
 }
 
 // above 48 KB a kernel needs its dynamic shared-memory limit raised, once
@@ -1684,33 +1672,24 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 
 	if constexpr (WG && !CP && HD <= 128) {
 		if (dqa) {
-			static bool done_f, done_1, done_2;
-			const int Lp = fa_dq_pitch(L), mode = fa_bwd_fused(c, HD);
+			static bool done_f, done_2;
+			const int Lp = fa_dq_pitch(L);
 
 			CUDA_CHECK(cudaMemsetAsync(dqa, 0, (size_t)B * nh * HD * Lp * sizeof(float),
 						   c->stream));
 			if constexpr (HD == 128) {
-				if (mode == 2) {
-					const size_t sm2 = fa_smem_dkdv<HD, true, false, 2>();
+				if (fa_bwd_fused(c, HD) == 2) {
+					const size_t sm2 = fa_smem_dkdv<HD, true, false, true>();
 
-					fa_allow(k_fa_dkdv<HD, false, true, false, 2>, sm2, &done_2);
-					k_fa_dkdv<HD, false, true, false, 2>
+					fa_allow(k_fa_dkdv<HD, false, true, false, true>, sm2, &done_2);
+					k_fa_dkdv<HD, false, true, false, true>
 						<<<dim3((L + 2 * FA_BM - 1) / (2 * FA_BM), nkv, B),
 						   2 * FA_THR, sm2, c->stream>>>(
 							dqkv, dkv, dout, lse, D, qkv, lens, pos, L,
 							nh, nkv, sl2, scale, x, true, dqa, Lp);
 				}
 			}
-			if (mode == 3) {
-				const size_t sm1 = fa_smem_dkdv<HD, true, false, 1>();
-
-				fa_allow(k_fa_dkdv<HD, false, true, false, 1>, sm1, &done_1);
-				k_fa_dkdv<HD, false, true, false, 1>
-					<<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), FA_THR, sm1,
-					   c->stream>>>(dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh,
-							nkv, sl2, scale, x, true, dqa, Lp);
-			}
-			if (mode == 1) {
+			if (fa_bwd_fused(c, HD) == 1) {
 				const size_t smf = fa_smem_dkdv<HD, true, true>();
 
 				fa_allow(k_fa_dkdv<HD, false, true, true>, smf, &done_f);

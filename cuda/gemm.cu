@@ -15,33 +15,12 @@ struct gemm_key {
 	int ta, tb, m, n, k, lda, ldb, ldc, bias, align;
 };
 
-#define TUNE_CANDS 8	// SHARDLM_GEMM_TUNE: the heuristic's first answers timed per shape
-
 struct gemm_entry {
 	struct gemm_key key;
 	cublasLtMatmulDesc_t desc;
 	cublasLtMatrixLayout_t a, b, c;
 	cublasLtMatmulAlgo_t algo;
-	// SHARDLM_GEMM_TUNE=1 (opt-in, not with train.deterministic): the candidates, timed at the
-	// shape's first call; ncand 0 once algo is final
-	cublasLtMatmulAlgo_t cand[TUNE_CANDS];
-	int ncand;
 };
-
-// SHARDLM_GEMM_TUNE=1: time the heuristic's first TUNE_CANDS algorithms on a shape's first call
-// (its own operands, the output into a scratch) and keep the fastest.  Off by default: the
-// first answer, the same on every run.
-static bool gemm_tune_on(const struct sl_cuda *c)
-{
-	static int on = -1;
-
-	if (on < 0) {
-		const char *e = getenv("SHARDLM_GEMM_TUNE");
-
-		on = e && *e && strcmp(e, "0");
-	}
-	return on && !c->deterministic;
-}
 
 void sl_cuda_gemm_cache_free(struct sl_cuda *c)
 {
@@ -54,11 +33,6 @@ void sl_cuda_gemm_cache_free(struct sl_cuda *c)
 		cublasLtMatmulDescDestroy(e->desc);
 	}
 	free(c->gemms);
-	if (c->tune_ev[0]) {
-		cudaEventDestroy(c->tune_ev[0]);
-		cudaEventDestroy(c->tune_ev[1]);
-		c->tune_ev[0] = c->tune_ev[1] = NULL;
-	}
 	c->gemms = NULL;
 	c->n_gemms = c->cap_gemms = 0;
 }
@@ -130,19 +104,8 @@ static struct gemm_entry *gemm_get(struct sl_cuda *c, const struct gemm_key *key
 		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof(al)));
 	CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref,
 		CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof(al)));
-	if (gemm_tune_on(c)) {
-		cublasLtMatmulHeuristicResult_t r[TUNE_CANDS];
-
-		CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, e->desc, e->a, e->b, e->c, e->c,
-							    pref, TUNE_CANDS, r, &nres));
-		for (int i = 0; i < nres; i++)
-			e->cand[i] = r[i].algo;
-		e->ncand = nres > 1 ? nres : 0;
-		res = r[0];
-	} else {
-		CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, e->desc, e->a, e->b, e->c, e->c,
-							    pref, 1, &res, &nres));
-	}
+	CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, e->desc, e->a, e->b, e->c, e->c, pref, 1,
+						    &res, &nres));
 	cublasLtMatmulPreferenceDestroy(pref);
 	if (nres < 1) {
 		fprintf(stderr, "cuda: cuBLASLt has no algorithm for m %d n %d k %d (op %c%c, ld %d "
@@ -153,49 +116,6 @@ static struct gemm_entry *gemm_get(struct sl_cuda *c, const struct gemm_key *key
 	e->algo = res.algo;
 	c->n_gemms++;
 	return e;
-}
-
-// e's candidates timed on this call's operands, D into a scratch (C only read): one warm-up and
-// three timed calls each, the fastest kept.  Once per shape, on the first step; it waits for the
-// stream (the only host wait it adds) and frees the scratch after.
-static void gemm_tune(struct sl_cuda *c, struct gemm_entry *e, const void *A, const void *B,
-		      const void *Cin, float beta)
-{
-	const float alpha = 1.f;
-	void *D = NULL;
-	float best = 0.f;
-	int bi = 0;
-
-	if (!c->tune_ev[0]) {
-		CUDA_CHECK(cudaEventCreate(&c->tune_ev[0]));
-		CUDA_CHECK(cudaEventCreate(&c->tune_ev[1]));
-	}
-	if (cudaMallocAsync(&D, (size_t)e->key.ldc * e->key.n * 2, c->stream) != cudaSuccess) {
-		(void)cudaGetLastError();	// no room: keep the first answer
-		e->ncand = 0;
-		return;
-	}
-	for (int i = 0; i < e->ncand; i++) {
-		float ms;
-
-		for (int r = 0; r < 4; r++) {
-			if (r == 1)
-				CUDA_CHECK(cudaEventRecord(c->tune_ev[0], c->stream));
-			CUBLAS_CHECK(cublasLtMatmul(c->lt, e->desc, &alpha, A, e->a, B, e->b, &beta,
-						    Cin, e->c, D, e->c, &e->cand[i], c->ws,
-						    c->ws_bytes, c->stream));
-		}
-		CUDA_CHECK(cudaEventRecord(c->tune_ev[1], c->stream));
-		CUDA_CHECK(cudaEventSynchronize(c->tune_ev[1]));
-		CUDA_CHECK(cudaEventElapsedTime(&ms, c->tune_ev[0], c->tune_ev[1]));
-		if (i == 0 || ms < best) {
-			best = ms;
-			bi = i;
-		}
-	}
-	CUDA_CHECK(cudaFreeAsync(D, c->stream));
-	e->algo = e->cand[bi];
-	e->ncand = 0;
 }
 
 // D(m,n) = op(A) op(B) (+ bias(m)) + beta C, column-major; C and D share a layout (C: D when
@@ -224,8 +144,6 @@ static void gemm_cd(struct sl_cuda *c, int ta, int tb, int m, int n, int k, cons
 	if (bias)
 		CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e->desc,
 			CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-	if (e->ncand)
-		gemm_tune(c, e, A, B, Cin ? Cin : C, beta);
 	CUBLAS_CHECK(cublasLtMatmul(c->lt, e->desc, &alpha, A, e->a, B, e->b, &beta,
 				    Cin ? Cin : C, e->c, C, e->c, &e->algo, c->ws, c->ws_bytes,
 				    c->stream));

@@ -195,13 +195,13 @@ template <int HD> void run_fwd(const Prob &p, bool pipe, std::vector<bf16> &out,
 	       });
 }
 
-template <int HD, int F2> void fused_bwd(const Prob &p, bf16 *dq, const bf16 *dout,
-					  const float *ls, const float *Dp, const bf16 *qkv,
-					  const int *lens, const int *pos);
+template <int HD, bool F2> void fused_bwd(const Prob &p, bf16 *dq, const bf16 *dout,
+					   const float *ls, const float *Dp, const bf16 *qkv,
+					   const int *lens, const int *pos);
 
 // the backward (how): 0 dq + dk/dv kernels unpipelined, 1 both pipelined, 2 the pipelined dk/dv
-// with the unpipelined dq, 3 the fused dq (a sub-step at a time), 4 the fused dq a tile at a
-// time, 5 that on two warpgroups (head_dim 128); dqkv (bf16)
+// with the unpipelined dq, 3 the fused dq, 4 the two-warpgroup fused dq (head_dim 128); dqkv
+// (bf16)
 template <int HD> void run_bwd(const Prob &p, int how, const std::vector<bf16> &out,
 			       const std::vector<float> &lse, std::vector<bf16> &dqkv,
 			       const int *lens)
@@ -244,21 +244,18 @@ template <int HD> void run_bwd(const Prob &p, int how, const std::vector<bf16> &
 	}
 	if constexpr (HD <= 128) {	// (the fused dq is for head_dim 64 and 128)
 		if (how == 3)
-			fused_bwd<HD, 0>(p, dq, dout, ls, Dp, qkv, lens, pos);
-		if (how == 4)
-			fused_bwd<HD, 1>(p, dq, dout, ls, Dp, qkv, lens, pos);
+			fused_bwd<HD, false>(p, dq, dout, ls, Dp, qkv, lens, pos);
 	}
 	if constexpr (HD == 128) {	// (the two-warpgroup one for 128)
-		if (how == 5)
-			fused_bwd<HD, 2>(p, dq, dout, ls, Dp, qkv, lens, pos);
+		if (how == 4)
+			fused_bwd<HD, true>(p, dq, dout, ls, Dp, qkv, lens, pos);
 	}
 }
 
 // the fused dq: sums (B nh HD, Lp) zeroed, then k_fa_dq_out's transpose and scale here
-// (F2: 0 a sub-step at a time, 1 a tile, 2 a tile on two warpgroups)
-template <int HD, int F2> void fused_bwd(const Prob &p, bf16 *dq, const bf16 *dout,
-					  const float *ls, const float *Dp, const bf16 *qkv,
-					  const int *lens, const int *pos)
+template <int HD, bool F2> void fused_bwd(const Prob &p, bf16 *dq, const bf16 *dout,
+					   const float *ls, const float *Dp, const bf16 *qkv,
+					   const int *lens, const int *pos)
 {
 	using C = fa_cfg<HD, true>;
 	const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD));
@@ -269,10 +266,9 @@ template <int HD, int F2> void fused_bwd(const Prob &p, bf16 *dq, const bf16 *do
 	float *a = dqa.data();
 
 	if constexpr (F2)
-		launch({ (unsigned)((L + F2 * FA_BM - 1) / (F2 * FA_BM)), (unsigned)nkv,
-			 (unsigned)B_ },
-		       F2 * FA_THR, fa_smem_dkdv<HD, true, false, F2>(), [=] {
-			       k_fa_dkdv<HD, false, true, false, F2>(
+		launch({ (unsigned)((L + 2 * FA_BM - 1) / (2 * FA_BM)), (unsigned)nkv, (unsigned)B_ },
+		       2 * FA_THR, fa_smem_dkdv<HD, true, false, true>(), [=] {
+			       k_fa_dkdv<HD, false, true, false, true>(
 				       dq, nullptr, dout, ls, Dp, qkv, lens, pos, L, nh, nkv, sl2,
 				       scale, fa_rows{}, true, a, Lp);
 		       });
@@ -336,13 +332,12 @@ template <int HD> void check(int B_, int L, int nh, int nkv, std::vector<int> le
 		compare(pipe ? "forward (k_fa_fwd_pipe): lse" : "forward (k_fa_fwd): lse", p,
 			lse.data(), p.lse, 1e-3);
 	}
-	for (int how = 0; how < (HD == 128 ? 6 : HD < 128 ? 5 : 3); how++) {
+	for (int how = 0; how < (HD == 128 ? 5 : HD < 128 ? 4 : 3); how++) {
 		static const char *name[] = { "backward (dq, dk/dv unpipelined): dqkv",
 					      "backward (dq, dk/dv pipelined): dqkv",
 					      "backward (dq unpipelined, dk/dv pipelined): dqkv",
 					      "backward (fused dq): dqkv",
-					      "backward (fused dq a tile): dqkv",
-					      "backward (fused dq a tile, two warpgroups): dqkv" };
+					      "backward (fused dq, two warpgroups): dqkv" };
 
 		run_bwd<HD>(p, how, out, lse, dqkv, ln);
 		mask_pad(p, dqkv, p.W());
