@@ -21,24 +21,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#define CK(x)                                                                               \
-	do {                                                                                \
-		cudaError_t e_ = (x);                                                       \
-		if (e_ != cudaSuccess) {                                                    \
-			fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__,                  \
-				cudaGetErrorString(e_));                                    \
-			exit(1);                                                            \
-		}                                                                           \
-	} while (0)
-#define CB(x)                                                                               \
-	do {                                                                                \
-		cublasStatus_t s_ = (x);                                                    \
-		if (s_ != CUBLAS_STATUS_SUCCESS) {                                          \
-			fprintf(stderr, "%s:%d: cuBLAS status %d\n", __FILE__, __LINE__,    \
-				(int)s_);                                                   \
-			exit(1);                                                            \
-		}                                                                           \
-	} while (0)
+#include "probe_check.h"
 
 static const size_t WS = 32u << 20;
 

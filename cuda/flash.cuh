@@ -1065,6 +1065,15 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 					__float2bfloat16_rn(dp[n][e]);
 			}
 	};
+	// F2: a skipped sub-step's rows of the panel, zeros (dp zeroed)
+	auto st_zeros = [&](int sb) {
+#pragma unroll
+		for (int n = 0; n < FA_SUB / 8; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				dp[n][e] = 0.f;
+		st_ds(sb);
+	};
 	// every thread's dS^T stores reach the warpgroup's products (the block is one warpgroup)
 	auto ds_ready = [&]() {
 		fence_async_smem();
@@ -1114,14 +1123,8 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 #pragma unroll
 			for (int e = 0; e < 4; e++)
 				pa[kk][e] = da[kk][e] = 0u;
-		if constexpr (F2) {	// the kernel's dQ^T reads every row of the panel
-#pragma unroll
-			for (int n = 0; n < FA_SUB / 8; n++)
-#pragma unroll
-				for (int e = 0; e < 4; e++)
-					dp[n][e] = 0.f;
-			st_ds(0);
-		}
+		if constexpr (F2)	// the kernel's dQ^T reads every row of the panel
+			st_zeros(0);
 	}
 	if (go[1]) {
 		// FQ: a skipped first sub-step's dQ^T reads whatever its tile holds and is dropped
@@ -1163,14 +1166,8 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 			red(1);
 		}
 	} else if (go[0]) {
-		if constexpr (F2) {	// sub-step 1 skipped: zeros (dp is sub-step 0's, packed)
-#pragma unroll
-			for (int n = 0; n < FA_SUB / 8; n++)
-#pragma unroll
-				for (int e = 0; e < 4; e++)
-					dp[n][e] = 0.f;
-			st_ds(1);
-		}
+		if constexpr (F2)	// sub-step 1 skipped (dp is sub-step 0's, packed already)
+			st_zeros(1);
 		if constexpr (FQ)
 			ds_ready();
 		dvdk(0);
@@ -1183,8 +1180,8 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 			pin_dq();
 			red(0);
 		}
-	} else if constexpr (F2) {	// both skipped: sub-step 0's zeros stored, dp zeros
-		st_ds(1);
+	} else if constexpr (F2) {	// both skipped
+		st_zeros(1);
 	}
 }
 
