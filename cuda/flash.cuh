@@ -1202,7 +1202,8 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 // panel w read MN-major, B dsb) and adds them into dqa by vector reductions: half the fused
 // dq's sums a key of FQ's, from products of twice its width.  Not deterministic, as FQ.  On an
 // H100 it ran 1.47 ms alone at 4 x 2048 (32/8 heads), against 0.80 + 0.62 for dk/dv and dq: the
-// two warpgroups meet at two barriers a tile (bench/RESULTS.md, twenty-eighth session).
+// two warpgroups meet at barriers in every tile (the dS^T panels) besides its ends, so neither's
+// softmax runs under the other's products (bench/RESULTS.md, twenty-eighth session).
 template <int HD, bool CP, bool WG, bool FQ = false, bool F2 = false>
 __global__ void __launch_bounds__(F2 ? 2 * FA_THR : fa_cfg<HD, WG>::KNT,
 				  F2 ? 1 : fa_cfg<HD, WG>::KMINB)
@@ -1670,12 +1671,12 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 	if constexpr (WG && !CP && HD <= 128) {
 		if (dqa) {
 			static bool done_f, done_2;
-			const int Lp = fa_dq_pitch(L);
+			const int Lp = fa_dq_pitch(L), mode = fa_bwd_fused(c, HD);
 
 			CUDA_CHECK(cudaMemsetAsync(dqa, 0, (size_t)B * nh * HD * Lp * sizeof(float),
 						   c->stream));
 			if constexpr (HD == 128) {
-				if (fa_bwd_fused(c, HD) == 2) {
+				if (mode == 2) {
 					const size_t sm2 = fa_smem_dkdv<HD, true, false, true>();
 
 					fa_allow(k_fa_dkdv<HD, false, true, false, true>, sm2, &done_2);
@@ -1686,7 +1687,7 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 							nh, nkv, sl2, scale, x, true, dqa, Lp);
 				}
 			}
-			if (fa_bwd_fused(c, HD) == 1) {
+			if (mode == 1) {
 				const size_t smf = fa_smem_dkdv<HD, true, true>();
 
 				fa_allow(k_fa_dkdv<HD, false, true, true>, smf, &done_f);
