@@ -62,6 +62,12 @@ void emu_wgmma(int n, float *d, const uint32_t *a, uint64_t adesc, uint64_t bdes
 void emu_wg_commit(void);
 void emu_wg_wait(int n);
 void emu_red_add(float *p, float x);
+// mbarriers at shared addresses: init, arrive, wait for the phase of a parity, and the arrival
+// of this thread once its cp.async copies so far have landed (.noinc)
+void emu_mbar_init(uint32_t bar, int count);
+void emu_mbar_arrive(uint32_t bar);
+void emu_mbar_wait(uint32_t bar, int parity);
+void emu_cp_arrive(uint32_t bar);
 // a warp's vote and barrier
 bool emu_any(bool pred);
 void emu_syncwarp(void);

@@ -30,6 +30,7 @@
 #define FA_THR 128
 #define LOG2E 1.4426950408889634f
 #define FA_RESCALE 8.f		// log2 of how far P may grow past 1 before O is rescaled
+#define FA_WS_ST 3		// k_fa_dkdv_ws's stages of query tiles
 
 // The warpgroup kernels at head_dim 256: a warpgroup's 64 x 256 fp32 accumulator takes 128
 // registers a thread, so what the head_dim-128 kernels hold in registers besides moves to shared
@@ -987,10 +988,10 @@ static __device__ __forceinline__ void fa_dst(float (*s)[4], float (*dp)[4], int
 // (head_dim, Lp) at the tile's first query, scale not applied) by vector reductions.  The other
 // blocks add into the same sums in no fixed order: not deterministic.
 //
-// F2 (k_fa_dkdv's two-warpgroup fused dq): the block's 128 keys are two warpgroups' 64 each (wg
-// picks the key rows of ks and vs, not columns: HO is HD); each sub-step's dS^T goes to the
-// warpgroup's panel of dsb (query rows, its 64 keys; zeros for a skipped sub-step) and the kernel
-// makes dQ^T from both panels after the tile.
+// F2 (k_fa_dkdv_ws, the two-warpgroup fused dq): the block's 128 keys are two warpgroups' 64 each
+// (wg picks the key rows of ks and vs, not columns: HO is HD); each sub-step's dS^T goes to the
+// warpgroup's panel of dsb (query rows, its 64 keys; zeros for a skipped sub-step), from which the
+// kernel makes dQ^T.
 template <int HD, int HO, bool FQ = false, bool F2 = false>
 static __device__ __forceinline__ void
 fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, const bf16 *qt,
@@ -1194,36 +1195,23 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 // FQ (whole rows, the warpgroup kernels pipelined, head_dim 64 or 128): dQ as well, summed into
 // dqa (fp32, (B nh HD, Lp): dQ^T per record and head, unscaled) by every key block (see
 // fa_dkdv_tile_wg); no dq kernel.
-//
-// F2 (head_dim 128, whole rows, pipelined; SHARDLM_FA_BWD_DQ=wg2): the fused dq on blocks of 128
-// keys, two warpgroups of 64 (one block an SM).  Each tile's dS^T of both warpgroups goes to
-// shared memory (dsb: two 64-key panels of the tile's 64 queries), then warpgroup w makes rows
-// [64 w, 64 w + 64) of dQ^T = K^T dS^T over all 128 keys (m64 n64 k16 products: A the key tile's
-// panel w read MN-major, B dsb) and adds them into dqa by vector reductions: half the fused
-// dq's sums a key of FQ's, from products of twice its width.  Not deterministic, as FQ.  On an
-// H100 it ran 1.47 ms alone at 4 x 2048 (32/8 heads), against 0.80 + 0.62 for dk/dv and dq: the
-// two warpgroups meet at barriers in every tile (the dS^T panels) besides its ends, so neither's
-// softmax runs under the other's products (bench/RESULTS.md, twenty-eighth session).
-template <int HD, bool CP, bool WG, bool FQ = false, bool F2 = false>
-__global__ void __launch_bounds__(F2 ? 2 * FA_THR : fa_cfg<HD, WG>::KNT,
-				  F2 ? 1 : fa_cfg<HD, WG>::KMINB)
+template <int HD, bool CP, bool WG, bool FQ = false>
+__global__ void __launch_bounds__(fa_cfg<HD, WG>::KNT, fa_cfg<HD, WG>::KMINB)
 k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float *D,
 	  const bf16 *qkv, const int *lens, const int *pos, int L, int nh, int nkv, float sl2,
 	  float scale, fa_rows x, bool pipe, float *dqa, int Lp)
 {
 	// the block's keys and values, then two stages of query and dout tiles (WG: all swizzled);
-	// FQ: the two dS^T tiles; F2: the two warpgroups' dS^T panels
+	// FQ: the two dS^T tiles
 	using C = fa_cfg<HD, WG>;
-	constexpr int NT = F2 ? 2 * FA_THR : C::KNT, HO = F2 ? HD : C::HO;
-	constexpr int BK = F2 ? 2 * FA_BM : FA_BM;	// the block's keys
+	constexpr int NT = C::KNT, HO = C::HO;
+	constexpr int BK = FA_BM;	// the block's keys
 	static_assert(!FQ || (WG && !CP), "k_fa_dkdv: the fused dq is for whole rows, warpgroups");
-	static_assert(!F2 || (WG && !CP && !FQ && HD == 128 && !C::SPLIT),
-		      "k_fa_dkdv: F2 is for whole rows, warpgroups, head_dim 128");
 	const int P = HD + 8, TILE = WG ? FA_BN * HD : FA_BN * P, KT = WG ? BK * HD : BK * P;
 	FA_SMEM;
 	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + KT, *qs = vs + KT, *gs = qs + 2 * TILE;
 	bf16 *dsb = gs + 2 * TILE;
-	float *lss = (float *)(dsb + (F2 ? 2 * FA_BN * FA_BM : FQ ? 2 * FA_SUB * FA_BM : 0));
+	float *lss = (float *)(dsb + (FQ ? 2 * FA_SUB * FA_BM : 0));
 	float *Ds = lss + 2 * FA_BN;
 	int *dss = (int *)(Ds + 2 * FA_BN);	// (2, FA_BN) the queries' document starts
 	int *qis = dss + 2 * FA_BN;		// (2, FA_BN) the queries' indices (-1: padding)
@@ -1245,8 +1233,7 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, len = lens[b];
 	const bf16 *base = qkv + (size_t)b * Lq * W, *gbase = dout + (size_t)b * Lq * OW;
 	const bf16 *kvb = CP ? x.kv + (size_t)b * L * KS : base;
-	const int jw = j0 + (F2 ? wg * FA_BM : 0);	// the warpgroup's first key
-	const int wk = jw + warp * 16, r0 = wk + g, r1 = r0 + 8;
+	const int wk = j0 + warp * 16, r0 = wk + g, r1 = r0 + 8;
 	// query tiles from the first query at or after the block's first key to the record's end,
 	// or, packed, to the first tile wholly in documents that start after the block's last key
 	const int qs0 = CP ? (j0 < len ? fa_first_row(x, b, j0) : Lq) : j0;
@@ -1315,39 +1302,7 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 		const float *lsl = lss + st * FA_BN, *Dl = Ds + st * FA_BN;
 		const int *dsl = dss + st * FA_BN, *qil = qis + st * FA_BN;
 
-		if constexpr (F2) {
-			const int h = kv * grp + t / ntq, i0 = qs0 + (t % ntq) * FA_BN;
-			const int qa = qil[0], qz = qil[FA_BN - 1];
-
-			fa_dkdv_tile_wg<HD, HD, false, true>(dk, dv, ks, vs, qt, gt, jw, wk, r0, r1,
-							     tq, wg, sl2, lsl, Dl, dsl, qil,
-							     pos != nullptr, dsb);
-			// every query of the tile padding or before every key of the block (the
-			// same for every thread): no dS, no dQ
-			if (!(qa < 0 || (qz >= 0 && qz < j0))) {
-				float dq[8][4];	// dQ^T rows 64 wg + 16 warp + g (+ 8), 64 queries
-
-				fence_async_smem();	// both panels' generic stores, to the async proxy
-				__syncthreads();
-				wg_fence();
-#pragma unroll
-				for (int kk = 0; kk < BK / 16; kk++)
-					wgmma_ss64<1, 0>(&dq[0][0],
-							 desc_mn<BK>(ks + wg * BK * 64, 16 * kk),
-							 desc_k<FA_BN>(dsb, 0, kk), kk > 0);
-				wg_commit();
-				wg_wait0();
-				wg_pin<32>(&dq[0][0]);
-				float *dqt = dqa + (((size_t)b * nh + h) * HD + wg * 64 + warp * 16 + g) *
-							   Lp + i0 + tq * 2;
-#pragma unroll
-				for (int n = 0; n < 8; n++)
-#pragma unroll
-					for (int hh = 0; hh < 2; hh++)
-						red_add2(dqt + (size_t)(8 * hh) * Lp + n * 8,
-							 dq[n][2 * hh], dq[n][2 * hh + 1]);
-			}
-		} else if constexpr (FQ) {
+		if constexpr (FQ) {
 			const int h = kv * grp + t / ntq, i0 = qs0 + (t % ntq) * FA_BN;
 
 			fa_dkdv_tile_wg<HD, HO, true>(dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg,
@@ -1358,12 +1313,12 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 				fa_dkdv_tile_wg<HD, HO>(dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg,
 							sl2, lsl, Dl, dsl, qil, CP || pos);
 		}
-		// every thread done with the stage (and F2's dS^T panels) the next tile's loads take
-		if (FQ || F2 || (WG && pipe)) {
+		// every thread done with the stage the next tile's loads take
+		if (FQ || (WG && pipe)) {
 			__syncthreads();
 			continue;
 		}
-		if constexpr (!FQ && !F2)	// (the fused dq's instances never get here)
+		if constexpr (!FQ)	// (the fused dq's instances never get here)
 #pragma unroll
 		for (int sub = 0; sub < FA_BN / FA_SUB; sub++) {
 			const int qa = qil[sub * FA_SUB], qz = qil[sub * FA_SUB + FA_SUB - 1];
@@ -1466,10 +1421,196 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 			continue;
 		bf16 *yk = (CP ? dkv + ((size_t)b * L + row) * KS + (size_t)kv * HD :
 				 dqkv + ((size_t)b * L + row) * W + (size_t)(nh + kv) * HD) +
-			   (F2 ? 0 : wg) * HO;
+			   wg * HO;
 		bf16 *yv = yk + (size_t)nkv * HD;
 #pragma unroll
 		for (int n = 0; n < HO / 8; n++) {
+			*(uint32_t *)(yk + n * 8 + tq * 2) =
+				pack_bf2(act ? dk[n][2 * half] * scale : 0.f,
+					 act ? dk[n][2 * half + 1] * scale : 0.f);
+			*(uint32_t *)(yv + n * 8 + tq * 2) =
+				pack_bf2(act ? dv[n][2 * half] : 0.f, act ? dv[n][2 * half + 1] : 0.f);
+		}
+	}
+}
+
+// The fused dq on two warpgroups of 64 keys, warp-specialized (head_dim 128, whole rows;
+// SHARDLM_FA_BWD_DQ=wg2).  A block's 128 keys and values sit in shared memory; warpgroup 2 is the
+// loader (few registers: setmaxnreg gives the rest to the other two): it copies the keys and
+// values, then each query tile (query head of the kv group, 64 queries) with its dO, lse, D,
+// document starts and indices into a ring of FA_WS_ST stages, a stage's mbarrier full[s]
+// completing when they have landed and empty[s] when both multiplier warpgroups are done with it.
+// Warpgroup w (0, 1) makes S^T, dP^T, dV and dK for keys [64 w, 64 w + 64) (fa_dkdv_tile_wg, F2)
+// and puts its dS^T into its panel of the tile's dsb slot (two slots, by tile parity: dsf[slot]
+// completes when both panels are written).  dQ^T of a tile, rows [64 w, 64 w + 64) of head_dim
+// over all 128 keys (m64 n64 k16: A the key tile's panel w read MN-major, B the slot's panels),
+// is made at the start of the next tile (its accumulators are dead before S^T and dP^T live: no
+// spills at 232 registers) and added into dqa (fp32, (B nh HD, Lp), unscaled) by vector
+// reductions.  The two warpgroups wait for each other only there, a tile apart (the wg2 kernel of
+// the twenty-eighth session, with block-wide barriers three times a tile, ran at 1.47 ms where
+// the dq and dk/dv kernels take 1.42).  Not deterministic (the reductions' order).
+template <int HD>
+__global__ void __launch_bounds__(3 * FA_THR, 1)
+k_fa_dkdv_ws(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf16 *qkv,
+	     const int *lens, const int *pos, int L, int nh, int nkv, float sl2, float scale,
+	     fa_rows x, float *dqa, int Lp)
+{
+	static_assert(HD == 128 && FA_BM == 64 && FA_BN == 64, "k_fa_dkdv_ws: head_dim 128");
+	constexpr int BK = 2 * FA_BM, ST = FA_WS_ST, TILE = FA_BN * HD, KT = BK * HD;
+	constexpr int PANELS = 2 * FA_BN * FA_BM;	// a dsb slot: two 64 x 64 panels
+	FA_SMEM;
+	bf16 *ks = sw_base(fa_sm), *vs = ks + KT, *qs = vs + KT, *gs = qs + ST * TILE;
+	bf16 *dsb = gs + ST * TILE;
+	float *lss = (float *)(dsb + 2 * PANELS), *Ds = lss + ST * FA_BN;
+	int *dss = (int *)(Ds + ST * FA_BN), *qis = dss + ST * FA_BN;
+	uint64_t *full = (uint64_t *)(qis + ST * FA_BN), *empty = full + ST, *dsf = empty + ST;
+	uint64_t *kvf = dsf + 2;
+	// blocks in the order of their work, longest first (as k_fa_dkdv)
+	const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+	const unsigned yz = gridDim.y * gridDim.z;
+	const int b = (int)((lin % yz) / gridDim.y), kv = (int)((lin % yz) % gridDim.y);
+	const int W = (nh + 2 * nkv) * HD, OW = nh * HD, grp = nh / nkv, j0 = (int)(lin / yz) * BK;
+	const int len = lens[b];
+	const bf16 *base = qkv + (size_t)b * L * W, *gbase = dout + (size_t)b * L * OW;
+	int ntq = 0;
+
+	if (j0 < len) {
+		const int jl = min(j0 + BK, len) - 1;
+
+		for (;;) {
+			const int r = j0 + ntq * FA_BN, i = fa_qidx<false>(x, b, len, r);
+
+			if (i < 0 || fa_qdoc<false>(x, pos, b, L, r, i) > jl)
+				break;
+			ntq++;
+		}
+	}
+	const int nt = grp * ntq;
+
+	if (threadIdx.x == 0) {
+		for (int s = 0; s < ST; s++) {
+			mbar_init(&full[s], FA_THR + FA_BN);	// the loaders' copies, 64 stores
+			mbar_init(&empty[s], 2 * FA_THR);
+		}
+		for (int s = 0; s < 2; s++)
+			mbar_init(&dsf[s], 2 * FA_THR);
+		mbar_init(kvf, FA_THR);
+	}
+	__syncthreads();
+	if (threadIdx.x >= 2 * FA_THR) {	// the loader
+		wg_regs_dec<40>();
+		const int lt = threadIdx.x - 2 * FA_THR;
+
+		if (nt == 0)
+			return;
+		{
+			mm_ld<HD, BK> lk;
+
+			lk.init(lt, W);
+			mm_load(lk, smem_u32(ks), base + (size_t)(nh + kv) * HD, j0, len);
+			mm_load(lk, smem_u32(vs), base + (size_t)(nh + nkv + kv) * HD, j0, len);
+			cp_arrive(kvf);
+		}
+		mm_ld<HD, FA_BN> lq, lg;
+
+		lq.init(lt, W);
+		lg.init(lt, OW);
+		for (int t = 0; t < nt; t++) {
+			const int st = t % ST, h = kv * grp + t / ntq, i0 = j0 + (t % ntq) * FA_BN;
+
+			if (t >= ST)
+				mbar_wait(&empty[st], (t / ST - 1) & 1);
+			mm_load(lq, smem_u32(qs + st * TILE), base + (size_t)h * HD, i0, L);
+			mm_load(lg, smem_u32(gs + st * TILE), gbase + (size_t)h * HD, i0, L);
+			if (lt < FA_BN) {
+				const size_t tr = ((size_t)b * L + i0 + lt) * nh + h;
+				const int i = fa_qidx<false>(x, b, len, i0 + lt), e = st * FA_BN + lt;
+
+				cp_async4(smem_u32(lss + e), i >= 0 ? lse + tr : lse, i >= 0);
+				cp_async4(smem_u32(Ds + e), i >= 0 ? D + tr : D, i >= 0);
+				dss[e] = i >= 0 ? fa_qdoc<false>(x, pos, b, L, i0 + lt, i) : 0;
+				qis[e] = i;
+			}
+			cp_arrive(&full[st]);
+			if (lt < FA_BN)
+				mbar_arrive(&full[st]);
+		}
+		cp_wait_all();
+		return;
+	}
+	wg_regs_inc<232>();
+	const int warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7, lane = threadIdx.x & 31;
+	const int g = lane >> 2, tq = lane & 3;
+	const int jw = j0 + wg * FA_BM, wk = jw + warp * 16, r0 = wk + g, r1 = r0 + 8;
+	float dk[HD / 8][4], dv[HD / 8][4], dq[8][4];	// dq: dQ^T rows 64 wg + 16 warp + g (+ 8)
+
+#pragma unroll
+	for (int n = 0; n < HD / 8; n++)
+		for (int e = 0; e < 4; e++)
+			dk[n][e] = dv[n][e] = 0.f;
+	auto dq_issue = [&](int u) {	// tile u's dQ^T, once both panels are written
+		mbar_wait(&dsf[u & 1], (u >> 1) & 1);
+		wg_fence();
+#pragma unroll
+		for (int kk = 0; kk < BK / 16; kk++)
+			wgmma_ss64<1, 0>(&dq[0][0], desc_mn<BK>(ks + wg * BK * 64, 16 * kk),
+					 desc_k<FA_BN>(dsb + (u & 1) * PANELS, 0, kk), kk > 0);
+		wg_commit();
+	};
+	auto dq_add = [&](int u) {	// (its products done) the sums out
+		wg_pin<32>(&dq[0][0]);
+		const int h = kv * grp + u / ntq, i0 = j0 + (u % ntq) * FA_BN;
+		float *dqt = dqa + (((size_t)b * nh + h) * HD + wg * 64 + warp * 16 + g) * Lp + i0 +
+			     tq * 2;
+
+#pragma unroll
+		for (int n = 0; n < 8; n++)
+#pragma unroll
+			for (int hh = 0; hh < 2; hh++)
+				red_add2(dqt + (size_t)(8 * hh) * Lp + n * 8, dq[n][2 * hh],
+					 dq[n][2 * hh + 1]);
+	};
+
+	if (nt > 0) {
+		mbar_wait(kvf, 0);
+		fence_async_smem();	// the loader's cp.async writes, seen here, reach the products
+	}
+	for (int t = 0; t < nt; t++) {
+		const int st = t % ST;
+
+		mbar_wait(&full[st], (t / ST) & 1);
+		fence_async_smem();
+		// (dq_issue's wait also frees the slot of tile t - 2 for this tile's panels: both
+		// warpgroups have finished tile t - 1, where their dQ^T of tile t - 2 was waited for)
+		if (t > 0) {
+			dq_issue(t - 1);
+			wg_wait0();
+			dq_add(t - 1);
+		}
+		fa_dkdv_tile_wg<HD, HD, false, true>(
+			dk, dv, ks, vs, qs + st * TILE, gs + st * TILE, jw, wk, r0, r1, tq, wg, sl2,
+			lss + st * FA_BN, Ds + st * FA_BN, dss + st * FA_BN, qis + st * FA_BN,
+			pos != nullptr, dsb + (t & 1) * PANELS);
+		fence_async_smem();	// this thread's dS^T stores, to the other warpgroup's products
+		mbar_arrive(&dsf[t & 1]);
+		mbar_arrive(&empty[st]);
+	}
+	if (nt > 0) {
+		dq_issue(nt - 1);
+		wg_wait0();
+		dq_add(nt - 1);
+	}
+#pragma unroll
+	for (int half = 0; half < 2; half++) {
+		const int row = half ? r1 : r0;
+		const bool act = row < len;
+
+		if (row >= L)
+			continue;
+		bf16 *yk = dqkv + ((size_t)b * L + row) * W + (size_t)(nh + kv) * HD;
+		bf16 *yv = yk + (size_t)nkv * HD;
+#pragma unroll
+		for (int n = 0; n < HD / 8; n++) {
 			*(uint32_t *)(yk + n * 8 + tq * 2) =
 				pack_bf2(act ? dk[n][2 * half] * scale : 0.f,
 					 act ? dk[n][2 * half + 1] * scale : 0.f);
@@ -1498,12 +1639,20 @@ template <int HD, bool WG> static size_t fa_smem_dq(void)
 		       (WG ? HD : HD + 8) * sizeof(bf16) + (WG ? 1024 : 0);
 }
 
-template <int HD, bool WG, bool FQ = false, bool F2 = false> static size_t fa_smem_dkdv(void)
+template <int HD, bool WG, bool FQ = false> static size_t fa_smem_dkdv(void)
 {
-	return (size_t)(2 * (F2 ? 2 : 1) * FA_BM + 4 * FA_BN) * (WG ? HD : HD + 8) * sizeof(bf16) +
-	       (F2 ? 2 * FA_BN * FA_BM * sizeof(bf16) :
-		FQ ? 2 * FA_SUB * FA_BM * sizeof(bf16) : 0) +
-	       4 * FA_BN * sizeof(float) + 4 * FA_BN * sizeof(int) + (WG ? 1024 : 0);
+	return (size_t)(2 * FA_BM + 4 * FA_BN) * (WG ? HD : HD + 8) * sizeof(bf16) +
+	       (FQ ? 2 * FA_SUB * FA_BM * sizeof(bf16) : 0) + 4 * FA_BN * sizeof(float) +
+	       4 * FA_BN * sizeof(int) + (WG ? 1024 : 0);
+}
+
+// k_fa_dkdv_ws's: keys and values (128 rows each), FA_WS_ST stages of query and dout tiles and
+// their lse, D, document starts and indices, two slots of dS^T panels, the mbarriers
+template <int HD> static size_t fa_smem_ws(void)
+{
+	return (size_t)(2 * 2 * FA_BM + 2 * FA_WS_ST * FA_BN) * HD * sizeof(bf16) +
+	       2 * 2 * FA_BN * FA_BM * sizeof(bf16) + 4 * FA_WS_ST * FA_BN * 4 +
+	       (2 * FA_WS_ST + 3) * sizeof(uint64_t) + 1024;
 }
 
 // the fused dq's sums: query rows per record and head, a multiple of the query tiles
@@ -1677,14 +1826,14 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 						   c->stream));
 			if constexpr (HD == 128) {
 				if (mode == 2) {
-					const size_t sm2 = fa_smem_dkdv<HD, true, false, true>();
+					const size_t sm2 = fa_smem_ws<HD>();
 
-					fa_allow(k_fa_dkdv<HD, false, true, false, true>, sm2, &done_2);
-					k_fa_dkdv<HD, false, true, false, true>
+					fa_allow(k_fa_dkdv_ws<HD>, sm2, &done_2);
+					k_fa_dkdv_ws<HD>
 						<<<dim3((L + 2 * FA_BM - 1) / (2 * FA_BM), nkv, B),
-						   2 * FA_THR, sm2, c->stream>>>(
-							dqkv, dkv, dout, lse, D, qkv, lens, pos, L,
-							nh, nkv, sl2, scale, x, true, dqa, Lp);
+						   3 * FA_THR, sm2, c->stream>>>(
+							dqkv, dout, lse, D, qkv, lens, pos, L, nh,
+							nkv, sl2, scale, x, dqa, Lp);
 				}
 			}
 			if (mode == 1) {

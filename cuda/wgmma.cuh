@@ -41,6 +41,99 @@ static __device__ __forceinline__ void tile_sw(bf16 *sh, const bf16 *g, size_t s
 	}
 }
 
+// a tile's copies by one loader thread (mm_load.cuh): source rows [row0, row0 + NR) of g (its
+// first column already added), rows at or past rend as zeros, into the tile at shared address sh
+template <int HD, int NR>
+static __device__ __forceinline__ void mm_load(const mm_ld<HD, NR> &L, uint32_t sh,
+					       const bf16 *g, int row0, int rend)
+{
+	const bf16 *p = g + (size_t)row0 * L.stride;
+	const int lim = rend - row0;
+
+#pragma unroll
+	for (int i = 0; i < mm_ld<HD, NR>::NC; i++) {
+		const bool ok = L.row(i) < lim;
+
+		cp_async16(sh + L.soff(i), ok ? p + L.goff(i) : g, ok);
+	}
+}
+
+// mbarriers (shared memory, 8 bytes each): a phase completes when its count of arrivals has come,
+// and a waiter names the phase by its parity (the first phase: 0).  Loader and multiplier threads
+// hand tiles to each other through them instead of block-wide barriers.  (Traps where the build
+// is not for sm_90a: the launchers never pick their kernels there.)
+static __device__ __forceinline__ void mbar_init(uint64_t *b, int count)
+{
+#if SL_WG_DEV
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count)
+		     : "memory");
+#elif defined(SL_EMU)
+	emu_mbar_init(smem_u32(b), count);
+#else
+	__trap();
+#endif
+}
+
+// one arrival (release: this thread's earlier shared-memory writes are seen by the waiters)
+static __device__ __forceinline__ void mbar_arrive(uint64_t *b)
+{
+#if SL_WG_DEV
+	asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(
+			     smem_u32(b))
+		     : "memory");
+#elif defined(SL_EMU)
+	emu_mbar_arrive(smem_u32(b));
+#endif
+}
+
+// until the barrier's phase of this parity has completed
+static __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity)
+{
+#if SL_WG_DEV
+	uint32_t done;
+
+	do {
+		asm volatile("{\n.reg .pred p;\n"
+			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+			     "selp.u32 %0, 1, 0, p;\n}\n"
+			     : "=r"(done)
+			     : "r"(smem_u32(b)), "r"(parity)
+			     : "memory");
+	} while (!done);
+#elif defined(SL_EMU)
+	emu_mbar_wait(smem_u32(b), parity);
+#endif
+}
+
+// the barrier's arrival of this thread, once every cp.async it issued so far has landed (the
+// barrier's count includes it: .noinc)
+static __device__ __forceinline__ void cp_arrive(uint64_t *b)
+{
+#if SL_WG_DEV
+	asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(b))
+		     : "memory");
+#elif defined(SL_EMU)
+	emu_cp_arrive(smem_u32(b));
+#endif
+}
+
+// A warp-specialized kernel's register split (setmaxnreg; the kernel's __launch_bounds__ must
+// give the entry count, and the warpgroups' new counts must add up to it): a loader warpgroup
+// gives registers back, the multipliers take them
+template <int N> static __device__ __forceinline__ void wg_regs_dec(void)
+{
+#if SL_WG_DEV
+	asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
+template <int N> static __device__ __forceinline__ void wg_regs_inc(void)
+{
+#if SL_WG_DEV
+	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
 // the dynamic shared memory's first 1024-byte boundary (launchers ask for 1 KB more)
 static __device__ __forceinline__ bf16 *sw_base(bf16 *p)
 {

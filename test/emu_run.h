@@ -13,7 +13,14 @@
  *  - wgmma runs asynchronously: its products are made when a wait_group lets them finish, from
  *    the shared memory of that moment (registers as issued), so a kernel that changes a tile
  *    or reads an accumulator before waiting gets other numbers;
- *  - cp.async copies land when a wait_group lets them, not before;
+ *  - cp.async copies land when a wait_group lets them, not before, or (cp.async.mbarrier.arrive)
+ *    when the mbarrier's phase they arrive on completes; a thread waiting on an mbarrier phase
+ *    runs on only once it has completed (mbarriers live beside the shared memory, keyed by
+ *    address);
+ *  - threads run in turns until they wait (a barrier, a collective instruction, an mbarrier);
+ *    with emu_jitter a thread now and then sits out some turns, so that warpgroups drift apart;
+ *  - copies are issued into shared memory that reads as the large value below until they land
+ *    (on the hardware it is undefined in between);
  *  - dynamic shared memory (the flash kernels' fa_sm) starts each block filled with a large
  *    value: a read of what nothing wrote shows; __shared__ variables are one object a block.
  * Included by one test program each (it defines globals), after cuda/common.cuh with SL_EMU
@@ -28,6 +35,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <vector>
 
 // every flash kernel's dynamic shared memory (declared extern inside each kernel)
@@ -48,6 +56,7 @@ struct Fiber {
 	ucontext_t ctx;
 	std::vector<char> stack;
 	bool done;
+	int sleep;	// rounds of the scheduler this thread sits out (emu_jitter)
 	emu_now_t now;
 	std::vector<Copy> open;
 	std::deque<std::vector<Copy>> groups;
@@ -78,13 +87,22 @@ struct Warp {
 	uint32_t slot[32];
 };
 
+// an mbarrier: arrivals still due in this phase, the count it restarts with, its phase, and the
+// cp.async copies whose arrivals (.noinc) it has taken: they land when the phase completes
+struct Mbar {
+	int count = 0, due = 0;
+	unsigned phase = 0;
+	std::vector<Copy> copies;
+};
+
 struct Block {
 	int nthr, cur;
 	std::vector<Fiber> f;
 	ucontext_t sched;
 	Coll bar;
-	Wg wg[2];
-	Warp warp[8];
+	Wg wg[3];
+	Warp warp[12];
+	std::map<uint32_t, Mbar> mbar;
 	std::function<void()> body;
 	unsigned long progress;
 	const char *fault;
@@ -92,6 +110,21 @@ struct Block {
 
 Block *B;
 size_t smem_bytes;
+
+// Jitter (emu_jitter on): after each turn a thread sits out 1 to 64 of the scheduler's rounds
+// with probability 1/16, so that threads drift apart as on the hardware and a thread reading what
+// another has not yet handed over (a missing mbarrier wait) reads it too early.  Seeded: runs
+// repeat.
+bool emu_jitter;
+uint64_t sched_state = 0x2545F4914F6CDD1Dull;
+
+uint32_t sched_rand()
+{
+	sched_state ^= sched_state << 13;
+	sched_state ^= sched_state >> 7;
+	sched_state ^= sched_state << 17;
+	return (uint32_t)(sched_state >> 32);
+}
 
 int tid()
 {
@@ -251,6 +284,10 @@ uint32_t emu_smem_u32(const void *p)
 
 void emu_cp_async(uint32_t dst, const void *src, int bytes, bool valid)
 {
+	if (dst % 2 || bytes % 2 || dst + bytes > smem_bytes)
+		emu_trap("cp.async: misaligned or past the block's shared memory", 0);
+	for (int i = 0; i < bytes / 2; i++)	// undefined until it lands
+		fa_sm[dst / 2 + i] = __float2bfloat16_rn(60000.f);
 	B->f[tid()].open.push_back({ dst, src, bytes, valid });
 }
 
@@ -324,6 +361,69 @@ void emu_red_add(float *p, float x)
 	*p += x;
 }
 
+namespace {
+
+Mbar &mbar_at(uint32_t bar)
+{
+	auto it = B->mbar.find(bar);
+
+	if (it == B->mbar.end())
+		emu_trap("mbarrier used before its init", 0);
+	return it->second;
+}
+
+// one arrival; the last of the phase lands the copies the phase took and starts the next
+void mbar_one(Mbar &m)
+{
+	if (--m.due == 0) {
+		run_copies(m.copies);
+		m.phase++;
+		m.due = m.count;
+		B->progress++;
+	}
+}
+
+} // namespace
+
+void emu_mbar_init(uint32_t bar, int count)
+{
+	if (bar % 8 || bar + 8 > smem_bytes || count < 1)
+		emu_trap("mbarrier.init: misaligned, past the shared memory, or no count", 0);
+	Mbar &m = B->mbar[bar];
+
+	m.count = m.due = count;
+	m.phase = 0;
+	m.copies.clear();
+}
+
+void emu_mbar_arrive(uint32_t bar)
+{
+	mbar_one(mbar_at(bar));
+}
+
+// the phase of this parity has completed once the barrier's phase count has another parity (a
+// waiter is never more than one phase behind)
+void emu_mbar_wait(uint32_t bar, int parity)
+{
+	Mbar &m = mbar_at(bar);
+
+	while ((int)(m.phase & 1) == parity)
+		yield();
+}
+
+void emu_cp_arrive(uint32_t bar)
+{
+	Fiber &f = B->f[tid()];
+	Mbar &m = mbar_at(bar);
+
+	for (auto &g : f.groups)
+		m.copies.insert(m.copies.end(), g.begin(), g.end());
+	m.copies.insert(m.copies.end(), f.open.begin(), f.open.end());
+	f.groups.clear();
+	f.open.clear();
+	mbar_one(m);
+}
+
 bool emu_any(bool pred)
 {
 	Warp &w = B->warp[tid() / 32];
@@ -358,7 +458,7 @@ void launch(D3 grid, int nthr, size_t smem, const std::function<void()> &body,
 		nthr = (int)(blk_dim.x * blk_dim.y);
 	else
 		blk_dim = { (unsigned)nthr, 1, 1 };
-	if (smem > sizeof(fa_sm) || nthr > 256 || nthr % 32) {
+	if (smem > sizeof(fa_sm) || nthr > 384 || nthr % 32) {
 		fprintf(stderr, "emu: launch of %d threads, %zu bytes of shared memory\n", nthr, smem);
 		abort();
 	}
@@ -381,6 +481,7 @@ void launch(D3 grid, int nthr, size_t smem, const std::function<void()> &body,
 					Fiber &f = blk.f[t];
 
 					f.done = false;
+					f.sleep = 0;
 					f.now = { { t % blk_dim.x, t / blk_dim.x, 0 }, { x, y, z },
 						  { grid.x, grid.y, grid.z }, { blk_dim.x, blk_dim.y, 1 } };
 					f.stack.resize(1 << 18);
@@ -392,24 +493,40 @@ void launch(D3 grid, int nthr, size_t smem, const std::function<void()> &body,
 				}
 				while (ndone < nthr) {
 					const unsigned long p0 = blk.progress;
+					bool slept = false;
 
 					for (int t = 0; t < nthr; t++) {
-						if (blk.f[t].done)
+						Fiber &f = blk.f[t];
+
+						if (f.done)
 							continue;
+						if (f.sleep > 0) {
+							f.sleep--;
+							slept = true;
+							continue;
+						}
 						blk.cur = t;
-						emu_now = &blk.f[t].now;
-						swapcontext(&blk.sched, &blk.f[t].ctx);
+						emu_now = &f.now;
+						swapcontext(&blk.sched, &f.ctx);
+						if (emu_jitter && sched_rand() % 16 == 0)
+							f.sleep = 1 + (int)(sched_rand() % 64);
 					}
 					ndone = 0;
 					for (int t = 0; t < nthr; t++)
 						ndone += blk.f[t].done;
-					if (ndone < nthr && blk.progress == p0) {
+					if (ndone < nthr && blk.progress == p0 && !slept) {
 						fprintf(stderr, "emu: block (%u,%u,%u): deadlock (%d of %d "
 							"threads done)\n", x, y, z, ndone, nthr);
 						abort();
 					}
 				}
-				for (int w = 0; w < 2; w++)
+				for (auto &mb : blk.mbar)
+					if (!mb.second.copies.empty()) {
+						fprintf(stderr, "emu: a block ended with copies an "
+							"mbarrier never completed\n");
+						abort();
+					}
+				for (int w = 0; w < 3; w++)
 					if (!blk.wg[w].open.empty() || !blk.wg[w].groups.empty()) {
 						fprintf(stderr, "emu: a block ended with wgmma not waited for\n");
 						abort();

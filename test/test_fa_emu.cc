@@ -265,14 +265,17 @@ template <int HD, bool F2> void fused_bwd(const Prob &p, bf16 *dq, const bf16 *d
 	std::vector<float> dqa((size_t)B_ * nh * HD * Lp, 0.f);
 	float *a = dqa.data();
 
-	if constexpr (F2)
+	if constexpr (F2) {
+		// the loader and the two multiplier warpgroups hand tiles to each other through
+		// mbarriers: with the scheduler's jitter, any missing wait reads a tile too early
+		emu_jitter = true;
 		launch({ (unsigned)((L + 2 * FA_BM - 1) / (2 * FA_BM)), (unsigned)nkv, (unsigned)B_ },
-		       2 * FA_THR, fa_smem_dkdv<HD, true, false, true>(), [=] {
-			       k_fa_dkdv<HD, false, true, false, true>(
-				       dq, nullptr, dout, ls, Dp, qkv, lens, pos, L, nh, nkv, sl2,
-				       scale, fa_rows{}, true, a, Lp);
+		       3 * FA_THR, fa_smem_ws<HD>(), [=] {
+			       k_fa_dkdv_ws<HD>(dq, dout, ls, Dp, qkv, lens, pos, L, nh, nkv, sl2,
+						scale, fa_rows{}, a, Lp);
 		       });
-	else
+		emu_jitter = false;
+	} else
 		launch({ (unsigned)((L + FA_BM - 1) / FA_BM), (unsigned)nkv, (unsigned)B_ }, C::KNT,
 		       fa_smem_dkdv<HD, true, true>(), [=] {
 			       k_fa_dkdv<HD, false, true, true>(dq, nullptr, dout, ls, Dp, qkv,
