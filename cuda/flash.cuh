@@ -1455,7 +1455,7 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 // twenty-eighth session, block-wide barriers three times a tile and vector reductions by every
 // thread, ran at 1.47 ms where the dq and dk/dv kernels take 1.42).  Not deterministic (the
 // reductions' order).
-template <int HD, bool LATE>
+template <int HD>
 __global__ void __launch_bounds__(3 * FA_THR, 1)
 k_fa_dkdv_ws(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf16 *qkv,
 	     const int *lens, const int *pos, int L, int nh, int nkv, float sl2, float scale,
@@ -1464,15 +1464,14 @@ k_fa_dkdv_ws(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, con
 	static_assert(HD == 128 && FA_BM == 64 && FA_BN == 64, "k_fa_dkdv_ws: head_dim 128");
 	constexpr int BK = 2 * FA_BM, ST = FA_WS_ST, TILE = FA_BN * HD, KT = BK * HD;
 	constexpr int PANELS = 2 * FA_BN * FA_BM;	// a dsb slot: two 64 x 64 panels
-	constexpr int NS = LATE ? 3 : 2;		// dsb slots
 	FA_SMEM;
 	bf16 *ks = sw_base(fa_sm), *vs = ks + KT, *qs = vs + KT, *gs = qs + ST * TILE;
 	bf16 *dsb = gs + ST * TILE;
-	float *dqs = (float *)(dsb + NS * PANELS);	// (2 warpgroups, 64 rows, FA_WS_DQP)
+	float *dqs = (float *)(dsb + 2 * PANELS);	// (2 warpgroups, 64 rows, FA_WS_DQP)
 	float *lss = dqs + 2 * 64 * FA_WS_DQP, *Ds = lss + ST * FA_BN;
 	int *dss = (int *)(Ds + ST * FA_BN), *qis = dss + ST * FA_BN;
 	uint64_t *full = (uint64_t *)(qis + ST * FA_BN), *empty = full + ST, *dsf = empty + ST;
-	uint64_t *dse = dsf + NS, *dqf = dse + NS, *dqe = dqf + 2, *kvf = dqe + 2;
+	uint64_t *dqf = dsf + 2, *dqe = dqf + 2, *kvf = dqe + 2;
 	// blocks in the order of their work, longest first (as k_fa_dkdv)
 	const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 	const unsigned yz = gridDim.y * gridDim.z;
@@ -1500,11 +1499,8 @@ k_fa_dkdv_ws(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, con
 			mbar_init(&full[s], 2 * FA_WS_LD);	// the loaders' copies and stores
 			mbar_init(&empty[s], 2 * FA_THR);
 		}
-		for (int s = 0; s < NS; s++) {
-			mbar_init(&dsf[s], 2 * FA_THR);
-			mbar_init(&dse[s], 2 * FA_THR);
-		}
 		for (int s = 0; s < 2; s++) {
+			mbar_init(&dsf[s], 2 * FA_THR);
 			mbar_init(&dqf[s], FA_THR);	// warpgroup s's dQ^T staged
 			mbar_init(&dqe[s], 1);		// ... and read by the reductions
 		}
@@ -1587,12 +1583,12 @@ k_fa_dkdv_ws(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, con
 		for (int e = 0; e < 4; e++)
 			dk[n][e] = dv[n][e] = 0.f;
 	auto dq_issue = [&](int u) {	// tile u's dQ^T, once both panels are written
-		mbar_wait(&dsf[u % NS], (u / NS) & 1);
+		mbar_wait(&dsf[u & 1], (u >> 1) & 1);
 		wg_fence();
 #pragma unroll
 		for (int kk = 0; kk < BK / 16; kk++)
 			wgmma_ss64<1, 0>(&dq[0][0], desc_mn<BK>(ks + wg * BK * 64, 16 * kk),
-					 desc_k<FA_BN>(dsb + (u % NS) * PANELS, 0, kk), kk > 0);
+					 desc_k<FA_BN>(dsb + (u & 1) * PANELS, 0, kk), kk > 0);
 		wg_commit();
 	};
 	// (its products done) the sums staged for the reductions warp, once it has read the last
@@ -1620,30 +1616,20 @@ k_fa_dkdv_ws(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, con
 
 		mbar_wait(&full[st], (t / ST) & 1);
 		fence_async_smem();
-		// !LATE: dQ^T of the tile before here (dq_issue's wait also frees the slot of tile
-		// t - 2 for this tile's panels: both warpgroups have finished tile t - 1, where their
-		// dQ^T of tile t - 2 was waited for); LATE: at the end of this tile (the warpgroups
-		// may drift a tile apart), the slot of tile t - 3 freed by dse
-		if (!LATE && t > 0) {
+		// (dq_issue's wait also frees the slot of tile t - 2 for this tile's panels: both
+		// warpgroups have finished tile t - 1, where their dQ^T of tile t - 2 was waited for)
+		if (t > 0) {
 			dq_issue(t - 1);
 			wg_wait0();
 			dq_add(t - 1);
 		}
-		if (LATE && t >= NS)
-			mbar_wait(&dse[t % NS], (t / NS - 1) & 1);
 		fa_dkdv_tile_wg<HD, HD, false, true>(
 			dk, dv, ks, vs, qs + st * TILE, gs + st * TILE, jw, wk, r0, r1, tq, wg, sl2,
 			lss + st * FA_BN, Ds + st * FA_BN, dss + st * FA_BN, qis + st * FA_BN,
-			pos != nullptr, dsb + (t % NS) * PANELS);
+			pos != nullptr, dsb + (t & 1) * PANELS);
 		fence_async_smem();	// this thread's dS^T stores, to the other warpgroup's products
-		mbar_arrive(&dsf[t % NS]);
+		mbar_arrive(&dsf[t & 1]);
 		mbar_arrive(&empty[st]);
-		if (LATE && t > 0) {
-			dq_issue(t - 1);
-			wg_wait0();
-			mbar_arrive(&dse[(t - 1) % NS]);
-			dq_add(t - 1);
-		}
 	}
 	if (nt > 0) {
 		dq_issue(nt - 1);
@@ -1699,13 +1685,11 @@ template <int HD, bool WG, bool FQ = false> static size_t fa_smem_dkdv(void)
 // k_fa_dkdv_ws's: keys and values (128 rows each), FA_WS_ST stages of query and dout tiles and
 // their lse, D, document starts and indices, two slots of dS^T panels, the two warpgroups' dQ^T
 // staging, the mbarriers
-template <int HD, bool LATE> static size_t fa_smem_ws(void)
+template <int HD> static size_t fa_smem_ws(void)
 {
-	constexpr int NS = LATE ? 3 : 2;
-
 	return (size_t)(2 * 2 * FA_BM + 2 * FA_WS_ST * FA_BN) * HD * sizeof(bf16) +
-	       NS * 2 * FA_BN * FA_BM * sizeof(bf16) + 2 * 64 * FA_WS_DQP * sizeof(float) +
-	       4 * FA_WS_ST * FA_BN * 4 + (2 * FA_WS_ST + 2 * NS + 5) * sizeof(uint64_t) + 1024;
+	       2 * 2 * FA_BN * FA_BM * sizeof(bf16) + 2 * 64 * FA_WS_DQP * sizeof(float) +
+	       4 * FA_WS_ST * FA_BN * 4 + (2 * FA_WS_ST + 7) * sizeof(uint64_t) + 1024;
 }
 
 // the fused dq's sums: query rows per record and head, a multiple of the query tiles
@@ -1859,34 +1843,6 @@ static void fa_fwd(struct sl_cuda *c, bf16 *out, float *lse, const bf16 *qkv, co
 	CUDA_LAUNCHED();
 }
 
-// k_fa_dkdv_ws, its dQ^T made at the start of the next tile or (SHARDLM_FA_WS_LATE=1, read once)
-// at the end of its own
-template <int HD>
-static void fa_ws_launch(struct sl_cuda *c, bf16 *dqkv, const bf16 *dout, const float *lse,
-			 const float *D, const bf16 *qkv, const int *lens, const int *pos, int B,
-			 int L, int nh, int nkv, float sl2, float scale, const fa_rows &x,
-			 float *dqa, int Lp)
-{
-	static int late = -1;
-	static bool done[2];
-	const dim3 grid((L + 2 * FA_BM - 1) / (2 * FA_BM), nkv, B);
-
-	if (late < 0) {
-		const char *e = getenv("SHARDLM_FA_WS_LATE");
-
-		late = e && !strcmp(e, "1");
-	}
-	if (late) {
-		fa_allow(k_fa_dkdv_ws<HD, true>, fa_smem_ws<HD, true>(), &done[1]);
-		k_fa_dkdv_ws<HD, true><<<grid, 3 * FA_THR, fa_smem_ws<HD, true>(), c->stream>>>(
-			dqkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x, dqa, Lp);
-	} else {
-		fa_allow(k_fa_dkdv_ws<HD, false>, fa_smem_ws<HD, false>(), &done[0]);
-		k_fa_dkdv_ws<HD, false><<<grid, 3 * FA_THR, fa_smem_ws<HD, false>(), c->stream>>>(
-			dqkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x, dqa, Lp);
-	}
-}
-
 // dqa: the fused dq's sums (fa_bwd_fused; B nh HD x fa_dq_pitch(L) floats), or NULL
 template <int HD, bool CP, bool WG>
 static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse,
@@ -1906,9 +1862,16 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 			CUDA_CHECK(cudaMemsetAsync(dqa, 0, (size_t)B * nh * HD * Lp * sizeof(float),
 						   c->stream));
 			if constexpr (HD == 128) {
-				if (mode == 2)
-					fa_ws_launch<HD>(c, dqkv, dout, lse, D, qkv, lens, pos,
-							 B, L, nh, nkv, sl2, scale, x, dqa, Lp);
+				if (mode == 2) {
+					const size_t sm2 = fa_smem_ws<HD>();
+
+					fa_allow(k_fa_dkdv_ws<HD>, sm2, &done_2);
+					k_fa_dkdv_ws<HD>
+						<<<dim3((L + 2 * FA_BM - 1) / (2 * FA_BM), nkv, B),
+						   3 * FA_THR, sm2, c->stream>>>(
+							dqkv, dout, lse, D, qkv, lens, pos, L, nh,
+							nkv, sl2, scale, x, dqa, Lp);
+				}
 			}
 			if (mode == 1) {
 				const size_t smf = fa_smem_dkdv<HD, true, true>();

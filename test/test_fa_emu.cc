@@ -267,22 +267,12 @@ template <int HD, bool F2> void fused_bwd(const Prob &p, bf16 *dq, const bf16 *d
 
 	if constexpr (F2) {
 		// the loader and the two multiplier warpgroups hand tiles to each other through
-		// mbarriers: with the scheduler's jitter, any missing wait reads a tile too early.
-		// Both places of a tile's dQ^T (the next tile's start; LATE: its own end), in turns
-		static int calls;
-		const int late = calls++ % 2;
-
-		printf("  (wg2 %s)\n", late ? "LATE" : "at the next tile");
-
+		// mbarriers: with the scheduler's jitter, any missing wait reads a tile too early
 		emu_jitter = true;
 		launch({ (unsigned)((L + 2 * FA_BM - 1) / (2 * FA_BM)), (unsigned)nkv, (unsigned)B_ },
-		       3 * FA_THR, late ? fa_smem_ws<HD, true>() : fa_smem_ws<HD, false>(), [=] {
-			       if (late)
-				       k_fa_dkdv_ws<HD, true>(dq, dout, ls, Dp, qkv, lens, pos, L, nh,
-							      nkv, sl2, scale, fa_rows{}, a, Lp);
-			       else
-				       k_fa_dkdv_ws<HD, false>(dq, dout, ls, Dp, qkv, lens, pos, L, nh,
-							       nkv, sl2, scale, fa_rows{}, a, Lp);
+		       3 * FA_THR, fa_smem_ws<HD>(), [=] {
+			       k_fa_dkdv_ws<HD>(dq, dout, ls, Dp, qkv, lens, pos, L, nh, nkv, sl2,
+						scale, fa_rows{}, a, Lp);
 		       });
 		emu_jitter = false;
 	} else
