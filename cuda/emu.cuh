@@ -68,11 +68,6 @@ void emu_mbar_init(uint32_t bar, int count);
 void emu_mbar_arrive(uint32_t bar);
 void emu_mbar_wait(uint32_t bar, int parity);
 void emu_cp_arrive(uint32_t bar);
-// bulk fp32 reductions from shared into global memory: issued into the thread's open group, made
-// (shared memory read as it is then) when a wait lets them
-void emu_bulk_add(float *dst, uint32_t src, int bytes);
-void emu_bulk_commit(void);
-void emu_bulk_wait(int n);
 // a warp's vote and barrier
 bool emu_any(bool pred);
 void emu_syncwarp(void);

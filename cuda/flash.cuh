@@ -30,9 +30,7 @@
 #define FA_THR 128
 #define LOG2E 1.4426950408889634f
 #define FA_RESCALE 8.f		// log2 of how far P may grow past 1 before O is rescaled
-#define FA_WS_ST 2		// k_fa_dkdv_ws's stages of query tiles
-#define FA_WS_LD 64		// its loader threads (warpgroup 2's first two warps; the third reduces)
-#define FA_WS_DQP 72		// its dQ^T staging rows' pitch (floats: 16-byte rows, few conflicts)
+#define FA_WS_ST 3		// k_fa_dkdv_ws's stages of query tiles
 
 // The warpgroup kernels at head_dim 256: a warpgroup's 64 x 256 fp32 accumulator takes 128
 // registers a thread, so what the head_dim-128 kernels hold in registers besides moves to shared
@@ -1437,24 +1435,20 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 }
 
 // The fused dq on two warpgroups of 64 keys, warp-specialized (head_dim 128, whole rows;
-// SHARDLM_FA_BWD_DQ=wg2).  A block's 128 keys and values sit in shared memory.  Warpgroup 2 (few
-// registers: setmaxnreg gives the rest to the other two) is the loader and the reductions: its
-// first FA_WS_LD threads copy the keys and values, then each query tile (query head of the kv
-// group, 64 queries) with its dO, lse, D, document starts and indices into a ring of FA_WS_ST
-// stages (mbarrier full[s] completes when they have landed, empty[s] when both multiplier
-// warpgroups are done with the stage); its third warp adds each tile's dQ^T into dqa (fp32,
-// (B nh HD, Lp), unscaled) with the copy engine's bulk reductions (a 256-byte row each) from the
-// staging dqs.  Warpgroup w (0, 1) makes S^T, dP^T, dV and dK for keys [64 w, 64 w + 64)
-// (fa_dkdv_tile_wg, F2) and puts its dS^T into its panel of the tile's dsb slot (two slots, by
-// tile parity: dsf[slot] completes when both panels are written).  dQ^T of a tile, rows
-// [64 w, 64 w + 64) of head_dim over all 128 keys (m64 n64 k16: A the key tile's panel w read
-// MN-major, B the slot's panels), is made at the start of the next tile (its accumulators are dead
-// before S^T and dP^T live: no spills at 232 registers) and staged in dqs (dqf[w]: staged; dqe[w]:
-// read by the reductions).  The two warpgroups wait for each other only at the panels, a tile
-// apart, and no multiplier thread issues a copy or a global reduction (the wg2 kernel of the
-// twenty-eighth session, block-wide barriers three times a tile and vector reductions by every
-// thread, ran at 1.47 ms where the dq and dk/dv kernels take 1.42).  Not deterministic (the
-// reductions' order).
+// SHARDLM_FA_BWD_DQ=wg2).  A block's 128 keys and values sit in shared memory; warpgroup 2 is the
+// loader (few registers: setmaxnreg gives the rest to the other two): it copies the keys and
+// values, then each query tile (query head of the kv group, 64 queries) with its dO, lse, D,
+// document starts and indices into a ring of FA_WS_ST stages, a stage's mbarrier full[s]
+// completing when they have landed and empty[s] when both multiplier warpgroups are done with it.
+// Warpgroup w (0, 1) makes S^T, dP^T, dV and dK for keys [64 w, 64 w + 64) (fa_dkdv_tile_wg, F2)
+// and puts its dS^T into its panel of the tile's dsb slot (two slots, by tile parity: dsf[slot]
+// completes when both panels are written).  dQ^T of a tile, rows [64 w, 64 w + 64) of head_dim
+// over all 128 keys (m64 n64 k16: A the key tile's panel w read MN-major, B the slot's panels),
+// is made at the start of the next tile (its accumulators are dead before S^T and dP^T live: no
+// spills at 232 registers) and added into dqa (fp32, (B nh HD, Lp), unscaled) by vector
+// reductions.  The two warpgroups wait for each other only there, a tile apart (the wg2 kernel of
+// the twenty-eighth session, with block-wide barriers three times a tile, ran at 1.47 ms where
+// the dq and dk/dv kernels take 1.42).  Not deterministic (the reductions' order).
 template <int HD>
 __global__ void __launch_bounds__(3 * FA_THR, 1)
 k_fa_dkdv_ws(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf16 *qkv,
@@ -1467,11 +1461,10 @@ k_fa_dkdv_ws(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, con
 	FA_SMEM;
 	bf16 *ks = sw_base(fa_sm), *vs = ks + KT, *qs = vs + KT, *gs = qs + ST * TILE;
 	bf16 *dsb = gs + ST * TILE;
-	float *dqs = (float *)(dsb + 2 * PANELS);	// (2 warpgroups, 64 rows, FA_WS_DQP)
-	float *lss = dqs + 2 * 64 * FA_WS_DQP, *Ds = lss + ST * FA_BN;
+	float *lss = (float *)(dsb + 2 * PANELS), *Ds = lss + ST * FA_BN;
 	int *dss = (int *)(Ds + ST * FA_BN), *qis = dss + ST * FA_BN;
 	uint64_t *full = (uint64_t *)(qis + ST * FA_BN), *empty = full + ST, *dsf = empty + ST;
-	uint64_t *dqf = dsf + 2, *dqe = dqf + 2, *kvf = dqe + 2;
+	uint64_t *kvf = dsf + 2;
 	// blocks in the order of their work, longest first (as k_fa_dkdv)
 	const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 	const unsigned yz = gridDim.y * gridDim.z;
@@ -1496,78 +1489,51 @@ k_fa_dkdv_ws(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, con
 
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < ST; s++) {
-			mbar_init(&full[s], 2 * FA_WS_LD);	// the loaders' copies and stores
+			mbar_init(&full[s], FA_THR + FA_BN);	// the loaders' copies, 64 stores
 			mbar_init(&empty[s], 2 * FA_THR);
 		}
-		for (int s = 0; s < 2; s++) {
+		for (int s = 0; s < 2; s++)
 			mbar_init(&dsf[s], 2 * FA_THR);
-			mbar_init(&dqf[s], FA_THR);	// warpgroup s's dQ^T staged
-			mbar_init(&dqe[s], 1);		// ... and read by the reductions
-		}
-		mbar_init(kvf, FA_WS_LD);
+		mbar_init(kvf, FA_THR);
 	}
 	__syncthreads();
-	if (threadIdx.x >= 2 * FA_THR) {	// warpgroup 2: the loader and the reductions
+	if (threadIdx.x >= 2 * FA_THR) {	// the loader
 		wg_regs_dec<40>();
 		const int lt = threadIdx.x - 2 * FA_THR;
 
-		if (nt == 0 || lt >= FA_WS_LD + 32)
+		if (nt == 0)
 			return;
-		if (lt >= FA_WS_LD) {	// one warp: each tile's dQ^T rows into dqa, per warpgroup
-			const int lane = lt - FA_WS_LD;
-
-			for (int t = 0; t < nt; t++) {
-				const int h = kv * grp + t / ntq, i0 = j0 + (t % ntq) * FA_BN;
-				float *dst = dqa + ((size_t)b * nh + h) * HD * Lp + i0;
-
-				for (int w = 0; w < 2; w++) {
-					mbar_wait(&dqf[w], t & 1);
-#pragma unroll
-					for (int r = lane; r < 64; r += 32)
-						bulk_add_f32(dst + (size_t)(64 * w + r) * Lp,
-							     smem_u32(dqs + (64 * w + r) * FA_WS_DQP),
-							     FA_BN * (int)sizeof(float));
-					bulk_commit();
-				}
-				bulk_wait_read<1>();	// warpgroup 0's rows read
-				__syncwarp();
-				if (lane == 0)
-					mbar_arrive(&dqe[0]);
-				bulk_wait_read<0>();
-				__syncwarp();
-				if (lane == 0)
-					mbar_arrive(&dqe[1]);
-			}
-			bulk_wait_all();
-			return;
-		}
 		{
-			mm_ld<HD, BK, FA_WS_LD> lk;
+			mm_ld<HD, BK> lk;
 
 			lk.init(lt, W);
 			mm_load(lk, smem_u32(ks), base + (size_t)(nh + kv) * HD, j0, len);
 			mm_load(lk, smem_u32(vs), base + (size_t)(nh + nkv + kv) * HD, j0, len);
 			cp_arrive(kvf);
 		}
-		mm_ld<HD, FA_BN, FA_WS_LD> lq, lg;
+		mm_ld<HD, FA_BN> lq, lg;
 
 		lq.init(lt, W);
 		lg.init(lt, OW);
 		for (int t = 0; t < nt; t++) {
 			const int st = t % ST, h = kv * grp + t / ntq, i0 = j0 + (t % ntq) * FA_BN;
-			const size_t tr = ((size_t)b * L + i0 + lt) * nh + h;
-			const int i = fa_qidx<false>(x, b, len, i0 + lt), e = st * FA_BN + lt;
 
 			if (t >= ST)
 				mbar_wait(&empty[st], (t / ST - 1) & 1);
 			mm_load(lq, smem_u32(qs + st * TILE), base + (size_t)h * HD, i0, L);
 			mm_load(lg, smem_u32(gs + st * TILE), gbase + (size_t)h * HD, i0, L);
-			cp_async4(smem_u32(lss + e), i >= 0 ? lse + tr : lse, i >= 0);
-			cp_async4(smem_u32(Ds + e), i >= 0 ? D + tr : D, i >= 0);
-			dss[e] = i >= 0 ? fa_qdoc<false>(x, pos, b, L, i0 + lt, i) : 0;
-			qis[e] = i;
+			if (lt < FA_BN) {
+				const size_t tr = ((size_t)b * L + i0 + lt) * nh + h;
+				const int i = fa_qidx<false>(x, b, len, i0 + lt), e = st * FA_BN + lt;
+
+				cp_async4(smem_u32(lss + e), i >= 0 ? lse + tr : lse, i >= 0);
+				cp_async4(smem_u32(Ds + e), i >= 0 ? D + tr : D, i >= 0);
+				dss[e] = i >= 0 ? fa_qdoc<false>(x, pos, b, L, i0 + lt, i) : 0;
+				qis[e] = i;
+			}
 			cp_arrive(&full[st]);
-			mbar_arrive(&full[st]);
+			if (lt < FA_BN)
+				mbar_arrive(&full[st]);
 		}
 		cp_wait_all();
 		return;
@@ -1591,20 +1557,18 @@ k_fa_dkdv_ws(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, con
 					 desc_k<FA_BN>(dsb + (u & 1) * PANELS, 0, kk), kk > 0);
 		wg_commit();
 	};
-	// (its products done) the sums staged for the reductions warp, once it has read the last
-	float *dqw = dqs + (64 * wg + warp * 16 + g) * FA_WS_DQP + tq * 2;
-	auto dq_add = [&](int u) {
+	auto dq_add = [&](int u) {	// (its products done) the sums out
 		wg_pin<32>(&dq[0][0]);
-		if (u > 0)
-			mbar_wait(&dqe[wg], (u - 1) & 1);
+		const int h = kv * grp + u / ntq, i0 = j0 + (u % ntq) * FA_BN;
+		float *dqt = dqa + (((size_t)b * nh + h) * HD + wg * 64 + warp * 16 + g) * Lp + i0 +
+			     tq * 2;
+
 #pragma unroll
 		for (int n = 0; n < 8; n++)
 #pragma unroll
 			for (int hh = 0; hh < 2; hh++)
-				*(float2 *)(dqw + 8 * hh * FA_WS_DQP + n * 8) =
-					make_float2(dq[n][2 * hh], dq[n][2 * hh + 1]);
-		fence_async_smem();	// to the copy engine
-		mbar_arrive(&dqf[wg]);
+				red_add2(dqt + (size_t)(8 * hh) * Lp + n * 8, dq[n][2 * hh],
+					 dq[n][2 * hh + 1]);
 	};
 
 	if (nt > 0) {
@@ -1683,13 +1647,12 @@ template <int HD, bool WG, bool FQ = false> static size_t fa_smem_dkdv(void)
 }
 
 // k_fa_dkdv_ws's: keys and values (128 rows each), FA_WS_ST stages of query and dout tiles and
-// their lse, D, document starts and indices, two slots of dS^T panels, the two warpgroups' dQ^T
-// staging, the mbarriers
+// their lse, D, document starts and indices, two slots of dS^T panels, the mbarriers
 template <int HD> static size_t fa_smem_ws(void)
 {
 	return (size_t)(2 * 2 * FA_BM + 2 * FA_WS_ST * FA_BN) * HD * sizeof(bf16) +
-	       2 * 2 * FA_BN * FA_BM * sizeof(bf16) + 2 * 64 * FA_WS_DQP * sizeof(float) +
-	       4 * FA_WS_ST * FA_BN * 4 + (2 * FA_WS_ST + 7) * sizeof(uint64_t) + 1024;
+	       2 * 2 * FA_BN * FA_BM * sizeof(bf16) + 4 * FA_WS_ST * FA_BN * 4 +
+	       (2 * FA_WS_ST + 3) * sizeof(uint64_t) + 1024;
 }
 
 // the fused dq's sums: query rows per record and head, a multiple of the query tiles

@@ -43,15 +43,15 @@ static __device__ __forceinline__ void tile_sw(bf16 *sh, const bf16 *g, size_t s
 
 // a tile's copies by one loader thread (mm_load.cuh): source rows [row0, row0 + NR) of g (its
 // first column already added), rows at or past rend as zeros, into the tile at shared address sh
-template <int HD, int NR, int NT>
-static __device__ __forceinline__ void mm_load(const mm_ld<HD, NR, NT> &L, uint32_t sh,
+template <int HD, int NR>
+static __device__ __forceinline__ void mm_load(const mm_ld<HD, NR> &L, uint32_t sh,
 					       const bf16 *g, int row0, int rend)
 {
 	const bf16 *p = g + (size_t)row0 * L.stride;
 	const int lim = rend - row0;
 
 #pragma unroll
-	for (int i = 0; i < mm_ld<HD, NR, NT>::NC; i++) {
+	for (int i = 0; i < mm_ld<HD, NR>::NC; i++) {
 		const bool ok = L.row(i) < lim;
 
 		cp_async16(sh + L.soff(i), ok ? p + L.goff(i) : g, ok);
@@ -114,52 +114,6 @@ static __device__ __forceinline__ void cp_arrive(uint64_t *b)
 		     : "memory");
 #elif defined(SL_EMU)
 	emu_cp_arrive(smem_u32(b));
-#endif
-}
-
-// Bulk reductions by the copy engine: bytes (a multiple of 16, both addresses 16-byte aligned) of
-// fp32 at shared address src added into global dst, in this thread's current bulk group; the
-// thread commits its groups and waits until all but the newest n have read their shared memory
-// (the buffers may then be written again) or, at the end, until every one is done.  The shared
-// memory was written through the generic proxy: its writers fence (fence_async_smem) before
-// handing it over.
-static __device__ __forceinline__ void bulk_add_f32(float *dst, uint32_t src, int bytes)
-{
-#if SL_WG_DEV
-	asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::
-			     "l"(dst), "r"(src), "r"(bytes)
-		     : "memory");
-#elif defined(SL_EMU)
-	emu_bulk_add(dst, src, bytes);
-#else
-	__trap();
-#endif
-}
-
-static __device__ __forceinline__ void bulk_commit(void)
-{
-#if SL_WG_DEV
-	asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#elif defined(SL_EMU)
-	emu_bulk_commit();
-#endif
-}
-
-template <int N> static __device__ __forceinline__ void bulk_wait_read(void)
-{
-#if SL_WG_DEV
-	asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-#elif defined(SL_EMU)
-	emu_bulk_wait(N);
-#endif
-}
-
-static __device__ __forceinline__ void bulk_wait_all(void)
-{
-#if SL_WG_DEV
-	asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-#elif defined(SL_EMU)
-	emu_bulk_wait(0);
 #endif
 }
 

@@ -36,7 +36,6 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <tuple>
 #include <vector>
 
 // every flash kernel's dynamic shared memory (declared extern inside each kernel)
@@ -61,9 +60,6 @@ struct Fiber {
 	emu_now_t now;
 	std::vector<Copy> open;
 	std::deque<std::vector<Copy>> groups;
-	// bulk reductions (global destination, shared source, bytes): open, committed groups
-	std::vector<std::tuple<float *, uint32_t, int>> bopen;
-	std::deque<std::vector<std::tuple<float *, uint32_t, int>>> bgroups;
 };
 
 struct Coll {
@@ -428,36 +424,6 @@ void emu_cp_arrive(uint32_t bar)
 	mbar_one(m);
 }
 
-void emu_bulk_add(float *dst, uint32_t src, int bytes)
-{
-	if (src % 16 || bytes % 16 || (uintptr_t)dst % 16 || src + bytes > smem_bytes)
-		emu_trap("cp.reduce.async.bulk: misaligned or past the shared memory", 0);
-	B->f[tid()].bopen.emplace_back(dst, src, bytes);
-}
-
-void emu_bulk_commit(void)
-{
-	Fiber &f = B->f[tid()];
-
-	f.bgroups.push_back(std::move(f.bopen));
-	f.bopen.clear();
-}
-
-void emu_bulk_wait(int n)
-{
-	Fiber &f = B->f[tid()];
-
-	while ((int)f.bgroups.size() > n) {
-		for (auto &r : f.bgroups.front()) {
-			const float *s = (const float *)((const char *)fa_sm + std::get<1>(r));
-
-			for (int i = 0; i < std::get<2>(r) / 4; i++)
-				std::get<0>(r)[i] += s[i];
-		}
-		f.bgroups.pop_front();
-	}
-}
-
 bool emu_any(bool pred)
 {
 	Warp &w = B->warp[tid() / 32];
@@ -516,8 +482,6 @@ void launch(D3 grid, int nthr, size_t smem, const std::function<void()> &body,
 
 					f.done = false;
 					f.sleep = 0;
-					f.bopen.clear();
-					f.bgroups.clear();
 					f.now = { { t % blk_dim.x, t / blk_dim.x, 0 }, { x, y, z },
 						  { grid.x, grid.y, grid.z }, { blk_dim.x, blk_dim.y, 1 } };
 					f.stack.resize(1 << 18);
@@ -556,12 +520,6 @@ void launch(D3 grid, int nthr, size_t smem, const std::function<void()> &body,
 						abort();
 					}
 				}
-				for (auto &f : blk.f)
-					if (!f.bopen.empty() || !f.bgroups.empty()) {
-						fprintf(stderr, "emu: a block ended with bulk reductions "
-							"not waited for\n");
-						abort();
-					}
 				for (auto &mb : blk.mbar)
 					if (!mb.second.copies.empty()) {
 						fprintf(stderr, "emu: a block ended with copies an "
