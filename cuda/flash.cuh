@@ -950,6 +950,72 @@ static __device__ int fa_first_row(const fa_rows &x, int b, int j)
 	return lo;
 }
 
+// A dk/dv block's record, kv head and first key (BK keys a block).  The blocks start in the order
+// of their work, longest first over every kv head and record (the key blocks nearest a record's
+// start have the most queries after them): the hardware starts blocks in index order, x fastest,
+// so the launch index walks (kv, record) fastest and the key block slowest.  (In grid order, key
+// block by key block per (kv, record), the last records' heavy first key blocks start late and
+// finish alone: at 2 x 4096 with 4 kv heads, 512 blocks in 1.9 waves, the dk/dv kernel ran 17%
+// slower for its FLOPs than at 4 x 2048 with 1,024 blocks.)
+static __device__ __forceinline__ void fa_kv_block(int BK, int &b, int &kv, int &j0)
+{
+	const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+	const unsigned yz = gridDim.y * gridDim.z;
+
+	b = (int)((lin % yz) / gridDim.y);
+	kv = (int)((lin % yz) % gridDim.y);
+	j0 = (int)(lin / yz) * BK;
+}
+
+// A dk/dv block's query tiles a head: from local row qs0 (the first query at or after the block's
+// first key j0) to the record's end or, packed, to the first tile wholly in documents that start
+// after the block's last key
+template <bool CP>
+static __device__ __forceinline__ int fa_kv_ntq(const fa_rows &x, const int *pos, int b, int L,
+						int len, int j0, int BK, int qs0)
+{
+	int ntq = 0;
+
+	if (j0 < len) {
+		const int jl = min(j0 + BK, len) - 1;
+
+		for (;;) {
+			const int r = qs0 + ntq * FA_BN, i = fa_qidx<CP>(x, b, len, r);
+
+			if (i < 0 || fa_qdoc<CP>(x, pos, b, L, r, i) > jl)
+				break;
+			ntq++;
+		}
+	}
+	return ntq;
+}
+
+// A thread's dK (times scale) and dV, the NC columns it holds of its key rows r0 and r1 (zeros
+// past the record's len, nothing past its L rows): row r's dK at yk + r stride, its dV voff on
+template <int NC>
+static __device__ __forceinline__ void fa_kv_store(bf16 *yk, size_t stride, size_t voff,
+						   const float (*dk)[4], const float (*dv)[4], int r0,
+						   int r1, int len, int L, int tq, float scale)
+{
+#pragma unroll
+	for (int half = 0; half < 2; half++) {
+		const int row = half ? r1 : r0;
+		const bool act = row < len;
+		bf16 *k = yk + (size_t)row * stride, *v = k + voff;
+
+		if (row >= L)
+			continue;
+#pragma unroll
+		for (int n = 0; n < NC / 8; n++) {
+			*(uint32_t *)(k + n * 8 + tq * 2) =
+				pack_bf2(act ? dk[n][2 * half] * scale : 0.f,
+					 act ? dk[n][2 * half + 1] * scale : 0.f);
+			*(uint32_t *)(v + n * 8 + tq * 2) =
+				pack_bf2(act ? dv[n][2 * half] : 0.f, act ? dv[n][2 * half + 1] : 0.f);
+		}
+	}
+}
+
 // a dk/dv sub-step's P^T and dS^T = P^T o (dP^T - D) in place of S^T (s) and dP^T (dp): this
 // lane's keys r0, r1 by the sub-step's FA_SUB queries (their lse, D, document starts and indices
 // in the stage's lsl, Dl, dsl, qil); msk: some key may be masked (after its query, or before the
@@ -1215,42 +1281,20 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	float *Ds = lss + 2 * FA_BN;
 	int *dss = (int *)(Ds + 2 * FA_BN);	// (2, FA_BN) the queries' document starts
 	int *qis = dss + 2 * FA_BN;		// (2, FA_BN) the queries' indices (-1: padding)
-	// The blocks start in the order of their work, longest first over every kv head and
-	// record (the key blocks nearest a record's start have the most queries after them): the
-	// hardware starts blocks in index order, x fastest, so the launch index walks (kv, record)
-	// fastest and the key block slowest.  (In grid order, key block by key block per (kv,
-	// record), the last records' heavy first key blocks start late and finish alone: at 2 x
-	// 4096 with 4 kv heads, 512 blocks in 1.9 waves, this kernel ran 17% slower for its FLOPs
-	// than at 4 x 2048 with 1,024 blocks.)
-	const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-	const unsigned yz = gridDim.y * gridDim.z;
-	const int b = (int)((lin % yz) / gridDim.y), kv = (int)((lin % yz) % gridDim.y);
+	int b, kv, j0;
+
+	fa_kv_block(BK, b, kv, j0);	// (the heaviest blocks first)
 	const int W = (nh + 2 * nkv) * HD, OW = nh * HD;
 	const int Lq = CP ? x.Lq : L, KS = CP ? 2 * nkv * HD : W;
 	// warp: of the warpgroup (its 16 keys); wg: the warpgroup (BIG: its half of the columns)
-	const int grp = nh / nkv, j0 = (int)(lin / yz) * BK, warp = (threadIdx.x >> 5) & 3;
+	const int grp = nh / nkv, warp = (threadIdx.x >> 5) & 3;
 	const int wg = threadIdx.x >> 7;
 	const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, len = lens[b];
 	const bf16 *base = qkv + (size_t)b * Lq * W, *gbase = dout + (size_t)b * Lq * OW;
 	const bf16 *kvb = CP ? x.kv + (size_t)b * L * KS : base;
 	const int wk = j0 + warp * 16, r0 = wk + g, r1 = r0 + 8;
-	// query tiles from the first query at or after the block's first key to the record's end,
-	// or, packed, to the first tile wholly in documents that start after the block's last key
 	const int qs0 = CP ? (j0 < len ? fa_first_row(x, b, j0) : Lq) : j0;
-	int ntq = 0;
-
-	if (j0 < len) {
-		const int jl = min(j0 + BK, len) - 1;
-
-		for (;;) {
-			const int r = qs0 + ntq * FA_BN, i = fa_qidx<CP>(x, b, len, r);
-
-			if (i < 0 || fa_qdoc<CP>(x, pos, b, L, r, i) > jl)
-				break;
-			ntq++;
-		}
-	}
-	const int nt = grp * ntq;
+	const int ntq = fa_kv_ntq<CP>(x, pos, b, L, len, j0, BK, qs0), nt = grp * ntq;
 	const uint32_t ob = off_b<P>(lane), obt = off_bt<P>(lane);
 	const uint32_t ka = smem_u32(ks + warp * 16 * P) + off_a<P>(lane);
 	const uint32_t va = smem_u32(vs + warp * 16 * P) + off_a<P>(lane);
@@ -1412,26 +1456,9 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 		}
 		__syncthreads();
 	}
-#pragma unroll
-	for (int half = 0; half < 2; half++) {
-		const int row = half ? r1 : r0;
-		const bool act = row < len;
-
-		if (row >= L)
-			continue;
-		bf16 *yk = (CP ? dkv + ((size_t)b * L + row) * KS + (size_t)kv * HD :
-				 dqkv + ((size_t)b * L + row) * W + (size_t)(nh + kv) * HD) +
-			   wg * HO;
-		bf16 *yv = yk + (size_t)nkv * HD;
-#pragma unroll
-		for (int n = 0; n < HO / 8; n++) {
-			*(uint32_t *)(yk + n * 8 + tq * 2) =
-				pack_bf2(act ? dk[n][2 * half] * scale : 0.f,
-					 act ? dk[n][2 * half + 1] * scale : 0.f);
-			*(uint32_t *)(yv + n * 8 + tq * 2) =
-				pack_bf2(act ? dv[n][2 * half] : 0.f, act ? dv[n][2 * half + 1] : 0.f);
-		}
-	}
+	fa_kv_store<HO>((CP ? dkv + (size_t)b * L * KS + (size_t)kv * HD :
+			      dqkv + (size_t)b * L * W + (size_t)(nh + kv) * HD) + wg * HO,
+			CP ? KS : W, (size_t)nkv * HD, dk, dv, r0, r1, len, L, tq, scale);
 }
 
 // The fused dq on two warpgroups of 64 keys, warp-specialized (head_dim 128, whole rows;
@@ -1446,9 +1473,11 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 // over all 128 keys (m64 n64 k16: A the key tile's panel w read MN-major, B the slot's panels),
 // is made at the start of the next tile (its accumulators are dead before S^T and dP^T live: no
 // spills at 232 registers) and added into dqa (fp32, (B nh HD, Lp), unscaled) by vector
-// reductions.  The two warpgroups wait for each other only there, a tile apart (the wg2 kernel of
-// the twenty-eighth session, with block-wide barriers three times a tile, ran at 1.47 ms where
-// the dq and dk/dv kernels take 1.42).  Not deterministic (the reductions' order).
+// reductions.  The two warpgroups wait for each other only there, a tile apart.  On an H100 at
+// 4 x 2048 (32/8 heads) it runs the backward in 1.41-1.44 ms, against 1.48-1.50 for the
+// twenty-eighth session's form (block-wide barriers three times a tile) and 1.18-1.21 for the
+// default dq and dk/dv kernels (bench/RESULTS.md, twenty-ninth session, with the forms tried
+// since).  Not deterministic (the reductions' order).
 template <int HD>
 __global__ void __launch_bounds__(3 * FA_THR, 1)
 k_fa_dkdv_ws(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, const bf16 *qkv,
@@ -1465,27 +1494,12 @@ k_fa_dkdv_ws(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, con
 	int *dss = (int *)(Ds + ST * FA_BN), *qis = dss + ST * FA_BN;
 	uint64_t *full = (uint64_t *)(qis + ST * FA_BN), *empty = full + ST, *dsf = empty + ST;
 	uint64_t *kvf = dsf + 2;
-	// blocks in the order of their work, longest first (as k_fa_dkdv)
-	const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-	const unsigned yz = gridDim.y * gridDim.z;
-	const int b = (int)((lin % yz) / gridDim.y), kv = (int)((lin % yz) % gridDim.y);
-	const int W = (nh + 2 * nkv) * HD, OW = nh * HD, grp = nh / nkv, j0 = (int)(lin / yz) * BK;
-	const int len = lens[b];
+	int b, kv, j0;
+
+	fa_kv_block(BK, b, kv, j0);	// (the heaviest blocks first)
+	const int W = (nh + 2 * nkv) * HD, OW = nh * HD, grp = nh / nkv, len = lens[b];
 	const bf16 *base = qkv + (size_t)b * L * W, *gbase = dout + (size_t)b * L * OW;
-	int ntq = 0;
-
-	if (j0 < len) {
-		const int jl = min(j0 + BK, len) - 1;
-
-		for (;;) {
-			const int r = j0 + ntq * FA_BN, i = fa_qidx<false>(x, b, len, r);
-
-			if (i < 0 || fa_qdoc<false>(x, pos, b, L, r, i) > jl)
-				break;
-			ntq++;
-		}
-	}
-	const int nt = grp * ntq;
+	const int ntq = fa_kv_ntq<false>(x, pos, b, L, len, j0, BK, j0), nt = grp * ntq;
 
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < ST; s++) {
@@ -1600,24 +1614,8 @@ k_fa_dkdv_ws(bf16 *dqkv, const bf16 *dout, const float *lse, const float *D, con
 		wg_wait0();
 		dq_add(nt - 1);
 	}
-#pragma unroll
-	for (int half = 0; half < 2; half++) {
-		const int row = half ? r1 : r0;
-		const bool act = row < len;
-
-		if (row >= L)
-			continue;
-		bf16 *yk = dqkv + ((size_t)b * L + row) * W + (size_t)(nh + kv) * HD;
-		bf16 *yv = yk + (size_t)nkv * HD;
-#pragma unroll
-		for (int n = 0; n < HD / 8; n++) {
-			*(uint32_t *)(yk + n * 8 + tq * 2) =
-				pack_bf2(act ? dk[n][2 * half] * scale : 0.f,
-					 act ? dk[n][2 * half + 1] * scale : 0.f);
-			*(uint32_t *)(yv + n * 8 + tq * 2) =
-				pack_bf2(act ? dv[n][2 * half] : 0.f, act ? dv[n][2 * half + 1] : 0.f);
-		}
-	}
+	fa_kv_store<HD>(dqkv + (size_t)b * L * W + (size_t)(nh + kv) * HD, W, (size_t)nkv * HD, dk,
+			dv, r0, r1, len, L, tq, scale);
 }
 
 // WG: unpadded rows, and 1 KB to start the tiles on a 1024-byte boundary; BIG: the queries

@@ -3,7 +3,7 @@
  * emulation of the instructions they use (cuda/emu.cuh), against a double-precision attention
  * computed here: the forward (k_fa_fwd_pipe, k_fa_fwd), the dq kernel and the dk/dv kernel (each
  * with its pipelined and unpipelined tiles) and the fused dq (SHARDLM_FA_BWD_DQ=fused: the dk/dv kernel
- * adding dQ into fp32 sums; =wg2: the same on two warpgroups of 64 keys, head_dim 128), at head_dim 64 and 128 (and 256: two warpgroups a block; neither
+ * adding dQ into fp32 sums; =wg2: the same on two warpgroups of 64 keys fed by a loader warpgroup through mbarriers, head_dim 128, run with the scheduler's jitter), at head_dim 64 and 128 (and 256: two warpgroups a block; neither
  * the pipelined forward nor the fused dq exist there), grouped-query heads, records shorter than
  * the row, packed rows, lengths that are no multiple of the tiles.
  *
