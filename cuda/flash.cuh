@@ -1471,8 +1471,8 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 // and puts its dS^T into its panel of the tile's dsb slot (two slots, by tile parity: dsf[slot]
 // completes when both panels are written).  dQ^T of a tile, rows [64 w, 64 w + 64) of head_dim
 // over all 128 keys (m64 n64 k16: A the key tile's panel w read MN-major, B the slot's panels),
-// is made at the start of the next tile (its accumulators are dead before S^T and dP^T live: no
-// spills at 232 registers) and added into dqa (fp32, (B nh HD, Lp), unscaled) by vector
+// is made at the start of the next tile (its accumulators are dead before S^T and dP^T live; made
+// beside them, 48-108 bytes spilled at 232-240 registers; here ptxas spills 8) and added into dqa (fp32, (B nh HD, Lp), unscaled) by vector
 // reductions.  The two warpgroups wait for each other only there, a tile apart.  On an H100 at
 // 4 x 2048 (32/8 heads) it runs the backward in 1.41-1.44 ms, against 1.48-1.50 for the
 // twenty-eighth session's form (block-wide barriers three times a tile) and 1.18-1.21 for the

@@ -113,8 +113,9 @@ size_t smem_bytes;
 
 // Jitter (emu_jitter on): after each turn a thread sits out 1 to 64 of the scheduler's rounds
 // with probability 1/16, so that threads drift apart as on the hardware and a thread reading what
-// another has not yet handed over (a missing mbarrier wait) reads it too early.  Seeded: runs
-// repeat.
+// another has not yet handed over (a missing mbarrier wait) may read it too early: only where the
+// schedule lets the reader get ahead (a loader far ahead of its readers hides a missing wait on
+// its stages).  Seeded: runs repeat.
 bool emu_jitter;
 uint64_t sched_state = 0x2545F4914F6CDD1Dull;
 
