@@ -8,8 +8,11 @@ k_embedding_fwd: one launch a micro-batch, so use it with accum 1).  Each whole 
 first --skip (default 2: warm-up) is a window from its first kernel to the next step's; the last
 step is left out (its window has no end).  Printed, as means over the windows: the step's wall
 time, the time the GPU ran anything (the union of all records), its idle time, and by kind
-(GEMM, attention, optimizer, communication, copies, the rest) and by kernel: launches, the sum
-of their durations (overlapping records each count) and the share of the step's wall time.
+(GEMM, attention, optimizer, communication, copies, the rest): the sum of the records'
+durations (overlapping records each count) and the wall time at least one of them ran (their
+union); by kernel: launches, the sum of their durations and the share of the step's wall time.
+With --gaps N: the N largest sums of idle time by the pair of records around each idle
+interval (the last to end before it, the first to start after it).
 """
 import argparse
 import re
@@ -76,6 +79,7 @@ def main():
     ap.add_argument("--step-kernel", default="k_embedding_fwd")
     ap.add_argument("--skip", type=int, default=2)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--gaps", type=int, default=0)
     a = ap.parse_args()
     recs = []
     with open(a.trace) as f:
@@ -96,29 +100,56 @@ def main():
     nw = len(wins)
     by_name = defaultdict(lambda: [0, 0])
     by_kind = defaultdict(int)
+    kind_wall = defaultdict(int)
+    gaps = defaultdict(lambda: [0, 0])
     wall = busy = 0
     for w0, w1 in wins:
         wall += w1 - w0
         iv = []
+        kiv = defaultdict(list)
         for s, e, _, n in recs:
             s, e = max(s, w0), min(e, w1)
             if e <= s:
                 continue
-            iv.append((s, e))
+            iv.append((s, e, n))
             by_name[n][0] += 1
             by_name[n][1] += e - s
             by_kind[kind_of(n)] += e - s
-        busy += union_ns(iv)
+            kiv[kind_of(n)].append((s, e))
+        busy += union_ns([(s, e) for s, e, _ in iv])
+        for k, v in kiv.items():
+            kind_wall[k] += union_ns(v)
+        # idle intervals: where no record runs; named by the last record to end before and
+        # the first to start after
+        iv.sort()
+        last_e, last_n = None, None
+        for s, e, n in iv:
+            if last_e is not None and s > last_e:
+                g = gaps[(last_n, n)]
+                g[0] += 1
+                g[1] += s - last_e
+            if last_e is None or e > last_e:
+                last_e, last_n = e, n
+        if last_e is not None and last_e < w1:
+            g = gaps[(last_n, "(the next step)")]
+            g[0] += 1
+            g[1] += w1 - last_e
     ms = lambda ns: ns / nw / 1e6
     print(f"{a.trace}: steps {a.skip + 1} to {a.skip + nw} ({nw} whole steps after "
           f"{a.skip}), means a step")
-    print(f"| | ms | share of the step |\n|---|---|---|")
-    print(f"| step (wall) | {ms(wall):.2f} | 100% |")
-    print(f"| GPU running anything | {ms(busy):.2f} | {100 * busy / wall:.1f}% |")
-    print(f"| GPU idle | {ms(wall - busy):.2f} | {100 * (wall - busy) / wall:.1f}% |")
+    print(f"| | ms | share of the step | wall ms (union) |\n|---|---|---|---|")
+    print(f"| step (wall) | {ms(wall):.2f} | 100% | |")
+    print(f"| GPU running anything | {ms(busy):.2f} | {100 * busy / wall:.1f}% | |")
+    print(f"| GPU idle | {ms(wall - busy):.2f} | {100 * (wall - busy) / wall:.1f}% | |")
     for k in [k for k, _ in KINDS] + ["rest"]:
         if by_kind.get(k):
-            print(f"| {k} | {ms(by_kind[k]):.2f} | {100 * by_kind[k] / wall:.1f}% |")
+            print(f"| {k} | {ms(by_kind[k]):.2f} | {100 * by_kind[k] / wall:.1f}% | "
+                  f"{ms(kind_wall[k]):.2f} |")
+    if a.gaps:
+        print(f"\n| idle after | idle before | gaps a step | idle ms | us a gap |\n"
+              f"|---|---|---|---|---|")
+        for (b, f), (c, t) in sorted(gaps.items(), key=lambda kv: -kv[1][1])[:a.gaps]:
+            print(f"| {b[:40]} | {f[:40]} | {c / nw:g} | {ms(t):.3f} | {t / c / 1e3:.1f} |")
     print(f"\n| kernel | launches | ms | share | us a launch |\n|---|---|---|---|---|")
     top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:a.top]
     for n, (c, t) in top:

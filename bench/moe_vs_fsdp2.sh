@@ -100,7 +100,7 @@ if [ -n "${KTRACE:-}" ]; then
 	rm -rf "$T/run"
 	KTRACE_OUT="$OUT/ktrace-moe.csv" CUDA_INJECTION64_PATH=$KTRACE $SHARDLM train "$T/moe.yaml" \
 		>"$OUT/shardlm-ktrace.log" 2>&1 &&
-		python3 "$HERE/ktrace.py" "$OUT/ktrace-moe.csv" >"$OUT/ktrace-moe.md" 2>&1
+		python3 "$HERE/ktrace.py" --gaps 20 "$OUT/ktrace-moe.csv" >"$OUT/ktrace-moe.md" 2>&1
 	echo "ktrace: exit $? ($OUT/ktrace-moe.md)"
 fi
 

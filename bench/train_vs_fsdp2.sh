@@ -72,7 +72,7 @@ YAML
 	if [ -n "${KTRACE:-}" ]; then
 		KTRACE_OUT="$OUT/ktrace-$shape.csv" CUDA_INJECTION64_PATH=$KTRACE ${SHARDLM:-shardlm} \
 			train "$T/$shape.yaml" >"$OUT/shardlm-$shape-ktrace.log" 2>&1 &&
-			python3 "$HERE/ktrace.py" "$OUT/ktrace-$shape.csv" >"$OUT/ktrace-$shape.md" 2>&1
+			python3 "$HERE/ktrace.py" --gaps 20 "$OUT/ktrace-$shape.csv" >"$OUT/ktrace-$shape.md" 2>&1
 		echo "ktrace $shape: exit $? ($OUT/ktrace-$shape.md)"
 		rm -rf "$T/run-$shape"
 	fi

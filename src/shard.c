@@ -33,19 +33,83 @@ static bool in_place(const struct sl_shard *s, const struct sl_shard_unit *u)
 	return u->S == 1 && !s->host_params;
 }
 
-/* overlap_optimizer: what follows on the compute stream reads unit @u after its update */
+static void update_unit(struct sl_shard *s, int ui, const struct sl_optim_hparams *h,
+			struct sl_adamw_args *a);
+
+/* overlap_optimizer: issue pending unit @ui's update on the side stream (in the caller's
+ * side_begin) */
+static void opt_issue_one(struct sl_shard *s, int ui)
+{
+	struct sl_shard_unit *u = &s->u[ui];
+	struct sl_adamw_args a = s->opt_a;
+
+	update_unit(s, ui, &s->opt_h, &a);
+	s->be->record_event(s->be, u->ev_opt);
+	u->opt_pending = false;
+	u->opt_wait = true;
+	s->opt_last = ui;
+}
+
+/*
+ * overlap_optimizer: issue the pending updates of the units up to place @pos of the forward's
+ * order (all of them and those not in it for pos < 0), in that order: a unit whose gradient
+ * lives in a layer's activations (grad_room) comes before the unit the forward reads before
+ * writing them, and the side stream runs its work in order
+ */
+static void opt_issue_upto(struct sl_shard *s, int pos)
+{
+	struct sl_backend *b = s->be;
+	const int last = pos < 0 || pos >= s->n_fwd ? s->n_fwd - 1 : pos;
+	bool begun = false;
+
+	for (int i = 0; i <= last + (pos < 0 ? s->n_units : 0); i++) {
+		const int ui = i < s->n_fwd ? s->fwd_order[i] : i - s->n_fwd;
+
+		if (i >= s->n_fwd && ui >= s->n_units)
+			break;
+		if (!s->u[ui].opt_pending)
+			continue;
+		if (!begun)
+			b->side_begin(b);
+		begun = true;
+		opt_issue_one(s, ui);
+	}
+	if (begun)
+		b->side_end(b);
+}
+
+/* overlap_optimizer: what follows on the compute stream reads unit @u after its update; the
+ * updates opt_ahead places beyond it in the forward's order are issued now too */
 static void opt_await(struct sl_shard *s, struct sl_shard_unit *u)
 {
+	if (!s->overlap_opt)
+		return;
+	if (u->fwd_pos < 0 && u->opt_pending)
+		opt_issue_upto(s, -1);
+	else if (u->fwd_pos >= 0)
+		opt_issue_upto(s, s->opt_ahead < 0 ? -1 : u->fwd_pos + s->opt_ahead);
 	if (!u->opt_wait)
 		return;
 	s->be->wait_event(s->be, u->ev_opt);
 	u->opt_wait = false;
 }
 
+/* overlap_optimizer: the forward reads @unit; its first reading learns the forward's order */
+static void fwd_note(struct sl_shard *s, int unit)
+{
+	struct sl_shard_unit *u = &s->u[unit];
+
+	if (!s->overlap_opt || s->bwd || s->fwd_known || u->fwd_pos >= 0)
+		return;
+	u->fwd_pos = s->n_fwd;
+	s->fwd_order[s->n_fwd++] = unit;
+}
+
 void sl_shard_settle(struct sl_shard *s)
 {
 	if (!s->overlap_opt)
 		return;
+	opt_issue_upto(s, -1);
 	if (s->sq_pending) {	/* the step's sums of squares issued so far */
 		s->be->wait_event(s->be, s->ev_sq);
 		s->sq_pending = false;
@@ -210,6 +274,7 @@ static const void *unit_weights(void *ctx, int unit)
 		s->bwd = false;		/* only a forward asks for the embedding's weights */
 	if (s->off && !s->host_params)
 		sl_offload_await(s, unit);
+	fwd_note(s, unit);
 	opt_await(s, u);
 	if (in_place(s, u))
 		return u->w_shard;
@@ -245,6 +310,7 @@ static void *unit_grads(void *ctx, int unit)
 	bool fresh;
 
 	/* the forward waited already; a unit whose weights it did not read must too */
+	s->fwd_known = s->fwd_known || s->n_fwd > 0;
 	opt_await(s, &s->u[unit]);
 	if (s->grad_direct) {
 		struct sl_shard_unit *u = &s->u[unit];
@@ -490,6 +556,12 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 		be->side_end && be->record_event && be->event_create && be->wait_event;
 	for (int i = 0; s->overlap_opt && i < s->n_units; i++)
 		s->u[i].ev_opt = be->event_create(be);
+	for (int i = 0; i < s->n_units; i++)
+		s->u[i].fwd_pos = -1;
+	s->opt_ahead = o->optimizer_ahead > 0 ? o->optimizer_ahead : -1;
+	s->opt_chunk = o->optimizer_chunk;
+	if (s->overlap_opt && !(s->fwd_order = calloc(s->n_units, sizeof(int))))
+		return -1;
 	/* with replicas the accumulators are all-reduced in the optimizer step first */
 	s->sq_overlap = s->overlap_opt && (!s->replica_comm || s->replica_comm->size <= 1);
 	if (s->sq_overlap)
@@ -550,6 +622,7 @@ void sl_shard_destroy(struct sl_shard *s)
 	free(s->shard_starts);
 	free(s->shard_counts);
 	free(s->h_sumsq);
+	free(s->fwd_order);
 	s->u = NULL;
 }
 
@@ -755,24 +828,41 @@ struct update_ctx {
 	struct sl_shard_unit *u;
 };
 
-static void update_run(void *arg, size_t k, size_t n, const struct sl_adamw_args *a)
+static void update_run(void *arg, size_t k0, size_t n0, const struct sl_adamw_args *a)
 {
 	struct update_ctx *x = arg;
 	struct sl_backend *b = x->s->be;
 	struct sl_shard_unit *u = x->u;
+	/* overlap_optimizer's launches of at most opt_chunk elements (a multiple of 1024: each
+	 * piece starts as aligned as the run) */
+	const size_t step = x->s->overlap_opt && x->s->opt_chunk ?
+			    (x->s->opt_chunk + 1023) / 1024 * 1024 : n0;
 
-	if (x->s->grad_direct)
-		b->adamw_c(b, u->master + k, u->m + k, u->v + k, (char *)u->gradc + k * b->elt,
-			   (char *)u->w_shard + k * b->elt, n, a);
-	else
-		b->adamw_f32(b, u->master + k, u->m + k, u->v + k, u->grad32 + k,
-			     (char *)u->w_shard + k * b->elt, n, a);
+	for (size_t k = k0; k < k0 + n0; k += step) {
+		const size_t n = k0 + n0 - k < step ? k0 + n0 - k : step;
+
+		if (x->s->grad_direct)
+			b->adamw_c(b, u->master + k, u->m + k, u->v + k,
+				   (char *)u->gradc + k * b->elt, (char *)u->w_shard + k * b->elt,
+				   n, a);
+		else
+			b->adamw_f32(b, u->master + k, u->m + k, u->v + k, u->grad32 + k,
+				     (char *)u->w_shard + k * b->elt, n, a);
+	}
+}
+
+/* unit @ui's AdamW update, run by run (where launches go) */
+static void update_unit(struct sl_shard *s, int ui, const struct sl_optim_hparams *h,
+			struct sl_adamw_args *a)
+{
+	struct update_ctx x = { .s = s, .u = &s->u[ui] };
+
+	sl_shard_update_runs(s->lay, &s->u[ui], ui, h, a, update_run, &x);
 }
 
 int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, double *grad_norm)
 {
 	struct sl_backend *b = s->be;
-	const struct sl_layout *lay = s->lay;
 	double sumsq = 0;
 
 	if (s->off) {
@@ -824,20 +914,17 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 	 * anywhere.  overlap_optimizer: on the side stream, in unit (forward) order, each unit's
 	 * end recorded for the next forward (unit_weights) to wait for.
 	 */
-	if (s->overlap_opt)
-		b->side_begin(b);
-	for (int ui = 0; ui < s->n_units; ui++) {
-		struct update_ctx x = { .s = s, .u = &s->u[ui] };
-
-		sl_shard_update_runs(lay, &s->u[ui], ui, h, &a, update_run, &x);
-		if (s->overlap_opt) {
-			b->record_event(b, s->u[ui].ev_opt);
-			s->u[ui].opt_wait = true;
-			s->opt_last = ui;
-		}
+	if (s->overlap_opt) {
+		s->opt_h = *h;
+		s->opt_a = a;
+		for (int ui = 0; ui < s->n_units; ui++)
+			s->u[ui].opt_pending = true;
+		/* the forward's first units now (under the step's end), the rest as it reads them */
+		opt_issue_upto(s, s->opt_ahead < 0 ? -1 : s->opt_ahead);
+	} else {
+		for (int ui = 0; ui < s->n_units; ui++)
+			update_unit(s, ui, h, &a);
 	}
-	if (s->overlap_opt)
-		b->side_end(b);
 	invalidate_slots(s);
 	return 0;
 }

@@ -80,6 +80,8 @@ struct sl_shard_unit {
 	double sumsq;			/* sum of grad32^2 once the step's gradients are in */
 	void *ev_opt;			/* overlap_optimizer: the unit's AdamW done (side stream) */
 	bool opt_wait;			/* the compute stream must still wait for ev_opt */
+	bool opt_pending;		/* overlap_optimizer: its update is still to be issued */
+	int fwd_pos;			/* its place in the forward's order of units, or -1 */
 	bool sq_side;			/* this step's sum of squares is on the side stream */
 };
 
@@ -144,11 +146,23 @@ struct sl_shard {
 	struct sl_unit_source src;	/* what the model reads units through */
 	/*
 	 * opts.overlap_optimizer: AdamW runs on the backend's side stream, unit after unit in
-	 * forward order, and the next forward waits only for the unit it reads (ev_opt); a host
-	 * read or write of the state first waits for all of it (sl_shard_settle).
+	 * the order the forward reads them (fwd_order, learnt from the first forward), and the
+	 * next forward waits only for the unit it reads (ev_opt); a host read or write of the
+	 * state first waits for all of it (sl_shard_settle).  The updates are issued as the next
+	 * forward comes to them: opt_ahead units beyond the one it reads (each after what the
+	 * compute stream has been given so far; -1: all of them at the optimizer step), in
+	 * launches of at most opt_chunk elements (0: one a run of tensors) so that the compute
+	 * stream's blocks, of higher priority, find free SMs between them.
 	 */
 	bool overlap_opt;
 	int opt_last;			/* the last unit updated on the side stream, or -1 */
+	int opt_ahead;
+	size_t opt_chunk;
+	int *fwd_order;			/* (n_units) units in the forward's order; n_fwd known */
+	int n_fwd;
+	bool fwd_known;			/* a backward has run: fwd_order is complete */
+	struct sl_optim_hparams opt_h;	/* the pending updates' hyperparameters */
+	struct sl_adamw_args opt_a;	/* and their step-wide arguments (norm, clip scale) */
 	/* overlap_optimizer, no replicas: each unit's sum of squares runs on the side stream as
 	 * soon as its backward's gradient is reduced, the step's end waits for the last one */
 	bool sq_overlap;
@@ -199,9 +213,13 @@ struct sl_shard_opts {
 	 * forward, which waits for each unit's update only where it reads the unit's weights;
 	 * without replicas the gradient norm's sums of squares too, unit by unit under the rest of
 	 * the backward.  Ignored with offload (which overlaps its own way) or a backend without a
-	 * side stream.
+	 * side stream.  optimizer_ahead N > 0: each unit's update is issued only when the next
+	 * forward reads the unit N places before it (0: all at the optimizer step);
+	 * optimizer_chunk: at most so many elements a launch (0: no limit).
 	 */
 	bool overlap_optimizer;
+	int optimizer_ahead;
+	size_t optimizer_chunk;
 	bool host_lean;			/* offload: optimizer on a host too small for the usual
 					 * layout: gradients stay on the device (fp32, summed
 					 * there) and stream through a small host ring during

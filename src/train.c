@@ -9,6 +9,7 @@
 #include "sl_build.h"
 #include "train_impl.h"
 
+#include <errno.h>
 #include <mpi.h>
 #include <omp.h>
 #include <signal.h>
@@ -150,6 +151,27 @@ static bool opt_overlap(const struct job *j)
 	if (e && *e)
 		return strcmp(e, "0") != 0;
 	return j->c->backend == SL_BACKEND_CUDA;
+}
+
+/*
+ * SHARDLM_OPT_AHEAD and SHARDLM_OPT_CHUNK (sl_shard_opts.optimizer_ahead, optimizer_chunk): a
+ * count, @dflt when unset; anything else than digits stops the run.
+ */
+static long env_count(const char *name, long dflt)
+{
+	const char *e = getenv(name);
+	char *end;
+	long v;
+
+	if (!e || !*e)
+		return dflt;
+	errno = 0;
+	v = strtol(e, &end, 10);
+	if (errno || *end || v < 0) {
+		sl_error("%s=%s: want a count (0 or more)", name, e);
+		exit(2);
+	}
+	return v;
 }
 
 static void job_free(struct job *j)
@@ -414,6 +436,8 @@ int sl_cmd_train(int argc, char **argv)
 			.grad_room_ctx = j->model,
 			.no_grad_direct = test_env("SHARDLM_TEST_NO_GRAD_ROOM"),
 			.overlap_optimizer = opt_overlap(j),
+			.optimizer_ahead = (int)env_count("SHARDLM_OPT_AHEAD", 0),
+			.optimizer_chunk = (size_t)env_count("SHARDLM_OPT_CHUNK", 0),
 		};
 
 		if (!all_ok(sl_shard_create(&j->sh, j->be, &j->mf.lay, &so) == 0))
@@ -442,10 +466,19 @@ int sl_cmd_train(int argc, char **argv)
 	sl_log("sharding: %d rank(s) per shard group (%s), %d replica(s)", j->sh.S,
 	       j->c->parallel.shard_group == SL_SHARD_NODE ? "node: HSDP" : "world: FSDP",
 	       j->g.replica.size);
-	if (j->sh.overlap_opt)
-		sl_log("optimizer: AdamW on a side stream, under the next step's forward%s "
-		       "(SHARDLM_OPT_OVERLAP=0: off)", j->sh.sq_overlap ? "; the gradient norm's sums "
-		       "of squares there too, each under the rest of the backward" : "");
+	if (j->sh.overlap_opt) {
+		char how[128] = "";
+
+		if (j->sh.opt_ahead > 0)
+			snprintf(how, sizeof(how), ", each unit's issued when the forward reads the "
+				 "unit %d before it", j->sh.opt_ahead);
+		if (j->sh.opt_chunk)
+			snprintf(how + strlen(how), sizeof(how) - strlen(how), ", at most %zu "
+				 "elements a launch", j->sh.opt_chunk);
+		sl_log("optimizer: AdamW on a side stream, under the next step's forward%s%s "
+		       "(SHARDLM_OPT_OVERLAP=0: off)", how, j->sh.sq_overlap ? "; the gradient "
+		       "norm's sums of squares there too, each under the rest of the backward" : "");
+	}
 	if (j->have_xcomm) {
 		const struct sl_shard_unit *xu = &j->sh.u[j->mf.lay.n_units - 1];
 

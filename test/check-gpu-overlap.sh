@@ -4,15 +4,16 @@
 # both with train.deterministic: true: the losses and gradient norms of all 10 steps and the
 # exported fp32 weights must be the same bits, for task sft with one micro-batch a step (the
 # gradients in the layers' activations; untied and tied head), two micro-batches (fp32
-# accumulators), and the Qwen3-MoE fixture.  A repeat of the run without it must give the same
-# bits too (else the comparison would mean nothing).  The cpu test (test_overlap.sh) is the
+# accumulators), and the Qwen3-MoE fixture; also with the updates issued as the next forward
+# comes to them, in pieces (SHARDLM_OPT_AHEAD=1 SHARDLM_OPT_CHUNK=4096).  A repeat of the run
+# without it must give the same bits too (else the comparison would mean nothing).  The cpu test (test_overlap.sh) is the
 # strict one for the ordering; this one runs the streams, events and priorities for real.
 . "${top_srcdir:-$(dirname "$0")/..}/test/lib.sh"
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [ -x "$SHARDLM" ] || SHARDLM=$(command -v shardlm)
 FIX="$top_srcdir/test/fixtures"
 
-# run NAME OVERLAP MODEL RECORDS BATCH ACCUM
+# run NAME OVERLAP MODEL RECORDS BATCH ACCUM [AHEAD CHUNK]
 run() {
 	ok
 	cat >"$T/$1.yaml" <<YAML
@@ -26,7 +27,8 @@ checkpoint: {every: 0}
 export: {dtype: fp32}
 run: {dir: $T/$1, log_every: 5}
 YAML
-	if ! SHARDLM_OPT_OVERLAP=$2 "$SHARDLM" train "$T/$1.yaml" >"$T/$1.out" 2>&1; then
+	if ! SHARDLM_OPT_OVERLAP=$2 SHARDLM_OPT_AHEAD=${7:-0} SHARDLM_OPT_CHUNK=${8:-0} \
+		"$SHARDLM" train "$T/$1.yaml" >"$T/$1.out" 2>&1; then
 		fail "$1: exited non-zero"; tail -n 20 "$T/$1.out" >&2
 	fi
 }
@@ -57,8 +59,10 @@ for m in "untied1 sft/untied sft/records.jsonl 4 1" "tied1 hf/lm sft/records.jso
 	run "$1" 0 "$2" "$3" "$4" "$5"
 	run "$1-again" 0 "$2" "$3" "$4" "$5"
 	run "$1-ov" 1 "$2" "$3" "$4" "$5"
+	run "$1-ah" 1 "$2" "$3" "$4" "$5" 1 4096
 	same "$1" "$1-again"
 	same "$1" "$1-ov"
+	same "$1" "$1-ah"
 	ok
 	grep -q "AdamW on a side stream" "$T/$1-ov/train.log" || fail "$1-ov: no overlap"
 done

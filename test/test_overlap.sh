@@ -17,7 +17,11 @@
 #  - the tiny Qwen3-MoE sft fixture (expert units), 1 rank; the tiny Qwen3.5-MoE hybrid (Gated
 #    DeltaNet and gated attention layers, its own activations), 1 rank; context parallel 2;
 #  - a run stopped after step 3 with a checkpoint and resumed to step 6 (the checkpoint written
-#    while the update may still be running).
+#    while the update may still be running);
+#  - with the updates issued as the next forward comes to them (SHARDLM_OPT_AHEAD=1: each unit's
+#    when the forward reads the unit before it; the Qwen3-MoE's expert units come in the
+#    forward's order, not the layout's) in launches of at most 1024 elements
+#    (SHARDLM_OPT_CHUNK): 1 rank with an evaluation, the MoE, 2 ranks, the resumed run.
 . "${top_srcdir:-$(dirname "$0")/..}/test/lib.sh"
 
 if ! command -v "${MPIRUN:-mpirun}" >/dev/null 2>&1; then
@@ -64,7 +68,8 @@ run() {
 	shift 4
 	ok
 	[ "$ov" = now ] && ov=1 side=now
-	launch="$MPIRUN -np $np --oversubscribe -x SHARDLM_OPT_OVERLAP -x SHARDLM_CPU_SIDE"
+	launch="$MPIRUN -np $np --oversubscribe -x SHARDLM_OPT_OVERLAP -x SHARDLM_CPU_SIDE
+		-x SHARDLM_OPT_AHEAD -x SHARDLM_OPT_CHUNK"
 	[ "$np" = 1 ] && launch=
 	if ! SHARDLM_OPT_OVERLAP=$ov SHARDLM_CPU_SIDE=$side $launch "$SHARDLM" train "$T/$cfg.yaml" \
 		--set run.dir="$T/$name" "$@" >"$T/$name.out" 2>&1; then
@@ -134,4 +139,13 @@ run res_ov 1 1 noeval --set train.steps=3 --set checkpoint.every=3
 run res_ov 1 1 noeval --set checkpoint.every=3
 grep -q "resuming from" "$T/res_ov.out" || fail "res_ov: the second run did not resume"
 same res res_ov 4
+# the updates issued as the forward comes to them, a unit ahead, in pieces
+export SHARDLM_OPT_AHEAD=1 SHARDLM_OPT_CHUNK=1000
+case_ ahead 1 base
+case_ moe_ahead 1 moe
+case_ fsdp_ahead 2 base --set train.batch=2
+run res_ah 1 1 noeval --set train.steps=3 --set checkpoint.every=3
+run res_ah 1 1 noeval --set checkpoint.every=3
+same res res_ah 4
+unset SHARDLM_OPT_AHEAD SHARDLM_OPT_CHUNK
 finish
