@@ -155,58 +155,129 @@ __global__ void k_aux_stats(double *stats, const float *p, const int *topi, cons
 
 // ---- permutation -------------------------------------------------------------------------
 
-// choices of expert e before index i within a block's chunk: a block-wide exclusive scan of flags
-static __device__ int block_scan(int flag, int *total)
-{
-	__shared__ int warp_tot[32];
-	int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-	unsigned m = __ballot_sync(0xffffffffu, flag);
-	int before = __popc(m & ((1u << lane) - 1)), off = 0;
+// A stable counting sort of the n = T k choices by expert, in three passes over chunks of
+// PERM_CH choices: each chunk's count of every expert; per expert, the exclusive prefix sums of
+// its chunks' counts and its total; each choice's slot = its expert's first row (the prefix sum
+// of the totals, offs) + its chunk's start for that expert + the choices of that expert before
+// it in the chunk.  So each expert's rows keep token order, with no atomics in what is written.
+#define PERM_CH 256		// choices a block takes (8 warps)
+#define PERM_MAXE 1024		// experts the write pass's tables hold (9 x E ints, 36 KB)
 
+// cnt[e * nch + b] = choices of expert e among chunk b's
+__global__ void k_perm_count(int *cnt, const int *topi, int n, int E, int nch)
+{
+	extern __shared__ int hist[];
+	const int b = blockIdx.x, i = b * PERM_CH + threadIdx.x;
+
+	for (int e = threadIdx.x; e < E; e += blockDim.x)
+		hist[e] = 0;
 	__syncthreads();
-	if (!lane)
-		warp_tot[wid] = __popc(m);
+	if (i < n)
+		atomicAdd(&hist[topi[i]], 1);
 	__syncthreads();
-	for (int i = 0; i < wid; i++)
-		off += warp_tot[i];
-	*total = 0;
-	for (int i = 0; i < nw; i++)
-		*total += warp_tot[i];
-	return off + before;
+	for (int e = threadIdx.x; e < E; e += blockDim.x)
+		cnt[(size_t)e * nch + b] = hist[e];
 }
 
-// pass 1 (@write 0): counts(E) of each expert; pass 2: rows and slots from offs.  One block per
-// expert walks every choice in order, so each expert's rows keep token order.
-__global__ void k_permute(int *counts, int *rows, int *slot, const int *offs, const int *topi,
-			  int n, int k, int write)
+// exclusive prefix sum over the block of one int a thread (blockDim.x a multiple of 32); the
+// block's total in *total
+static __device__ int block_excl(int v, int *total)
 {
-	int e = blockIdx.x, base = write ? offs[e] : 0;
+	__shared__ int ws[32];
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	int x = v;
 
-	for (int i0 = 0; i0 < n; i0 += blockDim.x) {
-		int i = i0 + threadIdx.x, tot;
-		int flag = i < n && topi[i] == e;
-		int pos = block_scan(flag, &tot);
+	for (int o = 1; o < 32; o <<= 1) {
+		const int y = __shfl_up_sync(0xffffffffu, x, o);
 
-		if (write && flag) {
-			rows[base + pos] = i / k;
-			slot[i] = base + pos;
+		if (lane >= o)
+			x += y;
+	}
+	__syncthreads();	// ws free (an earlier call's readers are done)
+	if (lane == 31)
+		ws[w] = x;
+	__syncthreads();
+	if (w == 0) {
+		int y = lane < nw ? ws[lane] : 0;
+
+		for (int o = 1; o < 32; o <<= 1) {
+			const int z = __shfl_up_sync(0xffffffffu, y, o);
+
+			if (lane >= o)
+				y += z;
 		}
-		base += tot;
+		ws[lane] = y;
 	}
-	if (!write && !threadIdx.x)
-		counts[e] = base;
+	__syncthreads();
+	*total = ws[nw - 1];
+	return x - v + (w ? ws[w - 1] : 0);
 }
 
-// offs(E+1) = exclusive prefix sums of counts; one thread (E is small)
-__global__ void k_offsets(int *offs, const int *counts, int E)
+// block e: cnt[e * nch ...] becomes its exclusive prefix sums (in place), tot[e] their total
+__global__ void k_perm_scan(int *cnt, int *tot, int nch)
 {
-	int s = 0;
+	int *c = cnt + (size_t)blockIdx.x * nch, run = 0;
 
-	for (int e = 0; e < E; e++) {
-		offs[e] = s;
-		s += counts[e];
+	for (int b0 = 0; b0 < nch; b0 += blockDim.x) {
+		const int b = b0 + threadIdx.x, v = b < nch ? c[b] : 0;
+		int t;
+		const int x = block_excl(v, &t);
+
+		if (b < nch)
+			c[b] = run + x;
+		run += t;
 	}
-	offs[E] = s;
+	if (!threadIdx.x)
+		tot[blockIdx.x] = run;
+}
+
+// rows and slots: choice i of chunk b (expert e) goes to slot start[e] + pos[e * nch + b] + the
+// choices of e before it in the chunk (its warp's lanes, then the earlier warps': a table of
+// 8 x E counts); start = the exclusive prefix sums of tot, which block 0 writes to offs(E+1)
+__global__ void k_perm_write(int *rows, int *slot, int *offs, const int *pos, const int *tot,
+			     const int *topi, int n, int k, int E, int nch)
+{
+	extern __shared__ int wc[];	// (PERM_CH / 32) x E, then start(E)
+	int *start = wc + (PERM_CH / 32) * E;
+	const int b = blockIdx.x, i = b * PERM_CH + threadIdx.x, lane = threadIdx.x & 31;
+	const int w = threadIdx.x >> 5;
+	int run = 0;
+
+	for (int j = threadIdx.x; j < (PERM_CH / 32) * E; j += blockDim.x)
+		wc[j] = 0;
+	for (int e0 = 0; e0 < E; e0 += blockDim.x) {
+		const int e = e0 + threadIdx.x, v = e < E ? tot[e] : 0;
+		int t;
+		const int x = block_excl(v, &t);
+
+		if (e < E)
+			start[e] = run + x;
+		run += t;
+	}
+	__syncthreads();
+	if (b == 0) {
+		for (int e = threadIdx.x; e < E; e += blockDim.x)
+			offs[e] = start[e];
+		if (!threadIdx.x)
+			offs[E] = run;
+	}
+	const int e = i < n ? topi[i] : -1;
+	const unsigned peers = __match_any_sync(0xffffffffu, e);
+	const int rank = __popc(peers & ((1u << lane) - 1));
+
+	if (e >= 0 && !rank)
+		wc[w * E + e] = __popc(peers);
+	__syncthreads();
+	if (e < 0)
+		return;
+	int r = rank;
+
+	for (int v = 0; v < w; v++)
+		r += wc[v * E + e];
+	const int at = start[e] + pos[(size_t)e * nch + b] + r;
+
+	slot[i] = at;
+	rows[at] = i / k;
 }
 
 // ---- combine (combine.cuh) ----------------------------------------------------------------
@@ -271,14 +342,25 @@ extern "C" void sl_cuda_moe_aux_stats(struct sl_cuda *c, double *stats, const fl
 extern "C" void sl_cuda_moe_permute(struct sl_cuda *c, int *rows, int *slot, int *offs,
 				    const int *topi, int T, int E, int k)
 {
-	// counts go to the tail of rows' neighbour: offs holds E+1 ints, counts need E of scratch
-	int *counts = (int *)sl_cuda_scratch(c, (size_t)E * sizeof(int), "moe_permute");
+	const int n = T > 0 ? T * k : 0, nch = (n + PERM_CH - 1) / PERM_CH;
+	// each chunk's counts of each expert (then their prefix sums), and each expert's total
+	int *cnt = (int *)sl_cuda_scratch(c, ((size_t)E * nch + E) * sizeof(int), "moe_permute");
+	int *tot = cnt + (size_t)E * nch;
 
-	k_permute<<<E, 1024, 0, c->stream>>>(counts, rows, slot, offs, topi, T * k, k, 0);
+	if (E > PERM_MAXE) {
+		fprintf(stderr, "cuda: %d experts exceed the permutation's %d\n", E, PERM_MAXE);
+		abort();
+	}
+	if (!nch) {
+		CUDA_CHECK(cudaMemsetAsync(offs, 0, (size_t)(E + 1) * sizeof(int), c->stream));
+		return;
+	}
+	k_perm_count<<<nch, PERM_CH, E * sizeof(int), c->stream>>>(cnt, topi, n, E, nch);
 	CUDA_LAUNCHED();
-	k_offsets<<<1, 1, 0, c->stream>>>(offs, counts, E);
+	k_perm_scan<<<E, 256, 0, c->stream>>>(cnt, tot, nch);
 	CUDA_LAUNCHED();
-	k_permute<<<E, 1024, 0, c->stream>>>(counts, rows, slot, offs, topi, T * k, k, 1);
+	k_perm_write<<<nch, PERM_CH, (PERM_CH / 32 + 1) * E * sizeof(int), c->stream>>>(
+		rows, slot, offs, cnt, tot, topi, n, k, E, nch);
 	CUDA_LAUNCHED();
 }
 
@@ -585,26 +667,84 @@ int sl_cuda_moe_order(int *order, const int *h_offs, int E)
 	return ne;
 }
 
-// one cuBLASLt matmul per expert with rows, the plan's algorithm (else this shape's own).  With
-// side streams the experts go to them largest first, each to the stream with the fewest rows so
-// far (the small experts' matmuls fill few SMs alone), every stream after the compute stream's
-// work so far and the compute stream after all of them; stream s uses workspace slice s.  Each
-// expert's matmul is the same whichever stream runs it: the results do not depend on the spread.
+// moe_mm.cu's kernel for some of the experts (sl_cuda_moe_mm_rows: those under max_rows rows)
+extern "C" bool sl_cuda_moe_mm_fits(int form, const void *out, const void *a, const void *b,
+				    int E, int K, int N, size_t ws);
+extern "C" long sl_cuda_moe_mm_rows(cudaStream_t st, int form, void *out, const void *a,
+				    const void *b, const int *h_offs, int E, int K, int N, size_t ws,
+				    int max_rows);
+
+#define SMALL_ROWS 1024	// small_rows()'s default
+
+// the experts of fewer rows than this (SHARDLM_MOE_SMALL; 0: none) go to one launch of the
+// warpgroup kernel (moe_mm.cu) beside the per-expert cuBLASLt calls of the others, where the
+// kernel applies: each of them alone would fill few SMs for a few microseconds, one after the
+// other at the rate the host launches them (read once)
+static int small_rows(void)
+{
+	static int v = -1;
+
+	if (v < 0) {
+		const char *e = getenv("SHARDLM_MOE_SMALL");
+		char *end;
+		long n = e && *e ? strtol(e, &end, 10) : SMALL_ROWS;
+
+		if (e && *e && (end == e || *end || n < 0 || n > 1 << 30)) {
+			fprintf(stderr, "cuda: SHARDLM_MOE_SMALL=%s: want a row count (0: off)\n",
+				e);
+			exit(2);
+		}
+		v = (int)n;
+	}
+	return v;
+}
+
+// the small experts' one launch (small_rows): form and operands of sl_cuda_moe_mm_rows
+struct mm_small {
+	int form;
+	void *out;
+	const void *a, *b;
+	const int *h_offs;
+	int E, K, N, max_rows;
+	size_t ws;
+};
+
+// one cuBLASLt matmul per expert with rows (with @sm, only those of sm->max_rows rows or more;
+// the others in sm's one launch), the plan's algorithm (else this shape's own).  With side
+// streams the experts go to them largest first, each to the stream with the fewest rows so far
+// (the small experts' matmuls fill few SMs alone), sm's launch last, every stream after the
+// compute stream's work so far and the compute stream after all of them; stream s uses
+// workspace slice s.  Each expert's matmul is the same whichever stream runs it: the results do
+// not depend on the spread.
 static void lt_grouped(struct sl_cuda *c, struct moe_gemm *g, const int *h_offs, int E, int ta,
 		       int tb, int which_rows, int m0, int n0, int k0, const void *A, size_t sa,
 		       size_t ra, int lda, const void *B, size_t sb, size_t rb, int ldb, void *C,
-		       size_t sc, size_t rc, int ldc, float beta)
+		       size_t sc, size_t rc, int ldc, float beta, const struct mm_small *sm)
 {
 	int key[10] = { ta, tb, which_rows, m0, n0, k0, lda, ldb, ldc, beta != 0.f };
 	struct lt_plan *p = plan_get(g, key);
 	// the same budget whatever the streams: the same algorithms, the same results
 	const size_t wsb = c->ws_bytes / MOE_STREAMS;
 	float alpha = 1.f;
-	int order[GMAX], sid[GMAX];
-	const int ne = sl_cuda_moe_order(order, h_offs, E);
+	int order[GMAX], sid[GMAX], ne = 0, nsmall = 0;
+	const int na = sl_cuda_moe_order(order, h_offs, E);
 	long load[MOE_STREAMS] = { 0 };	// rows given to each stream (0: unused)
-	const bool spread = g->nside > 1 && ne > 1;
+	long small = 0;
+	bool spread;
+	int ss = 0;
 
+	// the experts for cuBLASLt (largest first), and the small ones' rows
+	for (int i = 0; i < na; i++) {
+		const int rows = h_offs[order[i] + 1] - h_offs[order[i]];
+
+		if (sm && rows < sm->max_rows) {
+			small += rows;
+			nsmall++;
+		} else {
+			order[ne++] = order[i];
+		}
+	}
+	spread = g->nside > 1 && ne + (nsmall > 0) > 1;
 	for (int i = 0; i < ne; i++) {
 		int s = 0;
 
@@ -613,6 +753,12 @@ static void lt_grouped(struct sl_cuda *c, struct moe_gemm *g, const int *h_offs,
 				s = j;
 		sid[i] = s;
 		load[s] += h_offs[order[i] + 1] - h_offs[order[i]];
+	}
+	if (nsmall) {
+		for (int j = 1; spread && j < g->nside; j++)
+			if (load[j] < load[ss])
+				ss = j;
+		load[ss] += small;
 	}
 	if (spread) {
 		CUDA_CHECK(cudaEventRecord(g->fork, c->stream));
@@ -648,6 +794,9 @@ static void lt_grouped(struct sl_cuda *c, struct moe_gemm *g, const int *h_offs,
 		CUBLAS_CHECK(cublasLtMatmul(c->lt, p->desc, &alpha, a, p->a, b, p->b, &beta, cc,
 					    p->c, cc, p->c, &algo, ws, wsb, st));
 	}
+	if (nsmall)
+		sl_cuda_moe_mm_rows(spread ? g->side[ss] : c->stream, sm->form, sm->out, sm->a,
+				    sm->b, sm->h_offs, sm->E, sm->K, sm->N, sm->ws, sm->max_rows);
 	if (spread)
 		for (int s = 0; s < g->nside; s++)
 			if (load[s]) {
@@ -660,7 +809,7 @@ static void lt_grouped(struct sl_cuda *c, struct moe_gemm *g, const int *h_offs,
 static void grouped(struct sl_cuda *c, const int *d_offs, const int *h_offs, int E, int ta,
 		    int tb, int which_rows, int m0, int n0, int k0, const void *A, size_t sa,
 		    size_t ra, int lda, const void *B, size_t sb, size_t rb, int ldb, void *C,
-		    size_t sc, size_t rc, int ldc, float beta)
+		    size_t sc, size_t rc, int ldc, float beta, const struct mm_small *sm)
 {
 	struct moe_gemm *g;
 
@@ -671,7 +820,7 @@ static void grouped(struct sl_cuda *c, const int *d_offs, const int *h_offs, int
 	g = grouped_init(c);
 	if (g->mode == 0) {
 		lt_grouped(c, g, h_offs, E, ta, tb, which_rows, m0, n0, k0, A, sa, ra, lda, B, sb,
-			   rb, ldb, C, sc, rc, ldc, beta);
+			   rb, ldb, C, sc, rc, ldc, beta, sm);
 		return;
 	}
 	for (int e = 0; e < E; e++) {
@@ -712,11 +861,23 @@ static bool aligned(int K, int N, const void *a, const void *b, const void *cc)
 extern "C" bool sl_cuda_moe_mm(struct sl_cuda *c, int form, void *out, const void *a,
 			       const void *b, const int *h_offs, int E, int K, int N, size_t ws);
 
+// @sm for lt_grouped: form @form's small experts (small_rows) in one launch of the warpgroup
+// kernel, where it applies; else NULL (every expert by cuBLASLt)
+static const struct mm_small *small_of(struct mm_small *sm, int form, void *out, const void *a,
+				       const void *b, const int *h_offs, int E, int K, int N,
+				       size_t ws)
+{
+	*sm = (struct mm_small){ form, out, a, b, h_offs, E, K, N, small_rows(), ws };
+	return sm->max_rows > 0 && sl_cuda_moe_mm_fits(form, out, a, b, E, K, N, ws) ? sm : NULL;
+}
+
 // out(rows, N) = x(rows, K) w_e(N, K)^T  ->  out^T (N, rows) = w_e^T-op x^T (see gemm.cu)
 extern "C" void sl_cuda_moe_gemm_fwd(struct sl_cuda *c, void *out, const void *x, const void *w,
 				     const int *d_offs, const int *h_offs, int E, int K, int N,
 				     size_t ws)
 {
+	struct mm_small sm;
+
 	if (sl_cuda_moe_mm(c, 0, out, x, w, h_offs, E, K, N, ws))
 		return;
 	if (!aligned(K, N, out, x, w)) {
@@ -729,13 +890,15 @@ extern "C" void sl_cuda_moe_gemm_fwd(struct sl_cuda *c, void *out, const void *x
 		return;
 	}
 	grouped(c, d_offs, h_offs, E, 1, 0, 1, N, 0, K, w, ws, 0, K, x, 0, K, K, out, 0, N, N,
-		0.f);
+		0.f, small_of(&sm, 0, out, x, w, h_offs, E, K, N, ws));
 }
 
 extern "C" void sl_cuda_moe_gemm_bwd(struct sl_cuda *c, void *dx, void *dw, const void *dout,
 				     const void *x, const void *w, const int *d_offs,
 				     const int *h_offs, int E, int K, int N, size_t ws)
 {
+	struct mm_small sm;
+
 	if (!aligned(K, N, dout, x, w) || (dx && (uintptr_t)dx % 16) || (uintptr_t)dw % 16) {
 		for (int e = 0; e < E; e++) {
 			size_t o = (size_t)h_offs[e];
@@ -754,9 +917,9 @@ extern "C" void sl_cuda_moe_gemm_bwd(struct sl_cuda *c, void *dx, void *dw, cons
 	// dx^T (K, rows) = w_e (K, N col-major) dout^T (N, rows)
 	if (dx && !sl_cuda_moe_mm(c, 1, dx, dout, w, h_offs, E, K, N, ws))
 		grouped(c, d_offs, h_offs, E, 0, 0, 1, K, 0, N, w, ws, 0, K, dout, 0, N, N, dx, 0,
-			K, K, 0.f);
+			K, K, 0.f, small_of(&sm, 1, dx, dout, w, h_offs, E, K, N, ws));
 	// dw_e^T (K, N) += x^T (K, rows) dout (rows, N)
 	if (!sl_cuda_moe_mm(c, 2, dw, dout, x, h_offs, E, K, N, ws))
 		grouped(c, d_offs, h_offs, E, 0, 1, 2, K, N, 0, x, 0, K, K, dout, 0, N, N, dw, ws,
-			0, K, 1.f);
+			0, K, 1.f, small_of(&sm, 2, dw, dout, x, h_offs, E, K, N, ws));
 }

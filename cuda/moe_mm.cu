@@ -188,7 +188,7 @@ static bool mm_on(int form, int K)
 }
 
 template <int FORM>
-static void mm_launch(struct sl_cuda *c, const mm_groups &g, bf16 *out, const bf16 *a,
+static void mm_launch(cudaStream_t st, const mm_groups &g, bf16 *out, const bf16 *a,
 		      const bf16 *b, int K, int N, size_t ws)
 {
 	static bool done;
@@ -199,38 +199,77 @@ static void mm_launch(struct sl_cuda *c, const mm_groups &g, bf16 *out, const bf
 						MM_SMEM));
 		done = true;
 	}
-	k_moe_mm<FORM><<<g.t0[g.n], 384, MM_SMEM, c->stream>>>(out, a, b, g, K, N, ws);
+	k_moe_mm<FORM><<<g.t0[g.n], 384, MM_SMEM, st>>>(out, a, b, g, K, N, ws);
 	CUDA_LAUNCHED();
 }
 
+// whether the kernel takes form @form of these operands: a build with SL_WGMMA on a device of
+// compute capability 9.0, at most MM_MAXG experts, dimensions multiples of the tiles, operands
+// 16-byte aligned
+extern "C" bool sl_cuda_moe_mm_fits(int form, const void *out, const void *a, const void *b,
+				    int E, int K, int N, size_t ws)
+{
+#ifdef SL_WGMMA
+	const int mdim = form == 2 ? N : 0, ndim = form == 0 ? N : K, kdim = form == 1 ? N : K;
+
+	return sl_cuda_sm90() && E <= MM_MAXG && !(ndim % MM_BN) && !(mdim % MM_BM) &&
+	       !(kdim % MM_BK) && !((uintptr_t)out % 16) && !((uintptr_t)a % 16) &&
+	       !((uintptr_t)b % 16) && !(ws % 8);
+#else
+	(void)form, (void)out, (void)a, (void)b, (void)E, (void)K, (void)N, (void)ws;
+	return false;
+#endif
+}
+
+// form 0, 1 or 2 (above) on stream @st for the experts of [0, E) with rows h_offs[e] ..
+// h_offs[e + 1] whose row count is under @max_rows (0: all), if any; the caller checked
+// sl_cuda_moe_mm_fits.  Returns how many rows it took.
+extern "C" long sl_cuda_moe_mm_rows(cudaStream_t st, int form, void *out, const void *a,
+				    const void *b, const int *h_offs, int E, int K, int N, size_t ws,
+				    int max_rows)
+{
+	const int ndim = form == 0 ? N : K;
+	int order[MM_MAXG];
+	const int ne = sl_cuda_moe_order(order, h_offs, E);
+	long rows = 0;
+	mm_groups g;
+
+	g.n = 0;
+	g.t0[0] = 0;
+	for (int i = 0; i < ne; i++) {
+		const int e = order[i], r = h_offs[e + 1] - h_offs[e];
+
+		if (max_rows && r >= max_rows)
+			continue;
+		const int mt = form == 2 ? N / MM_BM : (r + MM_BM - 1) / MM_BM;
+
+		g.e[g.n] = e;
+		g.o[g.n] = h_offs[e];
+		g.r[g.n] = r;
+		g.t0[g.n + 1] = g.t0[g.n] + mt * (ndim / MM_BN);
+		g.n++;
+		rows += r;
+	}
+	if (!g.n)
+		return 0;
+#ifdef SL_WGMMA
+	if (form == 0)
+		mm_launch<0>(st, g, (bf16 *)out, (const bf16 *)a, (const bf16 *)b, K, N, ws);
+	else if (form == 1)
+		mm_launch<1>(st, g, (bf16 *)out, (const bf16 *)a, (const bf16 *)b, K, N, ws);
+	else
+		mm_launch<2>(st, g, (bf16 *)out, (const bf16 *)a, (const bf16 *)b, K, N, ws);
+#endif
+	return rows;
+}
+
 // form 0, 1 or 2 (above) for experts [0, E) with rows h_offs[e] .. h_offs[e + 1]; false (nothing
-// launched) where the kernel does not apply: off unless mm_on(), more than MM_MAXG experts,
-// dimensions not multiples of the tiles, operands not 16-byte aligned
+// launched) where the kernel is not chosen (mm_on) or does not apply (sl_cuda_moe_mm_fits)
 extern "C" bool sl_cuda_moe_mm(struct sl_cuda *c, int form, void *out, const void *a,
 			       const void *b, const int *h_offs, int E, int K, int N, size_t ws)
 {
-	const int mdim = form == 2 ? N : 0, ndim = form == 0 ? N : K, kdim = form == 1 ? N : K;
-	mm_groups g;
-
-	if (!mm_on(form, K) || E > MM_MAXG || ndim % MM_BN || mdim % MM_BM || kdim % MM_BK ||
-	    (uintptr_t)out % 16 || (uintptr_t)a % 16 || (uintptr_t)b % 16 || ws % 8)
+	if (!mm_on(form, K) || !sl_cuda_moe_mm_fits(form, out, a, b, E, K, N, ws))
 		return false;
-	g.n = sl_cuda_moe_order(g.e, h_offs, E);
-	g.t0[0] = 0;
-	for (int i = 0; i < g.n; i++) {
-		g.o[i] = h_offs[g.e[i]];
-		g.r[i] = h_offs[g.e[i] + 1] - g.o[i];
-		const int mt = form == 2 ? N / MM_BM : (g.r[i] + MM_BM - 1) / MM_BM;
-
-		g.t0[i + 1] = g.t0[i] + mt * (ndim / MM_BN);
-	}
-	if (!g.n)
-		return true;
-	if (form == 0)
-		mm_launch<0>(c, g, (bf16 *)out, (const bf16 *)a, (const bf16 *)b, K, N, ws);
-	else if (form == 1)
-		mm_launch<1>(c, g, (bf16 *)out, (const bf16 *)a, (const bf16 *)b, K, N, ws);
-	else
-		mm_launch<2>(c, g, (bf16 *)out, (const bf16 *)a, (const bf16 *)b, K, N, ws);
+	sl_cuda_moe_mm_rows(c->stream, form, out, a, b, h_offs, E, K, N, ws, 0);
 	return true;
 }
