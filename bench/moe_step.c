@@ -122,10 +122,10 @@ static int op_times(struct sl_backend *be, int T, int E, int k, int H, int Im)
 	TIME("moe_combine_fwd", 10, be->moe_combine_fwd(be, out, y, tw, slot, T, k, H));
 	TIME("moe_combine_bwd", 10, be->moe_combine_bwd(be, xp, dtw, out, y, tw, slot, T, k, H));
 	TIME("moe_gemm_bwd down", 5, be->moe_gemm_bwd(be, act, dwd, xp, act, wd, offs, h, E, Im,
-							   H, (size_t)H * Im));
+							   H, (size_t)H * Im, false));
 	TIME("swiglu_bwd", 10, be->swiglu_bwd(be, gu, act, gu, (int)n, Im));
 	TIME("moe_gemm_bwd gate_up", 5, be->moe_gemm_bwd(be, xp, dwgu, gu, y, wgu, offs, h, E, H,
-							2 * Im, (size_t)2 * Im * H));
+							2 * Im, (size_t)2 * Im * H, false));
 	TIME("un-permute (combine)", 10, be->moe_combine_fwd(be, out, xp, tw, slot, T, k, H));
 	TIME("moe_route_bwd", 10, be->moe_route_bwd(be, z, dtw, p, ti, tw, NULL, lens, 1, T, E, k,
 						     true));
@@ -142,7 +142,7 @@ int main(int argc, char **argv)
 	struct sl_layout lay;
 	struct sl_backend *be = sl_backend_cuda_create(0);
 	struct src s;
-	struct sl_unit_source us = { &s, w_of, g_of, NULL, NULL };
+	struct sl_unit_source us = { &s, w_of, g_of, NULL, NULL, NULL };
 	int32_t *ids = malloc(T * 4), *lens = malloc(B * 4), *tp = malloc(T * 4), *ti = malloc(T * 4);
 	double t[7], loss;
 

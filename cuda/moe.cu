@@ -893,13 +893,26 @@ extern "C" void sl_cuda_moe_gemm_fwd(struct sl_cuda *c, void *out, const void *x
 		0.f, small_of(&sm, 0, out, x, w, h_offs, E, K, N, ws));
 }
 
+// @dw_set: zeros for the (N,K) blocks of the experts without rows (the others' are written)
+static void zero_empty(struct sl_cuda *c, void *dw, const int *h_offs, int E, int K, int N,
+		       size_t ws, bool all)
+{
+	for (int e = 0; e < E; e++)
+		if (all || h_offs[e + 1] <= h_offs[e])
+			CUDA_CHECK(cudaMemsetAsync((bf16 *)dw + e * ws, 0,
+						   (size_t)N * K * sizeof(bf16), c->stream));
+}
+
 extern "C" void sl_cuda_moe_gemm_bwd(struct sl_cuda *c, void *dx, void *dw, const void *dout,
 				     const void *x, const void *w, const int *d_offs,
-				     const int *h_offs, int E, int K, int N, size_t ws)
+				     const int *h_offs, int E, int K, int N, size_t ws, bool dw_set)
 {
 	struct mm_small sm;
+	const int dwf = dw_set ? 3 : 2;	// moe_mm.cu's form for dw
 
 	if (!aligned(K, N, dout, x, w) || (dx && (uintptr_t)dx % 16) || (uintptr_t)dw % 16) {
+		if (dw_set)
+			zero_empty(c, dw, h_offs, E, K, N, ws, true);
 		for (int e = 0; e < E; e++) {
 			size_t o = (size_t)h_offs[e];
 
@@ -913,13 +926,16 @@ extern "C" void sl_cuda_moe_gemm_bwd(struct sl_cuda *c, void *dx, void *dw, cons
 		}
 		return;
 	}
+	if (dw_set)
+		zero_empty(c, dw, h_offs, E, K, N, ws, false);
 	// each product by the warpgroup kernel where it applies, else by cuBLASLt
 	// dx^T (K, rows) = w_e (K, N col-major) dout^T (N, rows)
 	if (dx && !sl_cuda_moe_mm(c, 1, dx, dout, w, h_offs, E, K, N, ws))
 		grouped(c, d_offs, h_offs, E, 0, 0, 1, K, 0, N, w, ws, 0, K, dout, 0, N, N, dx, 0,
 			K, K, 0.f, small_of(&sm, 1, dx, dout, w, h_offs, E, K, N, ws));
-	// dw_e^T (K, N) += x^T (K, rows) dout (rows, N)
-	if (!sl_cuda_moe_mm(c, 2, dw, dout, x, h_offs, E, K, N, ws))
+	// dw_e^T (K, N) += x^T (K, rows) dout (rows, N)  (= with dw_set)
+	if (!sl_cuda_moe_mm(c, dwf, dw, dout, x, h_offs, E, K, N, ws))
 		grouped(c, d_offs, h_offs, E, 0, 1, 2, K, N, 0, x, 0, K, K, dout, 0, N, N, dw, ws,
-			0, K, 1.f, small_of(&sm, 2, dw, dout, x, h_offs, E, K, N, ws));
+			0, K, dw_set ? 0.f : 1.f, small_of(&sm, dwf, dw, dout, x, h_offs, E, K, N,
+							   ws));
 }

@@ -18,6 +18,7 @@
 //   0 (forward):  out[o + r, n] = sum_k x[o + r, k] w_e[n, k]          A K-major, B K-major
 //   1 (dx):       dx[o + r, k]  = sum_n dy[o + r, n] w_e[n, k]         A K-major, B MN-major
 //   2 (dw):       dw_e[n, k]   += sum_r dy[o + r, n] x[o + r, k]       A MN-major, B MN-major
+//   3 (dw, set):  dw_e[n, k]    = the same sum (dw_e's old values not read)
 // Each output element is one block's fixed-order sum: the results do not depend on the launch.
 #include "common.cuh"
 #include "wgmma.cuh"
@@ -115,12 +116,12 @@ k_moe_mm(bf16 *out, const bf16 *a, const bf16 *b, const __grid_constant__ mm_gro
 		wg_fence();
 #pragma unroll
 		for (int kk = 0; kk < MM_BK / 16; kk++) {
-			const uint64_t da = FORM == 2 ? desc_mn<MM_BK>(A + c * 64 * MM_BK, 16 * kk) :
+			const uint64_t da = FORM >= 2 ? desc_mn<MM_BK>(A + c * 64 * MM_BK, 16 * kk) :
 							desc_k<MM_BM>(A, 64 * c, kk);
 			const uint64_t db = FORM == 0 ? desc_k<MM_BN>(B, 0, kk) :
 							desc_mn<MM_BK>(B, 16 * kk);
 
-			wgmma_ss256<FORM == 2, FORM != 0>(d, da, db, kt | kk);
+			wgmma_ss256<FORM >= 2, FORM != 0>(d, da, db, kt | kk);
 		}
 		wg_commit();
 		wg_wait1();	// the stage before this one is read: back to the loader
@@ -132,7 +133,7 @@ k_moe_mm(bf16 *out, const bf16 *a, const bf16 *b, const __grid_constant__ mm_gro
 	// d[4j + 0, 1]: row r0, columns 8j + 2 (lane % 4) + 0, 1; d[4j + 2, 3]: row r0 + 8
 	const int r0 = mt * MM_BM + 64 * c + 16 * w + lane / 4, c0 = nt * MM_BN + 2 * (lane % 4);
 
-	if (FORM == 2) {
+	if (FORM >= 2) {
 		bf16 *C = out + e * ws;
 
 #pragma unroll
@@ -141,7 +142,8 @@ k_moe_mm(bf16 *out, const bf16 *a, const bf16 *b, const __grid_constant__ mm_gro
 
 #pragma unroll
 			for (int j = 0; j < 32; j++) {
-				const float2 old = __bfloat1622float2(p[4 * j]);
+				const float2 old = FORM == 2 ? __bfloat1622float2(p[4 * j]) :
+							       make_float2(0.f, 0.f);
 
 				p[4 * j] = __floats2bfloat162_rn(__fadd_rn(d[4 * j + 2 * h], old.x),
 								 __fadd_rn(d[4 * j + 2 * h + 1],
@@ -210,7 +212,7 @@ extern "C" bool sl_cuda_moe_mm_fits(int form, const void *out, const void *a, co
 				    int E, int K, int N, size_t ws)
 {
 #ifdef SL_WGMMA
-	const int mdim = form == 2 ? N : 0, ndim = form == 0 ? N : K, kdim = form == 1 ? N : K;
+	const int mdim = form >= 2 ? N : 0, ndim = form == 0 ? N : K, kdim = form == 1 ? N : K;
 
 	return sl_cuda_sm90() && E <= MM_MAXG && !(ndim % MM_BN) && !(mdim % MM_BM) &&
 	       !(kdim % MM_BK) && !((uintptr_t)out % 16) && !((uintptr_t)a % 16) &&
@@ -221,7 +223,7 @@ extern "C" bool sl_cuda_moe_mm_fits(int form, const void *out, const void *a, co
 #endif
 }
 
-// form 0, 1 or 2 (above) on stream @st for the experts of [0, E) with rows h_offs[e] ..
+// form 0, 1, 2 or 3 (above) on stream @st for the experts of [0, E) with rows h_offs[e] ..
 // h_offs[e + 1] whose row count is under @max_rows (0: all), if any; the caller checked
 // sl_cuda_moe_mm_fits.  Returns how many rows it took.
 extern "C" long sl_cuda_moe_mm_rows(cudaStream_t st, int form, void *out, const void *a,
@@ -241,7 +243,7 @@ extern "C" long sl_cuda_moe_mm_rows(cudaStream_t st, int form, void *out, const 
 
 		if (max_rows && r >= max_rows)
 			continue;
-		const int mt = form == 2 ? N / MM_BM : (r + MM_BM - 1) / MM_BM;
+		const int mt = form >= 2 ? N / MM_BM : (r + MM_BM - 1) / MM_BM;
 
 		g.e[g.n] = e;
 		g.o[g.n] = h_offs[e];
@@ -257,18 +259,21 @@ extern "C" long sl_cuda_moe_mm_rows(cudaStream_t st, int form, void *out, const 
 		mm_launch<0>(st, g, (bf16 *)out, (const bf16 *)a, (const bf16 *)b, K, N, ws);
 	else if (form == 1)
 		mm_launch<1>(st, g, (bf16 *)out, (const bf16 *)a, (const bf16 *)b, K, N, ws);
-	else
+	else if (form == 2)
 		mm_launch<2>(st, g, (bf16 *)out, (const bf16 *)a, (const bf16 *)b, K, N, ws);
+	else
+		mm_launch<3>(st, g, (bf16 *)out, (const bf16 *)a, (const bf16 *)b, K, N, ws);
 #endif
 	return rows;
 }
 
-// form 0, 1 or 2 (above) for experts [0, E) with rows h_offs[e] .. h_offs[e + 1]; false (nothing
-// launched) where the kernel is not chosen (mm_on) or does not apply (sl_cuda_moe_mm_fits)
+// form 0, 1, 2 or 3 (above) for experts [0, E) with rows h_offs[e] .. h_offs[e + 1]; false
+// (nothing launched) where the kernel is not chosen (mm_on; form 3 as 2) or does not apply
+// (sl_cuda_moe_mm_fits)
 extern "C" bool sl_cuda_moe_mm(struct sl_cuda *c, int form, void *out, const void *a,
 			       const void *b, const int *h_offs, int E, int K, int N, size_t ws)
 {
-	if (!mm_on(form, K) || !sl_cuda_moe_mm_fits(form, out, a, b, E, K, N, ws))
+	if (!mm_on(form < 3 ? form : 2, K) || !sl_cuda_moe_mm_fits(form, out, a, b, E, K, N, ws))
 		return false;
 	sl_cuda_moe_mm_rows(c->stream, form, out, a, b, h_offs, E, K, N, ws, 0);
 	return true;

@@ -143,7 +143,7 @@ void sl_cuda_moe_gemm_fwd(struct sl_cuda *c, void *out, const void *x, const voi
 			  const int *d_offs, const int *h_offs, int E, int K, int N, size_t ws);
 void sl_cuda_moe_gemm_bwd(struct sl_cuda *c, void *dx, void *dw, const void *dout, const void *x,
 			  const void *w, const int *d_offs, const int *h_offs, int E, int K, int N,
-			  size_t ws);
+			  size_t ws, bool dw_set);
 void sl_cuda_moe_combine_fwd(struct sl_cuda *c, void *out, const void *y, const float *topw,
 			     const int *slot, int T, int k, int H);
 void sl_cuda_moe_combine_bwd(struct sl_cuda *c, void *dy, float *dtopw, const void *dout,

@@ -257,10 +257,13 @@ struct sl_backend {
 			     const int32_t *offs, const int *h_offs, int E, int K, int N,
 			     size_t ws);
 	/* its backward: dx(M,K) = dout . w_e (overwritten; skipped when NULL), dw_e += (same
-	 * stride ws) */
+	 * stride ws); @dw_set: dw_e = instead, every expert's (N,K) block written (zeros for an
+	 * expert without rows), so dw needs no zeroing first */
 	void (*moe_gemm_bwd)(struct sl_backend *be, void *dx, void *dw, const void *dout,
 			     const void *x, const void *w, const int32_t *offs, const int *h_offs,
-			     int E, int K, int N, size_t ws);
+			     int E, int K, int N, size_t ws, bool dw_set);
+	/* a model may take dw_set (and not zero the experts' gradients first) */
+	bool moe_dw_set;
 	/* out(T,H) = sum_j topw(t,j) * y(slot(t*k+j), :) */
 	void (*moe_combine_fwd)(struct sl_backend *be, void *out, const void *y, const void *topw,
 				const int32_t *slot, int T, int k, int H);

@@ -150,8 +150,10 @@ static void cpu_moe_gemm_fwd(struct sl_backend *be, void *out, const void *x, co
 
 static void cpu_moe_gemm_bwd(struct sl_backend *be, void *dx, void *dw, const void *dout,
 			     const void *x, const void *w, const int32_t *offs, const int *h_offs,
-			     int E, int K, int N, size_t ws)
+			     int E, int K, int N, size_t ws, bool dw_set)
 {
+	for (int e = 0; dw_set && e < E; e++)
+		memset((real *)dw + e * ws, 0, (size_t)N * K * sizeof(real));
 	for (int e = 0; e < E; e++) {
 		int r0 = h_offs[e], n = h_offs[e + 1] - r0;
 
@@ -216,6 +218,7 @@ static void cpu_moe_install(struct sl_backend *be)
 	be->moe_permute = cpu_moe_permute;
 	be->moe_gemm_fwd = cpu_moe_gemm_fwd;
 	be->moe_gemm_bwd = cpu_moe_gemm_bwd;
+	be->moe_dw_set = true;
 	be->moe_combine_fwd = cpu_moe_combine_fwd;
 	be->moe_combine_bwd = cpu_moe_combine_bwd;
 }

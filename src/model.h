@@ -141,6 +141,9 @@ struct sl_unit_source {
 	void *(*grads)(void *ctx, int unit);
 	void (*release_fwd)(void *ctx, int unit);
 	void (*release_bwd)(void *ctx, int unit);
+	/* optional (NULL: none): grads without zeroing first, for a caller that writes every
+	 * element of the unit (what lies past the unit's elements is zeros) */
+	void *(*grads_set)(void *ctx, int unit);
 };
 
 /*

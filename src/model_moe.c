@@ -481,7 +481,12 @@ void sl_moe_mlp_bwd(struct sl_model *m, int l, const void *w, void *g, int slot,
 	struct moe_acts *ma = &mo->la[slot];
 	const int T = b->B * b->L, H = m->H, E = mo->E, k = mo->k, n = T * k, Im = mo->Im;
 	const void *xw = m->src->weights(m->src->ctx, lo->xunit);
-	void *xg = m->src->grads(m->src->ctx, lo->xunit);
+	/* without a dispatch the two grouped backward matmuls write every expert's gate, up and
+	 * down blocks, which make up the experts' unit: no zeroing first */
+	const bool set = be->moe_dw_set && m->src->grads_set && !sl_moe_ep_on(mo) &&
+			 lo->wes == (size_t)3 * Im * H;
+	void *xg = set ? m->src->grads_set(m->src->ctx, lo->xunit) :
+			 m->src->grads(m->src->ctx, lo->xunit);
 
 	/* out = sum_j w_j y_j: to the experts' outputs and the routing weights */
 	be->moe_combine_bwd(be, mo->s_h1, mo->dtopw, m->gx, ma->y, ma->topw, ma->slot, T, k, H);
@@ -490,12 +495,12 @@ void sl_moe_mlp_bwd(struct sl_model *m, int l, const void *w, void *g, int slot,
 		goto unpermute;
 	}
 	be->moe_gemm_bwd(be, mo->s_i, at(m, xg, lo->wed), mo->s_h1, ma->act, at(m, xw, lo->wed),
-			 ma->offs, ma->h_offs, E, Im, H, lo->wes);
+			 ma->offs, ma->h_offs, E, Im, H, lo->wes, set);
 	be->swiglu_bwd(be, mo->s_gu, mo->s_i, ma->gu, n, Im);
 	/* the gathered input again (s_h1's gradient is spent) rather than a copy per layer */
 	be->gather_rows(be, mo->s_h1, xn2, ma->rows, n, H);
 	be->moe_gemm_bwd(be, mo->s_h2, at(m, xg, lo->wegu), mo->s_gu, mo->s_h1,
-			 at(m, xw, lo->wegu), ma->offs, ma->h_offs, E, H, 2 * Im, lo->wes);
+			 at(m, xw, lo->wegu), ma->offs, ma->h_offs, E, H, 2 * Im, lo->wes, set);
 unpermute:
 	/* the experts' gradients are complete for this micro-batch */
 	if (m->src->release_bwd)

@@ -341,10 +341,10 @@ void sl_moe_ep_bwd(struct sl_model *m, int l, const void *w, void *g, struct moe
 	be->gather_rows(be, ep->s_a, ep->s_b, ea->perm, ea->n_local, H);
 
 	be->moe_gemm_bwd(be, ep->s_i, at(m, g, lo->wed), ep->s_a, ea->actl, at(m, w, lo->wed),
-			 ea->offs, ea->h_offs, ep->El, Im, H, lo->wes);
+			 ea->offs, ea->h_offs, ep->El, Im, H, lo->wes, false);
 	be->swiglu_bwd(be, ep->s_gu, ep->s_i, ea->gul, ea->n_local, Im);
 	be->moe_gemm_bwd(be, ep->s_b, at(m, g, lo->wegu), ep->s_gu, ea->xl, at(m, w, lo->wegu),
-			 ea->offs, ea->h_offs, ep->El, H, 2 * Im, lo->wes);
+			 ea->offs, ea->h_offs, ep->El, H, 2 * Im, lo->wes, false);
 
 	be->gather_rows(be, ep->s_a, ep->s_b, ea->iperm, ea->n_local, H);
 	exchange(m, ep, ep->s_a, ea->rcount, ep->s_b, ea->scount);

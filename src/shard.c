@@ -303,29 +303,47 @@ static void release_weights(void *ctx, int unit)
 	s->wslots[u->wslot].in_use = false;
 }
 
-static void *unit_grads(void *ctx, int unit)
+/* unit @unit's gradient buffer for a backward, zeroed (@all), or only past its elements (the
+ * caller writes them all: src.grads_set) */
+static void *grads_buf(struct sl_shard *s, int unit, bool all)
 {
-	struct sl_shard *s = ctx;
+	struct sl_backend *b = s->be;
+	struct sl_shard_unit *u = &s->u[unit];
 	struct sl_shard_slot *slot;
+	void *buf;
+	size_t n;
 	bool fresh;
 
 	/* the forward waited already; a unit whose weights it did not read must too */
 	s->fwd_known = s->fwd_known || s->n_fwd > 0;
-	opt_await(s, &s->u[unit]);
+	opt_await(s, u);
 	if (s->grad_direct) {
-		struct sl_shard_unit *u = &s->u[unit];
-
-		s->be->zero(s->be, u->gradc, u->shard * s->be->elt);
-		s->bwd = true;
-		return u->gradc;
+		buf = u->gradc;
+		n = u->shard;
+	} else {
+		/* a fresh buffer per micro-batch: its sum goes to the f32 accumulator */
+		slot = take_slot(s, s->gslots, s->n_gslots, unit, &fresh);
+		buf = slot->buf;
+		n = u->padded;
 	}
-	/* a fresh zeroed buffer per micro-batch: its sum goes to the f32 accumulator */
-	slot = take_slot(s, s->gslots, s->n_gslots, unit, &fresh);
-	s->be->zero(s->be, slot->buf, s->u[unit].padded * s->be->elt);
+	if (all)
+		b->zero(b, buf, n * b->elt);
+	else if (n > u->numel)
+		b->zero(b, (char *)buf + u->numel * b->elt, (n - u->numel) * b->elt);
 	s->bwd = true;
-	if (s->off)
+	if (s->off && !s->grad_direct)
 		sl_offload_prefetch(s, unit, -1);
-	return slot->buf;
+	return buf;
+}
+
+static void *unit_grads(void *ctx, int unit)
+{
+	return grads_buf(ctx, unit, true);
+}
+
+static void *unit_grads_set(void *ctx, int unit)
+{
+	return grads_buf(ctx, unit, false);
 }
 
 void sl_shard_reduce_to(struct sl_shard *s, int unit, const void *gbuf, float *dst)
@@ -567,6 +585,7 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	if (s->sq_overlap)
 		s->ev_sq = be->event_create(be);
 	s->src = (struct sl_unit_source){ .ctx = s, .weights = unit_weights, .grads = unit_grads,
+					  .grads_set = unit_grads_set,
 					  .release_fwd = release_weights,
 					  .release_bwd = release_grads };
 	if (s->host_state)

@@ -101,7 +101,7 @@ static inline struct sl_unit_source env_source(struct env *e, bool hooks)
 {
 	return (struct sl_unit_source){ e, src_weights, src_grads,
 					hooks ? src_release_fwd : NULL,
-					hooks ? src_release_bwd : NULL };
+					hooks ? src_release_bwd : NULL, NULL };
 }
 
 /* element @off of unit @u set to @v on the backend (the host copy unchanged) */

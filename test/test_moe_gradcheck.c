@@ -195,7 +195,19 @@ static void check_gemm_fd(struct sl_backend *be)
 		w[i] = rng_normal();
 	for (int i = 0; i < M * N; i++)
 		r[i] = rng_normal();
-	be->moe_gemm_bwd(be, dx, dw, r, x, w, NULL, offs, E, K, N, (size_t)N * K);
+	be->moe_gemm_bwd(be, dx, dw, r, x, w, NULL, offs, E, K, N, (size_t)N * K, false);
+	/* dw_set: the same dw over whatever dw held (expert 1, without rows, gets zeros) */
+	{
+		double dw2[3 * 4 * 5], dx2[7 * 5];
+		int bad = 0;
+
+		for (int i = 0; i < E * N * K; i++)
+			dw2[i] = 7.0 + i;
+		be->moe_gemm_bwd(be, dx2, dw2, r, x, w, NULL, offs, E, K, N, (size_t)N * K, true);
+		for (int i = 0; i < E * N * K; i++)
+			bad += dw2[i] != dw[i];
+		CHECK(!bad, "grouped matmul dw_set: %d of %d differ from dw +=", bad, E * N * K);
+	}
 	for (int which = 0; which < 2; which++) {
 		double *v = which ? w : x, *g = which ? dw : dx;
 		int n = which ? E * N * K : M * K;
