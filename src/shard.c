@@ -59,14 +59,13 @@ static void opt_issue_one(struct sl_shard *s, int ui)
 static void opt_issue_upto(struct sl_shard *s, int pos)
 {
 	struct sl_backend *b = s->be;
-	const int last = pos < 0 || pos >= s->n_fwd ? s->n_fwd - 1 : pos;
+	const int end = pos < 0 ? s->n_fwd + s->n_units : pos < s->n_fwd ? pos + 1 : s->n_fwd;
 	bool begun = false;
 
-	for (int i = 0; i <= last + (pos < 0 ? s->n_units : 0); i++) {
+	/* place i of the forward's order, then (pos < 0) unit i - n_fwd */
+	for (int i = 0; i < end; i++) {
 		const int ui = i < s->n_fwd ? s->fwd_order[i] : i - s->n_fwd;
 
-		if (i >= s->n_fwd && ui >= s->n_units)
-			break;
 		if (!s->u[ui].opt_pending)
 			continue;
 		if (!begun)
