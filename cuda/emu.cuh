@@ -48,6 +48,30 @@ template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int m)
 	__builtin_memcpy(&t, &r, 4);
 	return t;
 }
+// a warp's shift: every lane gives v, gets lane (own - d)'s, its own where that is below 0
+uint32_t emu_shfl_up32(uint32_t v, int d);
+static inline int __shfl_up_sync(unsigned, int v, int d)
+{
+	return (int)emu_shfl_up32((uint32_t)v, d);
+}
+// a warp's match: the lanes whose v equals this lane's
+uint32_t emu_match_any32(uint32_t v);
+static inline unsigned __match_any_sync(unsigned, int v)
+{
+	return emu_match_any32((uint32_t)v);
+}
+static inline int __popc(unsigned v)
+{
+	return __builtin_popcount(v);
+}
+// the fibers switch only at the emulator's calls: a plain add is atomic among them
+static inline int atomicAdd(int *p, int v)
+{
+	const int old = *p;
+
+	*p = old + v;
+	return old;
+}
 // shared memory: the test's fa_sm, 1024-byte aligned; addresses are offsets into it.  fa_sm is
 // also every kernel's dynamic shared memory (common.cuh's SL_DYN_SMEM)
 extern __nv_bfloat16 fa_sm[];

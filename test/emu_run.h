@@ -54,7 +54,6 @@ struct Copy {
 
 struct Fiber {
 	ucontext_t ctx;
-	std::vector<char> stack;
 	bool done;
 	int sleep;	// rounds of the scheduler this thread sits out (emu_jitter)
 	emu_now_t now;
@@ -278,6 +277,33 @@ uint32_t emu_shfl_xor32(uint32_t v, int m)
 	return r;
 }
 
+uint32_t emu_shfl_up32(uint32_t v, int d)
+{
+	Warp &w = B->warp[tid() / 32];
+	const int lane = tid() % 32;
+	uint32_t r;
+
+	w.slot[lane] = v;
+	collective(w.c, 32, [] {});
+	r = lane >= d ? w.slot[lane - d] : v;
+	collective(w.c, 32, [] {});
+	return r;
+}
+
+uint32_t emu_match_any32(uint32_t v)
+{
+	Warp &w = B->warp[tid() / 32];
+	const int lane = tid() % 32;
+	uint32_t r = 0;
+
+	w.slot[lane] = v;
+	collective(w.c, 32, [] {});
+	for (int i = 0; i < 32; i++)
+		r |= (uint32_t)(w.slot[i] == v) << i;
+	collective(w.c, 32, [] {});
+	return r;
+}
+
 uint32_t emu_smem_u32(const void *p)
 {
 	return (uint32_t)((const char *)p - (const char *)fa_sm);
@@ -464,6 +490,12 @@ void launch(D3 grid, int nthr, size_t smem, const std::function<void()> &body,
 		abort();
 	}
 	smem_bytes = smem;
+	// each thread's stack, kept from launch to launch (allocated once: blocks start fast)
+	static std::vector<std::vector<char>> stacks;
+	if (stacks.size() < (size_t)nthr)
+		stacks.resize(nthr);
+	for (int t = 0; t < nthr; t++)
+		stacks[t].resize(1 << 18);
 	for (unsigned z = 0; z < grid.z; z++)
 		for (unsigned y = 0; y < grid.y; y++)
 			for (unsigned x = 0; x < grid.x; x++) {
@@ -485,10 +517,9 @@ void launch(D3 grid, int nthr, size_t smem, const std::function<void()> &body,
 					f.sleep = 0;
 					f.now = { { t % blk_dim.x, t / blk_dim.x, 0 }, { x, y, z },
 						  { grid.x, grid.y, grid.z }, { blk_dim.x, blk_dim.y, 1 } };
-					f.stack.resize(1 << 18);
 					getcontext(&f.ctx);
-					f.ctx.uc_stack.ss_sp = f.stack.data();
-					f.ctx.uc_stack.ss_size = f.stack.size();
+					f.ctx.uc_stack.ss_sp = stacks[t].data();
+					f.ctx.uc_stack.ss_size = stacks[t].size();
 					f.ctx.uc_link = nullptr;
 					makecontext(&f.ctx, fiber_main, 0);
 				}

@@ -1,5 +1,8 @@
 /*
- * test_moe_emu: the MoE combine kernels of cuda/combine.cuh (the forward: a token's output is
+ * test_moe_emu: the MoE permutation's kernels of cuda/permute.cuh (count, scan, write: the
+ * choices sorted by expert, each expert's rows in token order), exactly against a counting sort
+ * done here, on loads with empty experts, a partial last chunk and hundreds of experts; and the
+ * MoE combine kernels of cuda/combine.cuh (the forward: a token's output is
  * the routing weights' sum of its chosen experts' rows; the backward: each chosen row's gradient
  * and each weight's) run on the host emulation (emu_run.h), against double sums computed here:
  * the 16-byte kernels at up to 8 choices and at more (their wider instance, loads in two
@@ -12,6 +15,7 @@
 
 #include "../cuda/common.cuh"
 #include "../cuda/combine.cuh"
+#include "../cuda/permute.cuh"
 #include "testutil.h"
 #include "testrng.h"
 
@@ -112,10 +116,61 @@ void check(int T, int k, int H, bool vec, uint64_t seed)
 	       vec ? "16-byte" : "scalar", eo / mo, ey / my, ew / mw);
 }
 
+// T tokens' k choices among E experts (@skew: half the choices to expert 1, experts 0 and E/2
+// never chosen), sorted on the emulation against a stable counting sort
+void check_permute(int T, int E, int k, bool skew, uint64_t seed)
+{
+	const int n = T * k, nch = (n + PERM_CH - 1) / PERM_CH;
+	std::vector<int> topi(n), rows(n, -1), slot(n, -1), offs(E + 1, -1);
+	std::vector<int> cnt((size_t)E * nch + E), rrows(n), rslot(n), roffs(E + 1, 0);
+	int *tot = cnt.data() + (size_t)E * nch, bad = 0;
+
+	rng_state = 88172645463325252ull ^ (seed * 0x9E3779B97F4A7C15ull);
+	for (int i = 0; i < n; i++) {
+		int e = (int)(rng_next() % (uint64_t)E);
+
+		if (skew && (e == 0 || e == E / 2 || rng_next() % 2))
+			e = 1;
+		topi[i] = e;
+	}
+	for (int i = 0; i < n; i++)
+		roffs[topi[i] + 1]++;
+	for (int e = 0; e < E; e++)
+		roffs[e + 1] += roffs[e];
+	{
+		std::vector<int> at(roffs.begin(), roffs.end() - 1);
+
+		for (int i = 0; i < n; i++) {
+			rslot[i] = at[topi[i]]++;
+			rrows[rslot[i]] = i / k;
+		}
+	}
+	int *pc = cnt.data(), *pt = tot, *pr = rows.data(), *ps = slot.data(), *po = offs.data();
+	const int *pi = topi.data();
+
+	launch({ (unsigned)nch, 1, 1 }, PERM_CH, E * sizeof(int),
+	       [=] { k_perm_count(pc, pi, n, E, nch); });
+	launch({ (unsigned)E, 1, 1 }, 256, 0, [=] { k_perm_scan(pc, pt, nch); });
+	launch({ (unsigned)nch, 1, 1 }, PERM_CH, (PERM_CH / 32 + 1) * E * sizeof(int),
+	       [=] { k_perm_write(pr, ps, po, pc, pt, pi, n, k, E, nch); });
+	for (int i = 0; i < n; i++)
+		bad += rows[i] != rrows[i] || slot[i] != rslot[i];
+	for (int e = 0; e <= E; e++)
+		bad += offs[e] != roffs[e];
+	CHECK(!bad, "permute T %d E %d k %d%s: %d of %d rows, slots and offsets differ", T, E, k,
+	      skew ? " skewed" : "", bad, 2 * n + E + 1);
+	printf("permute T %4d E %4d k %d %-6s: %d chunks, %s\n", T, E, k, skew ? "skewed" : "",
+	       nch, bad ? "FAIL" : "exact");
+}
+
 } // namespace
 
 int main(void)
 {
+	check_permute(1, 4, 1, false, 5);	/* one choice */
+	check_permute(300, 64, 8, true, 6);	/* 2400 choices: a partial last chunk, empty experts */
+	check_permute(512, 64, 8, false, 7);	/* 16 whole chunks */
+	check_permute(200, 300, 4, false, 8);	/* more experts than threads a block */
 	check(12, 8, 2048, true, 1);	/* issue 8's width and choices */
 	check(9, 12, 4104, true, 2);	/* 513 words, 256 threads; 12 choices: the wider kernel */
 	check(7, 3, 24, true, 3);	/* fewer words than a warp */
