@@ -62,20 +62,29 @@ static __device__ int block_excl(int v, int *total)
 	return x - v + (w ? ws[w - 1] : 0);
 }
 
-// block e: cnt[e * nch ...] becomes its exclusive prefix sums (in place), tot[e] their total
-__global__ void k_perm_scan(int *cnt, int *tot, int nch)
+// out(n) = the exclusive prefix sums of in(n) (out may be in), by the whole block; their total
+static __device__ int block_excl_array(const int *in, int *out, int n)
 {
-	int *c = cnt + (size_t)blockIdx.x * nch, run = 0;
+	int run = 0;
 
-	for (int b0 = 0; b0 < nch; b0 += blockDim.x) {
-		const int b = b0 + threadIdx.x, v = b < nch ? c[b] : 0;
+	for (int j0 = 0; j0 < n; j0 += blockDim.x) {
+		const int j = j0 + threadIdx.x, v = j < n ? in[j] : 0;
 		int t;
 		const int x = block_excl(v, &t);
 
-		if (b < nch)
-			c[b] = run + x;
+		if (j < n)
+			out[j] = run + x;
 		run += t;
 	}
+	return run;
+}
+
+// block e: cnt[e * nch ...] becomes its exclusive prefix sums (in place), tot[e] their total
+__global__ void k_perm_scan(int *cnt, int *tot, int nch)
+{
+	int *c = cnt + (size_t)blockIdx.x * nch;
+	const int run = block_excl_array(c, c, nch);
+
 	if (!threadIdx.x)
 		tot[blockIdx.x] = run;
 }
@@ -90,19 +99,11 @@ __global__ void k_perm_write(int *rows, int *slot, int *offs, const int *pos, co
 	int *start = wc + (PERM_CH / 32) * E;
 	const int b = blockIdx.x, i = b * PERM_CH + threadIdx.x, lane = threadIdx.x & 31;
 	const int w = threadIdx.x >> 5;
-	int run = 0;
 
 	for (int j = threadIdx.x; j < (PERM_CH / 32) * E; j += blockDim.x)
 		wc[j] = 0;
-	for (int e0 = 0; e0 < E; e0 += blockDim.x) {
-		const int e = e0 + threadIdx.x, v = e < E ? tot[e] : 0;
-		int t;
-		const int x = block_excl(v, &t);
+	const int run = block_excl_array(tot, start, E);
 
-		if (e < E)
-			start[e] = run + x;
-		run += t;
-	}
 	__syncthreads();
 	if (b == 0) {
 		for (int e = threadIdx.x; e < E; e += blockDim.x)

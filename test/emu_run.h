@@ -264,7 +264,11 @@ void emu_trap(const char *file, int line)
 	abort();
 }
 
-uint32_t emu_shfl_xor32(uint32_t v, int m)
+namespace {
+
+// a warp's exchange: every lane puts v in its slot, then takes pick(slots, lane); the slots are
+// reused only after every lane has picked
+template <class F> uint32_t warp_exchange(uint32_t v, F pick)
 {
 	Warp &w = B->warp[tid() / 32];
 	const int lane = tid() % 32;
@@ -272,36 +276,34 @@ uint32_t emu_shfl_xor32(uint32_t v, int m)
 
 	w.slot[lane] = v;
 	collective(w.c, 32, [] {});
-	r = w.slot[lane ^ m];
-	collective(w.c, 32, [] {});	// every lane read before the slots are reused
+	r = pick(w.slot, lane);
+	collective(w.c, 32, [] {});
 	return r;
+}
+
+} // namespace
+
+uint32_t emu_shfl_xor32(uint32_t v, int m)
+{
+	return warp_exchange(v, [m](const uint32_t *s, int lane) { return s[lane ^ m]; });
 }
 
 uint32_t emu_shfl_up32(uint32_t v, int d)
 {
-	Warp &w = B->warp[tid() / 32];
-	const int lane = tid() % 32;
-	uint32_t r;
-
-	w.slot[lane] = v;
-	collective(w.c, 32, [] {});
-	r = lane >= d ? w.slot[lane - d] : v;
-	collective(w.c, 32, [] {});
-	return r;
+	return warp_exchange(v, [d](const uint32_t *s, int lane) {
+		return lane >= d ? s[lane - d] : s[lane];
+	});
 }
 
 uint32_t emu_match_any32(uint32_t v)
 {
-	Warp &w = B->warp[tid() / 32];
-	const int lane = tid() % 32;
-	uint32_t r = 0;
+	return warp_exchange(v, [](const uint32_t *s, int lane) {
+		uint32_t r = 0;
 
-	w.slot[lane] = v;
-	collective(w.c, 32, [] {});
-	for (int i = 0; i < 32; i++)
-		r |= (uint32_t)(w.slot[i] == v) << i;
-	collective(w.c, 32, [] {});
-	return r;
+		for (int i = 0; i < 32; i++)
+			r |= (uint32_t)(s[i] == s[lane]) << i;
+		return r;
+	});
 }
 
 uint32_t emu_smem_u32(const void *p)
@@ -453,16 +455,13 @@ void emu_cp_arrive(uint32_t bar)
 
 bool emu_any(bool pred)
 {
-	Warp &w = B->warp[tid() / 32];
-	const int lane = tid() % 32;
-	bool r = false;
+	return warp_exchange(pred, [](const uint32_t *s, int) {
+		uint32_t r = 0;
 
-	w.slot[lane] = pred;
-	collective(w.c, 32, [] {});
-	for (int i = 0; i < 32; i++)
-		r |= w.slot[i] != 0;
-	collective(w.c, 32, [] {});
-	return r;
+		for (int i = 0; i < 32; i++)
+			r |= s[i] != 0;
+		return r;
+	}) != 0;
 }
 
 void emu_syncwarp(void)
