@@ -547,7 +547,7 @@ int sl_cuda_moe_order(int *order, const int *h_offs, int E)
 // moe_mm.cu's kernel for some of the experts (sl_cuda_moe_mm_rows: those under max_rows rows)
 extern "C" bool sl_cuda_moe_mm_fits(int form, const void *out, const void *a, const void *b,
 				    int E, int K, int N, size_t ws);
-extern "C" long sl_cuda_moe_mm_rows(cudaStream_t st, int form, void *out, const void *a,
+extern "C" void sl_cuda_moe_mm_rows(cudaStream_t st, int form, void *out, const void *a,
 				    const void *b, const int *h_offs, int E, int K, int N, size_t ws,
 				    int max_rows);
 

@@ -225,15 +225,14 @@ extern "C" bool sl_cuda_moe_mm_fits(int form, const void *out, const void *a, co
 
 // form 0, 1, 2 or 3 (above) on stream @st for the experts of [0, E) with rows h_offs[e] ..
 // h_offs[e + 1] whose row count is under @max_rows (0: all), if any; the caller checked
-// sl_cuda_moe_mm_fits.  Returns how many rows it took.
-extern "C" long sl_cuda_moe_mm_rows(cudaStream_t st, int form, void *out, const void *a,
+// sl_cuda_moe_mm_fits
+extern "C" void sl_cuda_moe_mm_rows(cudaStream_t st, int form, void *out, const void *a,
 				    const void *b, const int *h_offs, int E, int K, int N, size_t ws,
 				    int max_rows)
 {
 	const int ndim = form == 0 ? N : K;
 	int order[MM_MAXG];
 	const int ne = sl_cuda_moe_order(order, h_offs, E);
-	long rows = 0;
 	mm_groups g;
 
 	g.n = 0;
@@ -250,10 +249,9 @@ extern "C" long sl_cuda_moe_mm_rows(cudaStream_t st, int form, void *out, const 
 		g.r[g.n] = r;
 		g.t0[g.n + 1] = g.t0[g.n] + mt * (ndim / MM_BN);
 		g.n++;
-		rows += r;
 	}
 	if (!g.n)
-		return 0;
+		return;
 #ifdef SL_WGMMA
 	if (form == 0)
 		mm_launch<0>(st, g, (bf16 *)out, (const bf16 *)a, (const bf16 *)b, K, N, ws);
@@ -264,7 +262,6 @@ extern "C" long sl_cuda_moe_mm_rows(cudaStream_t st, int form, void *out, const 
 	else
 		mm_launch<3>(st, g, (bf16 *)out, (const bf16 *)a, (const bf16 *)b, K, N, ws);
 #endif
-	return rows;
 }
 
 // form 0, 1, 2 or 3 (above) for experts [0, E) with rows h_offs[e] .. h_offs[e + 1]; false

@@ -46,6 +46,7 @@ static void opt_issue_one(struct sl_shard *s, int ui)
 	update_unit(s, ui, &s->opt_h, &a);
 	s->be->record_event(s->be, u->ev_opt);
 	u->opt_pending = false;
+	s->opt_npending--;
 	u->opt_wait = true;
 	s->opt_last = ui;
 }
@@ -63,7 +64,7 @@ static void opt_issue_upto(struct sl_shard *s, int pos)
 	bool begun = false;
 
 	/* place i of the forward's order, then (pos < 0) unit i - n_fwd */
-	for (int i = 0; i < end; i++) {
+	for (int i = 0; s->opt_npending && i < end; i++) {
 		const int ui = i < s->n_fwd ? s->fwd_order[i] : i - s->n_fwd;
 
 		if (!s->u[ui].opt_pending)
@@ -937,6 +938,7 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 		s->opt_a = a;
 		for (int ui = 0; ui < s->n_units; ui++)
 			s->u[ui].opt_pending = true;
+		s->opt_npending = s->n_units;
 		/* the forward's first units now (under the step's end), the rest as it reads them */
 		opt_issue_upto(s, s->opt_ahead < 0 ? -1 : s->opt_ahead);
 	} else {

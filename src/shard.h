@@ -158,6 +158,7 @@ struct sl_shard {
 	int opt_last;			/* the last unit updated on the side stream, or -1 */
 	int opt_ahead;
 	size_t opt_chunk;
+	int opt_npending;		/* units whose update is still to be issued */
 	int *fwd_order;			/* (n_units) units in the forward's order; n_fwd known */
 	int n_fwd;
 	bool fwd_known;			/* a backward has run: fwd_order is complete */
