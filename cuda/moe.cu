@@ -309,6 +309,7 @@ static int row_class(int rows)
 struct moe_gemm {
 	struct lt_plan plans[MAX_PLANS];
 	int n_plans;
+	int evict;		// the slot the next new shape takes once all are used
 	int mode;		// 0 cuBLASLt per expert, 1 cublasGemmGroupedBatchedEx
 	bool typical;		// one algorithm a shape class (SHARDLM_MOE_ALGO=typical)
 	cublasHandle_t h;
@@ -487,11 +488,18 @@ static struct lt_plan *plan_get(struct moe_gemm *g, const int *key)
 	for (int i = 0; i < g->n_plans; i++)
 		if (!memcmp(g->plans[i].key, key, sizeof(g->plans[i].key)))
 			return &g->plans[i];
-	if (g->n_plans == MAX_PLANS) {
-		fprintf(stderr, "cuda: more than %d grouped matmul shapes\n", MAX_PLANS);
-		abort();
+	if (g->n_plans < MAX_PLANS) {
+		p = &g->plans[g->n_plans++];
+	} else {
+		// full (a model has a few shapes a layer; tests sweep many): reuse the slots in
+		// turn.  A plan is only read while its own call enqueues its matmuls.
+		p = &g->plans[g->evict];
+		g->evict = (g->evict + 1) % MAX_PLANS;
+		CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->a));
+		CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->b));
+		CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->c));
+		CUBLAS_CHECK(cublasLtMatmulDescDestroy(p->desc));
 	}
-	p = &g->plans[g->n_plans++];
 	memcpy(p->key, key, sizeof(p->key));
 	CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
 	CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
