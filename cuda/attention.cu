@@ -344,25 +344,38 @@ static void fa_fwd_hd(struct sl_cuda *c, int hd, bf16 *out, float *lse, const bf
 		fa_fwd<64, CP>(c, out, lse, qkv, lens, pos, B, L, nh, nkv, sl2, x);
 }
 
-// dqa: the fused dq's sums, or NULL (fa_bwd_k)
+// dqa: the fused dq's sums, dsg: the dS path's buffer, or NULL (fa_bwd_k)
 template <bool CP>
 static void fa_bwd_hd(struct sl_cuda *c, int hd, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 		      const float *lse, const float *D, const bf16 *qkv, const int *lens,
 		      const int *pos, int B, int L, int nh, int nkv, const fa_rows &x,
-		      float *dqa = nullptr)
+		      float *dqa = nullptr, bf16 *dsg = nullptr)
 {
 	const float scale = (float)(1.0 / sqrt((double)hd));
 	const float sl2 = (float)(1.4426950408889634 / sqrt((double)hd));
 
 	if (hd == 256)
 		fa_bwd<256, CP>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2, scale,
-				x, dqa);
+				x, dqa, dsg);
 	else if (hd == 128)
 		fa_bwd<128, CP>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2, scale,
-				x, dqa);
+				x, dqa, dsg);
 	else
 		fa_bwd<64, CP>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2, scale,
-			       x, dqa);
+			       x, dqa, dsg);
+}
+
+// the dS path's largest buffer (SHARDLM_FA_DS_MAX_MB, read once)
+static size_t fa_ds_max(void)
+{
+	static size_t mb = 0;
+
+	if (!mb) {
+		const char *e = getenv("SHARDLM_FA_DS_MAX_MB");
+
+		mb = e && atol(e) > 0 ? (size_t)atol(e) : 4096;
+	}
+	return mb << 20;
 }
 
 // D = rowsum(dout * out) per (query row, head), in the scratch
@@ -410,11 +423,20 @@ extern "C" void sl_cuda_attention_bwd(struct sl_cuda *c, void *dqkv, const void 
 		return;
 	const bool mma = use_mma(hd, qkv, dqkv) && (uintptr_t)dout % 16 == 0;
 	float *dqa = NULL;
+	bf16 *dsg = NULL;
+	// the dS path's buffer after D in the scratch (as the fused dq's sums below), where it is
+	// at most SHARDLM_FA_DS_MAX_MB (default 4096) and the device has room; else the dq kernel
+	const size_t at = ((size_t)B * L * nh * sizeof(float) + 255) / 256 * 256;
 
-	if (mma && fa_bwd_fused(c, hd)) {
+	if (mma && fa_bwd_ds(hd)) {
+		const size_t ds = fa_ds_bytes(B, L, nh);
+
+		if (ds <= fa_ds_max() && sl_cuda_scratch_grow(c, at + ds) == 0)
+			dsg = (bf16 *)((char *)c->scratch + at);
+	}
+	if (mma && !dsg && fa_bwd_fused(c, hd)) {
 		// the fused dq's sums after D in the scratch, grown (once, the stream drained) to
 		// hold them; where the device has no room, the dq kernel as usual
-		const size_t at = ((size_t)B * L * nh * sizeof(float) + 255) / 256 * 256;
 		const size_t need = at + (size_t)B * nh * hd * fa_dq_pitch(L) * sizeof(float);
 
 		if (sl_cuda_scratch_grow(c, need) == 0)
@@ -423,7 +445,7 @@ extern "C" void sl_cuda_attention_bwd(struct sl_cuda *c, void *dqkv, const void 
 	D = attn_dot(c, dout, out, (size_t)B * L * nh, hd);
 	if (mma) {
 		fa_bwd_hd<false>(c, hd, (bf16 *)dqkv, NULL, (const bf16 *)dout, lse, D,
-				 (const bf16 *)qkv, lens, pos, B, L, nh, nkv, fa_rows{}, dqa);
+				 (const bf16 *)qkv, lens, pos, B, L, nh, nkv, fa_rows{}, dqa, dsg);
 		return;
 	}
 	DISPATCH(dpt, k_attn_dq, dim3((L + ROWS - 1) / ROWS, nh, B), (bf16 *)dqkv,

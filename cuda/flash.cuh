@@ -18,7 +18,9 @@
 //
 // Backward: a dq kernel over query blocks and a dk/dv kernel over key blocks (the group's query
 // heads in a fixed order), 7 products instead of FA2's 5 but no atomics and no partial-sum
-// buffers: results repeat bit for bit.  The backward computes in steps of 32 columns to keep the
+// buffers: results repeat bit for bit.  (Opt-in alternatives, head_dim 64 and 128: the fused dq,
+// atomic fp32 sums; and the dS path, the dk/dv kernel storing dS for a matmul kernel that makes
+// dq: 5 products, no atomics, a bf16 buffer of the causal score tiles.)  The backward computes in steps of 32 columns to keep the
 // live scores (S and dP) at 32 registers.
 
 // the kernels' dynamic shared memory
@@ -1016,6 +1018,27 @@ static __device__ __forceinline__ void fa_kv_store(bf16 *yk, size_t stride, size
 	}
 }
 
+// The dS path's buffer (fa_bwd_ds): dS^T, bf16, a tile of 64 keys by 64 queries for every
+// (record, query head, query tile i, key tile kt <= i), the tiles of a (record, head) in the order
+// (i, kt) = (0, 0), (1, 0), (1, 1), (2, 0), ...  A tile is one 128-byte-swizzled panel as
+// wgmma.cuh lays them (key rows of 64 queries), so k_fa_dq_ds copies it to shared memory as it
+// is and reads it as an MN-major operand.  Elements a tile:
+#define FA_DS_TILE (64 * 64)
+
+// (record b, query head h, query tile i, key tile kt) -> the tile's first element; T: query tiles
+// a row
+static __device__ __forceinline__ size_t fa_ds_tile(int b, int h, int nh, int T, int i, int kt)
+{
+	return (((size_t)b * nh + h) * ((size_t)T * (T + 1) / 2) + (size_t)i * (i + 1) / 2 + kt) *
+	       FA_DS_TILE;
+}
+
+// key row key, query column q inside a tile
+static __device__ __forceinline__ int fa_ds_at(int key, int q)
+{
+	return key * 64 + ((((q >> 3) ^ (key & 7))) << 3) + (q & 7);
+}
+
 // a dk/dv sub-step's P^T and dS^T = P^T o (dP^T - D) in place of S^T (s) and dP^T (dp): this
 // lane's keys r0, r1 by the sub-step's FA_SUB queries (their lse, D, document starts and indices
 // in the stage's lsl, Dl, dsl, qil); msk: some key may be masked (after its query, or before the
@@ -1058,12 +1081,16 @@ static __device__ __forceinline__ void fa_dst(float (*s)[4], float (*dp)[4], int
 // (wg picks the key rows of ks and vs, not columns: HO is HD); each sub-step's dS^T goes to the
 // warpgroup's panel of dsb (query rows, its 64 keys; zeros for a skipped sub-step), from which the
 // kernel makes dQ^T.
-template <int HD, int HO, bool FQ = false, bool F2 = false>
+//
+// GS (the dS path, fa_bwd_ds): each computed sub-step's dS^T also goes to global memory, to the
+// tile at dsg (fa_ds_tile's layout: the block's 64 keys by the tile's 64 queries, the same bf16
+// rounding as da) for k_fa_dq_ds; a skipped sub-step (all its queries padding) writes nothing.
+template <int HD, int HO, bool FQ = false, bool F2 = false, bool GS = false>
 static __device__ __forceinline__ void
 fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, const bf16 *qt,
 		const bf16 *gt, int j0, int wk, int r0, int r1, int tq, int wg, float sl2,
 		const float *lsl, const float *Dl, const int *dsl, const int *qil, bool mskall,
-		bf16 *dsb = nullptr, float *dqt = nullptr, int Lp = 0)
+		bf16 *dsb = nullptr, float *dqt = nullptr, int Lp = 0, bf16 *dsg = nullptr)
 {
 	static_assert(FA_BN == 2 * FA_SUB, "fa_dkdv_tile_wg: two sub-steps a tile");
 	static_assert(!FQ || (HO == HD && HD % 64 == 0 && HD <= 128 && FA_BM == 64),
@@ -1132,6 +1159,39 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 					__float2bfloat16_rn(dp[n][e]);
 			}
 	};
+	// GS: a sub-step's dS^T to the global tile from its A fragments (d, as pack() leaves da:
+	// d[kk][2 i + h] holds this lane's pair of key row kl0 + 8 h, queries 8 (2 kk + i) + 2 tq),
+	// 16 bytes a store: lane tq of the quad holds the pairs 8 n + 2 tq (n < 4) of a key row's 32
+	// queries; a 4 x 4 transpose across the quad (three exchanges) gives it the 8 queries 8 tq..
+	// (one chunk; the quad's four fill half of the row's 128 bytes).  The stores wait until the
+	// tile's last products are issued: the next wgmma.fence waits for them to complete, and
+	// right before the next sub-step's products that cost a round trip to L2 each time (the
+	// dk/dv kernel 0.2 ms slower at 4 x 2048, 0.5 at 2 x 4096).
+	static_assert(FA_SUB == 32, "fa_dkdv_tile_wg: the dS^T stores transpose 4 x 4 pairs");
+	auto st_g = [&](int sb, const uint32_t (*d)[4]) {
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			uint32_t v[4], w[4];
+
+#pragma unroll
+			for (int n = 0; n < 4; n++)
+				v[n] = w[n] = d[n >> 1][2 * (n & 1) + h];
+#pragma unroll
+			for (int k = 1; k < 4; k++) {
+				const int o = tq ^ k;	// the partner; it holds my chunk's pair o
+				const uint32_t send = o == 0 ? v[0] : o == 1 ? v[1] : o == 2 ? v[2] : v[3];
+				const uint32_t got = __shfl_xor_sync(0xffffffffu, send, k);
+
+#pragma unroll
+				for (int j = 0; j < 4; j++)
+					if (j == o)
+						w[j] = got;
+			}
+			*(uint4 *)(dsg + fa_ds_at(kl0 + 8 * h, sb * FA_SUB + 8 * tq)) =
+				make_uint4(w[0], w[1], w[2], w[3]);
+		}
+	};
+	uint32_t ds0[GS ? FA_SUB / 16 : 1][4];	// GS: sub-step 0's da, kept for st_g
 	// F2: a skipped sub-step's rows of the panel, zeros (dp zeroed)
 	auto st_zeros = [&](int sb) {
 #pragma unroll
@@ -1184,6 +1244,12 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 		pack();
 		if constexpr (FQ || F2)
 			st_ds(0);
+		if constexpr (GS)
+#pragma unroll
+			for (int kk = 0; kk < FA_SUB / 16; kk++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					ds0[kk][e] = da[kk][e];
 	} else {
 #pragma unroll
 		for (int kk = 0; kk < FA_SUB / 16; kk++)
@@ -1225,6 +1291,11 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 		dvdk(1);
 		if constexpr (FQ)
 			dqp(1);
+		if constexpr (GS) {	// (da is only read while dvdk(1) runs)
+			if (go[0])
+				st_g(0, ds0);
+			st_g(1, da);
+		}
 		wg_wait0();
 		wg_pin<HO / 2>(&dv[0][0]);
 		wg_pin<HO / 2>(&dk[0][0]);
@@ -1240,6 +1311,8 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 		dvdk(0);
 		if constexpr (FQ)
 			dqp(0);
+		if constexpr (GS)
+			st_g(0, da);
 		wg_wait0();
 		wg_pin<HO / 2>(&dv[0][0]);
 		wg_pin<HO / 2>(&dk[0][0]);
@@ -1261,11 +1334,14 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 // FQ (whole rows, the warpgroup kernels pipelined, head_dim 64 or 128): dQ as well, summed into
 // dqa (fp32, (B nh HD, Lp): dQ^T per record and head, unscaled) by every key block (see
 // fa_dkdv_tile_wg); no dq kernel.
-template <int HD, bool CP, bool WG, bool FQ = false>
+//
+// GS (whole rows, the pipelined warpgroup tiles, head_dim 64 or 128): every tile's dS^T to dsg
+// as well (fa_ds_tile), for k_fa_dq_ds; no dq kernel.
+template <int HD, bool CP, bool WG, bool FQ = false, bool GS = false>
 __global__ void __launch_bounds__(fa_cfg<HD, WG>::KNT, fa_cfg<HD, WG>::KMINB)
 k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float *D,
 	  const bf16 *qkv, const int *lens, const int *pos, int L, int nh, int nkv, float sl2,
-	  float scale, fa_rows x, bool pipe, float *dqa, int Lp)
+	  float scale, fa_rows x, bool pipe, float *dqa, int Lp, bf16 *dsg = nullptr)
 {
 	// the block's keys and values, then two stages of query and dout tiles (WG: all swizzled);
 	// FQ: the two dS^T tiles
@@ -1273,6 +1349,8 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	constexpr int NT = C::KNT, HO = C::HO;
 	constexpr int BK = FA_BM;	// the block's keys
 	static_assert(!FQ || (WG && !CP), "k_fa_dkdv: the fused dq is for whole rows, warpgroups");
+	static_assert(!GS || (WG && !CP && !FQ && HD <= 128),
+		      "k_fa_dkdv: the dS path is for whole rows, one warpgroup a block");
 	const int P = HD + 8, TILE = WG ? FA_BN * HD : FA_BN * P, KT = WG ? BK * HD : BK * P;
 	FA_SMEM;
 	bf16 *ks = WG ? sw_base(fa_sm) : fa_sm, *vs = ks + KT, *qs = vs + KT, *gs = qs + 2 * TILE;
@@ -1352,17 +1430,24 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 			fa_dkdv_tile_wg<HD, HO, true>(dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg,
 						      sl2, lsl, Dl, dsl, qil, pos != nullptr, dsb,
 						      dqa + ((size_t)b * nh + h) * HD * Lp + i0, Lp);
+		} else if constexpr (GS) {	// (query tile i0 / 64, key tile j0 / 64)
+			const int h = kv * grp + t / ntq, i0 = qs0 + (t % ntq) * FA_BN;
+
+			fa_dkdv_tile_wg<HD, HO, false, false, true>(
+				dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg, sl2, lsl, Dl, dsl, qil,
+				pos != nullptr, nullptr, nullptr, 0,
+				dsg + fa_ds_tile(b, h, nh, (L + 63) / 64, i0 / 64, j0 / 64));
 		} else if constexpr (WG) {
 			if (pipe)
 				fa_dkdv_tile_wg<HD, HO>(dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg,
 							sl2, lsl, Dl, dsl, qil, CP || pos);
 		}
 		// every thread done with the stage the next tile's loads take
-		if (FQ || (WG && pipe)) {
+		if (FQ || GS || (WG && pipe)) {
 			__syncthreads();
 			continue;
 		}
-		if constexpr (!FQ)	// (the fused dq's instances never get here)
+		if constexpr (!FQ && !GS)	// (the fused dq's and dS path's never get here)
 #pragma unroll
 		for (int sub = 0; sub < FA_BN / FA_SUB; sub++) {
 			const int qa = qil[sub * FA_SUB], qz = qil[sub * FA_SUB + FA_SUB - 1];
@@ -1678,6 +1763,107 @@ k_fa_dq_out(bf16 *dqkv, const float *dqa, int L, int Lp, int W, int nhd, float s
 				__float2bfloat16_rn(t[threadIdx.x][i] * scale);
 }
 
+// The dS path's dq (fa_bwd_ds): dQ = scale dS K from the dS^T tiles k_fa_dkdv<GS> wrote, a plain
+// matmul over each query tile's key tiles (no scores recomputed).  A block is NHB warpgroups on
+// one query tile of NHB query heads of one kv group (the key tiles shared); each warpgroup holds
+// its head's 64 x HD dQ.  Key tiles kt0 (the tile of the first query's document start) to the
+// tile of the last real query: exactly those k_fa_dkdv visited for this query tile.  Key and dS^T
+// tiles stream through FA_DS_ST stages (cp.async); each stage's products are m64 nHD k16 from
+// shared memory, dS^T read MN-major (A) and the key tile MN-major (B).  Padding rows get zeros
+// (their dS may be whatever a skipped sub-step left: only their own rows read it).
+#define FA_DS_ST 3
+
+template <int HD, int NHB> static __host__ __device__ constexpr int fa_ds_stage(void)
+{
+	return 64 * HD + NHB * FA_DS_TILE;	// elements: the key tile, then the heads' dS^T tiles
+}
+
+template <int HD, int NHB>
+__global__ void __launch_bounds__(NHB * FA_THR, NHB <= 2 ? 2 : 1)
+k_fa_dq_ds(bf16 *dqkv, const bf16 *dsg, const bf16 *qkv, const int *lens, const int *pos, int L,
+	   int nh, int nkv, float scale)
+{
+	static_assert(HD == 64 || HD == 128, "k_fa_dq_ds: head_dim 64 or 128");
+	constexpr int NT = NHB * FA_THR, STG = fa_ds_stage<HD, NHB>();
+	FA_SMEM;
+	bf16 *sm = sw_base(fa_sm);
+	const int T = (L + 63) / 64, i = (int)(gridDim.x - 1 - blockIdx.x), b = blockIdx.z;
+	const int wg = threadIdx.x >> 7, h = blockIdx.y * NHB + wg, kvh = blockIdx.y * NHB / (nh / nkv);
+	const int W = (nh + 2 * nkv) * HD, q0 = i * 64, len = lens[b];
+	const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+	const bf16 *kg = qkv + (size_t)b * L * W + (size_t)(nh + kvh) * HD;
+	const bf16 *dsh = dsg + fa_ds_tile(b, h, nh, T, i, 0);
+	int kt0 = 0, nt = 0;
+	float dq[HD / 8][4];
+
+	if (q0 < len) {
+		kt0 = doc_start(pos, b, L, q0) / 64;
+		nt = (min(len, q0 + 64) - 1) / 64 - kt0 + 1;
+	}
+	auto issue = [&](int t) {	// key tile kt0 + t and the heads' dS^T tiles into its stage
+		bf16 *st = sm + (t % FA_DS_ST) * STG;
+		const bf16 *src = dsh + (size_t)(kt0 + t) * FA_DS_TILE;
+		const uint32_t dst = smem_u32(st + 64 * HD + wg * FA_DS_TILE);
+
+		fa_tile<HD, 64, true, NT>(st, kg, W, (kt0 + t) * 64, len);
+#pragma unroll
+		for (int c = threadIdx.x & 127; c < FA_DS_TILE / 8; c += FA_THR)
+			cp_async16(dst + c * 16, src + c * 8, true);
+	};
+
+#pragma unroll
+	for (int n = 0; n < HD / 8; n++)
+		dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+	for (int t = 0; t < FA_DS_ST - 1; t++) {
+		if (t < nt)
+			issue(t);
+		cp_commit();
+	}
+	for (int t = 0; t < nt; t++) {
+		cp_wait1();	// (FA_DS_ST 3: stage t landed, t + 1 may be in flight)
+		fence_async_smem();
+		__syncthreads();	// every warpgroup done with the stage the next loads take
+		if (t + FA_DS_ST - 1 < nt)
+			issue(t + FA_DS_ST - 1);
+		cp_commit();
+		const bf16 *st = sm + (t % FA_DS_ST) * STG, *ds = st + 64 * HD + wg * FA_DS_TILE;
+
+		wg_fence();
+#pragma unroll
+		for (int kk = 0; kk < 4; kk++) {
+			if constexpr (HD == 128)
+				wgmma_ss128<1, 1>(&dq[0][0], desc_mn<64>(ds, 16 * kk),
+						  desc_mn<64>(st, 16 * kk), 1);
+			else
+				wgmma_ss64<1, 1>(&dq[0][0], desc_mn<64>(ds, 16 * kk),
+						 desc_mn<64>(st, 16 * kk), 1);
+		}
+		wg_commit();
+		wg_wait0();
+		wg_pin<HD / 2>(&dq[0][0]);
+	}
+	static_assert(FA_DS_ST == 3, "k_fa_dq_ds: cp_wait1 is for three stages");
+#pragma unroll
+	for (int half = 0; half < 2; half++) {
+		const int row = q0 + warp * 16 + g + 8 * half;
+		const bool real = row < len;
+
+		if (row >= L)
+			continue;
+		bf16 *y = dqkv + ((size_t)b * L + row) * W + (size_t)h * HD;
+#pragma unroll
+		for (int n = 0; n < HD / 8; n++)
+			*(uint32_t *)(y + n * 8 + tq * 2) =
+				pack_bf2(real ? dq[n][2 * half] * scale : 0.f,
+					 real ? dq[n][2 * half + 1] * scale : 0.f);
+	}
+}
+
+template <int HD, int NHB> static size_t fa_smem_ds(void)
+{
+	return (size_t)FA_DS_ST * fa_ds_stage<HD, NHB>() * sizeof(bf16) + 1024;
+}
+
 #ifndef SL_EMU	// the launchers: not in the host emulation's build (test/test_fa_emu.cc)
 // the warpgroup (wgmma) kernels: built for sm_90a (SL_WGMMA), head_dim 64, 128 or 256, on a device of
 // compute capability 9.0; SHARDLM_FA_WGMMA=0 falls back to the mma.sync kernels (make check-gpu
@@ -1754,6 +1940,30 @@ static int fa_bwd_fused(const struct sl_cuda *c, int hd)
 	return on == 2 ? (hd == 128 ? 2 : 0) : (hd == 64 || hd == 128 ? 1 : 0);
 }
 
+// The dS path (k_fa_dkdv<GS> writes dS^T, k_fa_dq_ds multiplies it by K: 5 products and no
+// atomics, in exchange for a bf16 buffer of B nh T (T + 1) / 2 tiles of 8 KB) on whole rows,
+// head_dim 64 and 128, where the pipelined warpgroup dk/dv runs: opt-in (SHARDLM_FA_BWD_DQ=ds);
+// deterministic, so also under train.deterministic.
+static bool fa_bwd_ds(int hd)
+{
+	static int on = -1;
+
+	if (on < 0) {
+		const char *e = getenv("SHARDLM_FA_BWD_DQ");
+
+		on = e && !strcmp(e, "ds");
+	}
+	return on && fa_wg(hd) && fa_bwd_pipe() && (hd == 64 || hd == 128);
+}
+
+// the dS buffer's bytes
+static size_t fa_ds_bytes(int B, int L, int nh)
+{
+	const size_t T = (size_t)(L + 63) / 64;
+
+	return (size_t)B * nh * (T * (T + 1) / 2) * FA_DS_TILE * sizeof(bf16);
+}
+
 // above 48 KB a kernel needs its dynamic shared-memory limit raised, once
 template <typename K> static void fa_allow(K kernel, size_t bytes, bool *done)
 {
@@ -1804,11 +2014,13 @@ static void fa_fwd(struct sl_cuda *c, bf16 *out, float *lse, const bf16 *qkv, co
 	CUDA_LAUNCHED();
 }
 
-// dqa: the fused dq's sums (fa_bwd_fused; B nh HD x fa_dq_pitch(L) floats), or NULL
+// dqa: the fused dq's sums (fa_bwd_fused; B nh HD x fa_dq_pitch(L) floats), or NULL; dsg: the
+// dS path's buffer (fa_bwd_ds; fa_ds_bytes), or NULL
 template <int HD, bool CP, bool WG>
 static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse,
 		     const float *D, const bf16 *qkv, const int *lens, const int *pos, int B, int L,
-		     int nh, int nkv, float sl2, float scale, const fa_rows &x, float *dqa)
+		     int nh, int nkv, float sl2, float scale, const fa_rows &x, float *dqa,
+		     bf16 *dsg)
 {
 	using C = fa_cfg<HD, WG>;
 	static bool done_q, done_kv;
@@ -1816,6 +2028,43 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 	const int Lq = CP ? x.Lq : L;
 
 	if constexpr (WG && !CP && HD <= 128) {
+		if (dsg) {
+			static bool done_g, done_d1, done_d2;
+			const int T = (L + 63) / 64;
+
+			fa_allow(k_fa_dkdv<HD, false, true, false, true>, smk, &done_g);
+			k_fa_dkdv<HD, false, true, false, true>
+				<<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::KNT, smk, c->stream>>>(
+					dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2,
+					scale, x, true, nullptr, 0, dsg);
+			CUDA_LAUNCHED();
+			static bool done_d4;
+			static int nhb = -1;
+
+			if (nhb < 0) {	// heads a block (SHARDLM_FA_DS_NHB: 1, 2 or 4; default 2)
+				const char *e = getenv("SHARDLM_FA_DS_NHB");
+
+				nhb = e ? atoi(e) : 2;
+			}
+			if (nhb == 4 && (nh / nkv) % 4 == 0) {
+				fa_allow(k_fa_dq_ds<HD, 4>, fa_smem_ds<HD, 4>(), &done_d4);
+				k_fa_dq_ds<HD, 4><<<dim3(T, nh / 4, B), 4 * FA_THR,
+						    fa_smem_ds<HD, 4>(), c->stream>>>(
+					dqkv, dsg, qkv, lens, pos, L, nh, nkv, scale);
+			} else if (nhb >= 2 && (nh / nkv) % 2 == 0) {
+				fa_allow(k_fa_dq_ds<HD, 2>, fa_smem_ds<HD, 2>(), &done_d2);
+				k_fa_dq_ds<HD, 2><<<dim3(T, nh / 2, B), 2 * FA_THR,
+						    fa_smem_ds<HD, 2>(), c->stream>>>(
+					dqkv, dsg, qkv, lens, pos, L, nh, nkv, scale);
+			} else {
+				fa_allow(k_fa_dq_ds<HD, 1>, fa_smem_ds<HD, 1>(), &done_d1);
+				k_fa_dq_ds<HD, 1><<<dim3(T, nh, B), FA_THR, fa_smem_ds<HD, 1>(),
+						    c->stream>>>(dqkv, dsg, qkv, lens, pos, L, nh,
+								 nkv, scale);
+			}
+			CUDA_LAUNCHED();
+			return;
+		}
 		if (dqa) {
 			static bool done_f, done_2;
 			const int Lp = fa_dq_pitch(L), mode = fa_bwd_fused(c, HD);
@@ -1858,7 +2107,7 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 	CUDA_LAUNCHED();
 	k_fa_dkdv<HD, CP, WG><<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::KNT, smk, c->stream>>>(
 		dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2, scale, x, fa_bwd_pipe(),
-		nullptr, 0);
+		nullptr, 0, nullptr);
 	CUDA_LAUNCHED();
 }
 
@@ -1866,15 +2115,15 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 template <int HD, bool CP>
 static void fa_bwd(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse,
 		   const float *D, const bf16 *qkv, const int *lens, const int *pos, int B, int L,
-		   int nh, int nkv, float sl2, float scale, const fa_rows &x, float *dqa)
+		   int nh, int nkv, float sl2, float scale, const fa_rows &x, float *dqa, bf16 *dsg)
 {
 	if (fa_wg(HD)) {
 		fa_bwd_k<HD, CP, true>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2,
-				       scale, x, dqa);
+				       scale, x, dqa, dsg);
 		return;
 	}
 	fa_bwd_k<HD, CP, false>(c, dqkv, dkv, dout, lse, D, qkv, lens, pos, B, L, nh, nkv, sl2,
-				scale, x, nullptr);
+				scale, x, nullptr, nullptr);
 }
 
 #endif	// SL_EMU

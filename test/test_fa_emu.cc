@@ -3,7 +3,9 @@
  * emulation of the instructions they use (cuda/emu.cuh), against a double-precision attention
  * computed here: the forward (k_fa_fwd_pipe, k_fa_fwd), the dq kernel and the dk/dv kernel (each
  * with its pipelined and unpipelined tiles) and the fused dq (SHARDLM_FA_BWD_DQ=fused: the dk/dv kernel
- * adding dQ into fp32 sums; =wg2: the same on two warpgroups of 64 keys fed by a loader warpgroup through mbarriers, head_dim 128, run with the scheduler's jitter), at head_dim 64 and 128 (and 256: two warpgroups a block; neither
+ * adding dQ into fp32 sums; =wg2: the same on two warpgroups of 64 keys fed by a loader warpgroup through mbarriers, head_dim 128, run with the scheduler's jitter) and
+ * dq from stored dS (=ds: the dk/dv kernel writes dS^T tiles into a buffer that starts as NaN,
+ * k_fa_dq_ds multiplies them by the keys; one and two heads a block), at head_dim 64 and 128 (and 256: two warpgroups a block; neither
  * the pipelined forward nor the fused dq exist there), grouped-query heads, records shorter than
  * the row, packed rows, lengths that are no multiple of the tiles.
  *
@@ -198,6 +200,8 @@ template <int HD> void run_fwd(const Prob &p, bool pipe, std::vector<bf16> &out,
 template <int HD, bool F2> void fused_bwd(const Prob &p, bf16 *dq, const bf16 *dout,
 					   const float *ls, const float *Dp, const bf16 *qkv,
 					   const int *lens, const int *pos);
+template <int HD> void ds_bwd(const Prob &p, bool one, bf16 *dq, const bf16 *dout, const float *ls,
+			      const float *Dp, const bf16 *qkv, const int *lens, const int *pos);
 
 // the backward (how): 0 dq + dk/dv kernels unpipelined, 1 both pipelined, 2 the pipelined dk/dv
 // with the unpipelined dq, 3 the fused dq, 4 the two-warpgroup fused dq (head_dim 128); dqkv
@@ -250,6 +254,41 @@ template <int HD> void run_bwd(const Prob &p, int how, const std::vector<bf16> &
 		if (how == 4)
 			fused_bwd<HD, true>(p, dq, dout, ls, Dp, qkv, lens, pos);
 	}
+	if constexpr (HD <= 128) {
+		if (how >= 5)
+			ds_bwd<HD>(p, how == 6, dq, dout, ls, Dp, qkv, lens, pos);
+	}
+}
+
+// the dS path: k_fa_dkdv<GS> writes dS^T tiles into a buffer that starts as NaN (a tile the dq
+// kernel reads that nothing wrote shows in a real row), then k_fa_dq_ds; one: one head a block
+// (else two, where the group has an even count)
+template <int HD> void ds_bwd(const Prob &p, bool one, bf16 *dq, const bf16 *dout, const float *ls,
+			      const float *Dp, const bf16 *qkv, const int *lens, const int *pos)
+{
+	using C = fa_cfg<HD, true>;
+	const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD));
+	const float scale = (float)(1.0 / sqrt((double)HD));
+	const int L = p.L, nh = p.nh, nkv = p.nkv, B_ = p.B, T = (L + 63) / 64;
+	std::vector<bf16> ds((size_t)B_ * nh * T * (T + 1) / 2 * FA_DS_TILE,
+			     __float2bfloat16_rn(NAN));
+	bf16 *g = ds.data();
+
+	launch({ (unsigned)((L + FA_BM - 1) / FA_BM), (unsigned)nkv, (unsigned)B_ }, C::KNT,
+	       fa_smem_dkdv<HD, true>(), [=] {
+		       k_fa_dkdv<HD, false, true, false, true>(dq, nullptr, dout, ls, Dp, qkv, lens,
+							       pos, L, nh, nkv, sl2, scale,
+							       fa_rows{}, true, nullptr, 0, g);
+	       });
+	if (!one && (nh / nkv) % 2 == 0)
+		launch({ (unsigned)T, (unsigned)(nh / 2), (unsigned)B_ }, 2 * FA_THR,
+		       fa_smem_ds<HD, 2>(), [=] {
+			       k_fa_dq_ds<HD, 2>(dq, g, qkv, lens, pos, L, nh, nkv, scale);
+		       });
+	else
+		launch({ (unsigned)T, (unsigned)nh, (unsigned)B_ }, FA_THR, fa_smem_ds<HD, 1>(), [=] {
+			k_fa_dq_ds<HD, 1>(dq, g, qkv, lens, pos, L, nh, nkv, scale);
+		});
 }
 
 // the fused dq: sums (B nh HD, Lp) zeroed, then k_fa_dq_out's transpose and scale here
@@ -335,13 +374,17 @@ template <int HD> void check(int B_, int L, int nh, int nkv, std::vector<int> le
 		compare(pipe ? "forward (k_fa_fwd_pipe): lse" : "forward (k_fa_fwd): lse", p,
 			lse.data(), p.lse, 1e-3);
 	}
-	for (int how = 0; how < (HD == 128 ? 5 : HD < 128 ? 4 : 3); how++) {
+	for (int how = 0; how < (HD <= 128 ? 7 : 3); how++) {
 		static const char *name[] = { "backward (dq, dk/dv unpipelined): dqkv",
 					      "backward (dq, dk/dv pipelined): dqkv",
 					      "backward (dq unpipelined, dk/dv pipelined): dqkv",
 					      "backward (fused dq): dqkv",
-					      "backward (fused dq, two warpgroups): dqkv" };
+					      "backward (fused dq, two warpgroups): dqkv",
+					      "backward (dS path): dqkv",
+					      "backward (dS path, one head a block): dqkv" };
 
+		if (how == 4 && HD != 128)	// (the two-warpgroup fused dq: head_dim 128)
+			continue;
 		run_bwd<HD>(p, how, out, lse, dqkv, ln);
 		mask_pad(p, dqkv, p.W());
 		compare(name[how], p, dqkv.data(), p.dq, 3e-2);
