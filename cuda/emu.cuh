@@ -86,6 +86,9 @@ void emu_wgmma(int n, float *d, const uint32_t *a, uint64_t adesc, uint64_t bdes
 void emu_wg_commit(void);
 void emu_wg_wait(int n);
 void emu_red_add(float *p, float x);
+// bulk copies shared -> global: pending per thread until its next bulk wait (which copies them)
+void emu_bulk_store(void *g, uint32_t s, uint32_t bytes);
+void emu_bulk_wait(void);
 // mbarriers at shared addresses: init, arrive, wait for the phase of a parity, and the arrival
 // of this thread once its cp.async copies so far have landed (.noinc)
 void emu_mbar_init(uint32_t bar, int count);

@@ -1336,8 +1336,10 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 // fa_dkdv_tile_wg); no dq kernel.
 //
 // GS (whole rows, the pipelined warpgroup tiles, head_dim 64 or 128): every tile's dS^T to dsg
-// as well (fa_ds_tile), for k_fa_dq_ds; no dq kernel.
-template <int HD, bool CP, bool WG, bool FQ = false, bool GS = false>
+// as well (fa_ds_tile), for k_fa_dq_ds; no dq kernel.  GS 1: the threads store it; 2: they
+// write it to a tile in shared memory, and thread 0 has the copy engine store that (one bulk
+// copy of 8 KB a tile; SHARDLM_FA_DS_BULK=1).
+template <int HD, bool CP, bool WG, bool FQ = false, int GS = 0>
 __global__ void __launch_bounds__(fa_cfg<HD, WG>::KNT, fa_cfg<HD, WG>::KMINB)
 k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float *D,
 	  const bf16 *qkv, const int *lens, const int *pos, int L, int nh, int nkv, float sl2,
@@ -1359,6 +1361,7 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	float *Ds = lss + 2 * FA_BN;
 	int *dss = (int *)(Ds + 2 * FA_BN);	// (2, FA_BN) the queries' document starts
 	int *qis = dss + 2 * FA_BN;		// (2, FA_BN) the queries' indices (-1: padding)
+	bf16 *dstage = (bf16 *)(qis + 2 * FA_BN);	// GS 2: the tile's dS^T for the bulk copy
 	int b, kv, j0;
 
 	fa_kv_block(BK, b, kv, j0);	// (the heaviest blocks first)
@@ -1418,6 +1421,9 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 		cp_wait1();
 		if (WG)
 			fence_async_smem();
+		if constexpr (GS == 2)	// the last tile's bulk copy has read the stage
+			if (threadIdx.x == 0)
+				bulk_wait_read0();
 		__syncthreads();
 		const bf16 *qt = qs + st * TILE, *gt = gs + st * TILE;
 		const uint32_t qb = smem_u32(qt), gb = smem_u32(gt);
@@ -1432,11 +1438,20 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 						      dqa + ((size_t)b * nh + h) * HD * Lp + i0, Lp);
 		} else if constexpr (GS) {	// (query tile i0 / 64, key tile j0 / 64)
 			const int h = kv * grp + t / ntq, i0 = qs0 + (t % ntq) * FA_BN;
+			bf16 *dt = dsg + fa_ds_tile(b, h, nh, (L + 63) / 64, i0 / 64, j0 / 64);
 
 			fa_dkdv_tile_wg<HD, HO, false, false, true>(
 				dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg, sl2, lsl, Dl, dsl, qil,
-				pos != nullptr, nullptr, nullptr, 0,
-				dsg + fa_ds_tile(b, h, nh, (L + 63) / 64, i0 / 64, j0 / 64));
+				pos != nullptr, nullptr, nullptr, 0, GS == 2 ? dstage : dt);
+			if constexpr (GS == 2) {
+				fence_async_smem();
+				__syncthreads();
+				if (threadIdx.x == 0) {
+					bulk_store(dt, smem_u32(dstage), FA_DS_TILE * sizeof(bf16));
+					bulk_commit();
+				}
+				continue;
+			}
 		} else if constexpr (WG) {
 			if (pipe)
 				fa_dkdv_tile_wg<HD, HO>(dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg,
@@ -1541,6 +1556,9 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 		}
 		__syncthreads();
 	}
+	if constexpr (GS == 2)	// (the stage stays until its copy has read it)
+		if (threadIdx.x == 0)
+			bulk_wait0();
 	fa_kv_store<HO>((CP ? dkv + (size_t)b * L * KS + (size_t)kv * HD :
 			      dqkv + (size_t)b * L * W + (size_t)(nh + kv) * HD) + wg * HO,
 			CP ? KS : W, (size_t)nkv * HD, dk, dv, r0, r1, len, L, tq, scale);
@@ -1722,11 +1740,12 @@ template <int HD, bool WG> static size_t fa_smem_dq(void)
 		       (WG ? HD : HD + 8) * sizeof(bf16) + (WG ? 1024 : 0);
 }
 
-template <int HD, bool WG, bool FQ = false> static size_t fa_smem_dkdv(void)
+template <int HD, bool WG, bool FQ = false, int GS = 0> static size_t fa_smem_dkdv(void)
 {
 	return (size_t)(2 * FA_BM + 4 * FA_BN) * (WG ? HD : HD + 8) * sizeof(bf16) +
 	       (FQ ? 2 * FA_SUB * FA_BM * sizeof(bf16) : 0) + 4 * FA_BN * sizeof(float) +
-	       4 * FA_BN * sizeof(int) + (WG ? 1024 : 0);
+	       4 * FA_BN * sizeof(int) + (GS == 2 ? FA_DS_TILE * sizeof(bf16) : 0) +
+	       (WG ? 1024 : 0);
 }
 
 // k_fa_dkdv_ws's: keys and values (128 rows each), FA_WS_ST stages of query and dout tiles and
@@ -2032,11 +2051,29 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 			static bool done_g, done_d1, done_d2;
 			const int T = (L + 63) / 64;
 
-			fa_allow(k_fa_dkdv<HD, false, true, false, true>, smk, &done_g);
-			k_fa_dkdv<HD, false, true, false, true>
-				<<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::KNT, smk, c->stream>>>(
-					dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh, nkv, sl2,
-					scale, x, true, nullptr, 0, dsg);
+			static bool done_b;
+			static int bulk = -1;
+
+			if (bulk < 0) {	// SHARDLM_FA_DS_BULK=1: the dS^T tiles by bulk copies
+				const char *e = getenv("SHARDLM_FA_DS_BULK");
+
+				bulk = e && !strcmp(e, "1");
+			}
+			if (bulk) {
+				const size_t smb = fa_smem_dkdv<HD, true, false, 2>();
+
+				fa_allow(k_fa_dkdv<HD, false, true, false, 2>, smb, &done_b);
+				k_fa_dkdv<HD, false, true, false, 2>
+					<<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::KNT, smb,
+					   c->stream>>>(dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh,
+							nkv, sl2, scale, x, true, nullptr, 0, dsg);
+			} else {
+				fa_allow(k_fa_dkdv<HD, false, true, false, 1>, smk, &done_g);
+				k_fa_dkdv<HD, false, true, false, 1>
+					<<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::KNT, smk,
+					   c->stream>>>(dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh,
+							nkv, sl2, scale, x, true, nullptr, 0, dsg);
+			}
 			CUDA_LAUNCHED();
 			static bool done_d4;
 			static int nhb = -1;

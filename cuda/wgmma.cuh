@@ -166,6 +166,50 @@ static __device__ __forceinline__ uint64_t desc_mn(const bf16 *tile, int r0)
 	return wg_desc(smem_u32(tile) + r0 * 128, NR * 128, 1024);
 }
 
+// Bulk copies from shared to global memory by the copy engine (cp.async.bulk, one thread):
+// bytes (a multiple of 16) from shared address s to g, tracked by bulk groups; the source may be
+// written again once a wait_group.read has seen its group read (the emulator copies at that
+// wait: an early overwrite shows), the target is written once a wait_group has seen it done.
+// The shared writes it reads need fence_async_smem() and a barrier before it is issued.
+static __device__ __forceinline__ void bulk_store(void *g, uint32_t s, uint32_t bytes)
+{
+#if SL_WG_DEV
+	asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(g),
+		     "r"(s), "r"(bytes)
+		     : "memory");
+#elif defined(SL_EMU)
+	emu_bulk_store(g, s, bytes);
+#else
+	__trap();
+#endif
+}
+
+static __device__ __forceinline__ void bulk_commit(void)
+{
+#if SL_WG_DEV
+	asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+
+// every committed bulk group has read its source (.read) or is done
+static __device__ __forceinline__ void bulk_wait_read0(void)
+{
+#if SL_WG_DEV
+	asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#elif defined(SL_EMU)
+	emu_bulk_wait();
+#endif
+}
+
+static __device__ __forceinline__ void bulk_wait0(void)
+{
+#if SL_WG_DEV
+	asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#elif defined(SL_EMU)
+	emu_bulk_wait();
+#endif
+}
+
 // cp.async wrote through the generic proxy; wgmma reads through the async one
 static __device__ __forceinline__ void fence_async_smem(void)
 {

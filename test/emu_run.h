@@ -59,6 +59,7 @@ struct Fiber {
 	emu_now_t now;
 	std::vector<Copy> open;
 	std::deque<std::vector<Copy>> groups;
+	std::vector<Copy> bulk;	// bulk stores (dst: shared source, src: global target)
 };
 
 struct Coll {
@@ -383,6 +384,23 @@ void emu_wg_wait(int n)
 			g.groups.pop_front();
 		}
 	});
+}
+
+void emu_bulk_store(void *g, uint32_t s, uint32_t bytes)
+{
+	if (s % 16 || bytes % 16 || (uintptr_t)g % 16 || s + bytes > smem_bytes)
+		emu_trap("cp.async.bulk: misaligned or past the block's shared memory", 0);
+	B->f[tid()].bulk.push_back({ s, g, (int)bytes, true });
+}
+
+// the source is read (and the target written) here, as late as the hardware may read it
+void emu_bulk_wait(void)
+{
+	Fiber &f = B->f[tid()];
+
+	for (const Copy &c : f.bulk)
+		memcpy((void *)c.src, (const char *)fa_sm + c.dst, c.bytes);
+	f.bulk.clear();
 }
 
 void emu_red_add(float *p, float x)

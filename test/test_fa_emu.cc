@@ -5,7 +5,8 @@
  * with its pipelined and unpipelined tiles) and the fused dq (SHARDLM_FA_BWD_DQ=fused: the dk/dv kernel
  * adding dQ into fp32 sums; =wg2: the same on two warpgroups of 64 keys fed by a loader warpgroup through mbarriers, head_dim 128, run with the scheduler's jitter) and
  * dq from stored dS (=ds: the dk/dv kernel writes dS^T tiles into a buffer that starts as NaN,
- * k_fa_dq_ds multiplies them by the keys; one and two heads a block), at head_dim 64 and 128 (and 256: two warpgroups a block; neither
+ * k_fa_dq_ds multiplies them by the keys; one and two heads a block; the tiles stored by the
+ * threads or by bulk copies), at head_dim 64 and 128 (and 256: two warpgroups a block; neither
  * the pipelined forward nor the fused dq exist there), grouped-query heads, records shorter than
  * the row, packed rows, lengths that are no multiple of the tiles.
  *
@@ -200,8 +201,9 @@ template <int HD> void run_fwd(const Prob &p, bool pipe, std::vector<bf16> &out,
 template <int HD, bool F2> void fused_bwd(const Prob &p, bf16 *dq, const bf16 *dout,
 					   const float *ls, const float *Dp, const bf16 *qkv,
 					   const int *lens, const int *pos);
-template <int HD> void ds_bwd(const Prob &p, bool one, bf16 *dq, const bf16 *dout, const float *ls,
-			      const float *Dp, const bf16 *qkv, const int *lens, const int *pos);
+template <int HD> void ds_bwd(const Prob &p, bool one, bool bulk, bf16 *dq, const bf16 *dout,
+			      const float *ls, const float *Dp, const bf16 *qkv, const int *lens,
+			      const int *pos);
 
 // the backward (how): 0 dq + dk/dv kernels unpipelined, 1 both pipelined, 2 the pipelined dk/dv
 // with the unpipelined dq, 3 the fused dq, 4 the two-warpgroup fused dq (head_dim 128); dqkv
@@ -256,15 +258,17 @@ template <int HD> void run_bwd(const Prob &p, int how, const std::vector<bf16> &
 	}
 	if constexpr (HD <= 128) {
 		if (how >= 5)
-			ds_bwd<HD>(p, how == 6, dq, dout, ls, Dp, qkv, lens, pos);
+			ds_bwd<HD>(p, how == 6, how == 7, dq, dout, ls, Dp, qkv, lens, pos);
 	}
 }
 
 // the dS path: k_fa_dkdv<GS> writes dS^T tiles into a buffer that starts as NaN (a tile the dq
 // kernel reads that nothing wrote shows in a real row), then k_fa_dq_ds; one: one head a block
-// (else two, where the group has an even count)
-template <int HD> void ds_bwd(const Prob &p, bool one, bf16 *dq, const bf16 *dout, const float *ls,
-			      const float *Dp, const bf16 *qkv, const int *lens, const int *pos)
+// (else two, where the group has an even count); bulk: the tiles by the copy engine's bulk copies
+// (SHARDLM_FA_DS_BULK=1)
+template <int HD> void ds_bwd(const Prob &p, bool one, bool bulk, bf16 *dq, const bf16 *dout,
+			      const float *ls, const float *Dp, const bf16 *qkv, const int *lens,
+			      const int *pos)
 {
 	using C = fa_cfg<HD, true>;
 	const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD));
@@ -274,12 +278,20 @@ template <int HD> void ds_bwd(const Prob &p, bool one, bf16 *dq, const bf16 *dou
 			     __float2bfloat16_rn(NAN));
 	bf16 *g = ds.data();
 
-	launch({ (unsigned)((L + FA_BM - 1) / FA_BM), (unsigned)nkv, (unsigned)B_ }, C::KNT,
-	       fa_smem_dkdv<HD, true>(), [=] {
-		       k_fa_dkdv<HD, false, true, false, true>(dq, nullptr, dout, ls, Dp, qkv, lens,
-							       pos, L, nh, nkv, sl2, scale,
-							       fa_rows{}, true, nullptr, 0, g);
-	       });
+	if (bulk)
+		launch({ (unsigned)((L + FA_BM - 1) / FA_BM), (unsigned)nkv, (unsigned)B_ }, C::KNT,
+		       fa_smem_dkdv<HD, true, false, 2>(), [=] {
+			       k_fa_dkdv<HD, false, true, false, 2>(dq, nullptr, dout, ls, Dp, qkv,
+								    lens, pos, L, nh, nkv, sl2, scale,
+								    fa_rows{}, true, nullptr, 0, g);
+		       });
+	else
+		launch({ (unsigned)((L + FA_BM - 1) / FA_BM), (unsigned)nkv, (unsigned)B_ }, C::KNT,
+		       fa_smem_dkdv<HD, true>(), [=] {
+			       k_fa_dkdv<HD, false, true, false, 1>(dq, nullptr, dout, ls, Dp, qkv,
+								    lens, pos, L, nh, nkv, sl2, scale,
+								    fa_rows{}, true, nullptr, 0, g);
+		       });
 	if (!one && (nh / nkv) % 2 == 0)
 		launch({ (unsigned)T, (unsigned)(nh / 2), (unsigned)B_ }, 2 * FA_THR,
 		       fa_smem_ds<HD, 2>(), [=] {
@@ -374,14 +386,15 @@ template <int HD> void check(int B_, int L, int nh, int nkv, std::vector<int> le
 		compare(pipe ? "forward (k_fa_fwd_pipe): lse" : "forward (k_fa_fwd): lse", p,
 			lse.data(), p.lse, 1e-3);
 	}
-	for (int how = 0; how < (HD <= 128 ? 7 : 3); how++) {
+	for (int how = 0; how < (HD <= 128 ? 8 : 3); how++) {
 		static const char *name[] = { "backward (dq, dk/dv unpipelined): dqkv",
 					      "backward (dq, dk/dv pipelined): dqkv",
 					      "backward (dq unpipelined, dk/dv pipelined): dqkv",
 					      "backward (fused dq): dqkv",
 					      "backward (fused dq, two warpgroups): dqkv",
 					      "backward (dS path): dqkv",
-					      "backward (dS path, one head a block): dqkv" };
+					      "backward (dS path, one head a block): dqkv",
+					      "backward (dS path, bulk copies): dqkv" };
 
 		if (how == 4 && HD != 128)	// (the two-warpgroup fused dq: head_dim 128)
 			continue;
