@@ -13,6 +13,13 @@ durations (overlapping records each count) and the wall time at least one of the
 union); by kernel: launches, the sum of their durations and the share of the step's wall time.
 With --gaps N: the N largest sums of idle time by the pair of records around each idle
 interval (the last to end before it, the first to start after it).
+
+    python3 bench/ktrace.py TRACE.csv --runs REGEX
+
+For a trace of anything else (e.g. `test_cuda_ops SEED --bench-only`, whose timings call each
+op a few times in a row): the kernels whose mangled name (template arguments kept, so each
+instance apart) matches REGEX, as runs of launches of one kernel less than 3 ms apart, in the
+order they ran: launches and the median duration.
 """
 import argparse
 import re
@@ -73,6 +80,32 @@ def union_ns(iv):
     return tot
 
 
+def runs(trace, rx):
+    """--runs: a kernel's launches less than 3 ms apart as one run; its count and median"""
+    recs = []
+    with open(trace) as f:
+        for line in f:
+            p = line.rstrip("\n").split(",", 4)
+            if len(p) == 5 and p[0] == "K" and rx.search(p[4]):
+                name = re.sub(r"Ev.*$", "", p[4])  # the parameters dropped
+                recs.append((int(p[1]), int(p[2]), name))
+    recs.sort()
+    open_runs, done = {}, []
+    for s, e, n in recs:
+        r = open_runs.get(n)
+        if r and s - r[-1][1] < 3_000_000:
+            r.append((s, e))
+        else:
+            if r:
+                done.append((r[0][0], n, r))
+            open_runs[n] = [(s, e)]
+    done += [(r[0][0], n, r) for n, r in open_runs.items()]
+    for _, n, r in sorted(done):
+        d = sorted((e - s) / 1000 for s, e in r)
+        med = d[len(d) // 2] if len(d) % 2 else (d[len(d) // 2 - 1] + d[len(d) // 2]) / 2
+        print(f"{n[:72]:72s} {len(d):4d} launches, median {med:9.1f} us")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace")
@@ -80,7 +113,10 @@ def main():
     ap.add_argument("--skip", type=int, default=2)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--gaps", type=int, default=0)
+    ap.add_argument("--runs", default=None)
     a = ap.parse_args()
+    if a.runs is not None:
+        return runs(a.trace, re.compile(a.runs))
     recs = []
     with open(a.trace) as f:
         for ln, line in enumerate(f, 1):

@@ -50,4 +50,27 @@ python3 "$top_srcdir/bench/ktrace.py" "$T/bad.csv" >"$T/out3" 2>&1
 st=$?
 check "bad line: non-zero exit naming the line" \
 	bash -c "[ $st != 0 ] && grep -q 'bad.csv:1: not a ktrace record' '$T/out3'"
+# --runs: a kernel instance's launches under 3 ms apart are one run (median by hand: 0.3 ms of
+# 0.1, 0.3 and 0.5; then 0.7 ms alone, 5 ms later); template arguments keep instances apart;
+# kernels the pattern does not match are left out
+D1=_Z9k_fa_dkdvILi128ELb0ELi1EEvP13__nv_bfloat16
+D2=_Z9k_fa_dkdvILi128ELb0ELi2EEvP13__nv_bfloat16
+while read -r s e n; do
+	echo "K,$((s * 100000)),$((e * 100000)),7,$n"
+done >"$T/r.csv" <<REC
+0 1 $D1
+10 13 $D1
+20 25 $D1
+22 26 $D2
+30 31 _Z5k_otherv
+80 87 $D1
+REC
+python3 "$top_srcdir/bench/ktrace.py" "$T/r.csv" --runs 'k_fa_dkdv' >"$T/out4" 2>&1
+st=$?
+cat "$T/out4"
+check "--runs: exit status 0" [ "$st" = 0 ]
+check "--runs: three runs, in order" bash -c "[ \$(wc -l <'$T/out4') = 3 ] &&
+	sed -n 1p '$T/out4' | grep -q '_Z9k_fa_dkdvILi128ELb0ELi1E .* 3 launches, median  *300.0 us' &&
+	sed -n 2p '$T/out4' | grep -q '_Z9k_fa_dkdvILi128ELb0ELi2E .* 1 launches, median  *400.0 us' &&
+	sed -n 3p '$T/out4' | grep -q '_Z9k_fa_dkdvILi128ELb0ELi1E .* 1 launches, median  *700.0 us'"
 exit $fail
