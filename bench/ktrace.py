@@ -23,6 +23,7 @@ order they ran: launches and the median duration.
 """
 import argparse
 import re
+import statistics
 import sys
 from collections import defaultdict
 
@@ -101,9 +102,8 @@ def runs(trace, rx):
             open_runs[n] = [(s, e)]
     done += [(r[0][0], n, r) for n, r in open_runs.items()]
     for _, n, r in sorted(done):
-        d = sorted((e - s) / 1000 for s, e in r)
-        med = d[len(d) // 2] if len(d) % 2 else (d[len(d) // 2 - 1] + d[len(d) // 2]) / 2
-        print(f"{n[:72]:72s} {len(d):4d} launches, median {med:9.1f} us")
+        d = [(e - s) / 1000 for s, e in r]
+        print(f"{n[:72]:72s} {len(d):4d} launches, median {statistics.median(d):9.1f} us")
 
 
 def main():

@@ -1423,7 +1423,7 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 			fence_async_smem();
 		if constexpr (GS == 2)	// the last tile's bulk copy has read the stage
 			if (threadIdx.x == 0)
-				bulk_wait_read0();
+				bulk_wait0<true>();
 		__syncthreads();
 		const bf16 *qt = qs + st * TILE, *gt = gs + st * TILE;
 		const uint32_t qb = smem_u32(qt), gb = smem_u32(gt);
@@ -1558,7 +1558,7 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 	}
 	if constexpr (GS == 2)	// (the stage stays until its copy has read it)
 		if (threadIdx.x == 0)
-			bulk_wait0();
+			bulk_wait0<false>();
 	fa_kv_store<HO>((CP ? dkv + (size_t)b * L * KS + (size_t)kv * HD :
 			      dqkv + (size_t)b * L * W + (size_t)(nh + kv) * HD) + wg * HO,
 			CP ? KS : W, (size_t)nkv * HD, dk, dv, r0, r1, len, L, tq, scale);

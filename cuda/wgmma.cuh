@@ -191,20 +191,14 @@ static __device__ __forceinline__ void bulk_commit(void)
 #endif
 }
 
-// every committed bulk group has read its source (.read) or is done
-static __device__ __forceinline__ void bulk_wait_read0(void)
+// every committed bulk group has read its source (READ) or is done
+template <bool READ> static __device__ __forceinline__ void bulk_wait0(void)
 {
 #if SL_WG_DEV
-	asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-#elif defined(SL_EMU)
-	emu_bulk_wait();
-#endif
-}
-
-static __device__ __forceinline__ void bulk_wait0(void)
-{
-#if SL_WG_DEV
-	asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+	if constexpr (READ)
+		asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+	else
+		asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 #elif defined(SL_EMU)
 	emu_bulk_wait();
 #endif
