@@ -9,6 +9,7 @@
  * --bench adds the timings of the 4B's GEMMs and attention (and the Qwen3.5 4B's head_dim-256
  * attention), the q/k norm kernels and AdamW; --bench-only runs those timings alone.
  */
+#include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -831,6 +832,20 @@ static void bench(void)
 			ms = t_ms / 5;
 			printf("  adamw_c 64M bf16 grads + bf16 copy, start +%d: %.3f ms, %.0f GB/s\n",
 			       o1, ms, 28.0 * n / ms / 1e6);
+		}
+		{	/* the bandwidth a plain copy gets: the ceiling for AdamW's mix of reads and
+			 * writes (half and half) */
+			const size_t cb = 3 * (n + 4) * 4;
+			void *dst = gpu->alloc(gpu, cb);
+
+			cudaMemcpy(dst, pm, cb, cudaMemcpyDeviceToDevice);
+			TIMED(for (int i = 0; i < 5; i++) {
+				cudaMemcpyAsync(dst, pm, cb, cudaMemcpyDeviceToDevice, 0);
+				cudaDeviceSynchronize();
+			});
+			printf("  device copy %.0f MB: %.3f ms, %.0f GB/s (read + write)\n", cb / 1e6,
+			       t_ms / 5, 2.0 * cb / (t_ms / 5) / 1e6);
+			gpu->free(gpu, dst);
 		}
 		gpu->free(gpu, pm);
 		gpu->free(gpu, gb);
