@@ -1090,8 +1090,7 @@ static __device__ __forceinline__ void
 fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, const bf16 *qt,
 		const bf16 *gt, int j0, int wk, int r0, int r1, int tq, int wg, float sl2,
 		const float *lsl, const float *Dl, const int *dsl, const int *qil, bool mskall,
-		bf16 *dsb = nullptr, float *dqt = nullptr, int Lp = 0, bf16 *dsg = nullptr,
-		uint64_t pol = 0)
+		bf16 *dsb = nullptr, float *dqt = nullptr, int Lp = 0, bf16 *dsg = nullptr)
 {
 	static_assert(FA_BN == 2 * FA_SUB, "fa_dkdv_tile_wg: two sub-steps a tile");
 	static_assert(!FQ || (HO == HD && HD % 64 == 0 && HD <= 128 && FA_BM == 64),
@@ -1188,8 +1187,8 @@ fa_dkdv_tile_wg(float (*dk)[4], float (*dv)[4], const bf16 *ks, const bf16 *vs, 
 					if (j == o)
 						w[j] = got;
 			}
-			st_hint16(dsg + fa_ds_at(kl0 + 8 * h, sb * FA_SUB + 8 * tq),
-				  make_uint4(w[0], w[1], w[2], w[3]), pol);
+			*(uint4 *)(dsg + fa_ds_at(kl0 + 8 * h, sb * FA_SUB + 8 * tq)) =
+				make_uint4(w[0], w[1], w[2], w[3]);
 		}
 	};
 	uint32_t ds0[GS ? FA_SUB / 16 : 1][4];	// GS: sub-step 0's da, kept for st_g
@@ -1344,8 +1343,7 @@ template <int HD, bool CP, bool WG, bool FQ = false, int GS = 0>
 __global__ void __launch_bounds__(fa_cfg<HD, WG>::KNT, fa_cfg<HD, WG>::KMINB)
 k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float *D,
 	  const bf16 *qkv, const int *lens, const int *pos, int L, int nh, int nkv, float sl2,
-	  float scale, fa_rows x, bool pipe, float *dqa, int Lp, bf16 *dsg = nullptr,
-	  bool dsef = false)
+	  float scale, fa_rows x, bool pipe, float *dqa, int Lp, bf16 *dsg = nullptr)
 {
 	// the block's keys and values, then two stages of query and dout tiles (WG: all swizzled);
 	// FQ: the two dS^T tiles
@@ -1441,17 +1439,15 @@ k_fa_dkdv(bf16 *dqkv, bf16 *dkv, const bf16 *dout, const float *lse, const float
 		} else if constexpr (GS) {	// (query tile i0 / 64, key tile j0 / 64)
 			const int h = kv * grp + t / ntq, i0 = qs0 + (t % ntq) * FA_BN;
 			bf16 *dt = dsg + fa_ds_tile(b, h, nh, (L + 63) / 64, i0 / 64, j0 / 64);
-			const uint64_t pol = l2_policy(dsef);
 
 			fa_dkdv_tile_wg<HD, HO, false, false, true>(
 				dk, dv, ks, vs, qt, gt, j0, wk, r0, r1, tq, wg, sl2, lsl, Dl, dsl, qil,
-				pos != nullptr, nullptr, nullptr, 0, GS == 2 ? dstage : dt, pol);
+				pos != nullptr, nullptr, nullptr, 0, GS == 2 ? dstage : dt);
 			if constexpr (GS == 2) {
 				fence_async_smem();
 				__syncthreads();
 				if (threadIdx.x == 0) {
-					bulk_store(dt, smem_u32(dstage),
-						   FA_DS_TILE * sizeof(bf16), pol);
+					bulk_store(dt, smem_u32(dstage), FA_DS_TILE * sizeof(bf16));
 					bulk_commit();
 				}
 				continue;
@@ -2056,13 +2052,7 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 			const int T = (L + 63) / 64;
 
 			static bool done_b;
-			static int bulk = -1, ef = -1;
-
-			if (ef < 0) {	// SHARDLM_FA_DS_EF=1: the dS^T tiles' L2 lines evicted first
-				const char *e = getenv("SHARDLM_FA_DS_EF");
-
-				ef = e && !strcmp(e, "1");
-			}
+			static int bulk = -1;
 
 			if (bulk < 0) {	// SHARDLM_FA_DS_BULK=1: the dS^T tiles by bulk copies
 				const char *e = getenv("SHARDLM_FA_DS_BULK");
@@ -2076,13 +2066,13 @@ static void fa_bwd_k(struct sl_cuda *c, bf16 *dqkv, bf16 *dkv, const bf16 *dout,
 				k_fa_dkdv<HD, false, true, false, 2>
 					<<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::KNT, smb,
 					   c->stream>>>(dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh,
-							nkv, sl2, scale, x, true, nullptr, 0, dsg, ef);
+							nkv, sl2, scale, x, true, nullptr, 0, dsg);
 			} else {
 				fa_allow(k_fa_dkdv<HD, false, true, false, 1>, smk, &done_g);
 				k_fa_dkdv<HD, false, true, false, 1>
 					<<<dim3((L + FA_BM - 1) / FA_BM, nkv, B), C::KNT, smk,
 					   c->stream>>>(dqkv, dkv, dout, lse, D, qkv, lens, pos, L, nh,
-							nkv, sl2, scale, x, true, nullptr, 0, dsg, ef);
+							nkv, sl2, scale, x, true, nullptr, 0, dsg);
 			}
 			CUDA_LAUNCHED();
 			static bool done_d4;

@@ -166,48 +166,16 @@ static __device__ __forceinline__ uint64_t desc_mn(const bf16 *tile, int r0)
 	return wg_desc(smem_u32(tile) + r0 * 128, NR * 128, 1024);
 }
 
-// An L2 cache policy for the stores below: lines they write are the first evicted (first) or
-// as usual.  (0 where there is no sm_90a: the emulator's stores take no policy.)
-static __device__ __forceinline__ uint64_t l2_policy(bool first)
-{
-	uint64_t p = 0;
-#if SL_WG_DEV
-	if (first)
-		asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-	else
-		asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
-#else
-	(void)first;
-#endif
-	return p;
-}
-
-// 16 bytes to global memory under L2 policy pol
-static __device__ __forceinline__ void st_hint16(void *g, uint4 v, uint64_t pol)
-{
-#if SL_WG_DEV
-	asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(g),
-		     "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(pol)
-		     : "memory");
-#else
-	(void)pol;
-	*(uint4 *)g = v;
-#endif
-}
-
 // Bulk copies from shared to global memory by the copy engine (cp.async.bulk, one thread):
 // bytes (a multiple of 16) from shared address s to g, tracked by bulk groups; the source may be
 // written again once a wait_group.read has seen its group read (the emulator copies at that
 // wait: an early overwrite shows), the target is written once a wait_group has seen it done.
 // The shared writes it reads need fence_async_smem() and a barrier before it is issued.
-// pol: an L2 policy (l2_policy).
-static __device__ __forceinline__ void bulk_store(void *g, uint32_t s, uint32_t bytes,
-						  uint64_t pol)
+static __device__ __forceinline__ void bulk_store(void *g, uint32_t s, uint32_t bytes)
 {
 #if SL_WG_DEV
-	asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, "
-		     "%3;\n" ::"l"(g),
-		     "r"(s), "r"(bytes), "l"(pol)
+	asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(g),
+		     "r"(s), "r"(bytes)
 		     : "memory");
 #elif defined(SL_EMU)
 	emu_bulk_store(g, s, bytes);
