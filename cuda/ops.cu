@@ -1116,64 +1116,6 @@ __global__ void k_adamw4(float *p, float *m, float *v, const G *grad, bf16 *wo, 
 		adamw_at(p, m, v, grad, wo, 4 * n4 + threadIdx.x, a);
 }
 
-// eight elements a thread (SHARDLM_ADAMW_VEC=8): p, m, v as two 16-byte words each, the
-// gradient as 16 (bf16) or 32 bytes, the bf16 copy as 16 bytes (every pointer 16-byte aligned,
-// the launcher's check); all of a thread's loads issued before any store (the arrays never
-// overlap: __restrict__), with the streaming cache hints (every byte is read and written once a
-// step), for twice the bytes in flight of k_adamw4; the last n % 8 elements one a thread of
-// block 0.  The same adamw_el, so the same bits.
-static __device__ __forceinline__ void gval8(float *g, const bf16 *p)
-{
-	const uint4 t = __ldcs((const uint4 *)p);
-
-	cvt4(g, make_uint2(t.x, t.y));
-	cvt4(g + 4, make_uint2(t.z, t.w));
-}
-
-static __device__ __forceinline__ void gval8(float *g, const float *p)
-{
-	const float4 a = __ldcs((const float4 *)p), b = __ldcs((const float4 *)p + 1);
-
-	g[0] = a.x, g[1] = a.y, g[2] = a.z, g[3] = a.w;
-	g[4] = b.x, g[5] = b.y, g[6] = b.z, g[7] = b.w;
-}
-
-template <typename G>
-__global__ void k_adamw8(float *__restrict__ p, float *__restrict__ m, float *__restrict__ v,
-			 const G *__restrict__ grad, bf16 *__restrict__ wo, size_t n, adamw_k a)
-{
-	const size_t n8 = n / 8;
-
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		float4 *p4 = (float4 *)p + 2 * i, *m4 = (float4 *)m + 2 * i;
-		float4 *v4 = (float4 *)v + 2 * i;
-		const float4 P0 = __ldcs(p4), P1 = __ldcs(p4 + 1), M0 = __ldcs(m4);
-		const float4 M1 = __ldcs(m4 + 1), V0 = __ldcs(v4), V1 = __ldcs(v4 + 1);
-		float g[8], pf[8] = { P0.x, P0.y, P0.z, P0.w, P1.x, P1.y, P1.z, P1.w };
-		float mf[8] = { M0.x, M0.y, M0.z, M0.w, M1.x, M1.y, M1.z, M1.w };
-		float vf[8] = { V0.x, V0.y, V0.z, V0.w, V1.x, V1.y, V1.z, V1.w };
-
-		gval8(g, grad + 8 * i);
-#pragma unroll
-		for (int k = 0; k < 8; k++)
-			adamw_el(pf[k], mf[k], vf[k], g[k], a);
-		__stcs(p4, make_float4(pf[0], pf[1], pf[2], pf[3]));
-		__stcs(p4 + 1, make_float4(pf[4], pf[5], pf[6], pf[7]));
-		__stcs(m4, make_float4(mf[0], mf[1], mf[2], mf[3]));
-		__stcs(m4 + 1, make_float4(mf[4], mf[5], mf[6], mf[7]));
-		__stcs(v4, make_float4(vf[0], vf[1], vf[2], vf[3]));
-		__stcs(v4 + 1, make_float4(vf[4], vf[5], vf[6], vf[7]));
-		if (wo) {
-			const uint2 lo = pack4(pf), hi = pack4(pf + 4);
-
-			__stcs((uint4 *)(wo + 8 * i), make_uint4(lo.x, lo.y, hi.x, hi.y));
-		}
-	}
-	if (blockIdx.x == 0 && threadIdx.x < n - 8 * n8)
-		adamw_at(p, m, v, grad, wo, 8 * n8 + threadIdx.x, a);
-}
-
 template <typename G>
 static void adamw(struct sl_cuda *c, float *p, float *m, float *v, const G *grad, void *w_out,
 		  size_t n, float lr, float beta1, float beta2, float eps, float wd, float bc1,
@@ -1193,17 +1135,7 @@ static void adamw(struct sl_cuda *c, float *p, float *m, float *v, const G *grad
 			 (uintptr_t)v % 16 == 0 && (uintptr_t)grad % (4 * sizeof(G)) == 0 &&
 			 (uintptr_t)w_out % 8 == 0;
 
-	static int v8 = -1;
-
-	if (v8 < 0) {	// SHARDLM_ADAMW_VEC=8: k_adamw8
-		const char *e = getenv("SHARDLM_ADAMW_VEC");
-
-		v8 = e && !strcmp(e, "8");
-	}
-	if (v8 && vec && (uintptr_t)grad % 16 == 0 && (uintptr_t)w_out % 16 == 0)
-		k_adamw8<G><<<grid_for(n / 8 ? n / 8 : 1, NT), NT, 0, c->stream>>>(
-			p, m, v, grad, (bf16 *)w_out, n, a);
-	else if (vec)
+	if (vec)
 		k_adamw4<G><<<grid_for(n / 4 ? n / 4 : 1, NT), NT, 0, c->stream>>>(
 			p, m, v, grad, (bf16 *)w_out, n, a);
 	else
