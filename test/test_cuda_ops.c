@@ -839,10 +839,9 @@ static void bench(void)
 			void *dst = gpu->alloc(gpu, cb);
 
 			cudaMemcpy(dst, pm, cb, cudaMemcpyDeviceToDevice);
-			TIMED(for (int i = 0; i < 5; i++) {
-				cudaMemcpyAsync(dst, pm, cb, cudaMemcpyDeviceToDevice, 0);
-				cudaDeviceSynchronize();
-			});
+			TIMED(for (int i = 0; i < 5; i++)
+				      cudaMemcpyAsync(dst, pm, cb, cudaMemcpyDeviceToDevice, 0);
+			      cudaDeviceSynchronize());
 			printf("  device copy %.0f MB: %.3f ms, %.0f GB/s (read + write)\n", cb / 1e6,
 			       t_ms / 5, 2.0 * cb / (t_ms / 5) / 1e6);
 			gpu->free(gpu, dst);
