@@ -838,12 +838,16 @@ static void bench(void)
 			const size_t cb = 3 * (n + 4) * 4;
 			void *dst = gpu->alloc(gpu, cb);
 
-			cudaMemcpy(dst, pm, cb, cudaMemcpyDeviceToDevice);
+			cudaError_t err = cudaMemcpy(dst, pm, cb, cudaMemcpyDeviceToDevice);
+
 			TIMED(for (int i = 0; i < 5; i++)
 				      cudaMemcpyAsync(dst, pm, cb, cudaMemcpyDeviceToDevice, 0);
-			      cudaDeviceSynchronize());
-			printf("  device copy %.0f MB: %.3f ms, %.0f GB/s (read + write)\n", cb / 1e6,
-			       t_ms / 5, 2.0 * cb / (t_ms / 5) / 1e6);
+			      if (err == cudaSuccess) err = cudaDeviceSynchronize());
+			if (err != cudaSuccess)
+				printf("  device copy: %s\n", cudaGetErrorString(err));
+			else
+				printf("  device copy %.0f MB: %.3f ms, %.0f GB/s (read + write)\n",
+				       cb / 1e6, t_ms / 5, 2.0 * cb / (t_ms / 5) / 1e6);
 			gpu->free(gpu, dst);
 		}
 		gpu->free(gpu, pm);
