@@ -414,6 +414,12 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 			goto out_free_model;
 		m->dense_mlp |= !sl_layer_is_moe(mc, l);
 	}
+	{
+		const char *e = getenv("SHARDLM_PRUNE_LAST");
+
+		m->prune_ok = !m->q35 && m->nL > 0 && m->lo[m->nL - 1].wgu != NO_OFF &&
+			!(e && !strcmp(e, "0"));
+	}
 	norm = sl_layout_find(lay, "model.norm.weight");
 	score = sl_layout_find(lay, "score.weight");
 	lm = sl_layout_find(lay, "lm_head.weight");
@@ -605,6 +611,98 @@ static void layer_bwd(const struct sl_model *m, int l, const void *w, void *g,
 			true);
 }
 
+/*
+ * The last layer on the head's rows (struct sl_model's prune_n): nothing after it reads the
+ * other rows, so only the attention (whose keys and values are every token's) runs on all T,
+ * and the output projection, the MLP and the residual on the prune_n rows, the layer's output
+ * rows going to m->xl, the head's input.  Scratch: the rows' attention output in m->gb1 (the
+ * backward's, free in the forward), their input x in m->xl until the output replaces it.
+ */
+static void layer_fwd_last(const struct sl_model *m, int l, const void *w, const struct acts *a,
+			   const void *x, const struct sl_batch_dev *b, bool full)
+{
+	struct sl_backend *be = m->be;
+	const struct layer_off *lo = &m->lo[l];
+	const int T = b->B * b->L, H = m->H, n = m->prune_n, A = m->nh * m->hd;
+
+	be->rmsnorm_fwd(be, a->xn1, a->rstd1, x, at(m, w, lo->ln1), T, H, m->eps);
+	be->matmul_fwd(be, a->qkv, a->xn1, at(m, w, lo->wqkv), at_opt(m, w, lo->bqkv), T, H, m->Q);
+	be->qk_norm_rope_fwd(be, a->qkvr, a->rstd_qk, a->qkv, at(m, w, lo->qn), at(m, w, lo->kn),
+			     T, b->L, b->pos, m->nh, m->nkv, m->hd, m->eps, m->theta);
+	be->attention_fwd(be, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh,
+			  m->nkv, m->hd);
+	be->gather_rows(be, m->gb1, a->att, m->prune_idx, n, A);
+	be->gather_rows(be, m->xl, x, m->prune_idx, n, H);
+	if (lo->bo != NO_OFF) {
+		be->matmul_fwd(be, a->h, m->gb1, at(m, w, lo->wo), at(m, w, lo->bo), n, A, H);
+		be->add(be, a->h, m->xl, (size_t)n * H);
+	} else {
+		be->matmul_fwd_res(be, a->h, m->gb1, at(m, w, lo->wo), m->xl, n, A, H);
+	}
+	be->rmsnorm_fwd(be, a->xn2, a->rstd2, a->h, at(m, w, lo->ln2), n, H, m->eps);
+	be->matmul_fwd(be, a->gu, a->xn2, at(m, w, lo->wgu), NULL, n, H, 2 * m->I);
+	be->swiglu_fwd(be, a->act, a->gu, n, m->I);
+	if (full)
+		be->matmul_fwd_res(be, m->xl, a->act, at(m, w, lo->wd), a->h, n, m->I, H);
+}
+
+/* layer_fwd_last's backward: m->gxl = the gradient of its output rows in, m->gx out */
+static void layer_bwd_last(const struct sl_model *m, int l, const void *w, void *g,
+			   const struct acts *a, const void *x, const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	const struct layer_off *lo = &m->lo[l];
+	const int T = b->B * b->L, H = m->H, n = m->prune_n, A = m->nh * m->hd;
+	void *gbo = lo->bo == NO_OFF ? NULL : at(m, g, lo->bo);
+	void *gbqkv = lo->bqkv == NO_OFF ? NULL : at(m, g, lo->bqkv);
+
+	be->matmul_bwd(be, m->gb2, at(m, g, lo->wd), NULL, m->gxl, a->act, at(m, w, lo->wd), n,
+		       m->I, H, false);
+	be->swiglu_bwd(be, m->gb1, m->gb2, a->gu, n, m->I);
+	be->matmul_bwd(be, m->gn, at(m, g, lo->wgu), NULL, m->gb1, a->xn2, at(m, w, lo->wgu), n,
+		       H, 2 * m->I, false);
+	be->rmsnorm_bwd(be, m->gxl, at(m, g, lo->ln2), m->gn, a->h, at(m, w, lo->ln2), a->rstd2,
+			n, H, true);
+	/* the rows' attention output again (prune_rows checked that n x A fits m->gn) */
+	be->gather_rows(be, m->gn, a->att, m->prune_idx, n, A);
+	be->matmul_bwd(be, m->gb1, at(m, g, lo->wo), gbo, m->gxl, m->gn, at(m, w, lo->wo), n, A,
+		       H, false);
+	/* back to every token: the other rows' gradients are zero */
+	be->zero(be, m->gb2, (size_t)T * A * be->elt);
+	be->scatter_add_rows(be, m->gb2, m->gb1, m->prune_idx, n, A);
+	be->zero(be, m->gx, (size_t)T * H * be->elt);
+	be->scatter_add_rows(be, m->gx, m->gxl, m->prune_idx, n, H);
+	be->attention_bwd(be, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B,
+			  b->L, m->nh, m->nkv, m->hd);
+	be->qk_norm_rope_bwd(be, m->gb2, at(m, g, lo->qn), at(m, g, lo->kn), m->gb1, a->qkv,
+			     at(m, w, lo->qn), at(m, w, lo->kn), a->rstd_qk, T, b->L, b->pos, m->nh,
+			     m->nkv, m->hd, m->eps, m->theta);
+	be->matmul_bwd(be, m->gn, at(m, g, lo->wqkv), gbqkv, m->gb2, a->xn1, at(m, w, lo->wqkv),
+		       T, H, m->Q, false);
+	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln1), m->gn, x, at(m, w, lo->ln1), a->rstd1, T, H,
+			true);
+}
+
+/*
+ * Whether this micro-batch's forward runs the last layer on the head's rows (m->prune_n, 0 if
+ * not): a plain last layer (prune_ok), whole rows here (no context parallel), rows the head
+ * reads: each record's last token (classify) or the targets' (sft, when at most half the
+ * tokens: otherwise the gathers would cost about what they save), and room for their
+ * attention output in m->gn.
+ */
+static void prune_rows(struct sl_model *m, const struct sl_batch_dev *b)
+{
+	const size_t T = (size_t)b->B * b->L;
+	const int n = m->sft ? b->n_tgt : b->B;
+
+	m->prune_n = 0;
+	m->prune_idx = m->sft ? b->tgt_pos : b->last;
+	if (!m->prune_ok || b->cp || n < 1 || (m->sft && (size_t)n > T / 2) ||
+	    (size_t)n * m->nh * m->hd > T * m->H)
+		return;
+	m->prune_n = n;
+}
+
 void *sl_model_grad_room(struct sl_model *m, int unit, bool during, size_t *bytes)
 {
 	/*
@@ -649,10 +747,13 @@ static void forward(struct sl_model *m, const struct sl_unit_source *src,
 	be->embedding_fwd(be, m->x[0], b->ids, w, T, H);
 	release(src->release_fwd, src->ctx, 0);
 
+	prune_rows(m, b);
 	for (int l = 0; l < m->nL; l++) {
 		w = src->weights(src->ctx, 1 + l);
 		if (m->q35)
 			sl_q35_layer_fwd(m, l, w, m->x[l], m->x[l + 1], b, keep);
+		else if (l == m->nL - 1 && m->prune_n)
+			layer_fwd_last(m, l, w, acts_of(m, l, keep), m->x[l], b, true);
 		else
 			layer_fwd(m, l, w, acts_of(m, l, keep), m->x[l], m->x[l + 1], b, true);
 		release(src->release_fwd, src->ctx, 1 + l);
@@ -663,7 +764,8 @@ static void forward(struct sl_model *m, const struct sl_unit_source *src,
 
 	/* the head reads only each record's last token: normalize just those B rows */
 	w = src->weights(src->ctx, uh);
-	be->gather_rows(be, m->xl, m->x[m->nL], b->last, head_rows(b), H);
+	if (!m->prune_n)
+		be->gather_rows(be, m->xl, m->x[m->nL], b->last, head_rows(b), H);
 	be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->xl, final_norm_w(m, w), head_rows(b), H, m->eps);
 	be->matmul_fwd(be, m->logits, m->xnf, at(m, w, m->score_off), NULL, head_rows(b), H, 1);
 	release(src->release_fwd, src->ctx, uh);
@@ -695,7 +797,8 @@ static void lm_head(struct sl_model *m, const struct sl_unit_source *src,
 	}
 	be->zero(be, m->loss_dev, sizeof(double));
 	if (n) {
-		be->gather_rows(be, m->xl, m->x[m->nL], b->tgt_pos, n, H);
+		if (!m->prune_n)
+			be->gather_rows(be, m->xl, m->x[m->nL], b->tgt_pos, n, H);
 		be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->xl, final_norm_w(m, w), n, H, m->eps);
 	}
 	for (int c0 = 0; c0 < n; c0 += m->chunk) {
@@ -719,6 +822,8 @@ static void lm_head(struct sl_model *m, const struct sl_unit_source *src,
 		be->rmsnorm_bwd(be, m->gxl, at(m, g, m->norm_off), m->gxnf, m->xl,
 				final_norm_w(m, w), m->rstdf, n, H, false);
 	release(src->release_bwd, src->ctx, uh);
+	if (m->prune_n)
+		return;		/* the last layer takes m->gxl as it is */
 	be->zero(be, m->gx, (size_t)b->B * b->L * H * be->elt);
 	if (n)
 		be->scatter_add_rows(be, m->gx, m->gxl, b->tgt_pos, n, H);
@@ -776,8 +881,10 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 		be->rmsnorm_bwd(be, m->gxl, at(m, g, m->norm_off), m->gxnf, m->xl,
 				final_norm_w(m, w), m->rstdf, nr, H, false);
 		release(src->release_bwd, src->ctx, uh);
-		be->zero(be, m->gx, (size_t)T * H * be->elt);
-		be->scatter_add_rows(be, m->gx, m->gxl, b->last, nr, H);
+		if (!m->prune_n) {
+			be->zero(be, m->gx, (size_t)T * H * be->elt);
+			be->scatter_add_rows(be, m->gx, m->gxl, b->last, nr, H);
+		}
 	}
 
 	for (int l = m->nL - 1; l >= 0; l--) {
@@ -790,9 +897,15 @@ int sl_model_train_step(struct sl_model *m, const struct sl_unit_source *src,
 			release(src->release_bwd, src->ctx, 1 + l);
 			continue;
 		}
-		if (m->ckpt)
-			layer_fwd(m, l, w, a, m->x[l], NULL, b, false);
-		layer_bwd(m, l, w, g, a, m->x[l], b);
+		if (l == m->nL - 1 && m->prune_n) {
+			if (m->ckpt)
+				layer_fwd_last(m, l, w, a, m->x[l], b, false);
+			layer_bwd_last(m, l, w, g, a, m->x[l], b);
+		} else {
+			if (m->ckpt)
+				layer_fwd(m, l, w, a, m->x[l], NULL, b, false);
+			layer_bwd(m, l, w, g, a, m->x[l], b);
+		}
 		release(src->release_bwd, src->ctx, 1 + l);
 	}
 

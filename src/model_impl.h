@@ -109,6 +109,17 @@ struct sl_model {
 	void *logits;		/* (B) */
 	void *dlogits;		/* (B) */
 	void *gxnf, *gxl;	/* (Bh, H) */
+
+	/*
+	 * The last layer on the head's rows only (model.c, prune_last): its attention runs on every
+	 * token (the head's rows attend to them all), its output projection, MLP and residual on
+	 * just the rows the head reads, which land in xl.  prune_ok: the last layer is a plain
+	 * Qwen3 layer with a dense MLP and SHARDLM_PRUNE_LAST is not 0.  Set by each forward:
+	 * prune_n rows (0: the whole layer) at prune_idx (the batch's last or tgt_pos).
+	 */
+	bool prune_ok;
+	int prune_n;
+	const int32_t *prune_idx;
 	double *loss_dev;	/* (1) */
 	float *scores_f32;	/* (B) */
 

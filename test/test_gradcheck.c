@@ -3,7 +3,8 @@
  * differences of its own loss, in double, for every parameter of a tiny Qwen3 classifier, with and
  * without attention biases.  Also: gradient accumulation over micro-batches, activation
  * checkpointing (identical gradients), padding invariance, and the fp32 backend against the
- * double one.
+ * double one.  All of it twice: with the last layer run on the head's rows only (the default),
+ * and whole (SHARDLM_PRUNE_LAST=0).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -292,9 +293,15 @@ static void check_layout(void)
 int main(void)
 {
 	check_layout();
-	run_config(false);
-	run_config(true);
-	run_sft(false);
-	run_sft(true);
+	/* the last layer on the head's rows only (model.c's default; these batches have at most
+	 * half their tokens as targets), then the whole last layer */
+	for (int prune = 1; prune >= 0; prune--) {
+		setenv("SHARDLM_PRUNE_LAST", prune ? "1" : "0", 1);
+		printf("== SHARDLM_PRUNE_LAST=%d\n", prune);
+		run_config(false);
+		run_config(true);
+		run_sft(false);
+		run_sft(true);
+	}
 	return test_exit("test_gradcheck");
 }
