@@ -850,6 +850,27 @@ static void bench(void)
 		       3 * mb / ms);
 	}
 	bench_moe();
+	/* the causal-LM head's cross-entropy on one chunk of logits as the Qwen3-MoE step has them
+	 * (816 rows of Qwen3's 151,936, in place); bytes: the rows read twice and written once */
+	{
+		const int n = 816, V = 151936;
+		int32_t *tg = malloc(n * 4), *dt = gpu->alloc(gpu, n * 4);
+		double *ls = gpu->alloc(gpu, 8), ms;
+		float *rl = gpu->alloc(gpu, n * 4);
+
+		for (int i = 0; i < n; i++)
+			tg[i] = (int32_t)(rng_next() % V);
+		gpu->upload(gpu, dt, tg, n * 4);
+		gpu->ce_fwd_bwd(gpu, ls, rl, o, o, dt, n, V, 0.125f);
+		TIMED(for (int i = 0; i < 5; i++) gpu->ce_fwd_bwd(gpu, ls, rl, o, o, dt, n, V, 0.125f));
+		ms = t_ms / 5;
+		printf("  ce_fwd_bwd %d x %d in place: %.3f ms, %.0f GB/s (3 passes)\n", n, V, ms,
+		       3.0 * n * V * 2 / ms / 1e6);
+		gpu->free(gpu, dt);
+		gpu->free(gpu, ls);
+		gpu->free(gpu, rl);
+		free(tg);
+	}
 	/* AdamW on 64M parameters with bf16 gradients and the bf16 copy (28 bytes a parameter),
 	 * from an aligned start (16-byte kernel) and one element in (one-element kernel) */
 	{
