@@ -1147,27 +1147,21 @@ __global__ void k_adamw4(float *p, float *m, float *v, const G *grad, bf16 *wo, 
 		adamw_at(p, m, v, grad, wo, 4 * n4 + threadIdx.x, a);
 }
 
-// the scalars torch forms as Python floats (double), rounded to float once
-static adamw_k adamw_consts(float lr, float beta1, float beta2, float eps, float wd, float bc1,
-			    float bc2, float grad_scale)
+template <typename G>
+static void adamw(struct sl_cuda *c, float *p, float *m, float *v, const G *grad, void *w_out,
+		  size_t n, float lr, float beta1, float beta2, float eps, float wd, float bc1,
+		  float bc2, float grad_scale)
 {
+	// the scalars torch forms as Python floats (double), rounded to float once
 	const float decay = (float)(1.0 - (double)lr * wd);
 	const float w1 = (float)(1.0 - (double)beta1);
 	const float w2 = (float)(1.0 - (double)beta2);
 	const float bc2s = (float)sqrt((double)bc2);
 	const float step = (float)(-((double)lr / bc1));
 
-	return adamw_k{ decay, w1, beta2, w2, bc2s, step, eps, grad_scale, fabsf(w1) < 0.5f };
-}
-
-template <typename G>
-static void adamw(struct sl_cuda *c, float *p, float *m, float *v, const G *grad, void *w_out,
-		  size_t n, float lr, float beta1, float beta2, float eps, float wd, float bc1,
-		  float bc2, float grad_scale)
-{
 	if (!n)
 		return;
-	const adamw_k a = adamw_consts(lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale);
+	const adamw_k a = { decay, w1, beta2, w2, bc2s, step, eps, grad_scale, fabsf(w1) < 0.5f };
 	const bool vec = (uintptr_t)p % 16 == 0 && (uintptr_t)m % 16 == 0 &&
 			 (uintptr_t)v % 16 == 0 && (uintptr_t)grad % (4 * sizeof(G)) == 0 &&
 			 (uintptr_t)w_out % 8 == 0;
@@ -1196,57 +1190,4 @@ extern "C" void sl_cuda_adamw_bf16g(struct sl_cuda *c, float *p, float *m, float
 {
 	adamw(c, p, m, v, (const bf16 *)grad, w_out, n, lr, beta1, beta2, eps, wd, bc1, bc2,
 	      grad_scale);
-}
-
-// The embedding's rows as k_adamw4 is about to write them (the same adamw_el, so the same
-// bits), read from the state before that update; one block a token, four elements a thread
-// where H and the pointers allow.
-__global__ void k_embedding_fwd_adamw(bf16 *out, const int *ids, int T, int H, const float *p,
-				      const float *m, const float *v, const bf16 *grad, adamw_k a,
-				      bool vec)
-{
-	for (int t = blockIdx.x; t < T; t += gridDim.x) {
-		const size_t r = (size_t)ids[t] * H;
-		bf16 *d = out + (size_t)t * H;
-
-		if (vec) {
-			for (int j = 4 * threadIdx.x; j < H; j += 4 * blockDim.x) {
-				float4 P = *(const float4 *)(p + r + j), M = *(const float4 *)(m + r + j);
-				float4 V = *(const float4 *)(v + r + j);
-				float g[4], pf[4] = { P.x, P.y, P.z, P.w }, mf[4] = { M.x, M.y, M.z, M.w };
-				float vf[4] = { V.x, V.y, V.z, V.w };
-
-				gval4(g, grad + r + j);
-#pragma unroll
-				for (int k = 0; k < 4; k++)
-					adamw_el(pf[k], mf[k], vf[k], g[k], a);
-				*(uint2 *)(d + j) = pack4(pf);
-			}
-		} else {
-			for (int j = threadIdx.x; j < H; j += blockDim.x) {
-				float pi = p[r + j], mi = m[r + j], vi = v[r + j];
-
-				adamw_el(pi, mi, vi, gval(grad[r + j]), a);
-				d[j] = tobf(pi);
-			}
-		}
-	}
-}
-
-extern "C" void sl_cuda_embedding_fwd_adamw(struct sl_cuda *c, void *out, const int *ids, int T,
-					    int H, const float *p, const float *m, const float *v,
-					    const void *grad, float lr, float beta1, float beta2,
-					    float eps, float wd, float bc1, float bc2,
-					    float grad_scale)
-{
-	if (T <= 0)
-		return;
-	const adamw_k a = adamw_consts(lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale);
-	const bool vec = H % 4 == 0 && (uintptr_t)p % 16 == 0 && (uintptr_t)m % 16 == 0 &&
-			 (uintptr_t)v % 16 == 0 && (uintptr_t)grad % 8 == 0 &&
-			 (uintptr_t)out % 8 == 0;
-
-	k_embedding_fwd_adamw<<<T < 65535 ? T : 65535, NT, 0, c->stream>>>(
-		(bf16 *)out, ids, T, H, p, m, v, (const bf16 *)grad, a, vec);
-	CUDA_LAUNCHED();
 }

@@ -128,11 +128,6 @@ void sl_cuda_sumsq_bf16(struct sl_cuda *c, double *out, const void *g, size_t n)
 void sl_cuda_adamw_bf16g(struct sl_cuda *c, float *p, float *m, float *v, const void *grad,
 			 void *w_out, size_t n, float lr, float beta1, float beta2, float eps,
 			 float wd, float bc1, float bc2, float grad_scale);
-/* embedding_fwd from the table that sl_cuda_adamw_bf16g is about to update (backend.h) */
-void sl_cuda_embedding_fwd_adamw(struct sl_cuda *c, void *out, const int *ids, int T, int H,
-				 const float *p, const float *m, const float *v, const void *grad,
-				 float lr, float beta1, float beta2, float eps, float wd, float bc1,
-				 float bc2, float grad_scale);
 
 /* ---- mixture of experts (moe.cu; routing values float, experts' k at most 32) ---- */
 void sl_cuda_moe_route_fwd(struct sl_cuda *c, float *p, int *topi, float *topw,

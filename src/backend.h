@@ -60,15 +60,6 @@ struct sl_backend {
 	/* out(T,H) = table[ids[t]] ; table (V,H) */
 	void (*embedding_fwd)(struct sl_backend *be, void *out, const int32_t *ids,
 			      const void *table, int T, int H);
-	/*
-	 * Optional (NULL: none): embedding_fwd from the table adamw_c is about to write, before
-	 * that update runs: out(T,H) = the compute-type copy adamw_c(p, m, v, grad, ..., a) will
-	 * write for rows ids[t] of the (V,H) table whose f32 state is p, m, v and gradient grad
-	 * (compute type), the same arithmetic to the bit; nothing is written but out.
-	 */
-	void (*embedding_fwd_adamw)(struct sl_backend *be, void *out, const int32_t *ids, int T,
-				    int H, const float *p, const float *m, const float *v,
-				    const void *grad, const struct sl_adamw_args *a);
 	/* dtable(V,H) += scatter of dout(T,H) by ids */
 	void (*embedding_bwd)(struct sl_backend *be, void *dtable, const int32_t *ids,
 			      const void *dout, int T, int H);

@@ -111,24 +111,6 @@ static void cpu_embedding_fwd(struct sl_backend *be, void *out, const int32_t *i
 		memcpy(o + (size_t)t * H, tab + (size_t)ids[t] * H, (size_t)H * sizeof(real));
 }
 
-static void cpu_embedding_fwd_adamw(struct sl_backend *be, void *out, const int32_t *ids, int T,
-				    int H, const float *p, const float *m, const float *v,
-				    const void *grad, const struct sl_adamw_args *a)
-{
-	const struct sl_adamw_consts k = sl_adamw_consts(a);
-	const real *gr = grad;
-	real *o = out;
-
-#pragma omp parallel for schedule(static)
-	for (int t = 0; t < T; t++)
-		for (int h = 0; h < H; h++) {
-			const size_t i = (size_t)ids[t] * H + h;
-			float pi = p[i], mi = m[i], vi = v[i];
-
-			o[(size_t)t * H + h] = sl_adamw_elem(&k, &pi, &mi, &vi, (float)gr[i]);
-		}
-}
-
 static void cpu_embedding_bwd(struct sl_backend *be, void *dtable, const int32_t *ids,
 			      const void *dout, int T, int H)
 {
@@ -857,7 +839,6 @@ struct sl_backend *CPU_CREATE(void)
 	be->to_compute = cpu_to_compute;
 	be->to_f32 = cpu_to_f32;
 	be->embedding_fwd = cpu_embedding_fwd;
-	be->embedding_fwd_adamw = cpu_embedding_fwd_adamw;
 	be->embedding_bwd = cpu_embedding_bwd;
 	be->rmsnorm_fwd = cpu_rmsnorm_fwd;
 	be->rmsnorm_bwd = cpu_rmsnorm_bwd;

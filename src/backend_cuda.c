@@ -196,15 +196,6 @@ static void cuda_embedding_fwd(struct sl_backend *be, void *out, const int32_t *
 	sl_cuda_embedding_fwd(C(be), out, ids, table, T, H);
 }
 
-static void cuda_embedding_fwd_adamw(struct sl_backend *be, void *out, const int32_t *ids, int T,
-				     int H, const float *p, const float *m, const float *v,
-				     const void *grad, const struct sl_adamw_args *a)
-{
-	sl_cuda_embedding_fwd_adamw(C(be), out, ids, T, H, p, m, v, grad, a->lr, a->beta1,
-				    a->beta2, a->eps, a->weight_decay, a->bc1, a->bc2,
-				    a->grad_scale);
-}
-
 static void cuda_embedding_bwd(struct sl_backend *be, void *dtable, const int32_t *ids,
 			       const void *dout, int T, int H)
 {
@@ -480,7 +471,6 @@ struct sl_backend *sl_backend_cuda_create(int device)
 	be->to_compute = cuda_to_compute;
 	be->to_f32 = cuda_to_f32;
 	be->embedding_fwd = cuda_embedding_fwd;
-	be->embedding_fwd_adamw = cuda_embedding_fwd_adamw;
 	be->embedding_bwd = cuda_embedding_bwd;
 	be->rmsnorm_fwd = cuda_rmsnorm_fwd;
 	be->rmsnorm_bwd = cuda_rmsnorm_bwd;

@@ -743,10 +743,8 @@ static void forward(struct sl_model *m, const struct sl_unit_source *src,
 	m->src = src;		/* the MoE layers fetch their experts' units themselves */
 	sl_moe_begin(m);
 	sl_moe_set_batch(m, b);
-	if (!src->embed_fwd || !src->embed_fwd(src->ctx, m->x[0], b->ids, T, H)) {
-		w = src->weights(src->ctx, 0);
-		be->embedding_fwd(be, m->x[0], b->ids, w, T, H);
-	}
+	w = src->weights(src->ctx, 0);
+	be->embedding_fwd(be, m->x[0], b->ids, w, T, H);
 	release(src->release_fwd, src->ctx, 0);
 
 	prune_rows(m, b);

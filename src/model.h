@@ -144,10 +144,6 @@ struct sl_unit_source {
 	/* optional (NULL: none): grads without zeroing first, for a caller that writes every
 	 * element of the unit (what lies past the unit's elements is zeros) */
 	void *(*grads_set)(void *ctx, int unit);
-	/* optional (NULL: none): out(T, H) = the embedding's rows ids as weights(0) would give
-	 * them, without waiting for what weights(0) waits for (shard.c: the embedding's AdamW
-	 * update, computed for just these rows); false: not now, use weights(0) */
-	bool (*embed_fwd)(void *ctx, void *out, const int32_t *ids, int T, int H);
 };
 
 /*

@@ -427,16 +427,11 @@ static int compute(const struct sl_config *c, const struct sl_model_config *mc,
 		 */
 		const bool tied = !sl_layout_find(lay, "score.weight") &&
 			!sl_layout_find(lay, "lm_head.weight");
-		/* shard.c's emb_preview (the optimizer overlap, on by default on cuda, train.c):
-		 * the embedding's gradient in a buffer of its own */
-		const char *ov = getenv("SHARDLM_OPT_OVERLAP"), *pv = getenv("SHARDLM_EMB_PREVIEW");
-		const bool emb_own = p->grad_direct && !(pv && !strcmp(pv, "0")) &&
-			(ov && *ov ? strcmp(ov, "0") != 0 : p->cuda);
 
 		for (int u = p->grad_direct ? 0 : 1; u <= mc->n_layers - p->grad_direct; u++) {
 			size_t sh = unit_shard(c, lay, p->S, u, NULL) * ge;
 
-			if (p->grad_direct && u == 0 && (tied || emb_own))
+			if (p->grad_direct && u == 0 && tied)
 				continue;
 
 			if (sh <= room) {

@@ -35,8 +35,6 @@ static bool in_place(const struct sl_shard *s, const struct sl_shard_unit *u)
 
 static void update_unit(struct sl_shard *s, int ui, const struct sl_optim_hparams *h,
 			struct sl_adamw_args *a);
-static void run_args(struct sl_adamw_args *a, const struct sl_optim_hparams *h,
-		     const struct sl_tensor_info *ti);
 
 /* overlap_optimizer: issue pending unit @ui's update on the side stream (in the caller's
  * side_begin) */
@@ -69,7 +67,7 @@ static void opt_issue_upto(struct sl_shard *s, int pos)
 	for (int i = 0; s->opt_npending && i < end; i++) {
 		const int ui = i < s->n_fwd ? s->fwd_order[i] : i - s->n_fwd;
 
-		if (!s->u[ui].opt_pending || (ui == 0 && s->emb_deferred))
+		if (!s->u[ui].opt_pending)
 			continue;
 		if (!begun)
 			b->side_begin(b);
@@ -86,8 +84,6 @@ static void opt_await(struct sl_shard *s, struct sl_shard_unit *u)
 {
 	if (!s->overlap_opt)
 		return;
-	if (u == &s->u[0])
-		s->emb_deferred = false;	/* read whole: no preview of its rows */
 	if (u->fwd_pos < 0 && u->opt_pending)
 		opt_issue_upto(s, -1);
 	else if (u->fwd_pos >= 0)
@@ -113,7 +109,6 @@ void sl_shard_settle(struct sl_shard *s)
 {
 	if (!s->overlap_opt)
 		return;
-	s->emb_deferred = false;
 	opt_issue_upto(s, -1);
 	if (s->sq_pending) {	/* the step's sums of squares issued so far */
 		s->be->wait_event(s->be, s->ev_sq);
@@ -149,33 +144,6 @@ static void side_sumsq(struct sl_shard *s, int ui)
 	b->side_end(b);
 	u->sq_side = true;
 	s->sq_pending = true;
-}
-
-/*
- * emb_preview (before the units are set up): the optimizer overlaps the forward, one rank holds
- * unit 0 whole on the device with its gradient in the compute type (grad_direct), the backend
- * has embedding_fwd_adamw, unit 0 is one (V, H) matrix (so one update, one run of tensors), and
- * SHARDLM_EMB_PREVIEW is not 0.  Its gradient then gets a buffer of its own (not a layer's
- * activations, which the forward writes while the update may still be running).
- */
-static bool emb_preview_ok(struct sl_shard *s)
-{
-	const char *e = getenv("SHARDLM_EMB_PREVIEW");
-	const struct sl_tensor_info *ti = NULL;
-
-	if (!s->overlap_opt || !s->grad_direct || !s->be->embedding_fwd_adamw || !single(s) ||
-	    s->host_params || (e && !strcmp(e, "0")))
-		return false;
-	for (int t = 0; t < s->lay->n_tensors; t++)
-		if (s->lay->t[t].unit == 0) {
-			if (ti)
-				return false;
-			ti = &s->lay->t[t];
-		}
-	if (!ti || ti->ndim != 2 || ti->offset != 0)
-		return false;
-	s->emb_ti = ti;
-	return true;
 }
 
 static void *host_alloc(struct sl_shard *s, size_t bytes)
@@ -323,31 +291,6 @@ static const void *unit_weights(void *ctx, int unit)
 	if (fresh)
 		sl_comm_all_gather(u->comm, slot->buf, u->w_shard, u->shard, s->compute_dtype);
 	return slot->buf;
-}
-
-/* src.embed_fwd (struct sl_shard's emb_preview): the rows from the state before the pending
- * update, which is issued right after */
-static bool unit_embed(void *ctx, void *out, const int32_t *ids, int T, int H)
-{
-	struct sl_shard *s = ctx;
-	struct sl_shard_unit *u = &s->u[0];
-	struct sl_backend *b = s->be;
-	struct sl_adamw_args a = s->opt_a;
-
-	if (!s->emb_deferred || !u->opt_pending || s->emb_ti->shape[1] != H)
-		return false;
-	s->bwd = false;
-	fwd_note(s, 0);
-	run_args(&a, &s->opt_h, s->emb_ti);
-	b->embedding_fwd_adamw(b, out, ids, T, H, u->master, u->m, u->v, u->gradc, &a);
-	/* the update after those reads: the side stream starts after what the compute stream has */
-	s->emb_deferred = false;
-	b->side_begin(b);
-	opt_issue_one(s, 0);
-	b->side_end(b);
-	if (s->opt_ahead >= 0)
-		opt_issue_upto(s, u->fwd_pos + s->opt_ahead);
-	return true;
 }
 
 static void release_weights(void *ctx, int unit)
@@ -547,9 +490,6 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	s->h_sumsq = calloc(lay->n_units, sizeof(double));
 	if (!s->u || !s->shard_sizes || !s->shard_starts || !s->shard_counts || !s->h_sumsq)
 		return -1;
-	s->overlap_opt = o->overlap_optimizer && !s->host_state && be->side_begin &&
-		be->side_end && be->record_event && be->event_create && be->wait_event;
-	s->emb_preview = emb_preview_ok(s);
 	for (int i = 0; i < lay->n_units; i++) {
 		struct sl_shard_unit *u = &s->u[i];
 
@@ -587,10 +527,7 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 		u->m = state_alloc(s, u->shard * sizeof(float));
 		u->v = state_alloc(s, u->shard * sizeof(float));
 		if (s->grad_direct) {
-			/* emb_preview: the embedding's update runs beside the next forward, which
-			 * writes the layers' activations */
-			u->gradc = i == 0 && s->emb_preview ? NULL :
-				lend_grads(s, o, i, u->shard * b->elt);
+			u->gradc = lend_grads(s, o, i, u->shard * b->elt);
 			u->grad_lent = u->gradc != NULL;
 			if (!u->gradc)
 				u->gradc = b->alloc(b, u->shard * b->elt);
@@ -633,6 +570,8 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	if (s->host_params && !single(s))
 		s->d_wstage = b->alloc(b, max_shard * b->elt);
 	s->opt_last = -1;
+	s->overlap_opt = o->overlap_optimizer && !s->host_state && be->side_begin &&
+		be->side_end && be->record_event && be->event_create && be->wait_event;
 	for (int i = 0; s->overlap_opt && i < s->n_units; i++)
 		s->u[i].ev_opt = be->event_create(be);
 	for (int i = 0; i < s->n_units; i++)
@@ -649,8 +588,6 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 					  .grads_set = unit_grads_set,
 					  .release_fwd = release_weights,
 					  .release_bwd = release_grads };
-	if (s->emb_preview)
-		s->src.embed_fwd = unit_embed;
 	if (s->host_state)
 		return sl_offload_create(s, max_shard);
 	return 0;
@@ -1002,7 +939,6 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 		for (int ui = 0; ui < s->n_units; ui++)
 			s->u[ui].opt_pending = true;
 		s->opt_npending = s->n_units;
-		s->emb_deferred = s->emb_preview;
 		/* the forward's first units now (under the step's end), the rest as it reads them */
 		opt_issue_upto(s, s->opt_ahead < 0 ? -1 : s->opt_ahead);
 	} else {

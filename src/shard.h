@@ -167,15 +167,6 @@ struct sl_shard {
 	/* overlap_optimizer, no replicas: each unit's sum of squares runs on the side stream as
 	 * soon as its backward's gradient is reduced, the step's end waits for the last one */
 	bool sq_overlap;
-	/*
-	 * overlap_optimizer, one rank, gradients direct: the embedding's update (unit 0) waits on
-	 * the host until the next forward has read its rows as the update will write them
-	 * (src.embed_fwd, backend embedding_fwd_adamw), so the forward does not wait for it; it is
-	 * then issued, last on the side stream.  emb_ti: the embedding, unit 0's one tensor.
-	 */
-	bool emb_preview;
-	bool emb_deferred;		/* unit 0's update is held for that */
-	const struct sl_tensor_info *emb_ti;
 	void *ev_sq;			/* the latest of them */
 	bool sq_pending;		/* issued since the last wait for ev_sq */
 };

@@ -475,12 +475,9 @@ int sl_cmd_train(int argc, char **argv)
 		if (j->sh.opt_chunk)
 			snprintf(how + strlen(how), sizeof(how) - strlen(how), ", at most %zu "
 				 "elements a launch", j->sh.opt_chunk);
-		sl_log("optimizer: AdamW on a side stream, under the next step's forward%s%s%s "
+		sl_log("optimizer: AdamW on a side stream, under the next step's forward%s%s "
 		       "(SHARDLM_OPT_OVERLAP=0: off)", how, j->sh.sq_overlap ? "; the gradient "
-		       "norm's sums of squares there too, each under the rest of the backward" : "",
-		       j->sh.emb_preview ? "; the forward computes its embedding rows from the "
-		       "state before their update, which runs last (SHARDLM_EMB_PREVIEW=0: off)" :
-		       "");
+		       "norm's sums of squares there too, each under the rest of the backward" : "");
 	}
 	if (j->have_xcomm) {
 		const struct sl_shard_unit *xu = &j->sh.u[j->mf.lay.n_units - 1];

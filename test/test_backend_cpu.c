@@ -340,37 +340,6 @@ static void test_adamw(struct sl_backend *be)
 	free(p); free(m); free(v); free(wout); free(rp); free(rm); free(rv);
 }
 
-/* embedding_fwd_adamw: the rows adamw_c would write, to the bit, and nothing else written */
-static void test_embedding_adamw(struct sl_backend *be)
-{
-	const int V = 50, H = 12, T = 40;
-	const size_t n = (size_t)V * H;
-	float *p = rand_f(n, 1), *m = rand_f(n, 0.1), *v = rand_f(n, 0.01), *g = rand_f(n, 1);
-	float *p0 = malloc(n * 4), *m0 = malloc(n * 4), *v0 = malloc(n * 4), *w = malloc(n * 4);
-	float *rows = malloc((size_t)T * H * 4);
-	int32_t ids[40];
-	struct sl_adamw_args a = { .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-				   .weight_decay = 0.1f, .bc1 = 1 - powf(0.9f, 3),
-				   .bc2 = 1 - powf(0.95f, 3), .grad_scale = 0.5f };
-	int bad = 0;
-
-	for (size_t i = 0; i < n; i++)
-		v[i] = fabsf(v[i]);
-	for (int t = 0; t < T; t++)
-		ids[t] = (t * 7 + 3) % V;	/* every other row, some twice */
-	memcpy(p0, p, n * 4);
-	memcpy(m0, m, n * 4);
-	memcpy(v0, v, n * 4);
-	be->embedding_fwd_adamw(be, rows, ids, T, H, p, m, v, g, &a);
-	CHECK(!memcmp(p, p0, n * 4) && !memcmp(m, m0, n * 4) && !memcmp(v, v0, n * 4),
-	      "embedding_fwd_adamw wrote the state");
-	be->adamw_c(be, p, m, v, g, w, n, &a);
-	for (int t = 0; t < T; t++)
-		bad += memcmp(rows + (size_t)t * H, w + (size_t)ids[t] * H, (size_t)H * 4) != 0;
-	CHECK(bad == 0, "embedding_fwd_adamw: %d of %d rows differ from adamw_c's", bad, T);
-	free(p); free(m); free(v); free(g); free(p0); free(m0); free(v0); free(w); free(rows);
-}
-
 int main(void)
 {
 	struct sl_backend *be = sl_backend_cpu_create();
@@ -387,7 +356,6 @@ int main(void)
 	test_packed(be);
 	test_misc(be);
 	test_adamw(be);
-	test_embedding_adamw(be);
 	be->destroy(be);
 	return test_exit("test_backend_cpu");
 }

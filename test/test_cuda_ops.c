@@ -296,52 +296,6 @@ static void t_embedding(int V, int H, int T)
 	drop(dt);
 }
 
-/*
- * embedding_fwd_adamw: against the cpu's on the same state (the update in f32 on both sides, the
- * rows then rounded to bf16 on the gpu), and to the bit the rows that adamw_c then embedding_fwd
- * give on the gpu; the state it read is left as it was
- */
-static void t_embedding_adamw(int V, int H, int T)
-{
-	char sh[64];
-	const size_t n = (size_t)V * H;
-	struct buf *p = rnd(F32, n, 1), *m = rnd(F32, n, 0.1), *v = mk(F32, n);
-	struct buf *gr = rnd(BF, n, 1), *ids = ints(T, 0, V - 1), *o = out(BF, (size_t)T * H);
-	struct sl_adamw_args a = { .lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-				   .weight_decay = 0.1f, .bc1 = 1 - powf(0.9f, 7),
-				   .bc2 = 1 - powf(0.95f, 7), .grad_scale = 0.7f };
-	void *wq = gpu->alloc(gpu, n * 2), *o2 = gpu->alloc(gpu, (size_t)T * H * 2);
-	uint16_t *r1 = malloc((size_t)T * H * 2), *r2 = malloc((size_t)T * H * 2);
-	float *pa = malloc(n * 4);
-
-	for (size_t i = 0; i < n; i++)
-		v->h[i] = (float)(0.01 * rng_unif());
-	put(v);
-	snprintf(sh, sizeof(sh), "V=%d H=%d T=%d", V, H, T);
-	cpu->embedding_fwd_adamw(cpu, o->c, ids->c, T, H, p->c, m->c, v->c, gr->c, &a);
-	TIMED(gpu->embedding_fwd_adamw(gpu, o->g, ids->g, T, H, p->g, m->g, v->g, gr->g, &a));
-	cmp("embedding_fwd_adamw", sh, "rows", o, 4e-3);
-	gpu->download(gpu, pa, p->g, n * 4);
-	CHECK(!memcmp(pa, p->h, n * 4), "embedding_fwd_adamw %s wrote the master weights", sh);
-	gpu->adamw_c(gpu, p->g, m->g, v->g, gr->g, wq, n, &a);
-	gpu->embedding_fwd(gpu, o2, ids->g, wq, T, H);
-	gpu->download(gpu, r1, o->g, (size_t)T * H * 2);
-	gpu->download(gpu, r2, o2, (size_t)T * H * 2);
-	CHECK(!memcmp(r1, r2, (size_t)T * H * 2),
-	      "embedding_fwd_adamw %s: not adamw_c's rows to the bit", sh);
-	gpu->free(gpu, wq);
-	gpu->free(gpu, o2);
-	free(r1);
-	free(r2);
-	free(pa);
-	drop(p);
-	drop(m);
-	drop(v);
-	drop(gr);
-	drop(ids);
-	drop(o);
-}
-
 static void t_rmsnorm(int T, int H, bool acc)
 {
 	char sh[64];
@@ -956,9 +910,6 @@ int main(int argc, char **argv)
 	t_embedding(37, 70, 50);
 	t_embedding(1000, 2100, 300);
 	t_embedding(5, 64, 1000);	/* heavy repeats */
-	t_embedding_adamw(1000, 2048, 300);
-	t_embedding_adamw(37, 70, 50);	/* H not a multiple of 4: one element a thread */
-	t_embedding_adamw(5, 64, 1000);	/* heavy repeats */
 	t_rmsnorm(1, 12, false);
 	t_rmsnorm(7, 33, true);
 	t_rmsnorm(130, 1000, false);

@@ -480,9 +480,8 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 	for (int off = SL_OFFLOAD_NONE; off <= SL_OFFLOAD_PARAMS; off++) {
 		/* ck 0: accum 3; 1: checkpointing, accum 1; 2: offload optimizer's lean host
 		 * layout, accum 3; 3: accum 1 (no offload: the layers' gradients in their
-		 * activations, sl_model_grad_room); 4: that with the optimizer overlap (the
-		 * embedding's gradient in a buffer of its own: shard.c's emb_preview) */
-		for (int ck = 0; ck < 5; ck++) {
+		 * activations, sl_model_grad_room) */
+		for (int ck = 0; ck < 4; ck++) {
 			struct sl_config c;
 			struct sl_plan_opts o = { .gpus = 1, .offload = -1, .ckpt = -1,
 						  .force_lean = ck == 2 };
@@ -491,17 +490,14 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 			struct sl_shard_opts so = { .reshard_after_forward = true, .prefetch = 1,
 						    .offload = off };
 			/* 3: on the device (the cpu "GPU" has room) */
-			int acc = ck == 1 || ck >= 3 ? 1 : 3;
+			int acc = ck == 1 || ck == 3 ? 1 : 3;
 			struct sl_model *m;
 			void *batch[7], *cpbuf[11];
 			const int Lrow = C > 1 ? sl_cp_row_len(L, C) : (L + 1) / 2 * 2;
 			size_t hplan, lent = 0;
 
-			if ((ck == 2 && off != SL_OFFLOAD_OPTIMIZER) ||
-			    (ck == 4 && off != SL_OFFLOAD_NONE))
+			if (ck == 2 && off != SL_OFFLOAD_OPTIMIZER)
 				continue;
-			setenv("SHARDLM_OPT_OVERLAP", ck == 4 ? "1" : "0", 1);
-			so.overlap_optimizer = ck == 4;
 			sl_config_defaults(&c);
 			c.backend = SL_BACKEND_CPU;
 			c.task = task;
@@ -532,11 +528,9 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 			      sh.grad_direct, p.grad_direct);
 			CHECK(lent == p.lent_grads, "%s task %d offload %d ckpt %d: lent %zu, "
 			      "planned %zu", mc->model_type, task, off, ck, lent, p.lent_grads);
-			CHECK(sh.emb_preview == (ck == 4), "%s task %d ck %d: emb_preview %d",
-			      mc->model_type, task, ck, sh.emb_preview);
 			/* the qwen3 model's layers lend whenever a step has one micro-batch and
 			 * their activations are kept */
-			CHECK((lent > 0) == (!mc->norm_offset && ck >= 3 && off == SL_OFFLOAD_NONE),
+			CHECK((lent > 0) == (!mc->norm_offset && ck == 3 && off == SL_OFFLOAD_NONE),
 			      "%s task %d offload %d ckpt %d: lent %zu", mc->model_type, task, off,
 			      ck, lent);
 			if (C > 1) {
@@ -579,7 +573,6 @@ static void check_counts(const struct sl_model_config *mc, int task, int B, int 
 			CHECK(k.dev == 0 && k.host == 0, "leak: %zu %zu", k.dev, k.host);
 		}
 	}
-	unsetenv("SHARDLM_OPT_OVERLAP");
 	sl_layout_free(&lay);
 	k.cpu->destroy(k.cpu);
 }
