@@ -2,8 +2,6 @@
 // the cuda backend, with their extern "C" launchers.  bf16 in memory, fp32 arithmetic.  Every
 // reduction runs in a fixed order (no atomics), so results repeat bit for bit.
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "common.cuh"
@@ -813,11 +811,9 @@ static __device__ __forceinline__ void ms_merge(float &m, float &s, float m2, fl
 }
 
 // One block per row: the row's log-sum-exp in one online pass, then the gradient in a second.
-// The target's logit is read before any thread overwrites the row (dz may be z).  REV: the
-// second pass walks the row from its end, where the first pass's latest reads are, so more of
-// them may still be in L2 (measurement: SHARDLM_CE_REV=1; SHARDLM_CE_SMEM_KB=K holds K KB of
-// shared memory a block, fewer rows in flight).
-template <bool REV>
+// The target's logit is read before any thread overwrites the row (dz may be z).  The second
+// pass walks the row from its end, where the first pass's latest reads are, so more of them are
+// still in L2 (on an H100 4% faster than from the start: bench/RESULTS.md, thirty-third session).
 __global__ void __launch_bounds__(CE_NT) k_ce(float *row_loss, bf16 *dz, const bf16 *z,
 					      const int *tgt, int V, float scale)
 {
@@ -874,8 +870,7 @@ __global__ void __launch_bounds__(CE_NT) k_ce(float *row_loss, bf16 *dz, const b
 		const int nv = V / 8, tid = threadIdx.x;
 		const int last = tid < nv ? nv - 1 - (nv - 1 - tid) % CE_NT : -1;
 
-		for (int j = REV ? last : tid; REV ? j >= 0 : j < nv;
-		     j += REV ? -CE_NT : CE_NT) {
+		for (int j = last; j >= 0; j -= CE_NT) {
 			const int i = 8 * j;
 			uint4 u = *(const uint4 *)(zr + i), o;
 			const bf16 *e = (const bf16 *)&u;
@@ -914,30 +909,10 @@ extern "C" void sl_cuda_ce_fwd_bwd(struct sl_cuda *c, double *loss_sum, float *r
 				   void *dlogits, const void *logits, const int32_t *targets, int n,
 				   int V, float scale)
 {
-	static int rev = -1, smem;
-
 	if (n <= 0)
 		return;
-	if (rev < 0) {
-		const char *e = getenv("SHARDLM_CE_REV"), *k = getenv("SHARDLM_CE_SMEM_KB");
-
-		rev = e && !strcmp(e, "1");
-		smem = k ? atoi(k) * 1024 : 0;
-		if (smem > 0) {
-			cudaFuncSetAttribute(k_ce<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-					     smem);
-			cudaFuncSetAttribute(k_ce<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-					     smem);
-		}
-	}
-	if (rev)
-		k_ce<true><<<n, CE_NT, smem, c->stream>>>(row_loss, (bf16 *)dlogits,
-							  (const bf16 *)logits, (const int *)targets,
-							  V, scale);
-	else
-		k_ce<false><<<n, CE_NT, smem, c->stream>>>(row_loss, (bf16 *)dlogits,
-							   (const bf16 *)logits,
-							   (const int *)targets, V, scale);
+	k_ce<<<n, CE_NT, 0, c->stream>>>(row_loss, (bf16 *)dlogits, (const bf16 *)logits,
+					 (const int *)targets, V, scale);
 	CUDA_LAUNCHED();
 	k_add_sum<<<1, NT, 0, c->stream>>>(loss_sum, row_loss, n);
 	CUDA_LAUNCHED();

@@ -327,7 +327,8 @@ static void run(const char *name, int V, int H, int nh, int nkv, int hd, int I, 
 		be->upload(be, dlab, labels, B * 4);
 		struct sl_batch_dev bd = { .B = B, .L = L, .ids = dids, .lens = dlens,
 					   .last = dlast, .labels = dlab, .h_lens = lens };
-		struct sl_unit_source src = { sd, src_weights, src_grads, NULL, NULL, NULL };
+		struct sl_unit_source src = { .ctx = sd, .weights = src_weights,
+					      .grads = src_grads };
 
 		rc = sl_model_train_step(sd->m, &src, &bd, 1.0f / B, &loss[s], scores[s]);
 		CHECK(rc == 0, "train step %d", rc);
