@@ -529,12 +529,9 @@ static void release(void (*hook)(void *, int), void *ctx, int unit)
 		hook(ctx, unit);
 }
 
-/*
- * Decoder layer l on input x (T, H) with unit weights w.  @full: also produce the layer output
- * xout; the backward's recompute stops before the down projection, which it does not need.
- */
-static void layer_fwd(const struct sl_model *m, int l, const void *w, const struct acts *a,
-		      const void *x, void *xout, const struct sl_batch_dev *b, bool full)
+/* decoder layer l's input norm, q/k/v projection, q/k norm, rotary and attention: a->att */
+static void attention_part_fwd(const struct sl_model *m, int l, const void *w,
+			       const struct acts *a, const void *x, const struct sl_batch_dev *b)
 {
 	struct sl_backend *be = m->be;
 	const struct layer_off *lo = &m->lo[l];
@@ -551,6 +548,47 @@ static void layer_fwd(const struct sl_model *m, int l, const void *w, const stru
 		be->attention_fwd(be, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh,
 				  m->nkv, m->hd);
 	}
+}
+
+/*
+ * attention_part_fwd's backward: m->gb2 = the gradient of a->att in; grads g of the unit +=,
+ * m->gx += the gradient of x (m->gb1, m->gb2, m->gn used)
+ */
+static void attention_part_bwd(const struct sl_model *m, int l, const void *w, void *g,
+			       const struct acts *a, const void *x, const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	const struct layer_off *lo = &m->lo[l];
+	const int T = b->B * b->L, H = m->H;
+	void *gbqkv = lo->bqkv == NO_OFF ? NULL : at(m, g, lo->bqkv);
+
+	if (b->cp) {
+		sl_cp_attention_bwd(m, l, w, g, a, b);
+	} else {
+		be->attention_bwd(be, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b->lens, b->pos,
+				  b->B, b->L, m->nh, m->nkv, m->hd);
+		be->qk_norm_rope_bwd(be, m->gb2, at(m, g, lo->qn), at(m, g, lo->kn), m->gb1,
+				     a->qkv, at(m, w, lo->qn), at(m, w, lo->kn), a->rstd_qk, T,
+				     b->L, b->pos, m->nh, m->nkv, m->hd, m->eps, m->theta);
+	}
+	be->matmul_bwd(be, m->gn, at(m, g, lo->wqkv), gbqkv, m->gb2, a->xn1, at(m, w, lo->wqkv),
+		       T, H, m->Q, false);
+	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln1), m->gn, x, at(m, w, lo->ln1), a->rstd1, T, H,
+			true);
+}
+
+/*
+ * Decoder layer l on input x (T, H) with unit weights w.  @full: also produce the layer output
+ * xout; the backward's recompute stops before the down projection, which it does not need.
+ */
+static void layer_fwd(const struct sl_model *m, int l, const void *w, const struct acts *a,
+		      const void *x, void *xout, const struct sl_batch_dev *b, bool full)
+{
+	struct sl_backend *be = m->be;
+	const struct layer_off *lo = &m->lo[l];
+	const int T = b->B * b->L, H = m->H;
+
+	attention_part_fwd(m, l, w, a, x, b);
 	if (lo->bo != NO_OFF) {
 		be->matmul_fwd(be, a->h, a->att, at(m, w, lo->wo), at(m, w, lo->bo), T,
 			       m->nh * m->hd, H);
@@ -578,7 +616,6 @@ static void layer_bwd(const struct sl_model *m, int l, const void *w, void *g,
 	const struct layer_off *lo = &m->lo[l];
 	const int T = b->B * b->L, H = m->H;
 	void *gbo = lo->bo == NO_OFF ? NULL : at(m, g, lo->bo);
-	void *gbqkv = lo->bqkv == NO_OFF ? NULL : at(m, g, lo->bqkv);
 
 	/* MLP: x' = h + down(act); the residual passes gx through to h unchanged */
 	if (lo->wr != NO_OFF) {
@@ -596,19 +633,7 @@ static void layer_bwd(const struct sl_model *m, int l, const void *w, void *g,
 	/* attention: h = x + o_proj(att) */
 	be->matmul_bwd(be, m->gb2, at(m, g, lo->wo), gbo, m->gx, a->att, at(m, w, lo->wo), T,
 		       m->nh * m->hd, H, false);
-	if (b->cp) {
-		sl_cp_attention_bwd(m, l, w, g, a, b);
-	} else {
-		be->attention_bwd(be, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b->lens, b->pos,
-				  b->B, b->L, m->nh, m->nkv, m->hd);
-		be->qk_norm_rope_bwd(be, m->gb2, at(m, g, lo->qn), at(m, g, lo->kn), m->gb1,
-				     a->qkv, at(m, w, lo->qn), at(m, w, lo->kn), a->rstd_qk, T,
-				     b->L, b->pos, m->nh, m->nkv, m->hd, m->eps, m->theta);
-	}
-	be->matmul_bwd(be, m->gn, at(m, g, lo->wqkv), gbqkv, m->gb2, a->xn1, at(m, w, lo->wqkv),
-		       T, H, m->Q, false);
-	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln1), m->gn, x, at(m, w, lo->ln1), a->rstd1, T, H,
-			true);
+	attention_part_bwd(m, l, w, g, a, x, b);
 }
 
 /*
@@ -623,14 +648,9 @@ static void layer_fwd_last(const struct sl_model *m, int l, const void *w, const
 {
 	struct sl_backend *be = m->be;
 	const struct layer_off *lo = &m->lo[l];
-	const int T = b->B * b->L, H = m->H, n = m->prune_n, A = m->nh * m->hd;
+	const int H = m->H, n = m->prune_n, A = m->nh * m->hd;
 
-	be->rmsnorm_fwd(be, a->xn1, a->rstd1, x, at(m, w, lo->ln1), T, H, m->eps);
-	be->matmul_fwd(be, a->qkv, a->xn1, at(m, w, lo->wqkv), at_opt(m, w, lo->bqkv), T, H, m->Q);
-	be->qk_norm_rope_fwd(be, a->qkvr, a->rstd_qk, a->qkv, at(m, w, lo->qn), at(m, w, lo->kn),
-			     T, b->L, b->pos, m->nh, m->nkv, m->hd, m->eps, m->theta);
-	be->attention_fwd(be, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh,
-			  m->nkv, m->hd);
+	attention_part_fwd(m, l, w, a, x, b);
 	be->gather_rows(be, m->gb1, a->att, m->prune_idx, n, A);
 	be->gather_rows(be, m->xl, x, m->prune_idx, n, H);
 	if (lo->bo != NO_OFF) {
@@ -654,7 +674,6 @@ static void layer_bwd_last(const struct sl_model *m, int l, const void *w, void 
 	const struct layer_off *lo = &m->lo[l];
 	const int T = b->B * b->L, H = m->H, n = m->prune_n, A = m->nh * m->hd;
 	void *gbo = lo->bo == NO_OFF ? NULL : at(m, g, lo->bo);
-	void *gbqkv = lo->bqkv == NO_OFF ? NULL : at(m, g, lo->bqkv);
 
 	be->matmul_bwd(be, m->gb2, at(m, g, lo->wd), NULL, m->gxl, a->act, at(m, w, lo->wd), n,
 		       m->I, H, false);
@@ -672,15 +691,7 @@ static void layer_bwd_last(const struct sl_model *m, int l, const void *w, void 
 	be->scatter_add_rows(be, m->gb2, m->gb1, m->prune_idx, n, A);
 	be->zero(be, m->gx, (size_t)T * H * be->elt);
 	be->scatter_add_rows(be, m->gx, m->gxl, m->prune_idx, n, H);
-	be->attention_bwd(be, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B,
-			  b->L, m->nh, m->nkv, m->hd);
-	be->qk_norm_rope_bwd(be, m->gb2, at(m, g, lo->qn), at(m, g, lo->kn), m->gb1, a->qkv,
-			     at(m, w, lo->qn), at(m, w, lo->kn), a->rstd_qk, T, b->L, b->pos, m->nh,
-			     m->nkv, m->hd, m->eps, m->theta);
-	be->matmul_bwd(be, m->gn, at(m, g, lo->wqkv), gbqkv, m->gb2, a->xn1, at(m, w, lo->wqkv),
-		       T, H, m->Q, false);
-	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln1), m->gn, x, at(m, w, lo->ln1), a->rstd1, T, H,
-			true);
+	attention_part_bwd(m, l, w, g, a, x, b);
 }
 
 /*

@@ -111,7 +111,7 @@ struct sl_model {
 	void *gxnf, *gxl;	/* (Bh, H) */
 
 	/*
-	 * The last layer on the head's rows only (model.c, prune_last): its attention runs on every
+	 * The last layer on the head's rows only (model.c: prune_rows, layer_fwd_last): its attention runs on every
 	 * token (the head's rows attend to them all), its output projection, MLP and residual on
 	 * just the rows the head reads, which land in xl.  prune_ok: the last layer is a plain
 	 * Qwen3 layer with a dense MLP and SHARDLM_PRUNE_LAST is not 0.  Set by each forward:
