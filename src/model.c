@@ -419,6 +419,9 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 
 		m->prune_ok = !m->q35 && m->nL > 0 && m->lo[m->nL - 1].wgu != NO_OFF &&
 			!(e && !strcmp(e, "0"));
+		m->prune_attn_ok = m->prune_ok && !(e && !strcmp(e, "1")) &&
+			be->cp_attention_fwd && be->cp_attention_bwd && be->copy_cols &&
+			(!be->cp_attention_takes || be->cp_attention_takes(m->hd));
 	}
 	norm = sl_layout_find(lay, "model.norm.weight");
 	score = sl_layout_find(lay, "score.weight");
@@ -468,7 +471,9 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 	m->gxl = sl_model_ws_alloc(m, B * m->H, be->elt);
 	m->loss_dev = sl_model_ws_alloc(m, 1, sizeof(double));
 	m->scores_f32 = sl_model_ws_alloc(m, B, sizeof(float));
-	if (!m->scores_f32 || sl_moe_create(m, mc))
+	m->prune_q = sl_model_ws_alloc(m, B, sizeof(int32_t));
+	m->prune_q_host = malloc(B * sizeof(int32_t));
+	if (!m->scores_f32 || !m->prune_q || !m->prune_q_host || sl_moe_create(m, mc))
 		goto out_free_model;
 	return m;
 
@@ -489,6 +494,7 @@ void sl_model_destroy(struct sl_model *m)
 	free(m->acts);
 	free(m->x);
 	free(m->lo);
+	free(m->prune_q_host);
 	free(m);
 }
 
@@ -529,6 +535,53 @@ static void release(void (*hook)(void *, int), void *ctx, int unit)
 		hook(ctx, unit);
 }
 
+/* elements from a scratch buffer's start to where its next part may begin (8-aligned) */
+static size_t part_at(size_t n)
+{
+	return (n + 7) / 8 * 8;
+}
+
+/*
+ * The last layer's attention with the head's rows as its only queries (m->prune_attn): a->att's
+ * first prune_n rows and a->lse's get theirs.  m->gb1 holds the rows' q|k|v (the q columns
+ * read) and every token's k|v, as the context-parallel attention takes them.
+ */
+static void attend_rows_fwd(const struct sl_model *m, const struct acts *a,
+			    const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	const int T = b->B * b->L, n = m->prune_n, A = m->nh * m->hd, KW = 2 * m->nkv * m->hd;
+	void *kv = (char *)m->gb1 + part_at((size_t)n * m->Q) * be->elt;
+
+	be->gather_rows(be, m->gb1, a->qkvr, m->prune_idx, n, m->Q);
+	be->copy_cols(be, kv, KW, 0, a->qkvr, m->Q, A, T, KW, false);
+	be->cp_attention_fwd(be, a->att, a->lse, m->gb1, kv, m->prune_q, m->prune_q, b->lens,
+			     b->B, 1, b->L, m->nh, m->nkv, m->hd, 0, 1, 0);
+}
+
+/*
+ * attend_rows_fwd's backward: m->gn's first prune_n rows = the gradient of the rows' attention
+ * output in; m->gb1 = the gradient of every token's q|k|v out (m->gb2 used: every token's
+ * d(k|v), then the rows' dq)
+ */
+static void attend_rows_bwd(const struct sl_model *m, const struct acts *a,
+			    const struct sl_batch_dev *b)
+{
+	struct sl_backend *be = m->be;
+	const int T = b->B * b->L, n = m->prune_n, A = m->nh * m->hd, KW = 2 * m->nkv * m->hd;
+	void *kv = (char *)m->gb1 + part_at((size_t)n * m->Q) * be->elt;
+	void *dq = (char *)m->gb2 + part_at((size_t)T * KW) * be->elt;
+
+	be->gather_rows(be, m->gb1, a->qkvr, m->prune_idx, n, m->Q);
+	be->copy_cols(be, kv, KW, 0, a->qkvr, m->Q, A, T, KW, false);
+	/* dq: the rows' dq (k|v columns zero); gb2: every token's d(k|v) */
+	be->cp_attention_bwd(be, dq, m->gb2, m->gn, a->att, a->lse, m->gb1, kv, m->prune_q,
+			     m->prune_q, b->lens, b->B, 1, b->L, m->nh, m->nkv, m->hd);
+	be->zero(be, m->gb1, (size_t)T * m->Q * be->elt);
+	be->copy_cols(be, m->gb1, m->Q, A, m->gb2, KW, 0, T, KW, false);
+	be->scatter_add_rows(be, m->gb1, dq, m->prune_idx, n, m->Q);
+}
+
 /* decoder layer l's input norm, q/k/v projection, q/k norm, rotary and attention: a->att */
 static void attention_part_fwd(const struct sl_model *m, int l, const void *w,
 			       const struct acts *a, const void *x, const struct sl_batch_dev *b)
@@ -541,13 +594,15 @@ static void attention_part_fwd(const struct sl_model *m, int l, const void *w,
 	be->matmul_fwd(be, a->qkv, a->xn1, at(m, w, lo->wqkv), at_opt(m, w, lo->bqkv), T, H, m->Q);
 	if (b->cp) {
 		sl_cp_attention_fwd(m, l, w, a, b);
-	} else {
-		be->qk_norm_rope_fwd(be, a->qkvr, a->rstd_qk, a->qkv, at(m, w, lo->qn),
-				     at(m, w, lo->kn), T, b->L, b->pos, m->nh, m->nkv, m->hd,
-				     m->eps, m->theta);
+		return;
+	}
+	be->qk_norm_rope_fwd(be, a->qkvr, a->rstd_qk, a->qkv, at(m, w, lo->qn), at(m, w, lo->kn),
+			     T, b->L, b->pos, m->nh, m->nkv, m->hd, m->eps, m->theta);
+	if (l == m->nL - 1 && m->prune_attn)
+		attend_rows_fwd(m, a, b);
+	else
 		be->attention_fwd(be, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh,
 				  m->nkv, m->hd);
-	}
 }
 
 /*
@@ -565,8 +620,11 @@ static void attention_part_bwd(const struct sl_model *m, int l, const void *w, v
 	if (b->cp) {
 		sl_cp_attention_bwd(m, l, w, g, a, b);
 	} else {
-		be->attention_bwd(be, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b->lens, b->pos,
-				  b->B, b->L, m->nh, m->nkv, m->hd);
+		if (l == m->nL - 1 && m->prune_attn)
+			attend_rows_bwd(m, a, b);
+		else
+			be->attention_bwd(be, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b->lens,
+					  b->pos, b->B, b->L, m->nh, m->nkv, m->hd);
 		be->qk_norm_rope_bwd(be, m->gb2, at(m, g, lo->qn), at(m, g, lo->kn), m->gb1,
 				     a->qkv, at(m, w, lo->qn), at(m, w, lo->kn), a->rstd_qk, T,
 				     b->L, b->pos, m->nh, m->nkv, m->hd, m->eps, m->theta);
@@ -650,14 +708,17 @@ static void layer_fwd_last(const struct sl_model *m, int l, const void *w, const
 	const struct layer_off *lo = &m->lo[l];
 	const int H = m->H, n = m->prune_n, A = m->nh * m->hd;
 
+	const void *att = m->prune_attn ? a->att : m->gb1;
+
 	attention_part_fwd(m, l, w, a, x, b);
-	be->gather_rows(be, m->gb1, a->att, m->prune_idx, n, A);
+	if (!m->prune_attn)
+		be->gather_rows(be, m->gb1, a->att, m->prune_idx, n, A);
 	be->gather_rows(be, m->xl, x, m->prune_idx, n, H);
 	if (lo->bo != NO_OFF) {
-		be->matmul_fwd(be, a->h, m->gb1, at(m, w, lo->wo), at(m, w, lo->bo), n, A, H);
+		be->matmul_fwd(be, a->h, att, at(m, w, lo->wo), at(m, w, lo->bo), n, A, H);
 		be->add(be, a->h, m->xl, (size_t)n * H);
 	} else {
-		be->matmul_fwd_res(be, a->h, m->gb1, at(m, w, lo->wo), m->xl, n, A, H);
+		be->matmul_fwd_res(be, a->h, att, at(m, w, lo->wo), m->xl, n, A, H);
 	}
 	be->rmsnorm_fwd(be, a->xn2, a->rstd2, a->h, at(m, w, lo->ln2), n, H, m->eps);
 	be->matmul_fwd(be, a->gu, a->xn2, at(m, w, lo->wgu), NULL, n, H, 2 * m->I);
@@ -682,13 +743,19 @@ static void layer_bwd_last(const struct sl_model *m, int l, const void *w, void 
 		       H, 2 * m->I, false);
 	be->rmsnorm_bwd(be, m->gxl, at(m, g, lo->ln2), m->gn, a->h, at(m, w, lo->ln2), a->rstd2,
 			n, H, true);
-	/* the rows' attention output again (prune_rows checked that n x A fits m->gn) */
-	be->gather_rows(be, m->gn, a->att, m->prune_idx, n, A);
-	be->matmul_bwd(be, m->gb1, at(m, g, lo->wo), gbo, m->gxl, m->gn, at(m, w, lo->wo), n, A,
-		       H, false);
-	/* back to every token: the other rows' gradients are zero */
-	be->zero(be, m->gb2, (size_t)T * A * be->elt);
-	be->scatter_add_rows(be, m->gb2, m->gb1, m->prune_idx, n, A);
+	if (m->prune_attn) {
+		/* the rows' attention output is a->att's first rows; its gradient to m->gn */
+		be->matmul_bwd(be, m->gn, at(m, g, lo->wo), gbo, m->gxl, a->att, at(m, w, lo->wo),
+			       n, A, H, false);
+	} else {
+		/* the rows' attention output again (prune_rows checked that n x A fits m->gn) */
+		be->gather_rows(be, m->gn, a->att, m->prune_idx, n, A);
+		be->matmul_bwd(be, m->gb1, at(m, g, lo->wo), gbo, m->gxl, m->gn, at(m, w, lo->wo),
+			       n, A, H, false);
+		/* back to every token: the other rows' gradients are zero */
+		be->zero(be, m->gb2, (size_t)T * A * be->elt);
+		be->scatter_add_rows(be, m->gb2, m->gb1, m->prune_idx, n, A);
+	}
 	be->zero(be, m->gx, (size_t)T * H * be->elt);
 	be->scatter_add_rows(be, m->gx, m->gxl, m->prune_idx, n, H);
 	attention_part_bwd(m, l, w, g, a, x, b);
@@ -706,12 +773,26 @@ static void prune_rows(struct sl_model *m, const struct sl_batch_dev *b)
 	const size_t T = (size_t)b->B * b->L;
 	const int n = m->sft ? b->n_tgt : b->B;
 
+	const size_t A = (size_t)m->nh * m->hd, KW = 2 * (size_t)m->nkv * m->hd;
+	const size_t Tm = (size_t)m->max_tokens;
+
 	m->prune_n = 0;
+	m->prune_attn = false;
 	m->prune_idx = m->sft ? b->tgt_pos : b->last;
 	if (!m->prune_ok || b->cp || n < 1 || (m->sft && (size_t)n > T / 2) ||
-	    (size_t)n * m->nh * m->hd > T * m->H)
+	    (size_t)n * A > T * m->H)
 		return;
 	m->prune_n = n;
+	/* the attention's scratch (sized as sl_model_create's): the rows' q|k|v and every
+	 * token's k|v in m->gb1, every token's d(k|v) and the rows' dq in m->gb2 */
+	if (!m->prune_attn_ok || m->sft || !b->h_lens || b->pos ||
+	    part_at((size_t)n * m->Q) + T * KW > Tm * zmax(2 * (size_t)m->I, m->Q) ||
+	    part_at(T * KW) + (size_t)n * m->Q > Tm * zmax(zmax(m->I, m->Q), A))
+		return;
+	for (int r = 0; r < n; r++)
+		m->prune_q_host[r] = b->h_lens[r] - 1;
+	m->be->upload(m->be, m->prune_q, m->prune_q_host, (size_t)n * sizeof(int32_t));
+	m->prune_attn = true;
 }
 
 void *sl_model_grad_room(struct sl_model *m, int unit, bool during, size_t *bytes)

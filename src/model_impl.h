@@ -111,15 +111,21 @@ struct sl_model {
 	void *gxnf, *gxl;	/* (Bh, H) */
 
 	/*
-	 * The last layer on the head's rows only (model.c: prune_rows, layer_fwd_last): its attention runs on every
-	 * token (the head's rows attend to them all), its output projection, MLP and residual on
-	 * just the rows the head reads, which land in xl.  prune_ok: the last layer is a plain
-	 * Qwen3 layer with a dense MLP and SHARDLM_PRUNE_LAST is not 0.  Set by each forward:
-	 * prune_n rows (0: the whole layer) at prune_idx (the batch's last or tgt_pos).
+	 * The last layer on the head's rows only (model.c: prune_rows, layer_fwd_last): its
+	 * keys and values are every token's (the head's rows attend to them all), its output
+	 * projection, MLP and residual run on just the rows the head reads, which land in xl.
+	 * prune_ok: the last layer is a plain Qwen3 layer with a dense MLP and SHARDLM_PRUNE_LAST
+	 * is not 0.  Set by each forward: prune_n rows (0: the whole layer) at prune_idx (the
+	 * batch's last or tgt_pos).  prune_attn: the attention too has only the head's rows as
+	 * queries (classify, one a record: the backend's context-parallel attention with one
+	 * query a record at index prune_q[b] = lens[b] - 1, staged in prune_q_host), where
+	 * prune_attn_ok (those ops take head_dim, SHARDLM_PRUNE_LAST is not 1); otherwise the
+	 * attention runs on every token and its rows are gathered.
 	 */
-	bool prune_ok;
+	bool prune_ok, prune_attn_ok, prune_attn;
 	int prune_n;
 	const int32_t *prune_idx;
+	int32_t *prune_q, *prune_q_host;
 	double *loss_dev;	/* (1) */
 	float *scores_f32;	/* (B) */
 

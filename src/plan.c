@@ -92,7 +92,8 @@ static void count_common(const struct counter *k, const struct sl_model_config *
 		+ A(k, B * s)				/* rstdf */
 		+ 2 * A(k, B * e)			/* logits, dlogits */
 		+ A(k, sizeof(double))			/* loss_dev */
-		+ A(k, B * sizeof(float));		/* scores_f32 */
+		+ A(k, B * sizeof(float))		/* scores_f32 */
+		+ A(k, B * sizeof(int32_t));		/* prune_q */
 }
 
 /* model.c: one Qwen3 layer's struct acts, one block (alloc_acts); the dense MLP's gu and act

@@ -59,8 +59,11 @@ fi
 # the cuda backend against the cpu one: every op, then the whole tiny model (loss and gradients)
 gpu_test "cuda ops vs cpu" "$top_builddir/test/test_cuda_ops"
 gpu_test "cuda model vs cpu" "$top_builddir/test/test_cuda_model"
-# the last layer whole (model.c runs it on the head's rows only by default)
+# the last layer whole, and with its attention on every row (model.c runs it on the head's
+# rows only by default, classify's attention with only those rows as queries)
 gpu_test "cuda model vs cpu, whole last layer" env SHARDLM_PRUNE_LAST=0 \
+	"$top_builddir/test/test_cuda_model"
+gpu_test "cuda model vs cpu, last layer's attention on every row" env SHARDLM_PRUNE_LAST=1 \
 	"$top_builddir/test/test_cuda_model"
 # the flash-attention kernels on mma.sync instead of Hopper's warpgroup MMA (SHARDLM_FA_WGMMA=0;
 # the fallback where the device is not compute capability 9.0)

@@ -4,7 +4,8 @@
  * without attention biases.  Also: gradient accumulation over micro-batches, activation
  * checkpointing (identical gradients), padding invariance, and the fp32 backend against the
  * double one.  All of it twice: with the last layer run on the head's rows only (the default),
- * and whole (SHARDLM_PRUNE_LAST=0).
+ * and whole: SHARDLM_PRUNE_LAST=2 (the default; classify's attention with only those rows as
+ * queries), 1 (the attention on every row) and 0.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -293,10 +294,13 @@ static void check_layout(void)
 int main(void)
 {
 	check_layout();
-	/* the last layer on the head's rows only (model.c's default; these batches have at most
-	 * half their tokens as targets), then the whole last layer */
-	for (int prune = 1; prune >= 0; prune--) {
-		setenv("SHARDLM_PRUNE_LAST", prune ? "1" : "0", 1);
+	/* the last layer on the head's rows only (model.c's default: classify's attention with
+	 * just those rows as queries; these sft batches have at most half their tokens as
+	 * targets), then with the attention on every row, then the whole last layer */
+	for (int prune = 2; prune >= 0; prune--) {
+		char v[2] = { (char)('0' + prune), 0 };
+
+		setenv("SHARDLM_PRUNE_LAST", v, 1);
 		printf("== SHARDLM_PRUNE_LAST=%d\n", prune);
 		run_config(false);
 		run_config(true);

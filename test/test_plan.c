@@ -206,10 +206,10 @@ static const struct shape hybrid27 = {
 
 /*
  * Head/loss + batch (B = 1): xl, xnf, gxnf, gxl 4 x 10,240; rstdf, logits, dlogits, loss,
- * scores, lens, last, labels 8 x 256 (each rounded up); ids, tgt_pos, tgt_ids, pos 4 x T*4 =
- * 4 x 8,192:  75,776
+ * scores, prune_q, lens, last, labels 9 x 256 (each rounded up); ids, tgt_pos, tgt_ids, pos
+ * 4 x T*4 = 4 x 8,192:  76,032
  */
-#define HEADBUF 75776ull
+#define HEADBUF 76032ull
 /* cuBLASLt workspace 32 MiB + reduction scratch 64 MiB + the side stream's 64 KiB (cuda/
  * context.cu allocates the three); CUDA context estimate 1900 MiB */
 #define WS ((96ull << 20) + (64ull << 10))
