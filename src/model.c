@@ -542,44 +542,89 @@ static size_t part_at(size_t n)
 }
 
 /*
- * The last layer's attention with the head's rows as its only queries (m->prune_attn): a->att's
- * first prune_n rows and a->lse's get theirs.  m->gb1 holds the rows' q|k|v (the q columns
- * read) and every token's k|v, as the context-parallel attention takes them.
+ * The last layer's attention part with the head's rows as its only queries (m->prune_attn): every
+ * token's k|v (projection, k norm, rotary), the n rows' q|k|v (the context-parallel attention
+ * reads the q heads of (n, Q) rows), then the rows' attention against every token's keys.  Kept
+ * for the backward: a->xn1 (every token); in a->qkv, a->qkvr and a->rstd_qk every token's k|v
+ * (T, KW) and its rstd (T, nkv), then the rows' q|k|v (n, Q) and rstd (n, nh + nkv); the rows'
+ * attention output in a->att (n, A) and a->lse (n, nh).  Scratch: m->gb1 (the rows' inputs).
  */
-static void attend_rows_fwd(const struct sl_model *m, const struct acts *a,
-			    const struct sl_batch_dev *b)
+struct rows_part {
+	void *kv, *kvr, *rk, *qkv, *qkvr, *rq;
+};
+
+static struct rows_part rows_part(const struct sl_model *m, const struct acts *a, int T)
+{
+	const size_t e = m->be->elt, s = m->be->stat_elt, KW = 2 * (size_t)m->nkv * m->hd;
+	const size_t o = part_at(T * KW) * e;
+
+	return (struct rows_part){
+		.kv = a->qkv, .kvr = a->qkvr, .rk = a->rstd_qk,
+		.qkv = (char *)a->qkv + o, .qkvr = (char *)a->qkvr + o,
+		.rq = (char *)a->rstd_qk + part_at((size_t)T * m->nkv) * s,
+	};
+}
+
+static void attention_rows_fwd(const struct sl_model *m, int l, const void *w,
+			       const struct acts *a, const void *x, const struct sl_batch_dev *b)
 {
 	struct sl_backend *be = m->be;
-	const int T = b->B * b->L, n = m->prune_n, A = m->nh * m->hd, KW = 2 * m->nkv * m->hd;
-	void *kv = (char *)m->gb1 + part_at((size_t)n * m->Q) * be->elt;
+	const struct layer_off *lo = &m->lo[l];
+	const int T = b->B * b->L, H = m->H, n = m->prune_n, A = m->nh * m->hd;
+	const int KW = 2 * m->nkv * m->hd;
+	const struct rows_part r = rows_part(m, a, T);
+	const size_t kvw = lo->wqkv + (size_t)A * H;	/* k_proj's rows, then v_proj's */
 
-	be->gather_rows(be, m->gb1, a->qkvr, m->prune_idx, n, m->Q);
-	be->copy_cols(be, kv, KW, 0, a->qkvr, m->Q, A, T, KW, false);
-	be->cp_attention_fwd(be, a->att, a->lse, m->gb1, kv, m->prune_q, m->prune_q, b->lens,
+	be->rmsnorm_fwd(be, a->xn1, a->rstd1, x, at(m, w, lo->ln1), T, H, m->eps);
+	be->matmul_fwd(be, r.kv, a->xn1, at(m, w, kvw),
+		       lo->bqkv == NO_OFF ? NULL : at(m, w, lo->bqkv + A), T, H, KW);
+	be->gather_rows(be, m->gb1, a->xn1, m->prune_idx, n, H);
+	be->matmul_fwd(be, r.qkv, m->gb1, at(m, w, lo->wqkv), at_opt(m, w, lo->bqkv), n, H, m->Q);
+	be->qk_norm_rope_fwd(be, r.kvr, r.rk, r.kv, at(m, w, lo->qn), at(m, w, lo->kn), T, b->L,
+			     NULL, 0, m->nkv, m->hd, m->eps, m->theta);
+	be->qk_norm_rope_fwd(be, r.qkvr, r.rq, r.qkv, at(m, w, lo->qn), at(m, w, lo->kn), n,
+			     b->L, m->prune_q, m->nh, m->nkv, m->hd, m->eps, m->theta);
+	be->cp_attention_fwd(be, a->att, a->lse, r.qkvr, r.kvr, m->prune_q, m->prune_q, b->lens,
 			     b->B, 1, b->L, m->nh, m->nkv, m->hd, 0, 1, 0);
 }
 
 /*
- * attend_rows_fwd's backward: m->gn's first prune_n rows = the gradient of the rows' attention
- * output in; m->gb1 = the gradient of every token's q|k|v out (m->gb2 used: every token's
- * d(k|v), then the rows' dq)
+ * attention_rows_fwd's backward: m->gn's first prune_n rows = the gradient of the rows'
+ * attention output in; grads g of the unit +=, m->gx += the gradient of x.  Scratch: m->gb2
+ * (every token's d(k|v) and the rows' d(q|k|v), then the rows' inputs and their gradient),
+ * m->gb1 (the same before the norms), m->gn.
  */
-static void attend_rows_bwd(const struct sl_model *m, const struct acts *a,
-			    const struct sl_batch_dev *b)
+static void attention_rows_bwd(const struct sl_model *m, int l, const void *w, void *g,
+			       const struct acts *a, const void *x, const struct sl_batch_dev *b)
 {
 	struct sl_backend *be = m->be;
-	const int T = b->B * b->L, n = m->prune_n, A = m->nh * m->hd, KW = 2 * m->nkv * m->hd;
-	void *kv = (char *)m->gb1 + part_at((size_t)n * m->Q) * be->elt;
-	void *dq = (char *)m->gb2 + part_at((size_t)T * KW) * be->elt;
+	const struct layer_off *lo = &m->lo[l];
+	const int T = b->B * b->L, H = m->H, n = m->prune_n, A = m->nh * m->hd;
+	const int KW = 2 * m->nkv * m->hd;
+	const size_t e = be->elt, kvw = lo->wqkv + (size_t)A * H;
+	const struct rows_part r = rows_part(m, a, T);
+	void *dkv = m->gb2, *dq = (char *)m->gb2 + part_at((size_t)T * KW) * e;
+	void *dqn = m->gb1, *dkvn = (char *)m->gb1 + part_at((size_t)n * m->Q) * e;
+	void *xr = m->gb2, *dxr = (char *)m->gb2 + part_at((size_t)n * H) * e;
 
-	be->gather_rows(be, m->gb1, a->qkvr, m->prune_idx, n, m->Q);
-	be->copy_cols(be, kv, KW, 0, a->qkvr, m->Q, A, T, KW, false);
-	/* dq: the rows' dq (k|v columns zero); gb2: every token's d(k|v) */
-	be->cp_attention_bwd(be, dq, m->gb2, m->gn, a->att, a->lse, m->gb1, kv, m->prune_q,
+	/* dq: the rows' d(q|k|v) (k|v columns zero); dkv: every token's d(k|v) */
+	be->cp_attention_bwd(be, dq, dkv, m->gn, a->att, a->lse, r.qkvr, r.kvr, m->prune_q,
 			     m->prune_q, b->lens, b->B, 1, b->L, m->nh, m->nkv, m->hd);
-	be->zero(be, m->gb1, (size_t)T * m->Q * be->elt);
-	be->copy_cols(be, m->gb1, m->Q, A, m->gb2, KW, 0, T, KW, false);
-	be->scatter_add_rows(be, m->gb1, dq, m->prune_idx, n, m->Q);
+	be->qk_norm_rope_bwd(be, dqn, at(m, g, lo->qn), at(m, g, lo->kn), dq, r.qkv,
+			     at(m, w, lo->qn), at(m, w, lo->kn), r.rq, n, b->L, m->prune_q, m->nh,
+			     m->nkv, m->hd, m->eps, m->theta);
+	be->qk_norm_rope_bwd(be, dkvn, at(m, g, lo->qn), at(m, g, lo->kn), dkv, r.kv,
+			     at(m, w, lo->qn), at(m, w, lo->kn), r.rk, T, b->L, NULL, 0, m->nkv,
+			     m->hd, m->eps, m->theta);
+	/* every token's input gradient from k|v, the rows' from their q|k|v added at their rows */
+	be->matmul_bwd(be, m->gn, at(m, g, kvw), lo->bqkv == NO_OFF ? NULL : at(m, g, lo->bqkv + A),
+		       dkvn, a->xn1, at(m, w, kvw), T, H, KW, false);
+	be->gather_rows(be, xr, a->xn1, m->prune_idx, n, H);
+	be->matmul_bwd(be, dxr, at(m, g, lo->wqkv), lo->bqkv == NO_OFF ? NULL : at(m, g, lo->bqkv),
+		       dqn, xr, at(m, w, lo->wqkv), n, H, m->Q, false);
+	be->scatter_add_rows(be, m->gn, dxr, m->prune_idx, n, H);
+	be->rmsnorm_bwd(be, m->gx, at(m, g, lo->ln1), m->gn, x, at(m, w, lo->ln1), a->rstd1, T, H,
+			true);
 }
 
 /* decoder layer l's input norm, q/k/v projection, q/k norm, rotary and attention: a->att */
@@ -598,11 +643,8 @@ static void attention_part_fwd(const struct sl_model *m, int l, const void *w,
 	}
 	be->qk_norm_rope_fwd(be, a->qkvr, a->rstd_qk, a->qkv, at(m, w, lo->qn), at(m, w, lo->kn),
 			     T, b->L, b->pos, m->nh, m->nkv, m->hd, m->eps, m->theta);
-	if (l == m->nL - 1 && m->prune_attn)
-		attend_rows_fwd(m, a, b);
-	else
-		be->attention_fwd(be, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh,
-				  m->nkv, m->hd);
+	be->attention_fwd(be, a->att, a->lse, a->qkvr, b->lens, b->pos, b->B, b->L, m->nh, m->nkv,
+			  m->hd);
 }
 
 /*
@@ -620,11 +662,8 @@ static void attention_part_bwd(const struct sl_model *m, int l, const void *w, v
 	if (b->cp) {
 		sl_cp_attention_bwd(m, l, w, g, a, b);
 	} else {
-		if (l == m->nL - 1 && m->prune_attn)
-			attend_rows_bwd(m, a, b);
-		else
-			be->attention_bwd(be, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b->lens,
-					  b->pos, b->B, b->L, m->nh, m->nkv, m->hd);
+		be->attention_bwd(be, m->gb1, m->gb2, a->att, a->lse, a->qkvr, b->lens, b->pos,
+				  b->B, b->L, m->nh, m->nkv, m->hd);
 		be->qk_norm_rope_bwd(be, m->gb2, at(m, g, lo->qn), at(m, g, lo->kn), m->gb1,
 				     a->qkv, at(m, w, lo->qn), at(m, w, lo->kn), a->rstd_qk, T,
 				     b->L, b->pos, m->nh, m->nkv, m->hd, m->eps, m->theta);
@@ -710,9 +749,12 @@ static void layer_fwd_last(const struct sl_model *m, int l, const void *w, const
 
 	const void *att = m->prune_attn ? a->att : m->gb1;
 
-	attention_part_fwd(m, l, w, a, x, b);
-	if (!m->prune_attn)
+	if (m->prune_attn) {
+		attention_rows_fwd(m, l, w, a, x, b);
+	} else {
+		attention_part_fwd(m, l, w, a, x, b);
 		be->gather_rows(be, m->gb1, a->att, m->prune_idx, n, A);
+	}
 	be->gather_rows(be, m->xl, x, m->prune_idx, n, H);
 	if (lo->bo != NO_OFF) {
 		be->matmul_fwd(be, a->h, att, at(m, w, lo->wo), at(m, w, lo->bo), n, A, H);
@@ -758,7 +800,10 @@ static void layer_bwd_last(const struct sl_model *m, int l, const void *w, void 
 	}
 	be->zero(be, m->gx, (size_t)T * H * be->elt);
 	be->scatter_add_rows(be, m->gx, m->gxl, m->prune_idx, n, H);
-	attention_part_bwd(m, l, w, g, a, x, b);
+	if (m->prune_attn)
+		attention_rows_bwd(m, l, w, g, a, x, b);
+	else
+		attention_part_bwd(m, l, w, g, a, x, b);
 }
 
 /*
@@ -772,8 +817,7 @@ static void prune_rows(struct sl_model *m, const struct sl_batch_dev *b)
 {
 	const size_t T = (size_t)b->B * b->L;
 	const int n = m->sft ? b->n_tgt : b->B;
-
-	const size_t A = (size_t)m->nh * m->hd, KW = 2 * (size_t)m->nkv * m->hd;
+	const size_t A = (size_t)m->nh * m->hd, KW = 2 * (size_t)m->nkv * m->hd, H = m->H;
 	const size_t Tm = (size_t)m->max_tokens;
 
 	m->prune_n = 0;
@@ -783,11 +827,14 @@ static void prune_rows(struct sl_model *m, const struct sl_batch_dev *b)
 	    (size_t)n * A > T * m->H)
 		return;
 	m->prune_n = n;
-	/* the attention's scratch (sized as sl_model_create's): the rows' q|k|v and every
-	 * token's k|v in m->gb1, every token's d(k|v) and the rows' dq in m->gb2 */
+	/* attention_rows_fwd's and _bwd's parts of the acts and scratch (sized as in
+	 * sl_model_create and alloc_acts) */
 	if (!m->prune_attn_ok || m->sft || !b->h_lens || b->pos ||
+	    part_at(T * KW) + (size_t)n * m->Q > Tm * m->Q ||
+	    part_at(T * m->nkv) + (size_t)n * (m->nh + m->nkv) > Tm * (m->nh + m->nkv) ||
 	    part_at((size_t)n * m->Q) + T * KW > Tm * zmax(2 * (size_t)m->I, m->Q) ||
-	    part_at(T * KW) + (size_t)n * m->Q > Tm * zmax(zmax(m->I, m->Q), A))
+	    part_at(T * KW) + (size_t)n * m->Q > Tm * zmax(zmax(m->I, m->Q), A) ||
+	    part_at((size_t)n * H) + (size_t)n * H > Tm * zmax(zmax(m->I, m->Q), A))
 		return;
 	for (int r = 0; r < n; r++)
 		m->prune_q_host[r] = b->h_lens[r] - 1;

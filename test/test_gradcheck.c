@@ -134,7 +134,9 @@ static void run_config(bool bias)
 	snprintf(what, sizeof(what), "bias=%d padded ids", bias);
 	check_same(gC, gA, N, 0, what);
 
-	/* the fp32 backend agrees with the double one */
+	/* the fp32 backend agrees with the double one: fp32's rounding over two layers' backward
+	 * leaves the worst element at 0.7-1.5e-4 of (|g| + 1e-3 max|g|), which sums in which
+	 * order depending on the last layer's form */
 	env_init(&e32, &mc, sl_backend_cpu_create(), false);
 	zero_grads(&e32);
 	loss32 = run_step(&e32, &hb[0], scale, s32);
@@ -151,9 +153,10 @@ static void run_config(bool bias)
 			double d = fabs(g32[i] - gA[i]) / (fabs(gA[i]) + 1e-3 * gmax);
 
 			worst = fmax(worst, d);
-			if (d > 1e-4)
+			if (d > 3e-4)
 				CHECK(0, "bias=%d fp32 grad %zu: %.9g vs %.9g", bias, i, g32[i],
 				      gA[i]);
+
 		}
 		printf("bias=%d fp32 vs fp64: worst grad |d| / (|g| + 1e-3 max|g|) = %.2e\n", bias,
 		       worst);
