@@ -736,9 +736,11 @@ static void layer_bwd(const struct sl_model *m, int l, const void *w, void *g,
 /*
  * The last layer on the head's rows (struct sl_model's prune_n): nothing after it reads the
  * other rows, so only the attention (whose keys and values are every token's) runs on all T,
- * and the output projection, the MLP and the residual on the prune_n rows, the layer's output
- * rows going to m->xl, the head's input.  Scratch: the rows' attention output in m->gb1 (the
- * backward's, free in the forward), their input x in m->xl until the output replaces it.
+ * or with m->prune_attn just the keys' and values' part of it (attention_rows_fwd), and the
+ * output projection, the MLP and the residual on the prune_n rows, the layer's output rows
+ * going to m->xl, the head's input.  Scratch: the rows' attention output in m->gb1 (the
+ * backward's, free in the forward) unless a->att holds just them, their input x in m->xl until
+ * the output replaces it.
  */
 static void layer_fwd_last(const struct sl_model *m, int l, const void *w, const struct acts *a,
 			   const void *x, const struct sl_batch_dev *b, bool full)
@@ -746,8 +748,7 @@ static void layer_fwd_last(const struct sl_model *m, int l, const void *w, const
 	struct sl_backend *be = m->be;
 	const struct layer_off *lo = &m->lo[l];
 	const int H = m->H, n = m->prune_n, A = m->nh * m->hd;
-
-	const void *att = m->prune_attn ? a->att : m->gb1;
+	const void *att = m->prune_attn ? a->att : m->gb1;	/* the rows' attention output */
 
 	if (m->prune_attn) {
 		attention_rows_fwd(m, l, w, a, x, b);
