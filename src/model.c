@@ -420,7 +420,7 @@ struct sl_model *sl_model_create(const struct sl_model_config *mc, const struct 
 		m->prune_ok = !m->q35 && m->nL > 0 && m->lo[m->nL - 1].wgu != NO_OFF &&
 			!(e && !strcmp(e, "0"));
 		m->prune_attn_ok = m->prune_ok && !(e && !strcmp(e, "1")) &&
-			be->cp_attention_fwd && be->cp_attention_bwd && be->copy_cols &&
+			be->cp_attention_fwd && be->cp_attention_bwd &&
 			(!be->cp_attention_takes || be->cp_attention_takes(m->hd));
 	}
 	norm = sl_layout_find(lay, "model.norm.weight");

@@ -135,8 +135,9 @@ static void run_config(bool bias)
 	check_same(gC, gA, N, 0, what);
 
 	/* the fp32 backend agrees with the double one: fp32's rounding over two layers' backward
-	 * leaves the worst element at 0.7-1.5e-4 of (|g| + 1e-3 max|g|), which sums in which
-	 * order depending on the last layer's form */
+	 * leaves the worst element at 0.7-0.95e-4 of (|g| + 1e-3 max|g|) with the attention on
+	 * every row, 1.5e-4 with it on the head's rows (SHARDLM_PRUNE_LAST unset or 2: the rows'
+	 * q|k|v and every token's k|v sum in another order) */
 	env_init(&e32, &mc, sl_backend_cpu_create(), false);
 	zero_grads(&e32);
 	loss32 = run_step(&e32, &hb[0], scale, s32);
@@ -147,13 +148,15 @@ static void run_config(bool bias)
 	for (size_t i = 0; i < N; i++)
 		gmax = fmax(gmax, fabs(gA[i]));
 	{
+		const char *pl = getenv("SHARDLM_PRUNE_LAST");
+		const double bound = !pl || !strcmp(pl, "2") ? 2e-4 : 1e-4;
 		double worst = 0;
 
 		for (size_t i = 0; i < N; i++) {
 			double d = fabs(g32[i] - gA[i]) / (fabs(gA[i]) + 1e-3 * gmax);
 
 			worst = fmax(worst, d);
-			if (d > 3e-4)
+			if (d > bound)
 				CHECK(0, "bias=%d fp32 grad %zu: %.9g vs %.9g", bias, i, g32[i],
 				      gA[i]);
 
