@@ -7,6 +7,7 @@
 #include "common.cuh"
 #include "norm_dw.cuh"
 #include "qknorm.cuh"
+#include "rmsnorm_s.cuh"
 
 #define NT 256		// threads of the row and element-wise kernels
 
@@ -412,11 +413,75 @@ extern "C" void sl_cuda_rmsnorm_fwd(struct sl_cuda *c, void *out, float *rstd, c
 	CUDA_LAUNCHED();
 }
 
+// A staged kernel's grid (qknorm.cuh k_qk_norm_rope_fwd_s / _bwd_s, rmsnorm_s.cuh
+// k_rmsnorm_bwd_s: as many blocks of @threads as fit on the SMs at once, at most one a row), or 0
+// where it does not run: the environment variable @env is 0 (a switch for comparing), or
+// @smem bytes of stages and @fixed of static shared memory do not fit a block.
+static int staged_grid(struct sl_cuda *c, const char *env, int *mode, const void *kern, int smem,
+		       int fixed, int threads, int T)
+{
+	int per_sm = 0, sms = 0, optin = 0;
+
+	if (*mode < 0) {
+		const char *e = getenv(env);
+
+		*mode = !(e && !strcmp(e, "0"));
+	}
+	if (!*mode)
+		return 0;
+	CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+					  c->device));
+	if (smem + fixed > optin)
+		return 0;
+	CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+	CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, threads, smem));
+	CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device));
+	return per_sm < 1 ? 0 : per_sm * sms < T ? per_sm * sms : T;
+}
+
+// the staged backward (rmsnorm_s.cuh: dx and the weight gradient's partials in one pass, then
+// k_colsum_final) unless SHARDLM_RMS_STAGED=0; false where it does not run
+static bool rmsnorm_bwd_staged(struct sl_cuda *c, void *dx, void *dw, const void *dout,
+			       const void *x, const void *w, const float *rstd, int T, int H,
+			       int accumulate)
+{
+	static int mode = -1;
+	const int threads = ((H / 8 + RS_V - 1) / RS_V + 31) & ~31;
+	const int smem = RS_STAGES * rs_stage_bytes(H, accumulate);
+	const void *kern = accumulate ? (const void *)k_rmsnorm_bwd_s<true> :
+					(const void *)k_rmsnorm_bwd_s<false>;
+	int grid;
+
+	if (H % 8 || threads > 1024)
+		return false;
+	grid = staged_grid(c, "SHARDLM_RMS_STAGED", &mode, kern, smem, 32 * 4, threads, T);
+	if ((size_t)grid * H * sizeof(float) > c->scratch_bytes)
+		grid = (int)(c->scratch_bytes / ((size_t)H * sizeof(float)));
+	if (grid < 1)
+		return false;
+	float *part = sl_cuda_scratch(c, (size_t)grid * H * sizeof(float), "rmsnorm dw");
+
+	if (accumulate)
+		k_rmsnorm_bwd_s<true><<<grid, threads, smem, c->stream>>>(
+			(bf16 *)dx, part, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w, rstd,
+			T, H);
+	else
+		k_rmsnorm_bwd_s<false><<<grid, threads, smem, c->stream>>>(
+			(bf16 *)dx, part, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w, rstd,
+			T, H);
+	CUDA_LAUNCHED();
+	k_colsum_final<<<(H + NT - 1) / NT, NT, 0, c->stream>>>((bf16 *)dw, part, H, grid);
+	CUDA_LAUNCHED();
+	return true;
+}
+
 extern "C" void sl_cuda_rmsnorm_bwd(struct sl_cuda *c, void *dx, void *dw, const void *dout,
 				    const void *x, const void *w, const float *rstd, int T, int H,
 				    int accumulate)
 {
 	if (T <= 0)
+		return;
+	if (rmsnorm_bwd_staged(c, dx, dw, dout, x, w, rstd, T, H, accumulate))
 		return;
 	if (rows_wide(H))
 		k_rmsnorm_bwd_dx8<<<T, rn_threads(H), 0, c->stream>>>((bf16 *)dx, (const bf16 *)dout,
@@ -459,6 +524,15 @@ static int check_hd(int hd, const char *who)
 	return hd;
 }
 
+// the q/k norm kernels' (SHARDLM_QK_STAGED=0: the warp-per-row ones)
+static int qk_staged_grid(struct sl_cuda *c, const void *kern, int smem, int T)
+{
+	static int mode = -1;
+
+	return staged_grid(c, "SHARDLM_QK_STAGED", &mode, kern, smem, HD_MAX * 2 * QK_WARPS * 4,
+			   QK_WARPS * 32, T);
+}
+
 extern "C" void sl_cuda_qk_norm_rope_fwd(struct sl_cuda *c, void *out, float *rstd,
 					 const void *qkv, const void *qw, const void *kw, int T,
 					 int L, const int32_t *pos, int nh, int nkv, int hd, float eps,
@@ -467,12 +541,27 @@ extern "C" void sl_cuda_qk_norm_rope_fwd(struct sl_cuda *c, void *out, float *rs
 	const size_t rows = (size_t)T * (nh + 2 * nkv);
 	const unsigned blocks = (unsigned)((rows + QK_FWD_ROWS - 1) / QK_FWD_ROWS);
 	const float *tab;
+	bool staged = false;
 
 	check_hd(hd, "qk_norm_rope_fwd");
 	if (T <= 0)
 		return;
 	tab = (size_t)L * hd * sizeof(float) <= c->scratch_bytes ?
 		rope_table(c, L, hd, theta, "rotary table") : NULL;
+	if (tab && by_hd(hd, [&](auto k) {
+		    constexpr int HD = decltype(k)::value;
+		    const int smem = QK_STAGES * qk_stage_bytes(nh, nkv, HD, false);
+		    const int grid = qk_staged_grid(c, (const void *)k_qk_norm_rope_fwd_s<HD>, smem, T);
+
+		    if (grid)
+			    k_qk_norm_rope_fwd_s<HD><<<grid, QK_WARPS * 32, smem, c->stream>>>(
+				    (bf16 *)out, rstd, (const bf16 *)qkv, (const bf16 *)qw,
+				    (const bf16 *)kw, tab, T, L, (const int *)pos, nh, nkv, eps);
+		    staged = grid > 0;
+	    }) && staged) {
+		CUDA_LAUNCHED();
+		return;
+	}
 	if (!by_hd(hd, [&](auto k) {
 		    k_qk_norm_rope_fwd_w<decltype(k)::value><<<blocks, QK_WARPS * 32, 0, c->stream>>>(
 			    (bf16 *)out, rstd, (const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw,
@@ -501,8 +590,18 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 	// per 8 heads a warp (at most 2048 blocks, each warp then walking 8 or more heads);
 	// otherwise a second pass over the tokens, in chunks
 	const bool fused = by_hd(hd, [](auto) {});	// the head dims with a warp-per-head kernel
+	int staged = 0;	// the staged kernel's grid, 0 for none
 
-	if (fused) {
+	by_hd(hd, [&](auto k) {
+		constexpr int HD = decltype(k)::value;
+		const int smem = QK_STAGES * qk_stage_bytes(nh, nkv, HD, true);
+
+		staged = qk_staged_grid(c, (const void *)k_qk_norm_rope_bwd_s<HD>, smem, T);
+	});
+	if (staged) {
+		nchunk = staged;
+		tpc = R = 0;
+	} else if (fused) {
 		nchunk = (int)((warps + QK_WARPS * 8 - 1) / (QK_WARPS * 8));
 		nchunk = nchunk < 2048 ? nchunk : 2048;
 		tpc = R = 0;
@@ -526,7 +625,18 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 	float *part = sl_cuda_scratch(c, (tf + pf) * sizeof(float), "qk norm dw") + tf;
 
 	tab = tf ? rope_table(c, L, hd, theta, "rotary table") : NULL;
-	if (fused) {
+	if (staged && tab) {
+		by_hd(hd, [&](auto k) {
+			constexpr int HD = decltype(k)::value;
+
+			k_qk_norm_rope_bwd_s<HD>
+				<<<nchunk, QK_WARPS * 32, QK_STAGES * qk_stage_bytes(nh, nkv, HD, true),
+				   c->stream>>>((bf16 *)dqkv, part, (const bf16 *)dout,
+						(const bf16 *)qkv, (const bf16 *)qw, (const bf16 *)kw,
+						rstd, tab, T, L, (const int *)pos, nh, nkv);
+		});
+		CUDA_LAUNCHED();
+	} else if (fused) {
 		by_hd(hd, [&](auto k) {
 			k_qk_norm_rope_bwd_w<decltype(k)::value>
 				<<<nchunk, QK_WARPS * 32, 0, c->stream>>>(

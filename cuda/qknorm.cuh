@@ -320,6 +320,227 @@ k_qk_norm_rope_bwd_w(bf16 *dqkv, float *part, const bf16 *dout, const bf16 *qkv,
 	}
 }
 
+// ---- the staged kernels: a token's rows through shared memory, several tokens ahead ----------
+//
+// Head_dim HD a multiple of 64, with the rotary table.  A block walks tokens t = blockIdx.x,
+// + gridDim.x, ...; each token's rows (the forward: qkv's; the backward: dout's, qkv's q and k
+// heads, their rstd) and its rotary table row come into shared memory QK_STAGES - 1 tokens ahead
+// by cp.async, which holds no registers while in flight: an SM keeps tens of KB of loads going
+// whatever its occupancy (the warp-per-row kernels above keep one row's loads a warp, about 10 KB
+// an SM).  The warps then take the token's heads j = warp, + QK_WARPS, ..., lane l holding the
+// VE = HD / 32 consecutive elements from l VE; an element's rotary partner (i +- HD/2) sits at
+// the same place in lane l ^ 16 and comes by one shuffle.  A stage is refilled only after the
+// barrier that ends its token.
+#define QK_STAGES 3
+
+// bytes of one stage: the rows, 16-byte aligned, then the table row (HD floats), then (the
+// backward) the token's nq rstd
+static __host__ __device__ inline int qk_stage_bytes(int nh, int nkv, int HD, bool bwd)
+{
+	const int nq = nh + nkv, nj = nq + nkv;
+
+	return bwd ? (nj + nq) * HD * 2 + HD * 4 + (nq * 4 + 15) / 16 * 16 : nj * HD * 2 + HD * 4;
+}
+
+// copies of token t into the stage at shared address d (a group committed whether or not t < T,
+// so that a wait counts groups the same way on every pass)
+template <int HD, bool BWD>
+static __device__ __forceinline__ void qk_stage_load(uint32_t d, const bf16 *qkv, const bf16 *dout,
+						     const float *rstd, const float *tab, int t,
+						     int T, int L, const int *pos, int nh,
+						     int nkv)
+{
+	if (t < T) {
+		const int nq = nh + nkv, nj = nq + nkv, W = nj * HD;
+		// 16-byte pieces: dout's row (backward), qkv's (the q and k heads for the backward),
+		// the table row
+		const int na = BWD ? W / 8 : 0, nb = (BWD ? nq : nj) * HD / 8, nt = HD / 4;
+		const char *a = (const char *)(dout + (size_t)t * W);
+		const char *b = (const char *)(qkv + (size_t)t * W);
+		const char *tr = (const char *)(tab + (size_t)rope_pos(pos, t, L) * HD);
+
+		for (int i = threadIdx.x; i < na + nb + nt; i += blockDim.x) {
+			const char *src = i < na ? a + 16 * i :
+					  i < na + nb ? b + 16 * (i - na) : tr + 16 * (i - na - nb);
+
+			cp_async16(d + 16 * i, src, true);
+		}
+		if (BWD)
+			for (int i = threadIdx.x; i < nq; i += blockDim.x)
+				cp_async4(d + 16 * (na + nb + nt) + 4 * i, rstd + (size_t)t * nq + i,
+					  true);
+	}
+	cp_commit();
+}
+
+template <int HD>
+__global__ void __launch_bounds__(QK_WARPS * 32)
+k_qk_norm_rope_fwd_s(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, const bf16 *kw,
+		     const float *tab, int T, int L, const int *pos, int nh, int nkv, float eps)
+{
+	constexpr int VE = HD / 32;
+	SL_DYN_SMEM(char, sm);
+	const int nq = nh + nkv, nj = nq + nkv, W = nj * HD, lane = threadIdx.x & 31;
+	const int warp = threadIdx.x >> 5, sb = qk_stage_bytes(nh, nkv, HD, false), pi = (lane & 15) * VE;
+	const uint32_t s0 = smem_u32(sm);
+	float wq[VE], wk[VE];
+
+	ld_bfv<VE>(wq, qw + lane * VE);
+	ld_bfv<VE>(wk, kw + lane * VE);
+	for (int s = 0; s < QK_STAGES - 1; s++)
+		qk_stage_load<HD, false>(s0 + s * sb, qkv, NULL, NULL, tab, blockIdx.x + s * gridDim.x,
+					 T, L, pos, nh, nkv);
+	int it = 0;
+
+	for (int t = blockIdx.x; t < T; t += gridDim.x, it++) {
+		qk_stage_load<HD, false>(s0 + (it + QK_STAGES - 1) % QK_STAGES * sb, qkv, NULL, NULL,
+					 tab, t + (QK_STAGES - 1) * gridDim.x, T, L, pos, nh, nkv);
+		cp_wait2();	// this token's group (all but the QK_STAGES - 1 newest)
+		__syncthreads();
+		const char *st = sm + (size_t)(it % QK_STAGES) * sb;
+		const bf16 *row = (const bf16 *)st;
+		const float *cs = (const float *)(st + (size_t)W * 2);
+		float c[VE], sn[VE];
+
+#pragma unroll
+		for (int k = 0; k < VE; k++) {
+			c[k] = cs[pi + k];
+			sn[k] = cs[HD / 2 + pi + k];
+		}
+		for (int j = warp; j < nj; j += QK_WARPS) {
+			const size_t off = (size_t)t * W + (size_t)j * HD + lane * VE;
+			float x[VE], n[VE], y[VE], ss = 0.f;
+
+			ld_bfv<VE>(x, row + (size_t)j * HD + lane * VE);
+			if (j >= nq) {	// v heads: copied
+				st_bfv<VE>(out + off, x);
+				continue;
+			}
+#pragma unroll
+			for (int k = 0; k < VE; k++)
+				ss += x[k] * x[k];
+			ss = warp_sum(ss);
+			const float r = 1.f / sqrtf(ss / HD + eps);
+
+			if (!lane)
+				rstd[(size_t)t * nq + j] = r;
+#pragma unroll
+			for (int k = 0; k < VE; k++)
+				n[k] = (x[k] * r) * (j < nh ? wq[k] : wk[k]);
+#pragma unroll
+			for (int k = 0; k < VE; k++) {
+				const float p = __shfl_xor_sync(0xffffffffu, n[k], 16);
+
+				// first half: n c - n' s; second: n c + n' s
+				y[k] = lane < 16 ? n[k] * c[k] - p * sn[k] : n[k] * c[k] + p * sn[k];
+			}
+			st_bfv<VE>(out + off, y);
+		}
+		__syncthreads();	// the stage is refilled from the next pass on
+	}
+	cp_wait_all();
+}
+
+// the backward, with the norm weights' gradients as k_qk_norm_rope_bwd_w sums them: each lane
+// over its warp's q heads and k heads, the block's warps in order into
+// part[(kind * gridDim.x + block) * HD + i]
+template <int HD>
+__global__ void __launch_bounds__(QK_WARPS * 32)
+k_qk_norm_rope_bwd_s(bf16 *dqkv, float *part, const bf16 *dout, const bf16 *qkv, const bf16 *qw,
+		     const bf16 *kw, const float *rstd, const float *tab, int T, int L,
+		     const int *pos, int nh, int nkv)
+{
+	constexpr int VE = HD / 32;
+	SL_DYN_SMEM(char, sm);
+	__shared__ float red[QK_WARPS][2][HD];
+	const int nq = nh + nkv, nj = nq + nkv, W = nj * HD, lane = threadIdx.x & 31;
+	const int warp = threadIdx.x >> 5, sb = qk_stage_bytes(nh, nkv, HD, true), pi = (lane & 15) * VE;
+	const uint32_t s0 = smem_u32(sm);
+	float wq[VE], wk[VE], aq[VE], ak[VE];
+
+	ld_bfv<VE>(wq, qw + lane * VE);
+	ld_bfv<VE>(wk, kw + lane * VE);
+#pragma unroll
+	for (int k = 0; k < VE; k++)
+		aq[k] = ak[k] = 0.f;
+	for (int s = 0; s < QK_STAGES - 1; s++)
+		qk_stage_load<HD, true>(s0 + s * sb, qkv, dout, rstd, tab, blockIdx.x + s * gridDim.x,
+					T, L, pos, nh, nkv);
+	int it = 0;
+
+	for (int t = blockIdx.x; t < T; t += gridDim.x, it++) {
+		qk_stage_load<HD, true>(s0 + (it + QK_STAGES - 1) % QK_STAGES * sb, qkv, dout, rstd,
+					tab, t + (QK_STAGES - 1) * gridDim.x, T, L, pos, nh, nkv);
+		cp_wait2();
+		__syncthreads();
+		const char *st = sm + (size_t)(it % QK_STAGES) * sb;
+		const bf16 *dyr = (const bf16 *)st, *xr = dyr + W;
+		const float *cs = (const float *)(st + (size_t)(W + nq * HD) * 2);
+		const float *rs = cs + HD;
+		float c[VE], sn[VE];
+
+#pragma unroll
+		for (int k = 0; k < VE; k++) {
+			c[k] = cs[pi + k];
+			sn[k] = cs[HD / 2 + pi + k];
+		}
+		for (int j = warp; j < nj; j += QK_WARPS) {
+			const size_t off = (size_t)t * W + (size_t)j * HD + lane * VE;
+			float dy[VE], dn[VE], x[VE], g[VE], s = 0.f;
+
+			ld_bfv<VE>(dy, dyr + (size_t)j * HD + lane * VE);
+			if (j >= nq) {	// v heads: the gradient passes through
+				st_bfv<VE>(dqkv + off, dy);
+				continue;
+			}
+			const bool isq = j < nh;
+			const float r = rs[j];
+
+			ld_bfv<VE>(x, xr + (size_t)j * HD + lane * VE);
+#pragma unroll
+			for (int k = 0; k < VE; k++) {
+				const float p = __shfl_xor_sync(0xffffffffu, dy[k], 16);
+
+				// first half: dy c + dy' s; second: -dy' s + dy c
+				dn[k] = lane < 16 ? dy[k] * c[k] + p * sn[k] : -p * sn[k] + dy[k] * c[k];
+			}
+#pragma unroll
+			for (int k = 0; k < VE; k++) {
+				const float e = dn[k] * x[k];
+
+				s += e * (isq ? wq[k] : wk[k]);
+				if (isq)
+					aq[k] += e * r;
+				else
+					ak[k] += e * r;
+			}
+			s = warp_sum(s);
+			const float kk = s * r * r * r / HD;
+
+#pragma unroll
+			for (int k = 0; k < VE; k++)
+				g[k] = r * (isq ? wq[k] : wk[k]) * dn[k] - x[k] * kk;
+			st_bfv<VE>(dqkv + off, g);
+		}
+		__syncthreads();
+	}
+	cp_wait_all();
+#pragma unroll
+	for (int k = 0; k < VE; k++) {
+		red[warp][0][lane * VE + k] = aq[k];
+		red[warp][1][lane * VE + k] = ak[k];
+	}
+	__syncthreads();
+	for (int e = threadIdx.x; e < 2 * HD; e += QK_WARPS * 32) {
+		const int kind = e / HD, i = e % HD;
+		float acc = 0.f;
+
+		for (int w = 0; w < QK_WARPS; w++)
+			acc += red[w][kind][i];
+		part[((size_t)kind * gridDim.x + blockIdx.x) * HD + i] = acc;
+	}
+}
+
 // norm weight gradients, pass 1: blockIdx.y 0 = q heads, 1 = k heads; block (hd, R) sums the
 // tokens of chunk blockIdx.x (lanes of y take every R-th token)
 __global__ void k_qk_dw_partial(float *part, const bf16 *dout, const bf16 *qkv, const float *rstd,

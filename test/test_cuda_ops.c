@@ -803,6 +803,23 @@ static void bench(void)
 		printf("  qk_norm_rope_bwd 4x2048 h=%d/%d hd=%d: %.3f ms, %.0f GB/s\n", nh, nkv, hd, ms,
 		       3 * mb / ms);
 	}
+	/* the 4B layer's RMSNorm backward (accumulating into dx, with the weight gradient); bytes
+	 * moved: dout, x and dx read, dx written */
+	{
+		void *g = o, *xx = (char *)o + (size_t)T * H * 2, *dx = x, *nw = w;
+		void *dw = (char *)f + ((size_t)64 << 20);
+		float *rs = f;
+		const double mb = (double)T * H * 2 / 1e6;
+		double ms;
+
+		gpu->rmsnorm_fwd(gpu, (char *)o + (size_t)2 * T * H * 2, rs, xx, nw, T, H, 1e-6f);
+		gpu->rmsnorm_bwd(gpu, dx, dw, g, xx, nw, rs, T, H, true);
+		TIMED(for (int i = 0; i < 10; i++)
+			      gpu->rmsnorm_bwd(gpu, dx, dw, g, xx, nw, rs, T, H, true));
+		ms = t_ms / 10;
+		printf("  rmsnorm_bwd 4x2048 H=%d (accumulating, with dw): %.3f ms, %.0f GB/s\n", H,
+		       ms, 4 * mb / ms);
+	}
 	bench_moe();
 	/* the causal-LM head's cross-entropy on one chunk of logits as the Qwen3-MoE step has them
 	 * (816 rows of Qwen3's 151,936, in place); bytes: the rows read twice and written once */
@@ -914,6 +931,9 @@ int main(int argc, char **argv)
 	t_rmsnorm(7, 33, true);
 	t_rmsnorm(130, 1000, false);
 	t_rmsnorm(512, 2560, true);
+	/* more rows than the staged backward's blocks: each walks several (its stages wrap) */
+	t_rmsnorm(3000, 2048, true);
+	t_rmsnorm(2500, 1024, false);
 	t_matmul(5, 12, 1, false, false);
 	t_matmul(37, 64, 96, true, false);
 	t_matmul(33, 70, 46, true, true);
@@ -923,6 +943,9 @@ int main(int argc, char **argv)
 	t_qk(2, 40, 8, 2, 64);
 	t_qk(2, 33, 4, 4, 128);
 	t_qk(1, 20, 2, 1, 256);
+	/* more tokens than the staged kernels' blocks: each walks several */
+	t_qk(4, 1024, 8, 2, 128);
+	t_qk(2, 1500, 4, 1, 64);
 	t_attention(3, 9, 4, 2, 8, 1);
 	t_attention(4, 37, 4, 2, 16, 1);
 	t_attention(3, 70, 8, 2, 64, 1);
@@ -938,6 +961,7 @@ int main(int argc, char **argv)
 	t_attention(2, 700, 4, 2, 128, 2.5);
 	/* packed rows (documents back to back): both paths, tiles that start mid-document */
 	t_qk_p(2, 40, 4, 2, 64, true);
+	t_qk_p(4, 700, 4, 2, 128, true);
 	t_attention_p(3, 70, 4, 2, 16, 1, true);
 	t_attention_p(2, 45, 2, 1, 256, 1, true);
 	t_attention_p(2, 300, 4, 2, 256, 1, true);	/* hd 256 blocks of 128 queries, packed */

@@ -1,8 +1,8 @@
 /*
  * test_qk_emu: the Qwen3 q/k RMSNorm + rotary kernels of cuda/qknorm.cuh (the warp-per-row
- * kernels of head_dim 64, 128 and 256: a warp loads QK_HPW rows at once, lanes hold consecutive
- * elements, a rotary partner comes from lane ^ 16; and the block-per-token kernels of any even
- * head_dim) run on the host emulation (emu_run.h), against a double-precision norm + rotary
+ * kernels of head_dim 64, 128 and 256; the staged kernels, whose tokens come into shared memory
+ * by cp.async several tokens ahead, lanes holding consecutive elements, a rotary partner from
+ * lane ^ 16; and the block-per-token kernels of any even head_dim) run on the host emulation (emu_run.h), against a double-precision norm + rotary
  * computed here; the reference backward is itself checked against central differences of the
  * reference forward.  Row counts that are no multiple of a block's rows, a grid of fewer blocks
  * than rows (warps walking several), packed rows' positions and the rotary angle computed without
@@ -139,9 +139,11 @@ std::vector<float> table(const Prob &P, int npos)
 	return tab;
 }
 
-// wide: the warp-per-row kernels (their grids as ops.cu's launchers make them, and a backward of
-// `nchunk` blocks), else the block-per-token kernels and the norm weights' first pass
-void check(Prob P, bool use_tab, bool wide, int nchunk, const char *what)
+// kind 1, the warp-per-row kernels (the forward's grid as ops.cu's launcher makes it, the backward
+// of `nchunk` blocks); 2, the staged kernels, forward and backward of `nchunk` blocks; 0, the
+// block-per-token kernels and the norm weights' first pass
+enum { BLOCK, WARP, STAGED };
+void check(Prob P, bool use_tab, int kind, int nchunk, const char *what)
 {
 	const int T = P.T, hd = P.hd, nj = P.nj(), nq = P.nh + P.nkv, W = nj * hd;
 	const size_t rows = (size_t)T * nj, n = rows * hd;
@@ -190,7 +192,7 @@ void check(Prob P, bool use_tab, bool wide, int nchunk, const char *what)
 		npos = v + 1 > npos ? v + 1 : npos;
 	const std::vector<float> tabv = table(P, npos);
 	const int nblk_w = (int)((rows + QK_FWD_ROWS - 1) / QK_FWD_ROWS);
-	const int nparts = wide ? nchunk : (T + 31) / 32;
+	const int nparts = kind != BLOCK ? nchunk : (T + 31) / 32;
 	std::vector<float> part((size_t)2 * nparts * hd, NAN);
 
 	for (auto &v : out)
@@ -208,7 +210,33 @@ void check(Prob P, bool use_tab, bool wide, int nchunk, const char *what)
 		const int L = P.L, nh = P.nh, nkv = P.nkv;
 		const float eps = P.eps, th = P.theta;
 
-		if (wide) {
+		if (kind == STAGED) {
+			const size_t sf = QK_STAGES * qk_stage_bytes(nh, nkv, hd, false);
+			const size_t sb = QK_STAGES * qk_stage_bytes(nh, nkv, hd, true);
+
+			launch({ (unsigned)nchunk, 1, 1 }, QK_WARPS * 32, sf, [=] {
+				if (hd == 64)
+					k_qk_norm_rope_fwd_s<64>(o, r, x, qw, kw, tab, T, L, pos, nh, nkv,
+								 eps);
+				else if (hd == 128)
+					k_qk_norm_rope_fwd_s<128>(o, r, x, qw, kw, tab, T, L, pos, nh,
+								  nkv, eps);
+				else
+					k_qk_norm_rope_fwd_s<256>(o, r, x, qw, kw, tab, T, L, pos, nh,
+								  nkv, eps);
+			});
+			launch({ (unsigned)nchunk, 1, 1 }, QK_WARPS * 32, sb, [=] {
+				if (hd == 64)
+					k_qk_norm_rope_bwd_s<64>(d, pa, g, x, qw, kw, r, tab, T, L, pos,
+								 nh, nkv);
+				else if (hd == 128)
+					k_qk_norm_rope_bwd_s<128>(d, pa, g, x, qw, kw, r, tab, T, L, pos,
+								  nh, nkv);
+				else
+					k_qk_norm_rope_bwd_s<256>(d, pa, g, x, qw, kw, r, tab, T, L, pos,
+								  nh, nkv);
+			});
+		} else if (kind == WARP) {
 			launch({ (unsigned)nblk_w, 1, 1 }, QK_WARPS * 32, 0, [=] {
 				if (hd == 64)
 					k_qk_norm_rope_fwd_w<64>(o, r, x, qw, kw, tab, T, L, pos, nh, nkv,
@@ -299,24 +327,34 @@ int main(void)
 
 	// 10 tokens x 8 heads = 80 rows: three blocks of 32, the last part empty; the backward
 	// at the launcher's grid (80 / 64 -> 2) and at one block (each warp walking 3 groups)
-	check(prob(10, 5, 4, 2, 128), true, true, 2, "warp, table");
-	check(prob(10, 5, 4, 2, 128), true, true, 1, "warp, one backward block");
-	// 7 packed tokens x 5 heads = 35 rows (no multiple of QK_HPW), angles without the table
+	check(prob(10, 5, 4, 2, 128), true, WARP, 2, "warp, table");
+	check(prob(10, 5, 4, 2, 128), true, WARP, 1, "warp, one backward block");
+	// 7 packed tokens x 5 heads = 35 rows (no multiple of a block's 8), angles without the table
 	{
 		Prob P = prob(7, 4, 3, 1, 64);
 
 		P.pos = { 0, 1, 2, 0, 1, 2, 3 };
-		check(P, false, true, 3, "warp, packed, no table");
-		check(P, true, true, 1, "warp, packed, table");
+		check(P, false, WARP, 3, "warp, packed, no table");
+		check(P, true, WARP, 1, "warp, packed, table");
+		check(P, true, STAGED, 2, "staged, packed");
 	}
-	check(prob(3, 3, 2, 1, 256), true, true, 1, "warp, hd 256");
+	check(prob(3, 3, 2, 1, 256), true, WARP, 1, "warp, hd 256");
+	// the staged kernels: blocks walking several tokens (the stages wrapping around), a grid
+	// of one token a block, hd 64 and 256; 3 q heads + 1 k head: rstd of 4 floats, and 5 + 2
+	// (7, no multiple of 4: the stage's rstd part padded)
+	check(prob(10, 5, 4, 2, 128), true, STAGED, 3, "staged, 3 blocks");
+	check(prob(10, 5, 4, 2, 128), true, STAGED, 1, "staged, one block");
+	check(prob(4, 4, 4, 2, 128), true, STAGED, 4, "staged, a block a token");
+	check(prob(9, 9, 3, 1, 64), true, STAGED, 2, "staged, hd 64");
+	check(prob(5, 5, 5, 2, 64), true, STAGED, 2, "staged, 7 rstd");
+	check(prob(3, 3, 2, 1, 256), true, STAGED, 2, "staged, hd 256");
 	// the block-per-token kernels (any even head_dim; here 96 and 64)
-	check(prob(5, 5, 3, 1, 96), true, false, 0, "block, table");
+	check(prob(5, 5, 3, 1, 96), true, BLOCK, 0, "block, table");
 	{
 		Prob P = prob(6, 6, 2, 2, 64);
 
 		P.pos = { 4, 5, 0, 1, 2, 3 };
-		check(P, false, false, 0, "block, packed, no table");
+		check(P, false, BLOCK, 0, "block, packed, no table");
 	}
 	return test_exit("test_qk_emu");
 }
