@@ -415,8 +415,8 @@ extern "C" void sl_cuda_rmsnorm_fwd(struct sl_cuda *c, void *out, float *rstd, c
 
 // A staged kernel's grid (qknorm.cuh k_qk_norm_rope_fwd_s / _bwd_s, rmsnorm_s.cuh
 // k_rmsnorm_bwd_s: as many blocks of @threads as fit on the SMs at once, at most one a row), or 0
-// where it does not run: the environment variable @env is 0 (a switch for comparing), or
-// @smem bytes of stages and @fixed of static shared memory do not fit a block.
+// where it does not run: the environment variable @env is not 1 (opt-in until measured on a
+// GPU), or @smem bytes of stages and @fixed of static shared memory do not fit a block.
 static int staged_grid(struct sl_cuda *c, const char *env, int *mode, const void *kern, int smem,
 		       int fixed, int threads, int T)
 {
@@ -425,7 +425,7 @@ static int staged_grid(struct sl_cuda *c, const char *env, int *mode, const void
 	if (*mode < 0) {
 		const char *e = getenv(env);
 
-		*mode = !(e && !strcmp(e, "0"));
+		*mode = e && !strcmp(e, "1");
 	}
 	if (!*mode)
 		return 0;
@@ -440,7 +440,7 @@ static int staged_grid(struct sl_cuda *c, const char *env, int *mode, const void
 }
 
 // the staged backward (rmsnorm_s.cuh: dx and the weight gradient's partials in one pass, then
-// k_colsum_final) unless SHARDLM_RMS_STAGED=0; false where it does not run
+// k_colsum_final) with SHARDLM_RMS_STAGED=1; false where it does not run
 static bool rmsnorm_bwd_staged(struct sl_cuda *c, void *dx, void *dw, const void *dout,
 			       const void *x, const void *w, const float *rstd, int T, int H,
 			       int accumulate)
@@ -524,7 +524,7 @@ static int check_hd(int hd, const char *who)
 	return hd;
 }
 
-// the q/k norm kernels' (SHARDLM_QK_STAGED=0: the warp-per-row ones)
+// the q/k norm kernels' (SHARDLM_QK_STAGED=1; else the warp-per-row ones)
 static int qk_staged_grid(struct sl_cuda *c, const void *kern, int smem, int T)
 {
 	static int mode = -1;
