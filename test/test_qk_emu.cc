@@ -14,6 +14,7 @@
 
 #include "../cuda/common.cuh"
 #include "../cuda/qknorm.cuh"
+#include "cdiff.h"
 #include "testutil.h"
 #include "testrng.h"
 
@@ -100,22 +101,10 @@ void check_ref(const Prob &P)
 			l += dy[i] * y[i];
 		return l;
 	};
-	// the loss's central difference in v (an element of x or w), v left as it was
-	auto diff = [&](double &v) {
-		const double h = 1e-5, v0 = v;
-		double lp, lm;
-
-		v = v0 + h;
-		lp = loss();
-		v = v0 - h;
-		lm = loss();
-		v = v0;
-		return (lp - lm) / (2 * h);
-	};
 	for (int i = 0; i < hd; i++) {
-		ex = fmax(ex, fabs(diff(x[i]) - dx[i]));
+		ex = fmax(ex, fabs(central_diff(x[i], loss) - dx[i]));
 		mx = fmax(mx, fabs(dx[i]));
-		ew = fmax(ew, fabs(diff(w[i]) - dw[i]));
+		ew = fmax(ew, fabs(central_diff(w[i], loss) - dw[i]));
 		mw = fmax(mw, fabs(dw[i]));
 	}
 	CHECK(ex <= 1e-6 * mx && ew <= 1e-6 * mw,

@@ -13,6 +13,7 @@
 
 #include "../cuda/common.cuh"
 #include "../cuda/rmsnorm_s.cuh"
+#include "cdiff.h"
 #include "testutil.h"
 #include "testrng.h"
 
@@ -68,21 +69,10 @@ void check_ref(int H)
 			l += dy[i] * x[i] * rr * w[i];
 		return l;
 	};
-	auto diff = [&](double &v) {
-		const double h = 1e-5, v0 = v;
-		double lp, lm;
-
-		v = v0 + h;
-		lp = loss();
-		v = v0 - h;
-		lm = loss();
-		v = v0;
-		return (lp - lm) / (2 * h);
-	};
 	for (int i = 0; i < H; i++) {
-		ex = fmax(ex, fabs(diff(x[i]) - dx[i]));
+		ex = fmax(ex, fabs(central_diff(x[i], loss) - dx[i]));
 		mx = fmax(mx, fabs(dx[i]));
-		ew = fmax(ew, fabs(diff(w[i]) - dw[i]));
+		ew = fmax(ew, fabs(central_diff(w[i], loss) - dw[i]));
 		mw = fmax(mw, fabs(dw[i]));
 	}
 	CHECK(ex <= 1e-6 * mx && ew <= 1e-6 * mw,
