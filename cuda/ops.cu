@@ -413,6 +413,12 @@ extern "C" void sl_cuda_rmsnorm_fwd(struct sl_cuda *c, void *out, float *rstd, c
 	CUDA_LAUNCHED();
 }
 
+// the staged kernels copy rows in 16-byte pieces (their rows' lengths are multiples of 16 bytes)
+static bool aligned16(const void *a, const void *b, const void *c)
+{
+	return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
+}
+
 // A staged kernel's grid (qknorm.cuh k_qk_norm_rope_fwd_s / _bwd_s, rmsnorm_s.cuh
 // k_rmsnorm_bwd_s: as many blocks of @threads as fit on the SMs at once, at most one a row), or 0
 // where it does not run: the environment variable @env is not 1 (opt-in until measured on a
@@ -452,7 +458,7 @@ static bool rmsnorm_bwd_staged(struct sl_cuda *c, void *dx, void *dw, const void
 					(const void *)k_rmsnorm_bwd_s<false>;
 	int grid;
 
-	if (H % 8 || threads > 1024)
+	if (H % 8 || threads > 1024 || !aligned16(dx, dout, x))	/* cp.async's 16-byte pieces */
 		return false;
 	grid = staged_grid(c, "SHARDLM_RMS_STAGED", &mode, kern, smem, 32 * 4, threads, T);
 	if ((size_t)grid * H * sizeof(float) > c->scratch_bytes)
@@ -551,7 +557,8 @@ extern "C" void sl_cuda_qk_norm_rope_fwd(struct sl_cuda *c, void *out, float *rs
 	if (tab && by_hd(hd, [&](auto k) {
 		    constexpr int HD = decltype(k)::value;
 		    const int smem = QK_STAGES * qk_stage_bytes(nh, nkv, HD, false);
-		    const int grid = qk_staged_grid(c, (const void *)k_qk_norm_rope_fwd_s<HD>, smem, T);
+		    const int grid = aligned16(out, qkv, qkv) ?
+			    qk_staged_grid(c, (const void *)k_qk_norm_rope_fwd_s<HD>, smem, T) : 0;
 
 		    if (grid)
 			    k_qk_norm_rope_fwd_s<HD><<<grid, QK_WARPS * 32, smem, c->stream>>>(
@@ -596,7 +603,8 @@ extern "C" void sl_cuda_qk_norm_rope_bwd(struct sl_cuda *c, void *dqkv, void *dq
 		constexpr int HD = decltype(k)::value;
 		const int smem = QK_STAGES * qk_stage_bytes(nh, nkv, HD, true);
 
-		staged = qk_staged_grid(c, (const void *)k_qk_norm_rope_bwd_s<HD>, smem, T);
+		staged = aligned16(dqkv, dout, qkv) ?
+			 qk_staged_grid(c, (const void *)k_qk_norm_rope_bwd_s<HD>, smem, T) : 0;
 	});
 	if (staged) {
 		nchunk = staged;
