@@ -426,7 +426,14 @@ static bool aligned16(const void *a, const void *b, const void *c)
 static int staged_grid(struct sl_cuda *c, const char *env, int *mode, const void *kern, int smem,
 		       int fixed, int threads, int T)
 {
-	int per_sm = 0, sms = 0, optin = 0;
+	// the blocks that fit at once, per kernel, stage bytes and device: asked of the runtime
+	// once, not on every call (a step calls these kernels a few times a layer)
+	static struct {
+		const void *kern;
+		int smem, device, blocks;
+	} fit[32];
+	static int n_fit;
+	int blocks = -1;
 
 	if (*mode < 0) {
 		const char *e = getenv(env);
@@ -435,14 +442,29 @@ static int staged_grid(struct sl_cuda *c, const char *env, int *mode, const void
 	}
 	if (!*mode)
 		return 0;
-	CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-					  c->device));
-	if (smem + fixed > optin)
-		return 0;
-	CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-	CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, threads, smem));
-	CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device));
-	return per_sm < 1 ? 0 : per_sm * sms < T ? per_sm * sms : T;
+	for (int i = 0; i < n_fit && blocks < 0; i++)
+		if (fit[i].kern == kern && fit[i].smem == smem && fit[i].device == c->device)
+			blocks = fit[i].blocks;
+	if (blocks < 0) {
+		int per_sm = 0, sms = 0, optin = 0;
+
+		CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+						  c->device));
+		if (smem + fixed <= optin) {
+			// all that may be asked (fixed covers the static part), so that no stage size
+			// of this kernel lowers the limit below another's
+			CUDA_CHECK(cudaFuncSetAttribute(
+				kern, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - fixed));
+			CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern,
+										 threads, smem));
+			CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
+							  c->device));
+		}
+		blocks = per_sm * sms;
+		if (n_fit < (int)(sizeof(fit) / sizeof(fit[0])))
+			fit[n_fit++] = { kern, smem, c->device, blocks };
+	}
+	return blocks < T ? blocks : T;
 }
 
 // the staged backward (rmsnorm_s.cuh: dx and the weight gradient's partials in one pass, then
