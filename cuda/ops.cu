@@ -421,8 +421,9 @@ static bool aligned16(const void *a, const void *b, const void *c)
 
 // A staged kernel's grid (qknorm.cuh k_qk_norm_rope_fwd_s / _bwd_s, rmsnorm_s.cuh
 // k_rmsnorm_bwd_s: as many blocks of @threads as fit on the SMs at once, at most one a row), or 0
-// where it does not run: the environment variable @env is not 1 (opt-in until measured on a
-// GPU), or @smem bytes of stages and @fixed of static shared memory do not fit a block.
+// where it does not run: the environment variable @env is 0 (the kernels before them, kept for
+// comparison and for make check-gpu), or @smem bytes of stages and @fixed of static shared memory
+// do not fit a block.
 static int staged_grid(struct sl_cuda *c, const char *env, int *mode, const void *kern, int smem,
 		       int fixed, int threads, int T)
 {
@@ -438,7 +439,7 @@ static int staged_grid(struct sl_cuda *c, const char *env, int *mode, const void
 	if (*mode < 0) {
 		const char *e = getenv(env);
 
-		*mode = e && !strcmp(e, "1");
+		*mode = !e || strcmp(e, "0");
 	}
 	if (!*mode)
 		return 0;
@@ -468,7 +469,7 @@ static int staged_grid(struct sl_cuda *c, const char *env, int *mode, const void
 }
 
 // the staged backward (rmsnorm_s.cuh: dx and the weight gradient's partials in one pass, then
-// k_colsum_final) with SHARDLM_RMS_STAGED=1; false where it does not run
+// k_colsum_final) unless SHARDLM_RMS_STAGED=0; false where it does not run
 static bool rmsnorm_bwd_staged(struct sl_cuda *c, void *dx, void *dw, const void *dout,
 			       const void *x, const void *w, const float *rstd, int T, int H,
 			       int accumulate)
@@ -552,7 +553,7 @@ static int check_hd(int hd, const char *who)
 	return hd;
 }
 
-// the q/k norm kernels' (SHARDLM_QK_STAGED=1; else the warp-per-row ones)
+// the q/k norm kernels' (SHARDLM_QK_STAGED=0: the warp-per-row ones)
 static int qk_staged_grid(struct sl_cuda *c, const void *kern, int smem, int T)
 {
 	static int mode = -1;

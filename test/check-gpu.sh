@@ -8,7 +8,7 @@
 #   and with the unpipelined warpgroup forward (SHARDLM_FA_PIPE=0), the unpipelined dk/dv
 #   (SHARDLM_FA_BWD_PIPE=0) and dq (SHARDLM_FA_DQ_PIPE=0), the fused dq (SHARDLM_FA_BWD_DQ=fused
 #   and =wg2), dq from stored dS (=ds), the one-launch expert matmuls (SHARDLM_MOE_GEMM=wg) and
-#   the staged norm kernels (SHARDLM_QK_STAGED=1 SHARDLM_RMS_STAGED=1).
+#   the norm kernels before the staged ones (SHARDLM_QK_STAGED=0 SHARDLM_RMS_STAGED=0).
 #   check-gpu-offload.sh: offloaded optimizer state and weights train to the on-GPU losses.
 #   check-gpu-sft.sh: task sft (untied, tied, packed, Qwen3-MoE) trains to the cpu backend's losses.
 #   check-gpu-overlap.sh: AdamW under the next forward (SHARDLM_OPT_OVERLAP=1), the same bits.
@@ -103,11 +103,11 @@ gpu_test "cuda ops vs cpu, attention dq from stored dS" env SHARDLM_FA_BWD_DQ=ds
 	"$top_builddir/test/test_cuda_ops"
 gpu_test "cuda model vs cpu, attention dq from stored dS" env SHARDLM_FA_BWD_DQ=ds \
 	"$top_builddir/test/test_cuda_model"
-# the staged q/k norm + rotary and RMSNorm backward kernels (SHARDLM_QK_STAGED=1,
-# SHARDLM_RMS_STAGED=1; opt-in: rows into shared memory by cp.async several rows ahead)
-gpu_test "cuda ops vs cpu, staged norm kernels" env SHARDLM_QK_STAGED=1 SHARDLM_RMS_STAGED=1 \
+# the q/k norm + rotary and RMSNorm backward kernels before the staged ones (the default since
+# the thirty-sixth session): a warp a row (SHARDLM_QK_STAGED=0, SHARDLM_RMS_STAGED=0)
+gpu_test "cuda ops vs cpu, warp-per-row norm kernels" env SHARDLM_QK_STAGED=0 SHARDLM_RMS_STAGED=0 \
 	"$top_builddir/test/test_cuda_ops"
-gpu_test "cuda model vs cpu, staged norm kernels" env SHARDLM_QK_STAGED=1 SHARDLM_RMS_STAGED=1 \
+gpu_test "cuda model vs cpu, warp-per-row norm kernels" env SHARDLM_QK_STAGED=0 SHARDLM_RMS_STAGED=0 \
 	"$top_builddir/test/test_cuda_model"
 # the experts' matmuls in one warpgroup kernel (SHARDLM_MOE_GEMM=wg; opt-in, cuda/moe_mm.cu)
 gpu_test "cuda ops vs cpu, one-launch expert matmuls" env SHARDLM_MOE_GEMM=wg \
