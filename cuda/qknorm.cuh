@@ -240,6 +240,64 @@ k_qk_norm_rope_fwd_w(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, co
 	}
 }
 
+// One q or k row's backward, lane l holding elements l VE .. l VE + VE - 1 (the rotary partner
+// in lane l ^ 16): from dy (the rotated output's gradient), x (the row), wv (its norm weights),
+// c, sn (the rotary pairs (l & 15) VE ..) and r (its rstd), the row's gradient g, and dn x r
+// added to aq (a q row) or ak (a k row), the norm weights' gradient (the warp-per-row and the
+// staged backward's).
+template <int HD, int VE>
+static __device__ __forceinline__ void qk_row_bwd(float *g, float *aq, float *ak, const float *dy,
+						  const float *x, const float *wv, const float *c,
+						  const float *sn, float r, bool isq, int lane)
+{
+	float dyp[VE], dn[VE], s = 0.f, kk;
+
+#pragma unroll
+	for (int k = 0; k < VE; k++)
+		dyp[k] = __shfl_xor_sync(0xffffffffu, dy[k], 16);
+#pragma unroll
+	for (int k = 0; k < VE; k++)	// first half: dy c + dy' s; second: -dy' s + dy c
+		dn[k] = lane < 16 ? dy[k] * c[k] + dyp[k] * sn[k] : -dyp[k] * sn[k] + dy[k] * c[k];
+#pragma unroll
+	for (int k = 0; k < VE; k++) {
+		const float e = dn[k] * x[k];
+
+		s += e * wv[k];
+		if (isq)
+			aq[k] += e * r;
+		else
+			ak[k] += e * r;
+	}
+	s = warp_sum(s);
+	kk = s * r * r * r / HD;
+#pragma unroll
+	for (int k = 0; k < VE; k++)
+		g[k] = r * wv[k] * dn[k] - x[k] * kk;
+}
+
+// the block's norm weight gradients: each warp's lane sums (aq, ak) through red, added over the
+// warps in order into part[(kind * gridDim.x + block) * HD + i] (kind 0 q, 1 k)
+template <int HD, int VE>
+static __device__ __forceinline__ void qk_dw_block(float (*red)[2][HD], float *part,
+						   const float *aq, const float *ak, int warp,
+						   int lane)
+{
+#pragma unroll
+	for (int k = 0; k < VE; k++) {
+		red[warp][0][lane * VE + k] = aq[k];
+		red[warp][1][lane * VE + k] = ak[k];
+	}
+	__syncthreads();
+	for (int e = threadIdx.x; e < 2 * HD; e += QK_WARPS * 32) {
+		const int kind = e / HD, i = e % HD;
+		float acc = 0.f;
+
+		for (int w = 0; w < QK_WARPS; w++)
+			acc += red[w][kind][i];
+		part[((size_t)kind * gridDim.x + blockIdx.x) * HD + i] = acc;
+	}
+}
+
 // A warp per (token, head) in turn (warps stride over them: warp w of block b takes every
 // (gridDim.x * QK_WARPS)-th one from b * QK_WARPS + w), lane l holding the VE = HD / 32
 // consecutive elements from l VE (one 4- to 16-byte access each; an element's rotary partner,
@@ -272,52 +330,16 @@ k_qk_norm_rope_bwd_w(bf16 *dqkv, float *part, const bf16 *dout, const bf16 *qkv,
 			continue;
 		}
 		const bool isq = j < nh;
-		float dy[VE], dyp[VE], dn[VE], x[VE], wv[VE], c[VE], sn[VE], g[VE];
-		const float r = rstd[(size_t)t * nq + j];
-		float s = 0.f, kk;
+		float dy[VE], x[VE], wv[VE], c[VE], sn[VE], g[VE];
 
 		ld_bfv<VE>(dy, dout + off);
 		ld_bfv<VE>(x, qkv + off);
 		ld_bfv<VE>(wv, (isq ? qw : kw) + lane * VE);
-#pragma unroll
-		for (int k = 0; k < VE; k++)
-			dyp[k] = __shfl_xor_sync(0xffffffffu, dy[k], 16);
 		rope_vec<HD, VE>(tab, rope_pos(pos, t, L), theta, (lane & 15) * VE, c, sn);
-#pragma unroll
-		for (int k = 0; k < VE; k++)	// first half: dy c + dy' s; second: -dy' s + dy c
-			dn[k] = lane < 16 ? dy[k] * c[k] + dyp[k] * sn[k] :
-					    -dyp[k] * sn[k] + dy[k] * c[k];
-#pragma unroll
-		for (int k = 0; k < VE; k++) {
-			const float e = dn[k] * x[k];
-
-			s += e * wv[k];
-			if (isq)
-				aq[k] += e * r;
-			else
-				ak[k] += e * r;
-		}
-		s = warp_sum(s);
-		kk = s * r * r * r / HD;
-#pragma unroll
-		for (int k = 0; k < VE; k++)
-			g[k] = r * wv[k] * dn[k] - x[k] * kk;
+		qk_row_bwd<HD, VE>(g, aq, ak, dy, x, wv, c, sn, rstd[(size_t)t * nq + j], isq, lane);
 		st_bfv<VE>(dqkv + off, g);
 	}
-#pragma unroll
-	for (int k = 0; k < VE; k++) {
-		red[warp][0][lane * VE + k] = aq[k];
-		red[warp][1][lane * VE + k] = ak[k];
-	}
-	__syncthreads();
-	for (int e = threadIdx.x; e < 2 * HD; e += QK_WARPS * 32) {
-		const int kind = e / HD, i = e % HD;
-		float acc = 0.f;
-
-		for (int w = 0; w < QK_WARPS; w++)
-			acc += red[w][kind][i];
-		part[((size_t)kind * gridDim.x + blockIdx.x) * HD + i] = acc;
-	}
+	qk_dw_block<HD, VE>(red, part, aq, ak, warp, lane);
 }
 
 // ---- the staged kernels: a token's rows through shared memory, several tokens ahead ----------
@@ -441,64 +463,6 @@ k_qk_norm_rope_fwd_s(bf16 *out, float *rstd, const bf16 *qkv, const bf16 *qw, co
 	cp_wait_all();
 }
 
-// One q or k row's backward, lane l holding elements l VE .. l VE + VE - 1 (the rotary partner
-// in lane l ^ 16): from dy (the rotated output's gradient), x (the row), wv (its norm weights),
-// c, sn (the rotary pairs (l & 15) VE ..) and r (its rstd), the row's gradient g, and dn x r
-// added to aq (a q row) or ak (a k row), the norm weights' gradient: k_qk_norm_rope_bwd_w's
-// arithmetic (written out there, where this helper would change the code the step was measured
-// with: 64 registers instead of 76).
-template <int HD, int VE>
-static __device__ __forceinline__ void qk_row_bwd(float *g, float *aq, float *ak, const float *dy,
-						  const float *x, const float *wv, const float *c,
-						  const float *sn, float r, bool isq, int lane)
-{
-	float dyp[VE], dn[VE], s = 0.f, kk;
-
-#pragma unroll
-	for (int k = 0; k < VE; k++)
-		dyp[k] = __shfl_xor_sync(0xffffffffu, dy[k], 16);
-#pragma unroll
-	for (int k = 0; k < VE; k++)	// first half: dy c + dy' s; second: -dy' s + dy c
-		dn[k] = lane < 16 ? dy[k] * c[k] + dyp[k] * sn[k] : -dyp[k] * sn[k] + dy[k] * c[k];
-#pragma unroll
-	for (int k = 0; k < VE; k++) {
-		const float e = dn[k] * x[k];
-
-		s += e * wv[k];
-		if (isq)
-			aq[k] += e * r;
-		else
-			ak[k] += e * r;
-	}
-	s = warp_sum(s);
-	kk = s * r * r * r / HD;
-#pragma unroll
-	for (int k = 0; k < VE; k++)
-		g[k] = r * wv[k] * dn[k] - x[k] * kk;
-}
-
-// the block's norm weight gradients: each warp's lane sums (aq, ak) through red, added over the
-// warps in order into part[(kind * gridDim.x + block) * HD + i] (kind 0 q, 1 k)
-template <int HD, int VE>
-static __device__ __forceinline__ void qk_dw_block(float (*red)[2][HD], float *part,
-						   const float *aq, const float *ak, int warp,
-						   int lane)
-{
-#pragma unroll
-	for (int k = 0; k < VE; k++) {
-		red[warp][0][lane * VE + k] = aq[k];
-		red[warp][1][lane * VE + k] = ak[k];
-	}
-	__syncthreads();
-	for (int e = threadIdx.x; e < 2 * HD; e += QK_WARPS * 32) {
-		const int kind = e / HD, i = e % HD;
-		float acc = 0.f;
-
-		for (int w = 0; w < QK_WARPS; w++)
-			acc += red[w][kind][i];
-		part[((size_t)kind * gridDim.x + blockIdx.x) * HD + i] = acc;
-	}
-}
 
 // the backward, with the norm weights' gradients as k_qk_norm_rope_bwd_w sums them: each lane
 // over its warp's q heads and k heads, the block's warps in order into
