@@ -15,7 +15,8 @@
 # NAME=VALUE[,NAME=VALUE...] environment settings, runs shardlm once per entry, e.g.
 # "- SHARDLM_MOE_STREAMS=1 SHARDLM_FA_BWD_DQ=fused,SHARDLM_OPT_OVERLAP=1"), ROUNDS (default 1:
 # the variants one after another, ROUNDS times, for A/B runs that alternate).  An entry's
-# SHARDLM_BIN=PATH runs that shardlm program instead (another build, side by side).
+# SHARDLM_BIN=PATH runs that shardlm program instead (another build, side by side); SET=KEY=VALUE
+# passes --set KEY=VALUE (a config setting: SET=optim.clip=0).
 # LAYERS (default 12): fewer layers of the same widths, to fit a smaller GPU (not the issue's
 # figure).  KTRACE=PATH/libktrace.so: one more shardlm run (defaults) under bench/ktrace.c's
 # kernel trace; bench/ktrace.py's table of the step's GPU time in OUTDIR/ktrace-moe.md.
@@ -58,9 +59,15 @@ shardlm_run() {
 	rm -rf "$T/run"
 	local envs=()
 	[ -z "$var" ] || IFS=, read -r -a envs <<<"$var"
-	local bin=$SHARDLM e
-	for e in "${envs[@]}"; do [ "${e#SHARDLM_BIN=}" = "$e" ] || bin=${e#SHARDLM_BIN=}; done
-	env "${envs[@]}" "$bin" train "$T/moe.yaml" >"$log" 2>&1
+	local bin=$SHARDLM e sets=() ev=()
+	for e in "${envs[@]}"; do
+		case $e in
+		SHARDLM_BIN=*) bin=${e#SHARDLM_BIN=} ;;
+		SET=*) sets+=(--set "${e#SET=}") ;;
+		*) ev+=("$e") ;;
+		esac
+	done
+	env "${ev[@]}" "$bin" train "$T/moe.yaml" "${sets[@]}" >"$log" 2>&1
 	echo "$name exit $? (log $log)"
 	tail -3 "$log"
 	cp "$T/run/training_metrics.json" "${log%.log}_metrics.json" 2>/dev/null

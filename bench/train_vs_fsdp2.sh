@@ -15,7 +15,8 @@
 # each "-" for none or NAME=VALUE[,NAME=VALUE...] environment settings, runs shardlm once per
 # entry, e.g. "- SHARDLM_FA_WGMMA=1 SHARDLM_FA_BWD_DQ=fused,SHARDLM_OPT_OVERLAP=1"), ROUNDS
 # (default 1: the variants one after another, ROUNDS times, for A/B runs that alternate); an
-# entry's SHARDLM_BIN=PATH runs that shardlm program instead (another build, side by side).
+# entry's SHARDLM_BIN=PATH runs that shardlm program instead (another build, side by side), and
+# SET=KEY=VALUE passes --set KEY=VALUE (a config setting, e.g. SET=optim.clip=0).
 # LAYERS: that many layers instead of the shape's (to fit a smaller GPU; not the issue's figures).
 # KTRACE=PATH/libktrace.so (test/, built where CUPTI is): one more shardlm run per shape, with
 # the defaults, under that kernel trace; bench/ktrace.py's table of the step's GPU time as it ran
@@ -86,9 +87,15 @@ YAML
 	fi
 	[ "${ROUNDS:-1}" = 1 ] || { impl="$impl (round $round)"; log="$log-r$round"; }
 	log="$log.log"
-	bin=${SHARDLM:-shardlm}
-	for e in "${envs[@]}"; do [ "${e#SHARDLM_BIN=}" = "$e" ] || bin=${e#SHARDLM_BIN=}; done
-	env "${envs[@]}" "$bin" train "$T/$shape.yaml" >"$log" 2>&1
+	bin=${SHARDLM:-shardlm}; sets=(); ev=()
+	for e in "${envs[@]}"; do
+		case $e in
+		SHARDLM_BIN=*) bin=${e#SHARDLM_BIN=} ;;
+		SET=*) sets+=(--set "${e#SET=}") ;;
+		*) ev+=("$e") ;;
+		esac
+	done
+	env "${ev[@]}" "$bin" train "$T/$shape.yaml" "${sets[@]}" >"$log" 2>&1
 	python3 - "$T/run-$shape/training_metrics.json" "$M/config.json" "$shape" "$B" "$impl" \
 		>>"$RES" <<'PY'
 import json, statistics, sys

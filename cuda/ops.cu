@@ -1214,8 +1214,10 @@ static __device__ __forceinline__ void adamw_at(float *p, float *m, float *v, co
 // one element a thread (any alignment)
 template <typename G>
 __global__ void k_adamw(float *p, float *m, float *v, const G *grad, bf16 *wo, size_t n,
-			adamw_k a)
+			adamw_k a, const double *gate)
 {
+	if (gate && !isfinite(*gate))
+		return;
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x)
 		adamw_at(p, m, v, grad, wo, i, a);
@@ -1236,29 +1238,57 @@ static __device__ __forceinline__ void gval4(float *g, const float *p)
 	g[0] = t.x, g[1] = t.y, g[2] = t.z, g[3] = t.w;
 }
 
+// elements 4 i .. 4 i + 3 (k_adamw4's and k_adamw4n's step)
+template <typename G>
+static __device__ __forceinline__ void adamw4_at(float *p, float *m, float *v, const G *grad,
+						 bf16 *wo, size_t i, const adamw_k &a)
+{
+	float4 P = ((const float4 *)p)[i], M = ((const float4 *)m)[i];
+	float4 V = ((const float4 *)v)[i];
+	float g[4], pf[4] = { P.x, P.y, P.z, P.w }, mf[4] = { M.x, M.y, M.z, M.w };
+	float vf[4] = { V.x, V.y, V.z, V.w };
+
+	gval4(g, grad + 4 * i);
+#pragma unroll
+	for (int k = 0; k < 4; k++)
+		adamw_el(pf[k], mf[k], vf[k], g[k], a);
+	((float4 *)p)[i] = make_float4(pf[0], pf[1], pf[2], pf[3]);
+	((float4 *)m)[i] = make_float4(mf[0], mf[1], mf[2], mf[3]);
+	((float4 *)v)[i] = make_float4(vf[0], vf[1], vf[2], vf[3]);
+	if (wo)
+		*(uint2 *)(wo + 4 * i) = pack4(pf);
+}
+
 template <typename G>
 __global__ void k_adamw4(float *p, float *m, float *v, const G *grad, bf16 *wo, size_t n,
-			 adamw_k a)
+			 adamw_k a, const double *gate)
 {
 	const size_t n4 = n / 4;
 
+	if (gate && !isfinite(*gate))
+		return;
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		float4 P = ((const float4 *)p)[i], M = ((const float4 *)m)[i];
-		float4 V = ((const float4 *)v)[i];
-		float g[4], pf[4] = { P.x, P.y, P.z, P.w }, mf[4] = { M.x, M.y, M.z, M.w };
-		float vf[4] = { V.x, V.y, V.z, V.w };
+	     i += (size_t)gridDim.x * blockDim.x)
+		adamw4_at(p, m, v, grad, wo, i, a);
+	if (blockIdx.x == 0 && threadIdx.x < n - 4 * n4)
+		adamw_at(p, m, v, grad, wo, 4 * n4 + threadIdx.x, a);
+}
 
-		gval4(g, grad + 4 * i);
-#pragma unroll
-		for (int k = 0; k < 4; k++)
-			adamw_el(pf[k], mf[k], vf[k], g[k], a);
-		((float4 *)p)[i] = make_float4(pf[0], pf[1], pf[2], pf[3]);
-		((float4 *)m)[i] = make_float4(mf[0], mf[1], mf[2], mf[3]);
-		((float4 *)v)[i] = make_float4(vf[0], vf[1], vf[2], vf[3]);
-		if (wo)
-			*(uint2 *)(wo + 4 * i) = pack4(pf);
-	}
+// k_adamw4 in blocks of ADAMW_NT threads of at most 32 registers, one pass a thread: a block
+// fits beside the attention kernels' two blocks an SM (4096 registers left by the dq kernel),
+// so an update on the side stream runs under the backward's attention (SHARDLM_OPT_BWD)
+#define ADAMW_NT 128
+template <typename G>
+__global__ void __launch_bounds__(ADAMW_NT, 16)
+k_adamw4n(float *p, float *m, float *v, const G *grad, bf16 *wo, size_t n, adamw_k a,
+	  const double *gate)
+{
+	const size_t n4 = n / 4, i = blockIdx.x * (size_t)ADAMW_NT + threadIdx.x;
+
+	if (gate && !isfinite(*gate))
+		return;
+	if (i < n4)
+		adamw4_at(p, m, v, grad, wo, i, a);
 	if (blockIdx.x == 0 && threadIdx.x < n - 4 * n4)
 		adamw_at(p, m, v, grad, wo, 4 * n4 + threadIdx.x, a);
 }
@@ -1266,7 +1296,7 @@ __global__ void k_adamw4(float *p, float *m, float *v, const G *grad, bf16 *wo, 
 template <typename G>
 static void adamw(struct sl_cuda *c, float *p, float *m, float *v, const G *grad, void *w_out,
 		  size_t n, float lr, float beta1, float beta2, float eps, float wd, float bc1,
-		  float bc2, float grad_scale)
+		  float bc2, float grad_scale, const double *gate)
 {
 	// the scalars torch forms as Python floats (double), rounded to float once
 	const float decay = (float)(1.0 - (double)lr * wd);
@@ -1282,28 +1312,38 @@ static void adamw(struct sl_cuda *c, float *p, float *m, float *v, const G *grad
 			 (uintptr_t)v % 16 == 0 && (uintptr_t)grad % (4 * sizeof(G)) == 0 &&
 			 (uintptr_t)w_out % 8 == 0;
 
-	if (vec)
+	static int narrow = -1;
+
+	if (narrow < 0) {
+		const char *e = getenv("SHARDLM_ADAMW_NARROW");
+
+		narrow = e && strcmp(e, "0");
+	}
+	if (vec && narrow)
+		k_adamw4n<G><<<(unsigned)((n / 4 + ADAMW_NT - 1) / ADAMW_NT ? (n / 4 + ADAMW_NT - 1) / ADAMW_NT : 1),
+			       ADAMW_NT, 0, c->stream>>>(p, m, v, grad, (bf16 *)w_out, n, a, gate);
+	else if (vec)
 		k_adamw4<G><<<grid_for(n / 4 ? n / 4 : 1, NT), NT, 0, c->stream>>>(
-			p, m, v, grad, (bf16 *)w_out, n, a);
+			p, m, v, grad, (bf16 *)w_out, n, a, gate);
 	else
 		k_adamw<G><<<grid_for(n, NT), NT, 0, c->stream>>>(p, m, v, grad, (bf16 *)w_out, n,
-								  a);
+								  a, gate);
 	CUDA_LAUNCHED();
 }
 
 extern "C" void sl_cuda_adamw_f32(struct sl_cuda *c, float *p, float *m, float *v,
 				  const float *grad, void *w_out, size_t n, float lr, float beta1,
 				  float beta2, float eps, float wd, float bc1, float bc2,
-				  float grad_scale)
+				  float grad_scale, const double *gate)
 {
-	adamw(c, p, m, v, grad, w_out, n, lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale);
+	adamw(c, p, m, v, grad, w_out, n, lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale, gate);
 }
 
 extern "C" void sl_cuda_adamw_bf16g(struct sl_cuda *c, float *p, float *m, float *v,
 				    const void *grad, void *w_out, size_t n, float lr, float beta1,
 				    float beta2, float eps, float wd, float bc1, float bc2,
-				    float grad_scale)
+				    float grad_scale, const double *gate)
 {
 	adamw(c, p, m, v, (const bf16 *)grad, w_out, n, lr, beta1, beta2, eps, wd, bc1, bc2,
-	      grad_scale);
+	      grad_scale, gate);
 }

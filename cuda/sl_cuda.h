@@ -122,12 +122,13 @@ void sl_cuda_ce_fwd_bwd(struct sl_cuda *c, double *loss_sum, float *row_loss, vo
 void sl_cuda_sumsq_f32(struct sl_cuda *c, double *out, const float *g, size_t n);
 void sl_cuda_adamw_f32(struct sl_cuda *c, float *p, float *m, float *v, const float *grad,
 		       void *w_out, size_t n, float lr, float beta1, float beta2, float eps,
-		       float wd, float bc1, float bc2, float grad_scale);
+		       float wd, float bc1, float bc2, float grad_scale, const double *gate);
 /* the same two with bf16 gradients */
 void sl_cuda_sumsq_bf16(struct sl_cuda *c, double *out, const void *g, size_t n);
 void sl_cuda_adamw_bf16g(struct sl_cuda *c, float *p, float *m, float *v, const void *grad,
 			 void *w_out, size_t n, float lr, float beta1, float beta2, float eps,
-			 float wd, float bc1, float bc2, float grad_scale);
+			 float wd, float bc1, float bc2, float grad_scale,
+			 const double *gate);
 
 /* ---- mixture of experts (moe.cu; routing values float, experts' k at most 32) ---- */
 void sl_cuda_moe_route_fwd(struct sl_cuda *c, float *p, int *topi, float *topw,

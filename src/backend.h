@@ -33,6 +33,10 @@ struct sl_adamw_args {
 	float weight_decay;	/* already 0 for tensors that do not decay */
 	float bc1, bc2;		/* bias corrections 1 - beta^step */
 	float grad_scale;	/* multiplies the gradient first (clipping) */
+	/* NULL, or a double in device memory read when the update runs: not finite, and the
+	 * update writes nothing (a unit's own sum of squares, the update issued before the
+	 * step's norm is known) */
+	const double *gate;
 };
 
 struct sl_backend {

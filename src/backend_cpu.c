@@ -762,6 +762,8 @@ static void cpu_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, c
 
 	if (sl_backend_cpu_side_defer(be, false, p, m, v, grad, w_out, n, a))
 		return;
+	if (a->gate && !isfinite(*a->gate))
+		return;
 #pragma omp parallel for simd schedule(static)
 	for (size_t i = 0; i < n; i++) {
 		float pi = sl_adamw_elem(&k, &p[i], &m[i], &v[i], grad[i]);
@@ -795,6 +797,8 @@ static void cpu_adamw_c(struct sl_backend *be, float *p, float *m, float *v, con
 	real *wo = w_out;
 
 	if (sl_backend_cpu_side_defer(be, true, p, m, v, grad, w_out, n, a))
+		return;
+	if (a->gate && !isfinite(*a->gate))
 		return;
 #pragma omp parallel for simd schedule(static)
 	for (size_t i = 0; i < n; i++) {

@@ -352,7 +352,7 @@ static void cuda_adamw_f32(struct sl_backend *be, float *p, float *m, float *v, 
 			   void *w_out, size_t n, const struct sl_adamw_args *a)
 {
 	sl_cuda_adamw_f32(C(be), p, m, v, grad, w_out, n, a->lr, a->beta1, a->beta2, a->eps,
-			  a->weight_decay, a->bc1, a->bc2, a->grad_scale);
+			  a->weight_decay, a->bc1, a->bc2, a->grad_scale, a->gate);
 }
 
 static void cuda_sumsq_c(struct sl_backend *be, double *out, const void *g, size_t n)
@@ -364,7 +364,7 @@ static void cuda_adamw_c(struct sl_backend *be, float *p, float *m, float *v, co
 			 void *w_out, size_t n, const struct sl_adamw_args *a)
 {
 	sl_cuda_adamw_bf16g(C(be), p, m, v, grad, w_out, n, a->lr, a->beta1, a->beta2, a->eps,
-			    a->weight_decay, a->bc1, a->bc2, a->grad_scale);
+			    a->weight_decay, a->bc1, a->bc2, a->grad_scale, a->gate);
 }
 
 /* ---- mixture of experts (cuda/moe.cu) ---------------------------------------------------- */

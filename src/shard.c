@@ -383,7 +383,21 @@ static void release_grads(void *ctx, int unit)
 	if (s->grad_direct) {
 		/* the gradient is where the optimizer reads it already */
 		u->grads_seen = true;
+		if (s->early_step && (s->early_poison == 1 || (s->early_poison == 2 && !unit)))
+			sl_shard_poison(b, u->gradc);
 		side_sumsq(s, unit);
+		if (s->early_step) {
+			/* skipped on the device if this unit's sum is not finite */
+			struct sl_adamw_args a = s->opt_a;
+
+			a.gate = s->d_sumsq + unit;
+			b->side_begin(b);
+			update_unit(s, unit, &s->opt_h, &a);
+			b->record_event(b, u->ev_opt);
+			b->side_end(b);
+			u->opt_wait = true;
+			s->opt_last = unit;
+		}
 		release_weights(ctx, unit);
 		return;
 	}
@@ -584,6 +598,11 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	s->sq_overlap = s->overlap_opt && (!s->replica_comm || s->replica_comm->size <= 1);
 	if (s->sq_overlap)
 		s->ev_sq = be->event_create(be);
+	{
+		const char *e = getenv("SHARDLM_OPT_BWD");
+
+		s->early_on = s->sq_overlap && s->grad_direct && e && strcmp(e, "0");
+	}
 	s->src = (struct sl_unit_source){ .ctx = s, .weights = unit_weights, .grads = unit_grads,
 					  .grads_set = unit_grads_set,
 					  .release_fwd = release_weights,
@@ -782,6 +801,30 @@ void sl_shard_begin_micro(struct sl_shard *s, bool last)
 	s->mb_last = last;
 }
 
+void sl_shard_poison(struct sl_backend *be, void *dst)
+{
+	const uint16_t nan16 = 0x7fc0;	/* bf16 quiet NaN */
+	const float nan32 = NAN;
+	const double nan64 = NAN;
+
+	be->upload(be, dst, be->elt == 2 ? (const void *)&nan16 : be->elt == 4 ?
+		   (const void *)&nan32 : (const void *)&nan64, be->elt);
+}
+
+void sl_shard_early_update(struct sl_shard *s, const struct sl_optim_hparams *h, int poison)
+{
+	s->early_step = s->early_on && h->clip <= 0 && s->opt_npending == 0;
+	s->early_poison = poison;
+	if (!s->early_step)
+		return;
+	s->opt_h = *h;
+	s->opt_a = (struct sl_adamw_args){
+		.beta1 = h->beta1, .beta2 = h->beta2, .eps = h->eps,
+		.bc1 = 1.0 - pow(h->beta1, h->step), .bc2 = 1.0 - pow(h->beta2, h->step),
+		.grad_scale = 1.0,
+	};
+}
+
 void sl_shard_drain(struct sl_shard *s)
 {
 	sl_offload_drain(s);
@@ -890,6 +933,51 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 		if (!r)
 			invalidate_slots(s);
 		return r;
+	}
+	if (s->early_step) {
+		/*
+		 * The updates ran in the backward, each skipped where its unit's sum of squares
+		 * was not finite: if none was, the norm (for the log) and the units the backward
+		 * gave no gradient (zeros, as below) are left; if every update was skipped, so is
+		 * the step; if some ran and some did not, the step can be neither taken back nor
+		 * finished (2).
+		 */
+		int ran = 0, bad = 0;
+
+		s->early_step = false;
+		if (s->sq_pending) {
+			b->wait_event(b, s->ev_sq);
+			s->sq_pending = false;
+		}
+		b->download(b, s->h_sumsq, s->d_sumsq, s->n_units * sizeof(double));
+		for (int i = 0; i < s->n_units; i++) {
+			if (!s->u[i].grads_seen)
+				s->h_sumsq[i] = 0;
+			else if (!isfinite(s->h_sumsq[i]))
+				bad++;
+			else
+				ran++;
+			sumsq += s->h_sumsq[i];
+		}
+		*grad_norm = sqrt(sumsq);
+		invalidate_slots(s);
+		if (bad)
+			return ran ? 2 : 1;
+		for (int i = 0; i < s->n_units; i++) {
+			struct sl_shard_unit *u = &s->u[i];
+			struct sl_adamw_args a = s->opt_a;
+
+			if (u->grads_seen)
+				continue;
+			b->zero(b, u->gradc, u->shard * s->grad_elt);
+			b->side_begin(b);
+			update_unit(s, i, &s->opt_h, &a);
+			b->record_event(b, u->ev_opt);
+			b->side_end(b);
+			u->opt_wait = true;
+			s->opt_last = i;
+		}
+		return 0;
 	}
 	/* a unit the step did not read may still be in the last update; the backward issued its
 	 * sums of squares (sq_overlap) already: the download below waits for them */

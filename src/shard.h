@@ -169,6 +169,11 @@ struct sl_shard {
 	bool sq_overlap;
 	void *ev_sq;			/* the latest of them */
 	bool sq_pending;		/* issued since the last wait for ev_sq */
+	/* SHARDLM_OPT_BWD (experiment): with grad_direct, sq_overlap and no clipping, each
+	 * unit's update is issued on the side stream as soon as its gradient is done, under the
+	 * rest of the backward (early_step: this step's were) */
+	bool early_on, early_step;
+	int early_poison;		/* sl_shard_early_update's poison (tests) */
 };
 
 /*
@@ -259,6 +264,12 @@ void sl_shard_begin_step(struct sl_shard *s);
  * micro-batch is treated as possibly the last (offload then accumulates on the host).
  */
 void sl_shard_begin_micro(struct sl_shard *s, bool last);
+/* the step's optimizer hyperparameters before its backward: with early_on (and no clipping)
+ * the units' updates are issued as their gradients are done.  poison (tests): 1 a NaN into
+ * each unit's gradient as the backward finishes it, 2 into unit 0's only, 0 none */
+void sl_shard_early_update(struct sl_shard *s, const struct sl_optim_hparams *h, int poison);
+/* a NaN as the first element of a compute-type buffer (bf16, f32 or f64) */
+void sl_shard_poison(struct sl_backend *be, void *dst);
 /* Wait until the offload worker is idle: host state and compute weights are current. */
 void sl_shard_drain(struct sl_shard *s);
 
@@ -274,7 +285,9 @@ void sl_offload_stats(struct sl_shard *s, struct sl_offload_stats *st);
 /*
  * Finish the step: replica all-reduce (HSDP), global gradient norm (*grad_norm, before
  * clipping), clipping, AdamW on the master shards, new compute weights.  Returns 0, or 1 when the
- * gradient norm is not finite (nothing updated).  Collective.  With offload or
+ * gradient norm is not finite (nothing updated), or 2 when the updates issued in the backward
+ * (early_step) ran for some units and were skipped for others, whose gradients were not finite
+ * (the step is half taken).  Collective.  With offload or
  * overlap_optimizer the update runs on in the background after the return; whatever reads the
  * weights or the state waits for it.
  */

@@ -49,15 +49,14 @@ static bool test_nan_step(int step)
 	return step >= a && step <= b;
 }
 
-/* a NaN as the first element of a compute-type buffer (bf16, f32 or f64) */
-static void poison_compute(struct sl_backend *be, void *dst)
+/* a NaN step (SHARDLM_TEST_NAN_STEP) whose updates run in the backward: each unit's gradient
+ * poisoned as the backward finishes it (sl_shard_early_update); SHARDLM_TEST_NAN_PART=1 only
+ * the embedding's (the last), so the others' updates run */
+static int test_early_poison(void)
 {
-	const uint16_t nan16 = 0x7fc0;	/* bf16 quiet NaN */
-	const float nan32 = NAN;
-	const double nan64 = NAN;
+	const char *e = getenv("SHARDLM_TEST_NAN_PART");
 
-	be->upload(be, dst, be->elt == 2 ? (const void *)&nan16 : be->elt == 4 ?
-		   (const void *)&nan32 : (const void *)&nan64, be->elt);
+	return e && !strcmp(e, "1") ? 2 : 1;
 }
 
 static void poison_gradient(struct job *j, double *loss)
@@ -65,6 +64,8 @@ static void poison_gradient(struct job *j, double *loss)
 	float nan = NAN;
 
 	*loss = NAN;
+	if (j->sh.early_step)
+		return;		/* poisoned as the backward finished each unit */
 	if (j->d.rank != 0)
 		return;		/* the norm is summed over ranks: one NaN reaches all */
 	if (j->sh.host_state && j->sh.lean) {
@@ -74,7 +75,7 @@ static void poison_gradient(struct job *j, double *loss)
 		j->sh.u[0].grad32[0] = nan;
 	}
 	else if (j->sh.grad_direct)
-		poison_compute(j->be, j->sh.u[0].gradc);
+		sl_shard_poison(j->be, j->sh.u[0].gradc);
 	else
 		j->be->upload(j->be, j->sh.u[0].grad32, &nan, sizeof(nan));
 }
@@ -237,6 +238,14 @@ int train_run_steps(struct job *j)
 			j->be->step_range(j->be, step);
 		train_gpu_reset_peak(j);
 		sl_shard_begin_step(&j->sh);
+		h = (struct sl_optim_hparams){
+			.lr = sl_lr_at(c->optim.schedule, c->optim.lr, c->optim.min_lr,
+				       c->optim.warmup, step, j->steps),
+			.head_lr_mult = c->optim.head_lr_mult, .beta1 = c->optim.betas[0],
+			.beta2 = c->optim.betas[1], .eps = c->optim.eps,
+			.weight_decay = c->optim.weight_decay, .clip = c->optim.clip, .step = step,
+		};
+		sl_shard_early_update(&j->sh, &h, test_nan_step(step) ? test_early_poison() : 0);
 		if (lm) {
 			/* the loss is per target token of the whole step: every rank counts them */
 			sl_sampler_step(&j->smp, step - 1, step_idx);
@@ -276,13 +285,6 @@ int train_run_steps(struct job *j)
 			mine[3] += j->hb.padded_tokens;
 			mine[4] += model_flops(j, &j->hb);
 		}
-		h = (struct sl_optim_hparams){
-			.lr = sl_lr_at(c->optim.schedule, c->optim.lr, c->optim.min_lr,
-				       c->optim.warmup, step, j->steps),
-			.head_lr_mult = c->optim.head_lr_mult, .beta1 = c->optim.betas[0],
-			.beta2 = c->optim.betas[1], .eps = c->optim.eps,
-			.weight_decay = c->optim.weight_decay, .clip = c->optim.clip, .step = step,
-		};
 		if (test_nan_step(step))
 			poison_gradient(j, &mine[0]);
 		/* the loss first: a non-finite one skips the update as a non-finite norm does */
@@ -307,7 +309,28 @@ int train_run_steps(struct job *j)
 			sm.device_used_bytes = (long long)mem[2];
 		}
 		sm.grad_norm = NAN;
-		status = isfinite(sums[0]) ? sl_shard_optim_step(&j->sh, &h, &sm.grad_norm) : 1;
+		/* updates issued in the backward (sl_shard_early_update) already ran where their
+		 * unit's gradient was finite: the shard says what happened */
+		if (j->sh.early_step) {
+			status = sl_shard_optim_step(&j->sh, &h, &sm.grad_norm);
+			if (!status && !isfinite(sums[0]))
+				status = 2;
+		} else {
+			status = isfinite(sums[0]) ? sl_shard_optim_step(&j->sh, &h, &sm.grad_norm) : 1;
+		}
+		if (status == 2) {
+			j->be->sync(j->be);
+			sl_error("step %d: the loss (%g) or a gradient is not finite, but the updates "
+				 "issued in the backward (SHARDLM_OPT_BWD) ran for the units whose "
+				 "gradient came before it: the step cannot be skipped; stopping without "
+				 "a checkpoint (SHARDLM_OPT_BWD=0 skips such steps)", step,
+				 sums[0] / denom);
+			if (j->last_ckpt_step)
+				sl_log("the last good step's state is checkpoint step-%06d",
+				       j->last_ckpt_step);
+			ret = SL_EXIT_BAD_STEPS;
+			goto out;
+		}
 		j->be->sync(j->be);
 		sm.loss = sums[0] / denom;
 		sm.targets = lm ? (long)denom : 0;

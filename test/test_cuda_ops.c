@@ -640,9 +640,12 @@ static void t_sumsq_at(size_t n, enum kind k, size_t off)
 }
 
 /* AdamW on elements [off, n) of each buffer (the first off untouched on both sides): off % 4
- * != 0 takes the one-element kernel, else the 16-byte one (its last n % 4 elements alone) */
-static void t_adamw_at(size_t n, bool wout, enum kind k, size_t off)
+ * != 0 takes the one-element kernel, else the 16-byte one (its last n % 4 elements alone).
+ * gate: 0 none, 1 a finite one (the update runs), 2 a NaN one (nothing written, on both sides;
+ * the cpu's p checked against its start too) */
+static void t_adamw_g(size_t n, bool wout, enum kind k, size_t off, int gate)
 {
+	double hg = gate == 2 ? NAN : 3.5, *dg = NULL;
 	char sh[64];
 	struct buf *p = rnd(F32, n, 1), *m = rnd(F32, n, 0.1), *v = mk(F32, n);
 	struct buf *gr = rnd(k, n, 1), *wo = wout ? out(BF, n) : NULL;
@@ -655,14 +658,21 @@ static void t_adamw_at(size_t n, bool wout, enum kind k, size_t off)
 	for (size_t i = 0; i < n; i++)
 		v->h[i] = (float)(0.01 * rng_unif());
 	put(v);
-	snprintf(sh, sizeof(sh), "n=%zu%s from %zu", n, wout ? " w_out" : "", off);
-	if (wo && off) {	/* w_out's first off elements stay as they are: 0 on both sides */
-		for (size_t i = 0; i < off; i++)
+	snprintf(sh, sizeof(sh), "n=%zu%s from %zu%s", n, wout ? " w_out" : "", off,
+		 gate == 2 ? " gate NaN" : gate ? " gate" : "");
+	if (gate) {
+		dg = gpu->alloc(gpu, sizeof(double));
+		gpu->upload(gpu, dg, &hg, sizeof(double));
+	}
+	if (wo && (off || gate == 2)) {	/* what is not written stays: 0 on both sides */
+		for (size_t i = 0; i < (gate == 2 ? n : off); i++)
 			wo->h[i] = 0;
 		put(wo);
 	}
+	a.gate = gate ? &hg : NULL;
 	cpu->adamw_f32(cpu, (float *)p->c + off, (float *)m->c + off, (float *)v->c + off,
 		       (float *)gr->c + off, wo ? (float *)wo->c + off : NULL, r, &a);
+	a.gate = dg;
 	if (k == BF)
 		TIMED(gpu->adamw_c(gpu, (float *)p->g + off, (float *)m->g + off,
 				   (float *)v->g + off, (char *)gr->g + off * es,
@@ -676,12 +686,28 @@ static void t_adamw_at(size_t n, bool wout, enum kind k, size_t off)
 	cmp(op, sh, "v", v, 1e-7);
 	if (wo)
 		cmp(op, sh, "w_out", wo, 4e-3);
+	if (gate == 2) {
+		float *c = cget(p);
+		size_t moved = 0;
+
+		for (size_t i = 0; i < n; i++)
+			moved += c[i] != p->h[i];
+		CHECK(moved == 0, "%s %s: %zu elements of p written on the cpu", op, sh, moved);
+		free(c);
+	}
+	if (dg)
+		gpu->free(gpu, dg);
 	drop(p);
 	drop(m);
 	drop(v);
 	drop(gr);
 	if (wo)
 		drop(wo);
+}
+
+static void t_adamw_at(size_t n, bool wout, enum kind k, size_t off)
+{
+	t_adamw_g(n, wout, k, off, 0);
 }
 
 static void t_adamw(size_t n, bool wout, enum kind k)
@@ -1003,6 +1029,10 @@ int main(int argc, char **argv)
 	t_adamw_at(100003, true, F32, 4);
 	t_adamw_at(1003, true, BF, 1);
 	t_adamw_at(1003, false, F32, 2);
+	/* a gate (the updates issued in the backward): finite runs the update, NaN writes nothing */
+	t_adamw_g(100003, true, BF, 0, 1);
+	t_adamw_g(100003, true, BF, 0, 2);
+	t_adamw_g(1003, true, F32, 1, 2);
 	t_moe_all();
 	t_q35moe_all();
 	t_cp_all();

@@ -69,7 +69,7 @@ run() {
 	ok
 	[ "$ov" = now ] && ov=1 side=now
 	launch="$MPIRUN -np $np --oversubscribe -x SHARDLM_OPT_OVERLAP -x SHARDLM_CPU_SIDE
-		-x SHARDLM_OPT_AHEAD -x SHARDLM_OPT_CHUNK"
+		-x SHARDLM_OPT_AHEAD -x SHARDLM_OPT_CHUNK -x SHARDLM_OPT_BWD"
 	[ "$np" = 1 ] && launch=
 	if ! SHARDLM_OPT_OVERLAP=$ov SHARDLM_CPU_SIDE=$side $launch "$SHARDLM" train "$T/$cfg.yaml" \
 		--set run.dir="$T/$name" "$@" >"$T/$name.out" 2>&1; then
@@ -148,4 +148,44 @@ run res_ah 1 1 noeval --set train.steps=3 --set checkpoint.every=3
 run res_ah 1 1 noeval --set checkpoint.every=3
 same res res_ah 4
 unset SHARDLM_OPT_AHEAD SHARDLM_OPT_CHUNK
+# without clipping, each unit's update issued as soon as its gradient is done (SHARDLM_OPT_BWD:
+# one rank, one micro-batch): the same bits as the run without any overlap, the side work run
+# late or early; a unit's update that ran before a later unit's backward had read its weights
+# would give other numbers in the "now" runs
+export SHARDLM_OPT_BWD=1
+bwd_case() {
+	case_ "$@"
+	ok
+	grep -q "issued as soon as its gradient is done" "$T/${1}_ov.out" ||
+		fail "${1}_ov: the log does not say the updates run in the backward"
+}
+bwd_case bwd 1 base --set optim.clip=0
+bwd_case bwd_ac 1 base --set optim.clip=0 --set train.activation_checkpointing=true
+bwd_case bwd_moe 1 moe --set optim.clip=0
+bwd_case bwd_q35 1 q35 --set optim.clip=0
+run res_bwd 0 1 noeval --set optim.clip=0
+run res_bwd_ov 1 1 noeval --set optim.clip=0 --set train.steps=3 --set checkpoint.every=3
+run res_bwd_ov 1 1 noeval --set optim.clip=0 --set checkpoint.every=3
+same res_bwd res_bwd_ov 4
+# a non-finite gradient: every unit's (as a NaN loss gives) skips the step as without the
+# overlap, bit for bit; only the embedding's (the last unit the backward finishes) leaves the
+# others updated: the run stops (exit 4) without a checkpoint of that state
+export SHARDLM_TEST_NAN_STEP=3
+case_ bwd_nan 1 noeval --set optim.clip=0
+ok
+grep -q "step 3: the loss (nan) or gradient norm (nan) is not finite; skipped the update" \
+	"$T/bwd_nan_ov.out" || fail "bwd_nan_ov: no skip warning"
+ok
+SHARDLM_OPT_OVERLAP=1 SHARDLM_TEST_NAN_PART=1 "$SHARDLM" train "$T/noeval.yaml" \
+	--set run.dir="$T/bwd_part" --set optim.clip=0 --set checkpoint.every=2 >"$T/bwd_part.out" 2>&1
+rc=$?
+[ "$rc" = 4 ] || fail "bwd_part: exit status $rc, not 4: $(tail -n 3 "$T/bwd_part.out")"
+ok
+grep -q "step 3: the loss (nan) or a gradient is not finite, but the updates issued in the backward" \
+	"$T/bwd_part.out" || fail "bwd_part: no stop message"
+ok
+[ "$(ls "$T/bwd_part/checkpoints")" = step-000002 ] ||
+	fail "bwd_part: checkpoints other than step 2's: $(ls "$T/bwd_part/checkpoints")"
+[ ! -e "$T/bwd_part/model" ] || fail "bwd_part: a model was exported"
+unset SHARDLM_OPT_BWD SHARDLM_TEST_NAN_STEP
 finish
