@@ -1238,7 +1238,7 @@ static __device__ __forceinline__ void gval4(float *g, const float *p)
 	g[0] = t.x, g[1] = t.y, g[2] = t.z, g[3] = t.w;
 }
 
-// elements 4 i .. 4 i + 3 (k_adamw4's and k_adamw4n's step)
+// elements 4 i .. 4 i + 3 (k_adamw4's step)
 template <typename G>
 static __device__ __forceinline__ void adamw4_at(float *p, float *m, float *v, const G *grad,
 						 bf16 *wo, size_t i, const adamw_k &a)
@@ -1274,25 +1274,6 @@ __global__ void k_adamw4(float *p, float *m, float *v, const G *grad, bf16 *wo, 
 		adamw_at(p, m, v, grad, wo, 4 * n4 + threadIdx.x, a);
 }
 
-// k_adamw4 in blocks of ADAMW_NT threads of at most 32 registers, one pass a thread: a block
-// fits beside the attention kernels' two blocks an SM (4096 registers left by the dq kernel),
-// so an update on the side stream runs under the backward's attention (SHARDLM_OPT_BWD)
-#define ADAMW_NT 128
-template <typename G>
-__global__ void __launch_bounds__(ADAMW_NT, 16)
-k_adamw4n(float *p, float *m, float *v, const G *grad, bf16 *wo, size_t n, adamw_k a,
-	  const double *gate)
-{
-	const size_t n4 = n / 4, i = blockIdx.x * (size_t)ADAMW_NT + threadIdx.x;
-
-	if (gate && !isfinite(*gate))
-		return;
-	if (i < n4)
-		adamw4_at(p, m, v, grad, wo, i, a);
-	if (blockIdx.x == 0 && threadIdx.x < n - 4 * n4)
-		adamw_at(p, m, v, grad, wo, 4 * n4 + threadIdx.x, a);
-}
-
 template <typename G>
 static void adamw(struct sl_cuda *c, float *p, float *m, float *v, const G *grad, void *w_out,
 		  size_t n, float lr, float beta1, float beta2, float eps, float wd, float bc1,
@@ -1312,17 +1293,7 @@ static void adamw(struct sl_cuda *c, float *p, float *m, float *v, const G *grad
 			 (uintptr_t)v % 16 == 0 && (uintptr_t)grad % (4 * sizeof(G)) == 0 &&
 			 (uintptr_t)w_out % 8 == 0;
 
-	static int narrow = -1;
-
-	if (narrow < 0) {
-		const char *e = getenv("SHARDLM_ADAMW_NARROW");
-
-		narrow = e && strcmp(e, "0");
-	}
-	if (vec && narrow)
-		k_adamw4n<G><<<(unsigned)((n / 4 + ADAMW_NT - 1) / ADAMW_NT ? (n / 4 + ADAMW_NT - 1) / ADAMW_NT : 1),
-			       ADAMW_NT, 0, c->stream>>>(p, m, v, grad, (bf16 *)w_out, n, a, gate);
-	else if (vec)
+	if (vec)
 		k_adamw4<G><<<grid_for(n / 4 ? n / 4 : 1, NT), NT, 0, c->stream>>>(
 			p, m, v, grad, (bf16 *)w_out, n, a, gate);
 	else

@@ -601,7 +601,7 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 	{
 		const char *e = getenv("SHARDLM_OPT_BWD");
 
-		s->early_on = s->sq_overlap && s->grad_direct && e && strcmp(e, "0");
+		s->early_on = s->sq_overlap && s->grad_direct && !(e && !strcmp(e, "0"));
 	}
 	s->src = (struct sl_unit_source){ .ctx = s, .weights = unit_weights, .grads = unit_grads,
 					  .grads_set = unit_grads_set,

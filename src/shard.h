@@ -169,9 +169,10 @@ struct sl_shard {
 	bool sq_overlap;
 	void *ev_sq;			/* the latest of them */
 	bool sq_pending;		/* issued since the last wait for ev_sq */
-	/* SHARDLM_OPT_BWD (experiment): with grad_direct, sq_overlap and no clipping, each
-	 * unit's update is issued on the side stream as soon as its gradient is done, under the
-	 * rest of the backward (early_step: this step's were) */
+	/* with grad_direct and sq_overlap (one rank, one micro-batch) and no clipping (optim.clip
+	 * 0: the update needs no norm), each unit's update is issued on the side stream as soon
+	 * as the backward has its gradient, skipped on the device if the unit's sum of squares
+	 * is not finite (early_step: this step's were; SHARDLM_OPT_BWD=0: off) */
 	bool early_on, early_step;
 	int early_poison;		/* sl_shard_early_update's poison (tests) */
 };

@@ -478,12 +478,11 @@ int sl_cmd_train(int argc, char **argv)
 		sl_log("optimizer: AdamW on a side stream, under the next step's forward%s%s "
 		       "(SHARDLM_OPT_OVERLAP=0: off)", how, j->sh.sq_overlap ? "; the gradient "
 		       "norm's sums of squares there too, each under the rest of the backward" : "");
-		if (j->sh.early_on)
-			sl_log("optimizer: %s", j->c->optim.clip > 0 ?
-			       "SHARDLM_OPT_BWD is set but optim.clip is not 0: the updates wait "
-			       "for the whole gradient's norm" :
-			       "each unit's AdamW issued as soon as its gradient is done, under the "
-			       "rest of the backward (optim.clip 0, SHARDLM_OPT_BWD)");
+		if (j->sh.early_on && j->c->optim.clip <= 0)
+			sl_log("optimizer: no clipping (optim.clip 0), so each unit's AdamW is issued "
+			       "as soon as its gradient is done, under the rest of the backward; a "
+			       "gradient that turns non-finite after some units were updated stops "
+			       "the run (SHARDLM_OPT_BWD=0: off)");
 	}
 	if (j->have_xcomm) {
 		const struct sl_shard_unit *xu = &j->sh.u[j->mf.lay.n_units - 1];

@@ -321,7 +321,7 @@ int train_run_steps(struct job *j)
 		if (status == 2) {
 			j->be->sync(j->be);
 			sl_error("step %d: the loss (%g) or a gradient is not finite, but the updates "
-				 "issued in the backward (SHARDLM_OPT_BWD) ran for the units whose "
+				 "issued in the backward (optim.clip 0) ran for the units whose "
 				 "gradient came before it: the step cannot be skipped; stopping without "
 				 "a checkpoint (SHARDLM_OPT_BWD=0 skips such steps)", step,
 				 sums[0] / denom);

@@ -148,11 +148,11 @@ run res_ah 1 1 noeval --set train.steps=3 --set checkpoint.every=3
 run res_ah 1 1 noeval --set checkpoint.every=3
 same res res_ah 4
 unset SHARDLM_OPT_AHEAD SHARDLM_OPT_CHUNK
-# without clipping, each unit's update issued as soon as its gradient is done (SHARDLM_OPT_BWD:
-# one rank, one micro-batch): the same bits as the run without any overlap, the side work run
+# without clipping, each unit's update issued as soon as its gradient is done (one rank, one
+# micro-batch; the default where the overlap is, SHARDLM_OPT_BWD=0 turns it off): the same bits as the run without any overlap, the side work run
 # late or early; a unit's update that ran before a later unit's backward had read its weights
 # would give other numbers in the "now" runs
-export SHARDLM_OPT_BWD=1
+export SHARDLM_OPT_BWD=1	# the default, set for the runs below
 bwd_case() {
 	case_ "$@"
 	ok
@@ -187,5 +187,11 @@ ok
 [ "$(ls "$T/bwd_part/checkpoints")" = step-000002 ] ||
 	fail "bwd_part: checkpoints other than step 2's: $(ls "$T/bwd_part/checkpoints")"
 [ ! -e "$T/bwd_part/model" ] || fail "bwd_part: a model was exported"
-unset SHARDLM_OPT_BWD SHARDLM_TEST_NAN_STEP
+unset SHARDLM_TEST_NAN_STEP
+SHARDLM_OPT_BWD=0 run bwd_off 1 1 base --set optim.clip=0
+ok
+! grep -q "issued as soon as its gradient is done" "$T/bwd_off.out" ||
+	fail "bwd_off: SHARDLM_OPT_BWD=0 does not turn the updates in the backward off"
+same bwd bwd_off
+unset SHARDLM_OPT_BWD
 finish
