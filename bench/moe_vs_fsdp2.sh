@@ -9,7 +9,8 @@
 # token, no activation checkpointing, same records for both.  shardlm (task sft, backend cuda)
 # then bench/fsdp2_moe_peer.py (eager; add "compile" to PEERS for torch.compile'd layers).
 # Prints one table last: tokens/s (median after the warm-up steps), MFU on active parameters,
-# peak GB, ratio to FSDP2 eager; the expert load of shardlm's last step.
+# peak GB, ratio to FSDP2 eager; the expert load of shardlm's last step.  shardlm runs its
+# defaults (optim.clip 1.0); the peer does not clip: SET=optim.clip=0 is the peer's optimizer.
 # Environment: STEPS (default 8), PEERS (default "eager"; "" for none), PEER_TIMEOUT s (default
 # 600), VARIANTS (default "-": shardlm as it is; a list of entries, each "-" for none or
 # NAME=VALUE[,NAME=VALUE...] environment settings, runs shardlm once per entry, e.g.

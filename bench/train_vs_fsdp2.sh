@@ -8,7 +8,8 @@
 # bench/fsdp2_peer.py (eager, then each decoder layer torch.compile'd), same records, no
 # activation checkpointing; prints one table last: tokens/s (median over the steps after the
 # warm-up), MFU (DESIGN.md's formula), peak GB, ratio to FSDP2 eager.  Also the per-layer GEMM and
-# attention times of test_cuda_ops --bench at the 4B shape.
+# attention times of test_cuda_ops --bench at the 4B shape.  shardlm runs its defaults (optim.clip
+# 1.0); the peer does not clip, so SET=optim.clip=0 (below) is the same optimizer as the peer's.
 # Environment: STEPS (default 8), SHAPES (default "4b 1.7b"), PEERS (default "eager compile";
 # "none": shardlm alone), PEER_TIMEOUT seconds per peer run (default 300), OPS (default 1; 0
 # leaves out test_cuda_ops --bench), VARIANTS (default "-": shardlm as it is; a list of entries,
