@@ -25,6 +25,7 @@ set -u
 OUT=${1:-/tmp/moe-vs-fsdp2}
 mkdir -p "$OUT"
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/variant.sh"
 STEPS=${STEPS:-8}
 PEERS=${PEERS-eager}
 PEER_TIMEOUT=${PEER_TIMEOUT:-600}
@@ -58,17 +59,7 @@ shardlm_run() {
 	log="$OUT/$(echo "$name" | tr ' =/,()' '______').log"
 	echo "== $name"
 	rm -rf "$T/run"
-	local envs=()
-	[ -z "$var" ] || IFS=, read -r -a envs <<<"$var"
-	local bin=$SHARDLM e sets=() ev=()
-	for e in "${envs[@]}"; do
-		case $e in
-		SHARDLM_BIN=*) bin=${e#SHARDLM_BIN=} ;;
-		SET=*) sets+=(--set "${e#SET=}") ;;
-		*) ev+=("$e") ;;
-		esac
-	done
-	env "${ev[@]}" "$bin" train "$T/moe.yaml" "${sets[@]}" >"$log" 2>&1
+	run_variant "$SHARDLM" "$T/moe.yaml" "$log" "$var"
 	echo "$name exit $? (log $log)"
 	tail -3 "$log"
 	cp "$T/run/training_metrics.json" "${log%.log}_metrics.json" 2>/dev/null

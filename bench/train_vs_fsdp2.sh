@@ -26,6 +26,7 @@ set -u
 OUT=${1:-/tmp/train-vs-fsdp2}
 mkdir -p "$OUT"
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/variant.sh"
 STEPS=${STEPS:-8}
 SHAPES=${SHAPES:-"4b 1.7b"}
 PEERS=${PEERS:-"eager compile"}
@@ -80,23 +81,13 @@ YAML
 	fi
 	for round in $(seq 1 "${ROUNDS:-1}"); do
 	for var in ${VARIANTS:--}; do
-	envs=()
 	impl=shardlm; log="$OUT/shardlm-$shape"
 	if [ "$var" != - ]; then
-		IFS=, read -r -a envs <<<"$var"
 		impl="shardlm $var"; log="$log-$(echo "$var" | tr '=/,' '___')"
 	fi
 	[ "${ROUNDS:-1}" = 1 ] || { impl="$impl (round $round)"; log="$log-r$round"; }
 	log="$log.log"
-	bin=${SHARDLM:-shardlm}; sets=(); ev=()
-	for e in "${envs[@]}"; do
-		case $e in
-		SHARDLM_BIN=*) bin=${e#SHARDLM_BIN=} ;;
-		SET=*) sets+=(--set "${e#SET=}") ;;
-		*) ev+=("$e") ;;
-		esac
-	done
-	env "${ev[@]}" "$bin" train "$T/$shape.yaml" "${sets[@]}" >"$log" 2>&1
+	run_variant "${SHARDLM:-shardlm}" "$T/$shape.yaml" "$log" "$var"
 	python3 - "$T/run-$shape/training_metrics.json" "$M/config.json" "$shape" "$B" "$impl" \
 		>>"$RES" <<'PY'
 import json, statistics, sys

@@ -124,6 +124,22 @@ void sl_shard_settle(struct sl_shard *s)
 	s->opt_last = -1;
 }
 
+/* early_step: unit @ui's update on the side stream now, with the step's hyperparameters
+ * (sl_shard_early_update) and @gate (sl_adamw_args) */
+static void early_issue(struct sl_shard *s, int ui, const double *gate)
+{
+	struct sl_backend *b = s->be;
+	struct sl_adamw_args a = s->opt_a;
+
+	a.gate = gate;
+	b->side_begin(b);
+	update_unit(s, ui, &s->opt_h, &a);
+	b->record_event(b, s->u[ui].ev_opt);
+	b->side_end(b);
+	s->u[ui].opt_wait = true;
+	s->opt_last = ui;
+}
+
 /*
  * sq_overlap: unit @ui's gradient is reduced (for now: a later micro-batch or a second release
  * issues another, which the side stream runs later); its sum of squares on the side stream
@@ -386,18 +402,8 @@ static void release_grads(void *ctx, int unit)
 		if (s->early_step && (s->early_poison == 1 || (s->early_poison == 2 && !unit)))
 			sl_shard_poison(b, u->gradc);
 		side_sumsq(s, unit);
-		if (s->early_step) {
-			/* skipped on the device if this unit's sum is not finite */
-			struct sl_adamw_args a = s->opt_a;
-
-			a.gate = s->d_sumsq + unit;
-			b->side_begin(b);
-			update_unit(s, unit, &s->opt_h, &a);
-			b->record_event(b, u->ev_opt);
-			b->side_end(b);
-			u->opt_wait = true;
-			s->opt_last = unit;
-		}
+		if (s->early_step)	/* skipped on the device if its sum is not finite */
+			early_issue(s, unit, s->d_sumsq + unit);
 		release_weights(ctx, unit);
 		return;
 	}
@@ -964,18 +970,10 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 		if (bad)
 			return ran ? 2 : 1;
 		for (int i = 0; i < s->n_units; i++) {
-			struct sl_shard_unit *u = &s->u[i];
-			struct sl_adamw_args a = s->opt_a;
-
-			if (u->grads_seen)
+			if (s->u[i].grads_seen)
 				continue;
-			b->zero(b, u->gradc, u->shard * s->grad_elt);
-			b->side_begin(b);
-			update_unit(s, i, &s->opt_h, &a);
-			b->record_event(b, u->ev_opt);
-			b->side_end(b);
-			u->opt_wait = true;
-			s->opt_last = i;
+			b->zero(b, s->u[i].gradc, s->u[i].shard * s->grad_elt);
+			early_issue(s, i, NULL);
 		}
 		return 0;
 	}
