@@ -807,6 +807,16 @@ void sl_shard_begin_micro(struct sl_shard *s, bool last)
 	s->mb_last = last;
 }
 
+/* a step's AdamW arguments common to its units (learning rate and decay: run_args) */
+static struct sl_adamw_args step_args(const struct sl_optim_hparams *h, double grad_scale)
+{
+	return (struct sl_adamw_args){
+		.beta1 = h->beta1, .beta2 = h->beta2, .eps = h->eps,
+		.bc1 = 1.0 - pow(h->beta1, h->step), .bc2 = 1.0 - pow(h->beta2, h->step),
+		.grad_scale = grad_scale,
+	};
+}
+
 void sl_shard_poison(struct sl_backend *be, void *dst)
 {
 	const uint16_t nan16 = 0x7fc0;	/* bf16 quiet NaN */
@@ -824,11 +834,7 @@ void sl_shard_early_update(struct sl_shard *s, const struct sl_optim_hparams *h,
 	if (!s->early_step)
 		return;
 	s->opt_h = *h;
-	s->opt_a = (struct sl_adamw_args){
-		.beta1 = h->beta1, .beta2 = h->beta2, .eps = h->eps,
-		.bc1 = 1.0 - pow(h->beta1, h->step), .bc2 = 1.0 - pow(h->beta2, h->step),
-		.grad_scale = 1.0,
-	};
+	s->opt_a = step_args(h, 1.0);
 }
 
 void sl_shard_drain(struct sl_shard *s)
@@ -1008,11 +1014,7 @@ int sl_shard_optim_step(struct sl_shard *s, const struct sl_optim_hparams *h, do
 	if (!isfinite(*grad_norm))
 		return 1;
 
-	struct sl_adamw_args a = {
-		.beta1 = h->beta1, .beta2 = h->beta2, .eps = h->eps,
-		.bc1 = 1.0 - pow(h->beta1, h->step), .bc2 = 1.0 - pow(h->beta2, h->step),
-		.grad_scale = sl_clip_scale(*grad_norm, h->clip),
-	};
+	struct sl_adamw_args a = step_args(h, sl_clip_scale(*grad_norm, h->clip));
 	/*
 	 * One update per run of tensors in this rank's shard (sl_shard_update_runs): learning rate
 	 * and decay differ between the tensors of a unit, and a shard boundary may cut a tensor

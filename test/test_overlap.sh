@@ -149,9 +149,9 @@ run res_ah 1 1 noeval --set checkpoint.every=3
 same res res_ah 4
 unset SHARDLM_OPT_AHEAD SHARDLM_OPT_CHUNK
 # without clipping, each unit's update issued as soon as its gradient is done (one rank, one
-# micro-batch; the default where the overlap is, SHARDLM_OPT_BWD=0 turns it off): the same bits as the run without any overlap, the side work run
-# late or early; a unit's update that ran before a later unit's backward had read its weights
-# would give other numbers in the "now" runs
+# micro-batch; the default where the overlap is, SHARDLM_OPT_BWD=0 turns it off): the same bits
+# as the run without any overlap, the side work run late or early; a unit's update that ran
+# before a later unit's backward had read its weights would give other numbers in the "now" runs
 export SHARDLM_OPT_BWD=1	# the default, set for the runs below
 bwd_case() {
 	case_ "$@"
