@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 
 #include "chat_impl.h"
+#include "jsonutil.h"
 #include "log.h"
 #include "tokenizer.h"
 
@@ -33,28 +34,6 @@ static char *msgf(const char *fmt, ...)
 		s = NULL;
 	va_end(ap);
 	return s ? s : strdup("out of memory");
-}
-
-static const char *type_name(const json_t *j)
-{
-	switch (json_typeof(j)) {
-	case JSON_OBJECT:
-		return "an object";
-	case JSON_ARRAY:
-		return "an array";
-	case JSON_STRING:
-		return "a string";
-	case JSON_INTEGER:
-		return "an integer";
-	case JSON_REAL:
-		return "a number";
-	case JSON_TRUE:
-	case JSON_FALSE:
-		return "a boolean";
-	case JSON_NULL:
-		return "null";
-	}
-	return "a JSON value";
 }
 
 static void msgs_free(struct msg *m, int n)
@@ -88,12 +67,12 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 
 		if (!json_is_object(e)) {
 			*err = msgf("messages[%zu] is %s, not an object {\"role\", \"content\"}", i,
-				    type_name(e));
+				    json_type_name(e));
 			goto out_free;
 		}
 		if (!json_is_string(role)) {
 			*err = msgf("messages[%zu] has %s \"role\"; give one of system, user, "
-				    "assistant, tool", i, role ? type_name(role) : "no");
+				    "assistant, tool", i, role ? json_type_name(role) : "no");
 			goto out_free;
 		}
 		for (r = 0; r < 4; r++)
@@ -109,7 +88,8 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 		c = json_object_get(e, "content");
 		if (!json_is_string(c)) {
 			*err = msgf("messages[%zu] (%s) has %s \"content\"; it must be a string (use "
-				    "\"\" for none)", i, sl_chat_role_names[r], c ? type_name(c) : "no");
+				    "\"\" for none)", i, sl_chat_role_names[r],
+				    c ? json_type_name(c) : "no");
 			goto out_free;
 		}
 		m[i].content = json_string_value(c);
@@ -118,7 +98,7 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 		if (rc && !json_is_null(rc)) {
 			if (!json_is_string(rc)) {
 				*err = msgf("messages[%zu].reasoning_content is %s, not a string", i,
-					    type_name(rc));
+					    json_type_name(rc));
 				goto out_free;
 			}
 			m[i].reasoning = json_string_value(rc);
@@ -129,7 +109,8 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 		if (r != ROLE_ASSISTANT || !tc || json_is_null(tc))
 			continue;
 		if (!json_is_array(tc)) {
-			*err = msgf("messages[%zu].tool_calls is %s, not an array", i, type_name(tc));
+			*err = msgf("messages[%zu].tool_calls is %s, not an array", i,
+				    json_type_name(tc));
 			goto out_free;
 		}
 		m[i].calls = calloc(json_array_size(tc) + 1, sizeof(*m[i].calls));
@@ -142,7 +123,7 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 
 			if (!json_is_object(call)) {
 				*err = msgf("messages[%zu].tool_calls[%zu] is %s, not an object", i, k,
-					    type_name(call));
+					    json_type_name(call));
 				goto out_free;
 			}
 			/* {% if tool_call.function %}: a non-empty object replaces the call */
@@ -274,7 +255,7 @@ int sl_chat_load(const char *path, struct sl_chat **out)
 		}
 		if (!json_is_string(t)) {
 			sl_error("%s: \"chat_template\" is %s; expected the template's text", file,
-				 type_name(t));
+				 json_type_name(t));
 			json_decref(cfg);
 			return -EINVAL;
 		}
@@ -382,12 +363,12 @@ static json_t *sharegpt_messages(json_t *conv, char **err)
 
 		if (!json_is_object(e)) {
 			*err = msgf("conversations[%zu] is %s, not an object {\"from\", \"value\"}",
-				    i, type_name(e));
+				    i, json_type_name(e));
 			goto out_put;
 		}
 		if (!json_is_string(from)) {
 			*err = msgf("conversations[%zu] has %s \"from\"; give human, gpt, system or "
-				    "observation (tool)", i, from ? type_name(from) : "no");
+				    "observation (tool)", i, from ? json_type_name(from) : "no");
 			goto out_put;
 		}
 		for (k = 0; k < N_SHAREGPT; k++)
@@ -402,7 +383,7 @@ static json_t *sharegpt_messages(json_t *conv, char **err)
 		}
 		if (!json_is_string(value)) {
 			*err = msgf("conversations[%zu] has %s \"value\"; it must be a string", i,
-				    value ? type_name(value) : "no");
+				    value ? json_type_name(value) : "no");
 			goto out_put;
 		}
 		if (json_array_append_new(out, json_pack("{s:s,s:O}", "role",
@@ -450,7 +431,7 @@ int sl_chat_record(json_t *record, json_t **messages, json_t **tools, char **err
 	} else if (t) {
 		if (!json_is_array(t)) {
 			*err = msgf("\"tools\" is %s; give an array of tool definitions",
-				    type_name(t));
+				    json_type_name(t));
 			return -EINVAL;
 		}
 		json_incref(t);
@@ -488,7 +469,7 @@ static int do_render(const struct sl_chat *ct, json_t *messages, json_t *tools,
 	}
 	if (tools && !json_is_array(tools)) {
 		*err = msgf("\"tools\" is %s; give an array of tool definitions",
-			    type_name(tools));
+			    json_type_name(tools));
 		return -EINVAL;
 	}
 	m = parse_messages(messages, &n, err);

@@ -13,33 +13,12 @@
 #include <jansson.h>
 
 #include "data.h"
+#include "jsonutil.h"
 
 /* bad lines printed under on_error: skip before we only count them */
 #define SHOW_SKIPPED 5
 /* one record line; a longer one is refused before it is parsed (or, read, kept in memory) */
 #define MAX_RECORD_BYTES ((size_t)256 << 20)
-
-static inline const char *json_type_name(const json_t *j)
-{
-	switch (json_typeof(j)) {
-	case JSON_OBJECT:
-		return "an object";
-	case JSON_ARRAY:
-		return "an array";
-	case JSON_STRING:
-		return "a string";
-	case JSON_INTEGER:
-		return "an integer";
-	case JSON_REAL:
-		return "a number";
-	case JSON_TRUE:
-	case JSON_FALSE:
-		return "a boolean";
-	case JSON_NULL:
-		return "null";
-	}
-	return "a JSON value";
-}
 
 static inline bool blank(const char *s, size_t n)
 {
