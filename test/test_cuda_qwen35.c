@@ -26,241 +26,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
+#include "gpupair.h"
 #include "model.h"
 #include "../cuda/sl_cuda.h"
-#include "testutil.h"
 
-/* gpu: the one under test; gpu_def: SHARDLM_GDN_KERNEL unset (the whole model's runs) */
-static struct sl_backend *cpu, *gpu, *gpu_rec, *gpu_chk, *gpu_fus, *gpu_def, *gpu_shw, *gpu_rs;
-
-/* ---- random numbers and bf16 on the host --------------------------------------------------- */
-
-static uint64_t rng = 1;
-
-static uint64_t rnext(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
-}
-
-static double runif(void)
-{
-	return ((rnext() >> 11) + 0.5) / 9007199254740992.0;
-}
-
-static double rnorm(void)
-{
-	return sqrt(-2 * log(runif())) * cos(2 * M_PI * runif());
-}
-
-static uint16_t f2bf(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, 4);
-	if ((u & 0x7fffffff) > 0x7f800000)
-		return 0x7fc0;
-	u += 0x7fff + ((u >> 16) & 1);	/* round to nearest even */
-	return (uint16_t)(u >> 16);
-}
-
-static float bf2f(uint16_t h)
-{
-	uint32_t u = (uint32_t)h << 16;
-	float f;
-
-	memcpy(&f, &u, 4);
-	return f;
-}
-
-static float round_bf(float f)
-{
-	return bf2f(f2bf(f));
-}
-
-/* ---- paired buffers: the same values on both backends -------------------------------------- */
-
-enum kind { BF, F32, I32, STAT };
-
-struct buf {
-	enum kind k;
-	size_t n;
-	float *h;	/* host values (bf16-exact for BF) */
-	int32_t *hi;	/* ints */
-	void *c, *g;	/* cpu and gpu buffers */
-};
-
-static size_t gelt(enum kind k)
-{
-	return k == BF ? 2 : 4;
-}
-
-static struct buf *mk(enum kind k, size_t n)
-{
-	struct buf *b = calloc(1, sizeof(*b));
-
-	b->k = k;
-	b->n = n;
-	b->h = calloc(n ? n : 1, sizeof(float));
-	b->hi = calloc(n ? n : 1, sizeof(int32_t));
-	b->c = cpu->alloc(cpu, n * 4);
-	b->g = gpu->alloc(gpu, n * gelt(k));
-	return b;
-}
-
-static void put(struct buf *b)
-{
-	if (b->k == I32) {
-		cpu->upload(cpu, b->c, b->hi, b->n * 4);
-		gpu->upload(gpu, b->g, b->hi, b->n * 4);
-		return;
-	}
-	cpu->upload(cpu, b->c, b->h, b->n * 4);
-	if (b->k == BF) {
-		uint16_t *t = malloc(b->n * 2 + 2);
-
-		for (size_t i = 0; i < b->n; i++)
-			t[i] = f2bf(b->h[i]);
-		gpu->upload(gpu, b->g, t, b->n * 2);
-		free(t);
-	} else {
-		gpu->upload(gpu, b->g, b->h, b->n * 4);
-	}
-}
-
-/* random N(0, s^2) values (bf16-exact) on both sides */
-static struct buf *rnd(enum kind k, size_t n, double s)
-{
-	struct buf *b = mk(k, n);
-
-	for (size_t i = 0; i < n; i++)
-		b->h[i] = k == BF ? round_bf((float)(s * rnorm())) : (float)(s * rnorm());
-	put(b);
-	return b;
-}
-
-/* an output: NaN on both sides, so nothing unwritten passes */
-static struct buf *out(enum kind k, size_t n)
-{
-	struct buf *b = mk(k, n);
-
-	for (size_t i = 0; i < n; i++)
-		b->h[i] = NAN;
-	put(b);
-	return b;
-}
-
-static __attribute__((unused)) struct buf *ints(size_t n, int lo, int hi)
-{
-	struct buf *b = mk(I32, n);
-
-	for (size_t i = 0; i < n; i++)
-		b->hi[i] = lo + (int)(rnext() % (uint64_t)(hi - lo + 1));
-	put(b);
-	return b;
-}
-
-static void drop(struct buf *b)
-{
-	cpu->free(cpu, b->c);
-	gpu->free(gpu, b->g);
-	free(b->h);
-	free(b->hi);
-	free(b);
-}
-
-/* the gpu's values as floats */
-static float *gget(struct buf *b)
-{
-	float *f = malloc(b->n * 4 + 4);
-
-	if (b->k == BF) {
-		uint16_t *t = malloc(b->n * 2 + 2);
-
-		gpu->download(gpu, t, b->g, b->n * 2);
-		for (size_t i = 0; i < b->n; i++)
-			f[i] = bf2f(t[i]);
-		free(t);
-	} else {
-		gpu->download(gpu, f, b->g, b->n * 4);
-	}
-	return f;
-}
-
-static float *cget(struct buf *b)
-{
-	float *f = malloc(b->n * 4 + 4);
-
-	cpu->download(cpu, f, b->c, b->n * 4);
-	return f;
-}
-
-/* ---- comparison and the table -------------------------------------------------------------- */
-
-static double t_ms;	/* gpu time of the op under test */
-
-static double now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-/* wall time of one call, the launch included (the stream drained before and after) */
-#define TIMED(stmt)                                                     \
-	do {                                                            \
-		gpu->sync(gpu);                                         \
-		t_ms = now_ms();                                        \
-		stmt;                                                   \
-		gpu->sync(gpu);                                         \
-		t_ms = now_ms() - t_ms;                                 \
-	} while (0)
-
-/*
- * gpu vs cpu values of one output: norm-relative error <= tol, every element within
- * 4 tol (|want| + 0.05 max|want|), everything finite.
- */
-static void cmp(const char *op, const char *shape, const char *what, struct buf *b, double tol)
-{
-	float *g = gget(b), *c = cget(b);
-	double num = 0, den = 0, mx = 0, worst = 0;
-	size_t bad = 0, nonfin = 0;
-
-	for (size_t i = 0; i < b->n; i++)
-		if (fabs(c[i]) > mx)
-			mx = fabs(c[i]);
-	for (size_t i = 0; i < b->n; i++) {
-		double d = (double)g[i] - c[i];
-
-		if (!isfinite(g[i]) || !isfinite(c[i])) {
-			nonfin++;
-			continue;
-		}
-		num += d * d;
-		den += (double)c[i] * c[i];
-		if (fabs(d) > 4 * tol * (fabs(c[i]) + 0.05 * mx))
-			bad++;
-		if (mx > 0 && fabs(d) / mx > worst)
-			worst = fabs(d) / mx;
-	}
-	double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-	bool ok = !nonfin && !bad && rel <= tol;
-
-	CHECK(ok, "%s %s %s: rel %.3g (tol %.3g), %zu elements off, %zu not finite", op, shape,
-	      what, rel, tol, bad, nonfin);
-	printf("%-18s %-28s %-8s %10.2e %10.2e %8.3f  %s\n", op, shape, what, rel, worst, t_ms,
-	       ok ? "ok" : "FAIL");
-	free(g);
-	free(c);
-}
-
-
-
-#define TOL 1e-2
+/* gpu (gpupair.h): the one under test, one of these; gpu_def: SHARDLM_GDN_KERNEL unset (the
+ * whole model's runs) */
+static struct sl_backend *gpu_rec, *gpu_chk, *gpu_fus, *gpu_def, *gpu_shw, *gpu_rs;
 
 /* the cpu's values of a stat buffer onto the gpu (a backward then sees the same statistics) */
 static void sync_stat(struct buf *b)
@@ -277,7 +49,7 @@ static struct buf *unif(enum kind k, size_t n, double lo, double hi)
 	struct buf *b = mk(k, n);
 
 	for (size_t i = 0; i < n; i++) {
-		float v = (float)(lo + (hi - lo) * runif());
+		float v = (float)(lo + (hi - lo) * rng_unif());
 
 		b->h[i] = k == BF ? round_bf(v) : v;
 	}
@@ -290,7 +62,7 @@ static struct buf *mk_lens(int B, int L)
 	struct buf *l = mk(I32, B);
 
 	for (int b = 0; b < B; b++)
-		l->hi[b] = b == 0 ? L : 1 + (int)(rnext() % (uint64_t)L);
+		l->hi[b] = b == 0 ? L : 1 + (int)(rng_next() % (uint64_t)L);
 	put(l);
 	return l;
 }
@@ -392,7 +164,7 @@ static struct buf *unit_rows(size_t rows, int d, double scale)
 		double ss = 0;
 
 		for (int i = 0; i < d; i++) {
-			b->h[r * d + i] = (float)rnorm();
+			b->h[r * d + i] = (float)rng_normal();
 			ss += b->h[r * d + i] * b->h[r * d + i];
 		}
 		for (int i = 0; i < d; i++)
@@ -490,15 +262,15 @@ static void t_tc_mm(struct sl_cuda *cu, int M, int N, int K, bool abf, bool bbf,
 	char sh[96];
 
 	for (size_t i = 0; i < na; i++)
-		a[i] = abf ? round_bf(rnorm()) : rnorm();
+		a[i] = abf ? round_bf(rng_normal()) : rng_normal();
 	for (size_t i = 0; i < nb; i++)
-		b[i] = bbf ? round_bf(rnorm()) : rnorm();
+		b[i] = bbf ? round_bf(rng_normal()) : rng_normal();
 	for (size_t i = 0; i < nc; i++)
-		c[i] = rnorm();
+		c[i] = rng_normal();
 	for (int i = 0; i < K; i++)
-		sk[i] = runif() + 0.5;
+		sk[i] = rng_unif() + 0.5;
 	for (int i = 0; i < M; i++)
-		rs[i] = runif() + 0.5;
+		rs[i] = rng_unif() + 0.5;
 	tc_put(cu, da, a, na, abf, t);
 	tc_put(cu, db, b, nb, bbf, t);
 	sl_cuda_upload(cu, dsk, sk, K * 4);
@@ -628,8 +400,8 @@ static void t_rule_pair(struct sl_backend *gr, struct sl_backend *gc, const char
 		double sq = 0, sk = 0;
 
 		for (int i = 0; i < dk; i++) {
-			hq[r * dk + i] = (float)rnorm();
-			hk[r * dk + i] = (float)rnorm();
+			hq[r * dk + i] = (float)rng_normal();
+			hk[r * dk + i] = (float)rng_normal();
 			sq += hq[r * dk + i] * hq[r * dk + i];
 			sk += hk[r * dk + i] * hk[r * dk + i];
 		}
@@ -639,12 +411,12 @@ static void t_rule_pair(struct sl_backend *gr, struct sl_backend *gc, const char
 		}
 	}
 	for (size_t i = 0; i < nvv; i++) {
-		hv[i] = (float)rnorm();
-		hgo[i] = (float)rnorm();
+		hv[i] = (float)rng_normal();
+		hgo[i] = (float)rng_normal();
 	}
 	for (size_t i = 0; i < nb; i++) {
-		hb[i] = (float)runif();
-		hg[i] = (float)(-0.5 * runif());
+		hb[i] = (float)rng_unif();
+		hg[i] = (float)(-0.5 * rng_unif());
 	}
 	for (int b = 0; b < B; b++)
 		hl[b] = b == B - 1 ? L - L / 4 - 3 : L;
@@ -899,10 +671,10 @@ static void t_model(const char *name, bool sft, int experts, int shared)
 	for (int b = 0; b < B; b++)
 		last[b] = b * L + lens[b] - 1;
 	for (int t = 0; t < T; t++)
-		ids[t] = (int32_t)(rnext() % 50);
+		ids[t] = (int32_t)(rng_next() % 50);
 	for (int b = 0; b < B; b++)	/* position p predicts token p + 1 */
 		for (int p = 0; p + 1 < lens[b]; p++)
-			if (runif() < 0.67) {
+			if (rng_unif() < 0.67) {
 				tpos[n_tgt] = b * L + p;
 				tids[n_tgt++] = ids[b * L + p + 1];
 			}
@@ -920,14 +692,14 @@ static void t_model(const char *name, bool sft, int experts, int shared)
 					   .h_lens = lens };
 		struct sl_model *m;
 		size_t base = 0;
-		uint64_t keep = rng;
+		uint64_t keep = rng_state;
 
 		if (sft) {
 			bt.n_tgt = n_tgt;
 			bt.tgt_pos = d_tpos;
 			bt.tgt_ids = d_tids;
 		}
-		rng = 777;	/* the same weights on both sides */
+		rng_state = 777;	/* the same weights on both sides */
 		sd[s].w = calloc(lay.n_units, sizeof(void *));
 		sd[s].g = calloc(lay.n_units, sizeof(void *));
 		for (int u = 0; u < lay.n_units; u++) {
@@ -935,11 +707,11 @@ static void t_model(const char *name, bool sft, int experts, int shared)
 			float *h = malloc(n * 4), *f = be->alloc(be, n * 4);
 
 			for (size_t i = 0; i < n; i++)
-				h[i] = round_bf((float)(0.05 * rnorm()));
+				h[i] = round_bf((float)(0.05 * rng_normal()));
 			for (int i = 0; i < lay.n_tensors; i++)	/* A_log: decays in a sane range */
 				if (lay.t[i].unit == u && strstr(lay.t[i].name, "A_log"))
 					for (size_t k = 0; k < lay.t[i].numel; k++)
-						h[lay.t[i].offset + k] = round_bf((float)log(0.1 + runif()));
+						h[lay.t[i].offset + k] = round_bf((float)log(0.1 + rng_unif()));
 			for (size_t i = 0; s == 2 && i < n; i++) {
 				prng = prng * 6364136223846793005ULL + 1442695040888963407ULL;
 				h[i] *= (float)(1 + ((double)(prng >> 11) * 0x1p-52 - 1) * 0x1p-8);
@@ -951,7 +723,7 @@ static void t_model(const char *name, bool sft, int experts, int shared)
 			be->free(be, f);
 			free(h);
 		}
-		rng = keep;
+		rng_state = keep;
 		be->upload(be, d_ids, ids, T * 4);
 		be->upload(be, d_lens, lens, B * 4);
 		be->upload(be, d_last, last, B * 4);
@@ -1077,7 +849,7 @@ int main(int argc, char **argv)
 	uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) :
 			(uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
 
-	rng = seed ? seed : 1;
+	rng_state = seed ? seed : 1;
 	printf("test_cuda_qwen35: seed %llu\n", (unsigned long long)seed);
 	cpu = sl_backend_cpu_create();
 	/* the two delta-rule kernels, each on a backend of its own (SHARDLM_GDN_KERNEL is read
