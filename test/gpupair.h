@@ -187,7 +187,8 @@ static inline double now_ms(void)
  * gpu vs cpu values of one output: norm-relative error <= tol, every element within
  * 4 tol (|want| + 0.05 max|want|), everything finite.
  */
-static inline void cmp(const char *op, const char *shape, const char *what, struct buf *b, double tol)
+static inline void cmp(const char *op, const char *shape, const char *what, struct buf *b,
+		       double tol)
 {
 	float *g = gget(b), *c = cget(b);
 	double num = 0, den = 0, mx = 0, worst = 0;
