@@ -534,20 +534,23 @@ static void cpu_attention_fwd(struct sl_backend *be, void *out, void *lse, const
  * private buffer; a second pass sums the shares of the query heads that read each kv head, in a
  * fixed order.  Every output has one writer, so the result does not depend on the thread count.
  * Probabilities are recomputed from lse.
+ *
+ * Queries, dout, out and lse have @Lc rows a record, each row's position in the record from
+ * @gidx (its row index when NULL) and its document start from @pos (the record's start when
+ * NULL); keys and values have @L rows a record in @kv, of @kvw elements from column @kvoff
+ * (k heads, then v heads), and their gradients go to the same places in @dkv.
  */
-static void cpu_attention_bwd(struct sl_backend *be, void *dqkv, const void *dout,
-			      const void *out, const void *lse, const void *qkv,
-			      const int32_t *lens, const int32_t *pos, int B, int L, int nh,
-			      int nkv, int hd)
+static void attention_bwd_rows(real *d, real *dkv, const real *g, const real *o, const real *ls,
+			       const real *in, const real *kv, int kvw, int kvoff,
+			       const int32_t *gidx, const int32_t *pos, const int32_t *lens,
+			       int B, int Lc, int L, int nh, int nkv, int hd)
 {
 	const int W = (nh + 2 * nkv) * hd, grp = nh / nkv, OW = nh * hd;
 	const double scale = 1.0 / sqrt((double)hd);
-	const real *in = qkv, *g = dout, *o = out, *ls = lse;
 	const size_t part_n = (size_t)L * hd * 2;	/* dk (L, hd) then dv (L, hd) */
-	real *d = dqkv;
 	double *part = xmalloc((size_t)B * nh * part_n * sizeof(double));
 
-	memset(d, 0, (size_t)B * L * W * sizeof(real));
+	memset(d, 0, (size_t)B * Lc * W * sizeof(real));
 
 #pragma omp parallel
 	{
@@ -558,24 +561,28 @@ static void cpu_attention_bwd(struct sl_backend *be, void *dqkv, const void *dou
 			for (int h = 0; h < nh; h++) {
 				double *pk = part + ((size_t)b * nh + h) * part_n;
 				double *pv = pk + (size_t)L * hd;
-				const real *kb = in + (size_t)b * L * W +
-						 (size_t)(nh + h / grp) * hd;
+				const real *kb = kv + (size_t)b * L * kvw + kvoff +
+						 (size_t)(h / grp) * hd;
 				const real *vb = kb + (size_t)nkv * hd;
 
 				memset(pk, 0, part_n * sizeof(double));
-				for (int i = 0; i < lens[b]; i++) {
-					size_t t = (size_t)b * L + i;
+				for (int r = 0; r < Lc; r++) {
+					size_t t = (size_t)b * Lc + r;
+					const int i = gidx ? gidx[t] : r;
 					const real *q = in + t * W + (size_t)h * hd;
 					const real *dy = g + t * OW + (size_t)h * hd;
 					real *dq = d + t * W + (size_t)h * hd;
-					double Di = dot(dy, o + t * OW + (size_t)h * hd, hd);
-					double l = ls[t * nh + h];
+					double Di, l;
 
+					if (i >= lens[b])
+						continue;
+					Di = dot(dy, o + t * OW + (size_t)h * hd, hd);
+					l = ls[t * nh + h];
 					for (int e = 0; e < hd; e++)
 						acc[e] = 0;
 					for (int j = pos ? i - pos[t] : 0; j <= i; j++) {
-						const real *k = kb + (size_t)j * W;
-						const real *v = vb + (size_t)j * W;
+						const real *k = kb + (size_t)j * kvw;
+						const real *v = vb + (size_t)j * kvw;
 						double *dk = pk + (size_t)j * hd;
 						double *dv = pv + (size_t)j * hd;
 						double p = exp(dot(q, k, hd) * scale - l);
@@ -596,16 +603,16 @@ static void cpu_attention_bwd(struct sl_backend *be, void *dqkv, const void *dou
 
 #pragma omp for collapse(2) schedule(static)
 		for (int b = 0; b < B; b++) {
-			for (int kv = 0; kv < nkv; kv++) {
-				for (int j = 0; j < lens[b]; j++) {
-					size_t tj = (size_t)b * L + j;
-					real *dk = d + tj * W + (size_t)(nh + kv) * hd;
+			for (int kvh = 0; kvh < nkv; kvh++) {
+				for (int j = 0; j < L; j++) {
+					real *dk = dkv + ((size_t)b * L + j) * kvw + kvoff +
+						   (size_t)kvh * hd;
 					real *dv = dk + (size_t)nkv * hd;
 
 					for (int e = 0; e < hd; e++) {
 						double sk = 0, sv = 0;
 
-						for (int h = kv * grp; h < (kv + 1) * grp; h++) {
+						for (int h = kvh * grp; h < (kvh + 1) * grp; h++) {
 							const double *pk = part +
 								((size_t)b * nh + h) * part_n;
 
@@ -620,6 +627,16 @@ static void cpu_attention_bwd(struct sl_backend *be, void *dqkv, const void *dou
 		}
 	}
 	free(part);
+}
+
+static void cpu_attention_bwd(struct sl_backend *be, void *dqkv, const void *dout,
+			      const void *out, const void *lse, const void *qkv,
+			      const int32_t *lens, const int32_t *pos, int B, int L, int nh,
+			      int nkv, int hd)
+{
+	/* keys and values are qkv's own columns after the query heads */
+	attention_bwd_rows(dqkv, dqkv, dout, out, lse, qkv, qkv, (nh + 2 * nkv) * hd, nh * hd,
+			   NULL, pos, lens, B, L, L, nh, nkv, hd);
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------------------ */

@@ -142,99 +142,14 @@ static void cpu_cp_attention_fwd(struct sl_backend *be, void *out, void *lse, co
 	}
 }
 
-/*
- * As cpu_attention_bwd: one task per (row, query head) with a private share of dk, dv over the
- * whole row, then the shares of the query heads of each kv head summed in a fixed order.
- */
+/* As cpu_attention_bwd, each local query's row and document start from gidx and pos. */
 static void cpu_cp_attention_bwd(struct sl_backend *be, void *dqkv, void *dkv, const void *dout,
 				 const void *out, const void *lse, const void *qkv, const void *kv,
 				 const int32_t *gidx, const int32_t *pos, const int32_t *lens,
 				 int B, int Lc, int L, int nh, int nkv, int hd)
 {
-	const int W = (nh + 2 * nkv) * hd, KW = 2 * nkv * hd, grp = nh / nkv, OW = nh * hd;
-	const double scale = 1.0 / sqrt((double)hd);
-	const real *in = qkv, *kvb = kv, *g = dout, *o = out, *ls = lse;
-	const size_t part_n = (size_t)L * hd * 2;	/* dk (L, hd) then dv (L, hd) */
-	real *d = dqkv, *dk_all = dkv;
-	double *part = xmalloc((size_t)B * nh * part_n * sizeof(double));
-
-	memset(d, 0, (size_t)B * Lc * W * sizeof(real));
-
-#pragma omp parallel
-	{
-		double *acc = xmalloc((size_t)hd * sizeof(double));
-
-#pragma omp for collapse(2) schedule(dynamic, 1)
-		for (int b = 0; b < B; b++) {
-			for (int h = 0; h < nh; h++) {
-				double *pk = part + ((size_t)b * nh + h) * part_n;
-				double *pv = pk + (size_t)L * hd;
-				const real *kb = kvb + (size_t)b * L * KW +
-						 (size_t)(h / grp) * hd;
-				const real *vb = kb + (size_t)nkv * hd;
-
-				memset(pk, 0, part_n * sizeof(double));
-				for (int il = 0; il < Lc; il++) {
-					size_t t = (size_t)b * Lc + il;
-					const int i = gidx[t];
-					const real *q = in + t * W + (size_t)h * hd;
-					const real *dy = g + t * OW + (size_t)h * hd;
-					real *dq = d + t * W + (size_t)h * hd;
-					double Di, l;
-
-					if (i >= lens[b])
-						continue;
-					Di = dot(dy, o + t * OW + (size_t)h * hd, hd);
-					l = ls[t * nh + h];
-					for (int e = 0; e < hd; e++)
-						acc[e] = 0;
-					for (int j = i - pos[t]; j <= i; j++) {
-						const real *k = kb + (size_t)j * KW;
-						const real *v = vb + (size_t)j * KW;
-						double *dk = pk + (size_t)j * hd;
-						double *dv = pv + (size_t)j * hd;
-						double p = exp(dot(q, k, hd) * scale - l);
-						double ds = p * (dot(dy, v, hd) - Di);
-
-						for (int e = 0; e < hd; e++) {
-							acc[e] += ds * k[e];
-							dk[e] += ds * q[e];
-							dv[e] += p * dy[e];
-						}
-					}
-					for (int e = 0; e < hd; e++)
-						dq[e] = (real)(acc[e] * scale);
-				}
-			}
-		}
-		free(acc);
-
-#pragma omp for collapse(2) schedule(static)
-		for (int b = 0; b < B; b++) {
-			for (int kvh = 0; kvh < nkv; kvh++) {
-				for (int j = 0; j < L; j++) {
-					size_t tj = (size_t)b * L + j;
-					real *dk = dk_all + tj * KW + (size_t)kvh * hd;
-					real *dv = dk + (size_t)nkv * hd;
-
-					for (int e = 0; e < hd; e++) {
-						double sk = 0, sv = 0;
-
-						for (int h = kvh * grp; h < (kvh + 1) * grp; h++) {
-							const double *pk = part +
-								((size_t)b * nh + h) * part_n;
-
-							sk += pk[(size_t)j * hd + e];
-							sv += pk[(size_t)(L + j) * hd + e];
-						}
-						dk[e] = (real)(sk * scale);
-						dv[e] = (real)sv;
-					}
-				}
-			}
-		}
-	}
-	free(part);
+	attention_bwd_rows(dqkv, dkv, dout, out, lse, qkv, kv, 2 * nkv * hd, 0, gidx, pos, lens,
+			   B, Lc, L, nh, nkv, hd);
 }
 
 static void cpu_cp_install(struct sl_backend *be)
