@@ -56,6 +56,15 @@ int sl_layout_add(struct layout_builder *lb, bool fused_next, const char *name, 
 	return 0;
 }
 
+int sl_layout_add_layer(struct layout_builder *lb, int l, bool fused_next, const char *suffix,
+			int ndim, int64_t d0, int64_t d1, enum sl_init init)
+{
+	char n[160];
+
+	snprintf(n, sizeof(n), "model.layers.%d.%s", l, suffix);
+	return sl_layout_add(lb, fused_next, n, ndim, d0, d1, init);
+}
+
 static void lb_end_unit(struct layout_builder *lb)
 {
 	lb->lay->unit_numel[lb->unit] = align_up(lb->off);
@@ -68,14 +77,11 @@ static int layout_layer(struct layout_builder *lb, const struct sl_model_config 
 {
 	const int64_t H = mc->hidden, hd = mc->head_dim, I = mc->intermediate;
 	const int64_t qd = (int64_t)mc->n_heads * hd, kvd = (int64_t)mc->n_kv_heads * hd;
-	char n[160];
 	int rc = 0;
 
-#define ADD(fused, suffix, ndim, d0, d1, init)                                               \
+#define ADD(...)                                                                             \
 	do {                                                                                 \
-		snprintf(n, sizeof(n), "model.layers.%d.%s", l, suffix);                     \
-		rc = sl_layout_add(lb, fused, n, ndim, d0, d1, init);                               \
-		if (rc)                                                                      \
+		if ((rc = sl_layout_add_layer(lb, l, __VA_ARGS__)))                           \
 			return rc;                                                           \
 	} while (0)
 

@@ -25,6 +25,10 @@ struct layout_builder {
 int sl_layout_add(struct layout_builder *lb, bool fused_next, const char *name, int ndim,
 		  int64_t d0, int64_t d1, enum sl_init init);
 
+/* sl_layout_add for decoder layer @l's tensor "model.layers.<l>.<suffix>" */
+int sl_layout_add_layer(struct layout_builder *lb, int l, bool fused_next, const char *suffix,
+			int ndim, int64_t d0, int64_t d1, enum sl_init init);
+
 /* a decoder layer's tensors, as element offsets in its unit; NO_OFF when absent */
 struct layer_off {
 	size_t ln1;	/* (H) */

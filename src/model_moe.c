@@ -40,28 +40,26 @@
 
 int sl_moe_layout(struct layout_builder *lb, const struct sl_model_config *mc, int l)
 {
-	char n[160];
-
-	const int64_t H = mc->hidden;
+	const int64_t H = mc->hidden, Is = mc->shared_intermediate;
 	int rc;
 
 	/* the router; the experts follow in their own unit (sl_moe_layout_experts) */
-	snprintf(n, sizeof(n), "model.layers.%d.mlp.gate.weight", l);
-	rc = sl_layout_add(lb, false, n, 2, mc->n_experts, H, SL_INIT_NORMAL);
-	if (rc || mc->shared_intermediate <= 0)
+	rc = sl_layout_add_layer(lb, l, false, "mlp.gate.weight", 2, mc->n_experts, H,
+				 SL_INIT_NORMAL);
+	if (rc || Is <= 0)
 		return rc;
 	/*
 	 * Qwen3.5-MoE: the shared expert (every token, every rank: in the layer's unit), its gate
 	 * and up projections fused as the dense MLP's
 	 */
-	snprintf(n, sizeof(n), "model.layers.%d.mlp.shared_expert.gate_proj.weight", l);
-	rc = sl_layout_add(lb, false, n, 2, mc->shared_intermediate, H, SL_INIT_NORMAL);
-	snprintf(n, sizeof(n), "model.layers.%d.mlp.shared_expert.up_proj.weight", l);
-	rc = rc ? rc : sl_layout_add(lb, true, n, 2, mc->shared_intermediate, H, SL_INIT_NORMAL);
-	snprintf(n, sizeof(n), "model.layers.%d.mlp.shared_expert.down_proj.weight", l);
-	rc = rc ? rc : sl_layout_add(lb, false, n, 2, H, mc->shared_intermediate, SL_INIT_NORMAL);
-	snprintf(n, sizeof(n), "model.layers.%d.mlp.shared_expert_gate.weight", l);
-	rc = rc ? rc : sl_layout_add(lb, false, n, 2, 1, H, SL_INIT_NORMAL);
+	rc = sl_layout_add_layer(lb, l, false, "mlp.shared_expert.gate_proj.weight", 2, Is, H,
+				 SL_INIT_NORMAL);
+	rc = rc ? rc : sl_layout_add_layer(lb, l, true, "mlp.shared_expert.up_proj.weight", 2, Is,
+					   H, SL_INIT_NORMAL);
+	rc = rc ? rc : sl_layout_add_layer(lb, l, false, "mlp.shared_expert.down_proj.weight", 2,
+					   H, Is, SL_INIT_NORMAL);
+	rc = rc ? rc : sl_layout_add_layer(lb, l, false, "mlp.shared_expert_gate.weight", 2, 1, H,
+					   SL_INIT_NORMAL);
 	return rc;
 }
 

@@ -92,14 +92,11 @@ int sl_q35_layout_layer(struct layout_builder *lb, const struct sl_model_config 
 	const int64_t nh = mc->n_heads, nkv = mc->n_kv_heads;
 	const int64_t nk = mc->lin_nk, nv = mc->lin_nv, dk = mc->lin_dk, dv = mc->lin_dv;
 	const int64_t Cc = 2 * nk * dk + nv * dv;
-	char n[160];
 	int rc = 0;
 
-#define ADD(fused, suffix, ndim, d0, d1, init)                                               \
+#define ADD(...)                                                                             \
 	do {                                                                                 \
-		snprintf(n, sizeof(n), "model.layers.%d.%s", l, suffix);                     \
-		rc = sl_layout_add(lb, fused, n, ndim, d0, d1, init);                        \
-		if (rc)                                                                      \
+		if ((rc = sl_layout_add_layer(lb, l, __VA_ARGS__)))                           \
 			return rc;                                                           \
 	} while (0)
 
