@@ -79,33 +79,26 @@ static int layout_layer(struct layout_builder *lb, const struct sl_model_config 
 	const int64_t qd = (int64_t)mc->n_heads * hd, kvd = (int64_t)mc->n_kv_heads * hd;
 	int rc = 0;
 
-#define ADD(...)                                                                             \
-	do {                                                                                 \
-		if ((rc = sl_layout_add_layer(lb, l, __VA_ARGS__)))                           \
-			return rc;                                                           \
-	} while (0)
-
-	ADD(false, "input_layernorm.weight", 1, H, 0, SL_INIT_ONES);
-	ADD(false, "self_attn.q_proj.weight", 2, qd, H, SL_INIT_NORMAL);
-	ADD(true, "self_attn.k_proj.weight", 2, kvd, H, SL_INIT_NORMAL);
-	ADD(true, "self_attn.v_proj.weight", 2, kvd, H, SL_INIT_NORMAL);
+	LAYER_ADD(false, "input_layernorm.weight", 1, H, 0, SL_INIT_ONES);
+	LAYER_ADD(false, "self_attn.q_proj.weight", 2, qd, H, SL_INIT_NORMAL);
+	LAYER_ADD(true, "self_attn.k_proj.weight", 2, kvd, H, SL_INIT_NORMAL);
+	LAYER_ADD(true, "self_attn.v_proj.weight", 2, kvd, H, SL_INIT_NORMAL);
 	if (mc->attention_bias) {
-		ADD(false, "self_attn.q_proj.bias", 1, qd, 0, SL_INIT_ZEROS);
-		ADD(true, "self_attn.k_proj.bias", 1, kvd, 0, SL_INIT_ZEROS);
-		ADD(true, "self_attn.v_proj.bias", 1, kvd, 0, SL_INIT_ZEROS);
+		LAYER_ADD(false, "self_attn.q_proj.bias", 1, qd, 0, SL_INIT_ZEROS);
+		LAYER_ADD(true, "self_attn.k_proj.bias", 1, kvd, 0, SL_INIT_ZEROS);
+		LAYER_ADD(true, "self_attn.v_proj.bias", 1, kvd, 0, SL_INIT_ZEROS);
 	}
-	ADD(false, "self_attn.o_proj.weight", 2, H, qd, SL_INIT_NORMAL);
+	LAYER_ADD(false, "self_attn.o_proj.weight", 2, H, qd, SL_INIT_NORMAL);
 	if (mc->attention_bias)
-		ADD(false, "self_attn.o_proj.bias", 1, H, 0, SL_INIT_ZEROS);
-	ADD(false, "self_attn.q_norm.weight", 1, hd, 0, SL_INIT_ONES);
-	ADD(false, "self_attn.k_norm.weight", 1, hd, 0, SL_INIT_ONES);
-	ADD(false, "post_attention_layernorm.weight", 1, H, 0, SL_INIT_ONES);
+		LAYER_ADD(false, "self_attn.o_proj.bias", 1, H, 0, SL_INIT_ZEROS);
+	LAYER_ADD(false, "self_attn.q_norm.weight", 1, hd, 0, SL_INIT_ONES);
+	LAYER_ADD(false, "self_attn.k_norm.weight", 1, hd, 0, SL_INIT_ONES);
+	LAYER_ADD(false, "post_attention_layernorm.weight", 1, H, 0, SL_INIT_ONES);
 	if (sl_layer_is_moe(mc, l))
 		return sl_moe_layout(lb, mc, l);
-	ADD(false, "mlp.gate_proj.weight", 2, I, H, SL_INIT_NORMAL);
-	ADD(true, "mlp.up_proj.weight", 2, I, H, SL_INIT_NORMAL);
-	ADD(false, "mlp.down_proj.weight", 2, H, I, SL_INIT_NORMAL);
-#undef ADD
+	LAYER_ADD(false, "mlp.gate_proj.weight", 2, I, H, SL_INIT_NORMAL);
+	LAYER_ADD(true, "mlp.up_proj.weight", 2, I, H, SL_INIT_NORMAL);
+	LAYER_ADD(false, "mlp.down_proj.weight", 2, H, I, SL_INIT_NORMAL);
 	return rc;
 }
 

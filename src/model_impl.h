@@ -28,6 +28,12 @@ int sl_layout_add(struct layout_builder *lb, bool fused_next, const char *name, 
 /* sl_layout_add for decoder layer @l's tensor "model.layers.<l>.<suffix>" */
 int sl_layout_add_layer(struct layout_builder *lb, int l, bool fused_next, const char *suffix,
 			int ndim, int64_t d0, int64_t d1, enum sl_init init);
+/* in a function with layout_builder *lb, layer l and int rc: add the tensor or return the error */
+#define LAYER_ADD(...)                                                                       \
+	do {                                                                                 \
+		if ((rc = sl_layout_add_layer(lb, l, __VA_ARGS__)))                           \
+			return rc;                                                           \
+	} while (0)
 
 /* a decoder layer's tensors, as element offsets in its unit; NO_OFF when absent */
 struct layer_off {

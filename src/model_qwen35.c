@@ -94,48 +94,41 @@ int sl_q35_layout_layer(struct layout_builder *lb, const struct sl_model_config 
 	const int64_t Cc = 2 * nk * dk + nv * dv;
 	int rc = 0;
 
-#define ADD(...)                                                                             \
-	do {                                                                                 \
-		if ((rc = sl_layout_add_layer(lb, l, __VA_ARGS__)))                           \
-			return rc;                                                           \
-	} while (0)
-
 	if (!mc->norm_offset || mc->rot_dim < 2 || nk < 1 || nv % nk) {
 		fprintf(stderr, "model: layer %d: not a Qwen3.5 config\n", l);
 		return -EINVAL;
 	}
 	/* zero-centred norms: (1 + w), so "ones" is zeros */
-	ADD(false, "input_layernorm.weight", 1, H, 0, SL_INIT_ZEROS);
+	LAYER_ADD(false, "input_layernorm.weight", 1, H, 0, SL_INIT_ZEROS);
 	if (mc->layer_kind[l] == SL_LAYER_GATED_ATTENTION) {
-		ADD(false, "self_attn.q_proj.weight", 2, 2 * nh * hd, H, SL_INIT_NORMAL);
-		ADD(true, "self_attn.k_proj.weight", 2, nkv * hd, H, SL_INIT_NORMAL);
-		ADD(true, "self_attn.v_proj.weight", 2, nkv * hd, H, SL_INIT_NORMAL);
-		ADD(false, "self_attn.o_proj.weight", 2, H, nh * hd, SL_INIT_NORMAL);
-		ADD(false, "self_attn.q_norm.weight", 1, hd, 0, SL_INIT_ZEROS);
-		ADD(false, "self_attn.k_norm.weight", 1, hd, 0, SL_INIT_ZEROS);
+		LAYER_ADD(false, "self_attn.q_proj.weight", 2, 2 * nh * hd, H, SL_INIT_NORMAL);
+		LAYER_ADD(true, "self_attn.k_proj.weight", 2, nkv * hd, H, SL_INIT_NORMAL);
+		LAYER_ADD(true, "self_attn.v_proj.weight", 2, nkv * hd, H, SL_INIT_NORMAL);
+		LAYER_ADD(false, "self_attn.o_proj.weight", 2, H, nh * hd, SL_INIT_NORMAL);
+		LAYER_ADD(false, "self_attn.q_norm.weight", 1, hd, 0, SL_INIT_ZEROS);
+		LAYER_ADD(false, "self_attn.k_norm.weight", 1, hd, 0, SL_INIT_ZEROS);
 	} else if (mc->layer_kind[l] == SL_LAYER_LINEAR_ATTENTION) {
-		ADD(false, "linear_attn.in_proj_qkv.weight", 2, Cc, H, SL_INIT_NORMAL);
-		ADD(true, "linear_attn.in_proj_z.weight", 2, nv * dv, H, SL_INIT_NORMAL);
-		ADD(true, "linear_attn.in_proj_b.weight", 2, nv, H, SL_INIT_NORMAL);
-		ADD(true, "linear_attn.in_proj_a.weight", 2, nv, H, SL_INIT_NORMAL);
-		ADD(false, "linear_attn.conv1d.weight", 2, Cc, mc->lin_conv, SL_INIT_NORMAL);
+		LAYER_ADD(false, "linear_attn.in_proj_qkv.weight", 2, Cc, H, SL_INIT_NORMAL);
+		LAYER_ADD(true, "linear_attn.in_proj_z.weight", 2, nv * dv, H, SL_INIT_NORMAL);
+		LAYER_ADD(true, "linear_attn.in_proj_b.weight", 2, nv, H, SL_INIT_NORMAL);
+		LAYER_ADD(true, "linear_attn.in_proj_a.weight", 2, nv, H, SL_INIT_NORMAL);
+		LAYER_ADD(false, "linear_attn.conv1d.weight", 2, Cc, mc->lin_conv, SL_INIT_NORMAL);
 		lb->lay->t[lb->lay->n_tensors - 1].unsqueeze1 = true;
-		ADD(false, "linear_attn.dt_bias", 1, nv, 0, SL_INIT_ONES);
-		ADD(false, "linear_attn.A_log", 1, nv, 0, SL_INIT_ZEROS);
-		ADD(false, "linear_attn.norm.weight", 1, dv, 0, SL_INIT_ONES);
-		ADD(false, "linear_attn.out_proj.weight", 2, H, nv * dv, SL_INIT_NORMAL);
+		LAYER_ADD(false, "linear_attn.dt_bias", 1, nv, 0, SL_INIT_ONES);
+		LAYER_ADD(false, "linear_attn.A_log", 1, nv, 0, SL_INIT_ZEROS);
+		LAYER_ADD(false, "linear_attn.norm.weight", 1, dv, 0, SL_INIT_ONES);
+		LAYER_ADD(false, "linear_attn.out_proj.weight", 2, H, nv * dv, SL_INIT_NORMAL);
 	} else {
 		fprintf(stderr, "model: layer %d: kind %d is not a Qwen3.5 layer\n", l,
 			mc->layer_kind[l]);
 		return -EINVAL;
 	}
-	ADD(false, "post_attention_layernorm.weight", 1, H, 0, SL_INIT_ZEROS);
+	LAYER_ADD(false, "post_attention_layernorm.weight", 1, H, 0, SL_INIT_ZEROS);
 	if (sl_layer_is_moe(mc, l))	/* Qwen3.5-MoE: router, experts, shared expert */
 		return sl_moe_layout(lb, mc, l);
-	ADD(false, "mlp.gate_proj.weight", 2, I, H, SL_INIT_NORMAL);
-	ADD(true, "mlp.up_proj.weight", 2, I, H, SL_INIT_NORMAL);
-	ADD(false, "mlp.down_proj.weight", 2, H, I, SL_INIT_NORMAL);
-#undef ADD
+	LAYER_ADD(false, "mlp.gate_proj.weight", 2, I, H, SL_INIT_NORMAL);
+	LAYER_ADD(true, "mlp.up_proj.weight", 2, I, H, SL_INIT_NORMAL);
+	LAYER_ADD(false, "mlp.down_proj.weight", 2, H, I, SL_INIT_NORMAL);
 	return rc;
 }
 
