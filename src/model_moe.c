@@ -44,23 +44,18 @@ int sl_moe_layout(struct layout_builder *lb, const struct sl_model_config *mc, i
 	int rc;
 
 	/* the router; the experts follow in their own unit (sl_moe_layout_experts) */
-	rc = sl_layout_add_layer(lb, l, false, "mlp.gate.weight", 2, mc->n_experts, H,
-				 SL_INIT_NORMAL);
-	if (rc || Is <= 0)
-		return rc;
+	LAYER_ADD(false, "mlp.gate.weight", 2, mc->n_experts, H, SL_INIT_NORMAL);
+	if (Is <= 0)
+		return 0;
 	/*
 	 * Qwen3.5-MoE: the shared expert (every token, every rank: in the layer's unit), its gate
 	 * and up projections fused as the dense MLP's
 	 */
-	rc = sl_layout_add_layer(lb, l, false, "mlp.shared_expert.gate_proj.weight", 2, Is, H,
-				 SL_INIT_NORMAL);
-	rc = rc ? rc : sl_layout_add_layer(lb, l, true, "mlp.shared_expert.up_proj.weight", 2, Is,
-					   H, SL_INIT_NORMAL);
-	rc = rc ? rc : sl_layout_add_layer(lb, l, false, "mlp.shared_expert.down_proj.weight", 2,
-					   H, Is, SL_INIT_NORMAL);
-	rc = rc ? rc : sl_layout_add_layer(lb, l, false, "mlp.shared_expert_gate.weight", 2, 1, H,
-					   SL_INIT_NORMAL);
-	return rc;
+	LAYER_ADD(false, "mlp.shared_expert.gate_proj.weight", 2, Is, H, SL_INIT_NORMAL);
+	LAYER_ADD(true, "mlp.shared_expert.up_proj.weight", 2, Is, H, SL_INIT_NORMAL);
+	LAYER_ADD(false, "mlp.shared_expert.down_proj.weight", 2, H, Is, SL_INIT_NORMAL);
+	LAYER_ADD(false, "mlp.shared_expert_gate.weight", 2, 1, H, SL_INIT_NORMAL);
+	return 0;
 }
 
 int sl_moe_layout_experts(struct layout_builder *lb, const struct sl_model_config *mc, int l)
