@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,19 +21,6 @@
 #include "jsonutil.h"
 #include "log.h"
 #include "tokenizer.h"
-
-static char *msgf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *msgf(const char *fmt, ...)
-{
-	char *s = NULL;
-	va_list ap;
-
-	va_start(ap, fmt);
-	if (vasprintf(&s, fmt, ap) < 0)
-		s = NULL;
-	va_end(ap);
-	return s ? s : strdup("out of memory");
-}
 
 static void msgs_free(struct msg *m, int n)
 {
@@ -53,12 +39,12 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 	json_t *e;
 
 	if (!json_is_array(messages) || n == 0) {
-		*err = msgf("\"messages\" must be a non-empty array of {\"role\", \"content\"}");
+		*err = sl_msgf("\"messages\" must be a non-empty array of {\"role\", \"content\"}");
 		return NULL;
 	}
 	m = calloc(n, sizeof(*m));
 	if (!m) {
-		*err = msgf("out of memory");
+		*err = sl_msgf("out of memory");
 		return NULL;
 	}
 	json_array_foreach(messages, i, e) {
@@ -66,12 +52,12 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 		int r;
 
 		if (!json_is_object(e)) {
-			*err = msgf("messages[%zu] is %s, not an object {\"role\", \"content\"}", i,
+			*err = sl_msgf("messages[%zu] is %s, not an object {\"role\", \"content\"}", i,
 				    json_type_name(e));
 			goto out_free;
 		}
 		if (!json_is_string(role)) {
-			*err = msgf("messages[%zu] has %s \"role\"; give one of system, user, "
+			*err = sl_msgf("messages[%zu] has %s \"role\"; give one of system, user, "
 				    "assistant, tool", i, role ? json_type_name(role) : "no");
 			goto out_free;
 		}
@@ -79,7 +65,7 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 			if (!strcmp(json_string_value(role), sl_chat_role_names[r]))
 				break;
 		if (r == 4) {
-			*err = msgf("messages[%zu] has role \"%s\"; the template renders system, "
+			*err = sl_msgf("messages[%zu] has role \"%s\"; the template renders system, "
 				    "user, assistant and tool turns only", i,
 				    json_string_value(role));
 			goto out_free;
@@ -87,7 +73,7 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 		m[i].role = r;
 		c = json_object_get(e, "content");
 		if (!json_is_string(c)) {
-			*err = msgf("messages[%zu] (%s) has %s \"content\"; it must be a string (use "
+			*err = sl_msgf("messages[%zu] (%s) has %s \"content\"; it must be a string (use "
 				    "\"\" for none)", i, sl_chat_role_names[r],
 				    c ? json_type_name(c) : "no");
 			goto out_free;
@@ -97,7 +83,7 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 		rc = json_object_get(e, "reasoning_content");
 		if (rc && !json_is_null(rc)) {
 			if (!json_is_string(rc)) {
-				*err = msgf("messages[%zu].reasoning_content is %s, not a string", i,
+				*err = sl_msgf("messages[%zu].reasoning_content is %s, not a string", i,
 					    json_type_name(rc));
 				goto out_free;
 			}
@@ -109,20 +95,20 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 		if (r != ROLE_ASSISTANT || !tc || json_is_null(tc))
 			continue;
 		if (!json_is_array(tc)) {
-			*err = msgf("messages[%zu].tool_calls is %s, not an array", i,
+			*err = sl_msgf("messages[%zu].tool_calls is %s, not an array", i,
 				    json_type_name(tc));
 			goto out_free;
 		}
 		m[i].calls = calloc(json_array_size(tc) + 1, sizeof(*m[i].calls));
 		if (!m[i].calls) {
-			*err = msgf("out of memory");
+			*err = sl_msgf("out of memory");
 			goto out_free;
 		}
 		json_array_foreach(tc, k, call) {
 			json_t *f = json_object_get(call, "function"), *name, *args;
 
 			if (!json_is_object(call)) {
-				*err = msgf("messages[%zu].tool_calls[%zu] is %s, not an object", i, k,
+				*err = sl_msgf("messages[%zu].tool_calls[%zu] is %s, not an object", i, k,
 					    json_type_name(call));
 				goto out_free;
 			}
@@ -132,7 +118,7 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 			name = json_object_get(call, "name");
 			args = json_object_get(call, "arguments");
 			if (!json_is_string(name) || !args) {
-				*err = msgf("messages[%zu].tool_calls[%zu] needs a string \"name\" and "
+				*err = sl_msgf("messages[%zu].tool_calls[%zu] needs a string \"name\" and "
 					    "\"arguments\" (in \"function\" or beside it)", i, k);
 				goto out_free;
 			}
@@ -351,23 +337,23 @@ static json_t *sharegpt_messages(json_t *conv, char **err)
 	size_t i, k;
 
 	if (!out) {
-		*err = msgf("out of memory");
+		*err = sl_msgf("out of memory");
 		return NULL;
 	}
 	if (!json_is_array(conv) || !json_array_size(conv)) {
-		*err = msgf("\"conversations\" must be a non-empty array of {\"from\", \"value\"}");
+		*err = sl_msgf("\"conversations\" must be a non-empty array of {\"from\", \"value\"}");
 		goto out_put;
 	}
 	json_array_foreach(conv, i, e) {
 		json_t *from = json_object_get(e, "from"), *value = json_object_get(e, "value");
 
 		if (!json_is_object(e)) {
-			*err = msgf("conversations[%zu] is %s, not an object {\"from\", \"value\"}",
+			*err = sl_msgf("conversations[%zu] is %s, not an object {\"from\", \"value\"}",
 				    i, json_type_name(e));
 			goto out_put;
 		}
 		if (!json_is_string(from)) {
-			*err = msgf("conversations[%zu] has %s \"from\"; give human, gpt, system or "
+			*err = sl_msgf("conversations[%zu] has %s \"from\"; give human, gpt, system or "
 				    "observation (tool)", i, from ? json_type_name(from) : "no");
 			goto out_put;
 		}
@@ -375,21 +361,21 @@ static json_t *sharegpt_messages(json_t *conv, char **err)
 			if (!strcmp(json_string_value(from), sharegpt_roles[k].from))
 				break;
 		if (k == N_SHAREGPT) {
-			*err = msgf("conversations[%zu].from is \"%s\", not a ShareGPT role shardlm "
+			*err = sl_msgf("conversations[%zu].from is \"%s\", not a ShareGPT role shardlm "
 				    "knows (system; human, user; gpt, assistant, model, chatgpt; "
 				    "tool, function, observation, ipython)", i,
 				    json_string_value(from));
 			goto out_put;
 		}
 		if (!json_is_string(value)) {
-			*err = msgf("conversations[%zu] has %s \"value\"; it must be a string", i,
+			*err = sl_msgf("conversations[%zu] has %s \"value\"; it must be a string", i,
 				    value ? json_type_name(value) : "no");
 			goto out_put;
 		}
 		if (json_array_append_new(out, json_pack("{s:s,s:O}", "role",
 							 sharegpt_roles[k].role, "content",
 							 value))) {
-			*err = msgf("out of memory");
+			*err = sl_msgf("out of memory");
 			goto out_put;
 		}
 	}
@@ -412,7 +398,7 @@ int sl_chat_record(json_t *record, json_t **messages, json_t **tools, char **err
 	if (!m && !c)
 		return 1;
 	if (m && c) {
-		*err = msgf("the record has both \"messages\" and \"conversations\"; give one");
+		*err = sl_msgf("the record has both \"messages\" and \"conversations\"; give one");
 		return -EINVAL;
 	}
 	if (t && json_is_string(t)) {
@@ -421,7 +407,7 @@ int sl_chat_record(json_t *record, json_t **messages, json_t **tools, char **err
 
 		t = json_loads(json_string_value(t), 0, &jerr);
 		if (!t || !json_is_array(t)) {
-			*err = msgf("\"tools\" is a string but not a JSON array of tools%s%s",
+			*err = sl_msgf("\"tools\" is a string but not a JSON array of tools%s%s",
 				    t ? "" : ": ", t ? "" : jerr.text);
 			json_decref(t);
 			return -EINVAL;
@@ -430,7 +416,7 @@ int sl_chat_record(json_t *record, json_t **messages, json_t **tools, char **err
 		t = NULL;
 	} else if (t) {
 		if (!json_is_array(t)) {
-			*err = msgf("\"tools\" is %s; give an array of tool definitions",
+			*err = sl_msgf("\"tools\" is %s; give an array of tool definitions",
 				    json_type_name(t));
 			return -EINVAL;
 		}
@@ -468,7 +454,7 @@ static int do_render(const struct sl_chat *ct, json_t *messages, json_t *tools,
 		return -ENOTSUP;
 	}
 	if (tools && !json_is_array(tools)) {
-		*err = msgf("\"tools\" is %s; give an array of tool definitions",
+		*err = sl_msgf("\"tools\" is %s; give an array of tool definitions",
 			    json_type_name(tools));
 		return -EINVAL;
 	}
@@ -478,7 +464,7 @@ static int do_render(const struct sl_chat *ct, json_t *messages, json_t *tools,
 	ct->known->render(r, m, n, tools, keep_reasoning);
 	msgs_free(m, n);
 	if (r->err || r->text.oom) {
-		*err = r->err ? r->err : msgf("out of memory rendering the chat");
+		*err = r->err ? r->err : sl_msgf("out of memory rendering the chat");
 		r->err = NULL;
 		sl_chat_render_clear(r);
 		return -EINVAL;
@@ -547,7 +533,7 @@ int sl_chat_encode(const struct sl_chat *ct, struct sl_tokenizer *tok, json_t *m
 	for (i = 0; ct->known->specials[i]; i++) {
 		special_id[i] = sl_tokenizer_token_to_id(tok, ct->known->specials[i]);
 		if (special_id[i] < 0) {
-			*err = msgf("the tokenizer %s has no token %s, which the %s chat template "
+			*err = sl_msgf("the tokenizer %s has no token %s, which the %s chat template "
 				    "emits", sl_tokenizer_path(tok), ct->known->specials[i],
 				    ct->known->name);
 			rc = -EINVAL;
@@ -563,7 +549,7 @@ int sl_chat_encode(const struct sl_chat *ct, struct sl_tokenizer *tok, json_t *m
 			s++;
 		if (s < r.nseg && r.seg[s].special < 0 && r.seg[s].start < r.tgt[i].start &&
 		    !ascii(r.text.s + r.seg[s].start, r.tgt[i].start - r.seg[s].start)) {
-			*err = msgf("internal error: a target starts after non-ASCII template text");
+			*err = sl_msgf("internal error: a target starts after non-ASCII template text");
 			rc = -EINVAL;
 			goto out_free;
 		}
@@ -583,7 +569,7 @@ int sl_chat_encode(const struct sl_chat *ct, struct sl_tokenizer *tok, json_t *m
 			got = sl_tokenizer_encode(tok, r.text.s + g->start, g->len, true, &chunk,
 						  &chunk_cap);
 			if (got < 0) {
-				*err = msgf("cannot tokenize the rendered chat");
+				*err = sl_msgf("cannot tokenize the rendered chat");
 				rc = got;
 				goto out_free;
 			}
@@ -611,7 +597,7 @@ int sl_chat_encode(const struct sl_chat *ct, struct sl_tokenizer *tok, json_t *m
 		}
 	}
 	if (n > INT32_MAX) {
-		*err = msgf("the conversation makes more than %d tokens", INT32_MAX);
+		*err = sl_msgf("the conversation makes more than %d tokens", INT32_MAX);
 		rc = -E2BIG;
 		goto out_free;
 	}
@@ -619,7 +605,7 @@ int sl_chat_encode(const struct sl_chat *ct, struct sl_tokenizer *tok, json_t *m
 	goto out_free;
 
 out_nomem:
-	*err = msgf("out of memory tokenizing the chat");
+	*err = sl_msgf("out of memory tokenizing the chat");
 	rc = -ENOMEM;
 out_free:
 	free(chunk);

@@ -10,7 +10,6 @@
 #include "data.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,20 +17,8 @@
 #include <jansson.h>
 
 #include "chat.h"
+#include "log.h"
 #include "tokenizer.h"
-
-static char *msgf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *msgf(const char *fmt, ...)
-{
-	char *s = NULL;
-	va_list ap;
-
-	va_start(ap, fmt);
-	if (vasprintf(&s, fmt, ap) < 0)
-		s = NULL;
-	va_end(ap);
-	return s ? s : strdup("out of memory");
-}
 
 int sl_data_chat_record(const struct sl_data_opts *o, json_t *record, int32_t **ids,
 			uint8_t **mask, size_t *cap, int *n, char **err)
@@ -49,10 +36,10 @@ int sl_data_chat_record(const struct sl_data_opts *o, json_t *record, int32_t **
 		return rc;
 	}
 	if (!o->sft) {
-		*err = msgf("a chat record (\"messages\" or \"conversations\") needs task: sft");
+		*err = sl_msgf("a chat record (\"messages\" or \"conversations\") needs task: sft");
 		rc = -EINVAL;
 	} else if (!o->tokenizer) {
-		*err = msgf("a chat record needs the model's tokenizer.json (and its chat template) "
+		*err = sl_msgf("a chat record needs the model's tokenizer.json (and its chat template) "
 			    "beside the model");
 		rc = -EINVAL;
 	} else {
@@ -83,22 +70,22 @@ int sl_data_loss_mask(json_t *record, int n, uint8_t *mask, char **err)
 	}
 	if (!json_is_array(m) || json_array_size(m) != (size_t)n) {
 		*err = json_is_array(m) ?
-			msgf("\"loss_mask\" has %zu entries but \"input_ids\" %d; give one 0/1 per "
+			sl_msgf("\"loss_mask\" has %zu entries but \"input_ids\" %d; give one 0/1 per "
 			     "token", json_array_size(m), n) :
-			msgf("\"loss_mask\" must be an array of 0/1, one per token of \"input_ids\"");
+			sl_msgf("\"loss_mask\" must be an array of 0/1, one per token of \"input_ids\"");
 		return -EINVAL;
 	}
 	json_array_foreach(m, i, e) {
 		json_int_t v = json_is_integer(e) ? json_integer_value(e) : -1;
 
 		if (v != 0 && v != 1) {
-			*err = msgf("\"loss_mask\"[%zu] is not 0 or 1", i);
+			*err = sl_msgf("\"loss_mask\"[%zu] is not 0 or 1", i);
 			return -EINVAL;
 		}
 		mask[i] = (uint8_t)v;
 	}
 	if (mask[0]) {
-		*err = msgf("\"loss_mask\"[0] is 1, but no logits come before token 0 to predict it: "
+		*err = sl_msgf("\"loss_mask\"[0] is 1, but no logits come before token 0 to predict it: "
 			    "loss_mask[t] = 1 makes token t a target, predicted from position t-1 "
 			    "(is the mask shifted?)");
 		return -EINVAL;

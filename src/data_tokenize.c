@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,19 +37,6 @@ struct line_res {
 	bool blank;
 };
 
-static char *msgf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *msgf(const char *fmt, ...)
-{
-	char *s = NULL;
-	va_list ap;
-
-	va_start(ap, fmt);
-	if (vasprintf(&s, fmt, ap) < 0)
-		s = NULL;
-	va_end(ap);
-	return s ? s : strdup("out of memory");
-}
-
 /* the record's ids and label (NaN when absent); thread-safe */
 static void parse_record(const struct sl_data_opts *o, const char *tf, const char *lf,
 			 const char *buf, size_t len, struct line_res *r)
@@ -62,19 +48,19 @@ static void parse_record(const struct sl_data_opts *o, const char *tf, const cha
 
 	r->label = NAN;
 	if (len > MAX_RECORD_BYTES) {
-		r->err = msgf("the line is longer than %zu MB, the limit for one record: is the "
+		r->err = sl_msgf("the line is longer than %zu MB, the limit for one record: is the "
 			      "file JSONL (one record per line)?", MAX_RECORD_BYTES >> 20);
 		return;
 	}
 	root = json_loadb(buf, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
 	if (!root) {
-		r->err = msgf("invalid JSON at column %d: %s%s", jerr.column, jerr.text,
+		r->err = sl_msgf("invalid JSON at column %d: %s%s", jerr.column, jerr.text,
 			      strstr(jerr.text, "decode") ? " (the text is not valid UTF-8; fix "
 			      "the file's encoding)" : "");
 		return;
 	}
 	if (!json_is_object(root)) {
-		r->err = msgf("a record must be a JSON object, not %s", json_type_name(root));
+		r->err = sl_msgf("a record must be a JSON object, not %s", json_type_name(root));
 		goto out_put;
 	}
 	/* pre-tokenized ids win over a chat, a chat over text */
@@ -87,19 +73,19 @@ static void parse_record(const struct sl_data_opts *o, const char *tf, const cha
 		json_t *e;
 
 		if (!json_is_array(j) || !json_array_size(j) || json_array_size(j) > INT32_MAX) {
-			r->err = msgf("\"input_ids\" must be a non-empty array of token ids");
+			r->err = sl_msgf("\"input_ids\" must be a non-empty array of token ids");
 			goto out_put;
 		}
 		r->ids = malloc(json_array_size(j) * sizeof(*r->ids));
 		if (!r->ids) {
-			r->err = msgf("out of memory");
+			r->err = sl_msgf("out of memory");
 			goto out_put;
 		}
 		json_array_foreach(j, i, e) {
 			json_int_t v = json_is_integer(e) ? json_integer_value(e) : -1;
 
 			if (v < 0 || v > INT32_MAX) {
-				r->err = msgf("\"input_ids\"[%zu] is not a token id (an integer >= 0)",
+				r->err = sl_msgf("\"input_ids\"[%zu] is not a token id (an integer >= 0)",
 					      i);
 				goto out_put;
 			}
@@ -110,29 +96,29 @@ static void parse_record(const struct sl_data_opts *o, const char *tf, const cha
 		int n;
 
 		if (!json_is_string(j)) {
-			r->err = msgf("field '%s' is %s, not a string", tf, json_type_name(j));
+			r->err = sl_msgf("field '%s' is %s, not a string", tf, json_type_name(j));
 			goto out_put;
 		}
 		n = sl_tokenizer_encode(o->tokenizer, json_string_value(j), json_string_length(j),
 					false, &r->ids, &cap);
 		if (n < 0) {
-			r->err = msgf("cannot tokenize the text in field '%s'", tf);
+			r->err = sl_msgf("cannot tokenize the text in field '%s'", tf);
 			goto out_put;
 		}
 		if (n == 0) {
-			r->err = msgf("the text in field '%s' is empty (no tokens)", tf);
+			r->err = sl_msgf("the text in field '%s' is empty (no tokens)", tf);
 			goto out_put;
 		}
 		r->n = n;
 	} else {
-		r->err = msgf("record has neither \"input_ids\" nor text in field '%s'%s", tf,
+		r->err = sl_msgf("record has neither \"input_ids\" nor text in field '%s'%s", tf,
 			      o->sft ? " nor chat \"messages\" / \"conversations\"" : "");
 		goto out_put;
 	}
 	if (o->sft) {
 		r->mask = malloc(r->n);
 		if (!r->mask) {
-			r->err = msgf("out of memory");
+			r->err = sl_msgf("out of memory");
 			goto out_put;
 		}
 		if (json_object_get(root, "input_ids")) {
@@ -148,13 +134,13 @@ static void parse_record(const struct sl_data_opts *o, const char *tf, const cha
 		double y;
 
 		if (!json_is_number(j)) {
-			r->err = msgf("label in field '%s' is %s, not a number in [0,1]", lf,
+			r->err = sl_msgf("label in field '%s' is %s, not a number in [0,1]", lf,
 				      json_type_name(j));
 			goto out_put;
 		}
 		y = json_number_value(j);
 		if (!(y >= 0.0 && y <= 1.0)) {
-			r->err = msgf("label %g in field '%s' is outside [0,1]", y, lf);
+			r->err = sl_msgf("label %g in field '%s' is outside [0,1]", y, lf);
 			goto out_put;
 		}
 		r->label = (float)y;

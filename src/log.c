@@ -1,9 +1,11 @@
 /*
  * log: "[mm:ss]"-prefixed log lines on rank 0, errors on every rank (see log.h).
  */
+#define _GNU_SOURCE
 #include "log.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -136,6 +138,18 @@ void sl_warn(const char *fmt, ...)
 	va_start(ap, fmt);
 	emit(stderr, true, "warning: ", fmt, ap);
 	va_end(ap);
+}
+
+char *sl_msgf(const char *fmt, ...)
+{
+	char *s = NULL;
+	va_list ap;
+
+	va_start(ap, fmt);
+	if (vasprintf(&s, fmt, ap) < 0)
+		s = NULL;
+	va_end(ap);
+	return s ? s : strdup("out of memory");
 }
 
 #ifdef SL_SANITIZE

@@ -27,6 +27,10 @@ void sl_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* sl_error() of "@where: <message>" (a file, file:line, a key) */
 void sl_error_at(const char *where, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* an error message in a malloc'd string, for errors returned rather than printed (from
+ * threads, or to be given a place by the caller); "out of memory" when it cannot be formatted */
+char *sl_msgf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* wall clock */
 double sl_now(void);				/* seconds, monotonic */
 double sl_unix_time(void);			/* seconds since the epoch */
