@@ -383,6 +383,19 @@ static ssize_t read_line(FILE *f, char **line, size_t *cap)
 	return (ssize_t)total;
 }
 
+/* a failed load: no records, but the counts stay (a caller may still report them) */
+static void drop_records(struct sl_dataset *ds)
+{
+	free(ds->rec);
+	free(ds->pool);
+	free(ds->mask_pool);
+	ds->rec = NULL;
+	ds->pool = NULL;
+	ds->mask_pool = NULL;
+	ds->n = 0;
+	ds->pool_len = 0;
+}
+
 int sl_data_load(struct sl_dataset *ds, const char *path, const struct sl_data_opts *o)
 {
 	struct loader ld = { .ds = ds, .o = o };
@@ -396,16 +409,8 @@ int sl_data_load(struct sl_dataset *ds, const char *path, const struct sl_data_o
 	snprintf(ds->path, sizeof(ds->path), "%s", path);
 	if (o->tokenizer) {
 		rc = data_load_text(ds, path, o);
-		if (rc < 0) {
-			free(ds->rec);
-			free(ds->pool);
-			free(ds->mask_pool);
-			ds->rec = NULL;
-			ds->pool = NULL;
-			ds->mask_pool = NULL;
-			ds->n = 0;
-			ds->pool_len = 0;
-		}
+		if (rc < 0)
+			drop_records(ds);
 		return rc;
 	}
 	ld.text_field = o->text_field && *o->text_field ? o->text_field : "text";
@@ -475,17 +480,8 @@ out_free:
 	free(ld.tok);
 	free(ld.msk);
 	fclose(f);
-	if (rc < 0) {
-		/* the counts stay: a caller may still report them */
-		free(ds->rec);
-		free(ds->pool);
-		free(ds->mask_pool);
-		ds->rec = NULL;
-		ds->pool = NULL;
-		ds->mask_pool = NULL;
-		ds->n = 0;
-		ds->pool_len = 0;
-	}
+	if (rc < 0)
+		drop_records(ds);
 	return rc;
 }
 

@@ -138,31 +138,6 @@ static void event_free(struct sl_backend *b, void *ev)
 		b->event_destroy(b, ev);
 }
 
-static void *host_mem(struct sl_backend *b, size_t bytes)
-{
-	void *p = NULL;
-
-	if (b->host_alloc)
-		return b->host_alloc(b, bytes);
-	if (posix_memalign(&p, 64, bytes ? bytes : 64)) {
-		sl_error("out of host memory for the offloaded state (%zu bytes); `shardlm plan` "
-			 "shows what the job needs", bytes);
-		sl_dist_abort("out of host memory");
-	}
-	memset(p, 0, bytes);
-	return p;
-}
-
-static void host_mem_free(struct sl_backend *b, void *p)
-{
-	if (!p)
-		return;
-	if (b->host_free)
-		b->host_free(b, p);
-	else
-		free(p);
-}
-
 /* ---- the worker ---------------------------------------------------------------------------- */
 
 /* host_lean: unit @ui's gradient down into its ring slot, after the fence (see optim_step) */
@@ -333,8 +308,8 @@ int sl_offload_create(struct sl_shard *s, size_t max_shard)
 	for (int i = 0; i < N_PAIRS; i++) {
 		o->wr_unit[i] = -1;
 		if (s->lean) {
-			o->g_ring[i] = host_mem(b, max_shard * sizeof(float));
-			o->w_ring[i] = host_mem(b, max_shard * b->elt);
+			o->g_ring[i] = sl_shard_host_alloc(b, max_shard * sizeof(float));
+			o->w_ring[i] = sl_shard_host_alloc(b, max_shard * b->elt);
 			o->ev_gr[i] = event_new(b);
 			continue;
 		}
@@ -342,7 +317,7 @@ int sl_offload_create(struct sl_shard *s, size_t max_shard)
 		o->ev_pair[i] = event_new(b);
 		/* later micro-batches land here (made later on first need when accum is unknown) */
 		if (!s->accum_dev && s->accum > 1)
-			o->h_rs[i] = host_mem(b, max_shard * sizeof(float));
+			o->h_rs[i] = sl_shard_host_alloc(b, max_shard * sizeof(float));
 	}
 	if (s->lean) {
 		o->d_sq = b->alloc(b, s->n_units * sizeof(double));
@@ -355,7 +330,7 @@ int sl_offload_create(struct sl_shard *s, size_t max_shard)
 		struct sl_shard_unit *u = &s->u[i];
 
 		u->w_host = s->host_params ? u->w_shard : s->lean ? NULL :
-			host_mem(b, u->shard * b->elt);
+			sl_shard_host_alloc(b, u->shard * b->elt);
 		u->d_acc = s->accum_dev ? b->alloc(b, u->shard * sizeof(float)) : NULL;
 		u->ev_g = event_new(b);
 		u->ev_w = event_new(b);
@@ -393,8 +368,8 @@ void sl_offload_destroy(struct sl_shard *s)
 		sync_event(b, o->ev_gr[i]);
 		if (o->d_rs[i])
 			b->free(b, o->d_rs[i]);
-		host_mem_free(b, o->h_rs[i]);
-		host_mem_free(b, o->g_ring[i]);
+		sl_shard_host_free(b, o->h_rs[i]);
+		sl_shard_host_free(b, o->g_ring[i]);
 		event_free(b, o->ev_pair[i]);
 		event_free(b, o->ev_gr[i]);
 	}
@@ -415,12 +390,12 @@ void sl_offload_destroy(struct sl_shard *s)
 		event_free(b, u->ev_g);
 		event_free(b, u->ev_w);
 		if (!s->host_params)
-			host_mem_free(b, u->w_host);
+			sl_shard_host_free(b, u->w_host);
 		if (u->d_acc)
 			b->free(b, u->d_acc);
 	}
 	for (int i = 0; i < N_PAIRS; i++)
-		host_mem_free(b, o->w_ring[i]);
+		sl_shard_host_free(b, o->w_ring[i]);
 	pthread_mutex_destroy(&o->mu);
 	pthread_cond_destroy(&o->work);
 	pthread_cond_destroy(&o->done);
@@ -582,7 +557,7 @@ void sl_offload_release_grads(struct sl_shard *s, int ui, const void *gbuf)
 	k = take_pair(o);
 	sl_shard_reduce_to(s, ui, gbuf, o->d_rs[k]);
 	if (!first && !o->h_rs[k])
-		o->h_rs[k] = host_mem(b, o->max_shard * sizeof(float));
+		o->h_rs[k] = sl_shard_host_alloc(b, o->max_shard * sizeof(float));
 	download_async(b, first ? u->grad32 : o->h_rs[k], o->d_rs[k], bytes, true,
 		       o->ev_pair[k]);
 	j.ev = o->ev_pair[k];

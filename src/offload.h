@@ -41,5 +41,7 @@ void sl_offload_refresh(struct sl_shard *s, int u);
 void sl_shard_reduce_to(struct sl_shard *s, int u, const void *gbuf, float *dst);
 bool sl_shard_part(const struct sl_tensor_info *ti, const struct sl_shard_unit *u, size_t *lo,
 		   size_t *hi);
+void *sl_shard_host_alloc(struct sl_backend *b, size_t bytes);	/* zeroed; aborts when out */
+void sl_shard_host_free(struct sl_backend *b, void *p);
 
 #endif

@@ -162,9 +162,9 @@ static void side_sumsq(struct sl_shard *s, int ui)
 	s->sq_pending = true;
 }
 
-static void *host_alloc(struct sl_shard *s, size_t bytes)
+/* host memory for offloaded state: the backend's pinned allocator, else aligned malloc; zeroed */
+void *sl_shard_host_alloc(struct sl_backend *b, size_t bytes)
 {
-	struct sl_backend *b = s->be;
 	void *p = NULL;
 
 	if (b->host_alloc)
@@ -178,10 +178,8 @@ static void *host_alloc(struct sl_shard *s, size_t bytes)
 	return p;
 }
 
-static void host_free(struct sl_shard *s, void *p)
+void sl_shard_host_free(struct sl_backend *b, void *p)
 {
-	struct sl_backend *b = s->be;
-
 	if (!p)
 		return;
 	if (b->host_free)
@@ -193,13 +191,13 @@ static void host_free(struct sl_shard *s, void *p)
 /* Buffers of the optimizer state live where offload puts them. */
 static void *state_alloc(struct sl_shard *s, size_t bytes)
 {
-	return s->host_state ? host_alloc(s, bytes) : s->be->alloc(s->be, bytes);
+	return s->host_state ? sl_shard_host_alloc(s->be, bytes) : s->be->alloc(s->be, bytes);
 }
 
 static void state_free(struct sl_shard *s, void *p)
 {
 	if (s->host_state)
-		host_free(s, p);
+		sl_shard_host_free(s->be, p);
 	else
 		s->be->free(s->be, p);
 }
@@ -557,7 +555,7 @@ int sl_shard_create(struct sl_shard *s, struct sl_backend *be, const struct sl_l
 			if (!s->lean && !u->grad32)
 				u->grad32 = state_alloc(s, u->shard * sizeof(float));
 		}
-		u->w_shard = s->host_params ? host_alloc(s, u->shard * b->elt) :
+		u->w_shard = s->host_params ? sl_shard_host_alloc(s->be, u->shard * b->elt) :
 			b->alloc(b, u->shard * b->elt);
 		s->shard_sizes[i] = u->shard;
 		s->shard_starts[i] = u->off;
@@ -644,7 +642,7 @@ void sl_shard_destroy(struct sl_shard *s)
 		else if (!u->grad_lent)
 			state_free(s, u->grad32);
 		if (s->host_params)
-			host_free(s, u->w_shard);
+			sl_shard_host_free(s->be, u->w_shard);
 		else
 			b->free(b, u->w_shard);
 	}
