@@ -27,6 +27,20 @@ static int eval_rounds(int n, int world, int batch)
 	return (per_rank + batch - 1) / batch;
 }
 
+/* this rank's validation records (i % world == rank), longest first; 0 when there are none */
+static int *eval_order(const struct sl_dataset *ds, int rank, int world, int *n_mine)
+{
+	int *order = malloc((ds->n / world + 1) * sizeof(int)), n = 0;
+
+	if (!order)
+		sl_dist_abort("out of host memory for the validation pass");
+	for (int i = rank; i < ds->n; i += world)
+		order[n++] = i;
+	sl_data_sort_longest_first(ds, order, n);
+	*n_mine = n;
+	return order;
+}
+
 /*
  * Validation of the sft task over all ranks (records i % world == rank, similar lengths
  * together): the mean cross-entropy over every target token of the set.
@@ -38,12 +52,9 @@ static double evaluate_lm(struct sl_backend *be, struct sl_model *m,
 {
 	struct sl_host_batch hb;
 	struct dev_batch db;
-	int n_mine = 0, *order = malloc((ds->n / world + 1) * sizeof(int)), stand_in;
+	int n_mine, *order = eval_order(ds, rank, world, &n_mine), stand_in;
 	double sums[2] = { 0 }, all[2];
 
-	for (int i = rank; i < ds->n; i += world)
-		order[n_mine++] = i;
-	sl_data_sort_longest_first(ds, order, n_mine);
 	stand_in = n_mine ? order[0] : 0;
 	sl_host_batch_alloc(&hb, batch, max_L);
 	dev_batch_alloc(be, &db, batch, max_L);
@@ -90,13 +101,12 @@ static void evaluate(struct sl_backend *be, struct sl_model *m, const struct sl_
 {
 	struct sl_host_batch hb;
 	struct dev_batch db;
-	int n_mine = 0, *order = malloc((ds->n / world + 1) * sizeof(int)), stand_in;
+	int n_mine, *order = eval_order(ds, rank, world, &n_mine), stand_in;
 	float *s = malloc(batch * sizeof(float));
 	double sums[EV_COUNT] = { 0 }, all[EV_COUNT];
 
-	for (int i = rank; i < ds->n; i += world)
-		order[n_mine++] = i;
-	sl_data_sort_longest_first(ds, order, n_mine);
+	if (!s)
+		sl_dist_abort("out of host memory for the validation pass");
 	stand_in = n_mine ? order[0] : 0;
 	sl_host_batch_alloc(&hb, batch, max_L);
 	dev_batch_alloc(be, &db, batch, max_L);
