@@ -53,12 +53,12 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 
 		if (!json_is_object(e)) {
 			*err = sl_msgf("messages[%zu] is %s, not an object {\"role\", \"content\"}", i,
-				    json_type_name(e));
+				       json_type_name(e));
 			goto out_free;
 		}
 		if (!json_is_string(role)) {
 			*err = sl_msgf("messages[%zu] has %s \"role\"; give one of system, user, "
-				    "assistant, tool", i, role ? json_type_name(role) : "no");
+				       "assistant, tool", i, role ? json_type_name(role) : "no");
 			goto out_free;
 		}
 		for (r = 0; r < 4; r++)
@@ -66,16 +66,16 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 				break;
 		if (r == 4) {
 			*err = sl_msgf("messages[%zu] has role \"%s\"; the template renders system, "
-				    "user, assistant and tool turns only", i,
-				    json_string_value(role));
+				       "user, assistant and tool turns only", i,
+				       json_string_value(role));
 			goto out_free;
 		}
 		m[i].role = r;
 		c = json_object_get(e, "content");
 		if (!json_is_string(c)) {
 			*err = sl_msgf("messages[%zu] (%s) has %s \"content\"; it must be a string (use "
-				    "\"\" for none)", i, sl_chat_role_names[r],
-				    c ? json_type_name(c) : "no");
+				       "\"\" for none)", i, sl_chat_role_names[r],
+				       c ? json_type_name(c) : "no");
 			goto out_free;
 		}
 		m[i].content = json_string_value(c);
@@ -84,7 +84,7 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 		if (rc && !json_is_null(rc)) {
 			if (!json_is_string(rc)) {
 				*err = sl_msgf("messages[%zu].reasoning_content is %s, not a string", i,
-					    json_type_name(rc));
+					       json_type_name(rc));
 				goto out_free;
 			}
 			m[i].reasoning = json_string_value(rc);
@@ -96,7 +96,7 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 			continue;
 		if (!json_is_array(tc)) {
 			*err = sl_msgf("messages[%zu].tool_calls is %s, not an array", i,
-				    json_type_name(tc));
+				       json_type_name(tc));
 			goto out_free;
 		}
 		m[i].calls = calloc(json_array_size(tc) + 1, sizeof(*m[i].calls));
@@ -109,7 +109,7 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 
 			if (!json_is_object(call)) {
 				*err = sl_msgf("messages[%zu].tool_calls[%zu] is %s, not an object", i, k,
-					    json_type_name(call));
+					       json_type_name(call));
 				goto out_free;
 			}
 			/* {% if tool_call.function %}: a non-empty object replaces the call */
@@ -118,8 +118,9 @@ static struct msg *parse_messages(json_t *messages, int *count, char **err)
 			name = json_object_get(call, "name");
 			args = json_object_get(call, "arguments");
 			if (!json_is_string(name) || !args) {
-				*err = sl_msgf("messages[%zu].tool_calls[%zu] needs a string \"name\" and "
-					    "\"arguments\" (in \"function\" or beside it)", i, k);
+				*err = sl_msgf("messages[%zu].tool_calls[%zu] needs a string "
+					       "\"name\" and \"arguments\" (in \"function\" or "
+					       "beside it)", i, k);
 				goto out_free;
 			}
 			m[i].calls[k].name = json_string_value(name);
@@ -349,27 +350,27 @@ static json_t *sharegpt_messages(json_t *conv, char **err)
 
 		if (!json_is_object(e)) {
 			*err = sl_msgf("conversations[%zu] is %s, not an object {\"from\", \"value\"}",
-				    i, json_type_name(e));
+				       i, json_type_name(e));
 			goto out_put;
 		}
 		if (!json_is_string(from)) {
 			*err = sl_msgf("conversations[%zu] has %s \"from\"; give human, gpt, system or "
-				    "observation (tool)", i, from ? json_type_name(from) : "no");
+				       "observation (tool)", i, from ? json_type_name(from) : "no");
 			goto out_put;
 		}
 		for (k = 0; k < N_SHAREGPT; k++)
 			if (!strcmp(json_string_value(from), sharegpt_roles[k].from))
 				break;
 		if (k == N_SHAREGPT) {
-			*err = sl_msgf("conversations[%zu].from is \"%s\", not a ShareGPT role shardlm "
-				    "knows (system; human, user; gpt, assistant, model, chatgpt; "
-				    "tool, function, observation, ipython)", i,
-				    json_string_value(from));
+			*err = sl_msgf("conversations[%zu].from is \"%s\", not a ShareGPT role "
+				       "shardlm knows (system; human, user; gpt, assistant, model, "
+				       "chatgpt; tool, function, observation, ipython)", i,
+				       json_string_value(from));
 			goto out_put;
 		}
 		if (!json_is_string(value)) {
 			*err = sl_msgf("conversations[%zu] has %s \"value\"; it must be a string", i,
-				    value ? json_type_name(value) : "no");
+				       value ? json_type_name(value) : "no");
 			goto out_put;
 		}
 		if (json_array_append_new(out, json_pack("{s:s,s:O}", "role",
@@ -408,7 +409,7 @@ int sl_chat_record(json_t *record, json_t **messages, json_t **tools, char **err
 		t = json_loads(json_string_value(t), 0, &jerr);
 		if (!t || !json_is_array(t)) {
 			*err = sl_msgf("\"tools\" is a string but not a JSON array of tools%s%s",
-				    t ? "" : ": ", t ? "" : jerr.text);
+				       t ? "" : ": ", t ? "" : jerr.text);
 			json_decref(t);
 			return -EINVAL;
 		}
@@ -417,7 +418,7 @@ int sl_chat_record(json_t *record, json_t **messages, json_t **tools, char **err
 	} else if (t) {
 		if (!json_is_array(t)) {
 			*err = sl_msgf("\"tools\" is %s; give an array of tool definitions",
-				    json_type_name(t));
+				       json_type_name(t));
 			return -EINVAL;
 		}
 		json_incref(t);
@@ -455,7 +456,7 @@ static int do_render(const struct sl_chat *ct, json_t *messages, json_t *tools,
 	}
 	if (tools && !json_is_array(tools)) {
 		*err = sl_msgf("\"tools\" is %s; give an array of tool definitions",
-			    json_type_name(tools));
+			       json_type_name(tools));
 		return -EINVAL;
 	}
 	m = parse_messages(messages, &n, err);
@@ -534,8 +535,8 @@ int sl_chat_encode(const struct sl_chat *ct, struct sl_tokenizer *tok, json_t *m
 		special_id[i] = sl_tokenizer_token_to_id(tok, ct->known->specials[i]);
 		if (special_id[i] < 0) {
 			*err = sl_msgf("the tokenizer %s has no token %s, which the %s chat template "
-				    "emits", sl_tokenizer_path(tok), ct->known->specials[i],
-				    ct->known->name);
+				       "emits", sl_tokenizer_path(tok), ct->known->specials[i],
+				       ct->known->name);
 			rc = -EINVAL;
 			goto out_free;
 		}

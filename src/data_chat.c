@@ -40,7 +40,7 @@ int sl_data_chat_record(const struct sl_data_opts *o, json_t *record, int32_t **
 		rc = -EINVAL;
 	} else if (!o->tokenizer) {
 		*err = sl_msgf("a chat record needs the model's tokenizer.json (and its chat template) "
-			    "beside the model");
+			       "beside the model");
 		rc = -EINVAL;
 	} else {
 		rc = sl_chat_encode(o->chat, o->tokenizer, messages, tools, o->keep_reasoning, ids,
@@ -70,9 +70,10 @@ int sl_data_loss_mask(json_t *record, int n, uint8_t *mask, char **err)
 	}
 	if (!json_is_array(m) || json_array_size(m) != (size_t)n) {
 		*err = json_is_array(m) ?
-			sl_msgf("\"loss_mask\" has %zu entries but \"input_ids\" %d; give one 0/1 per "
-			     "token", json_array_size(m), n) :
-			sl_msgf("\"loss_mask\" must be an array of 0/1, one per token of \"input_ids\"");
+			sl_msgf("\"loss_mask\" has %zu entries but \"input_ids\" %d; give one 0/1 "
+				"per token", json_array_size(m), n) :
+			sl_msgf("\"loss_mask\" must be an array of 0/1, one per token of "
+				"\"input_ids\"");
 		return -EINVAL;
 	}
 	json_array_foreach(m, i, e) {
@@ -85,9 +86,9 @@ int sl_data_loss_mask(json_t *record, int n, uint8_t *mask, char **err)
 		mask[i] = (uint8_t)v;
 	}
 	if (mask[0]) {
-		*err = sl_msgf("\"loss_mask\"[0] is 1, but no logits come before token 0 to predict it: "
-			    "loss_mask[t] = 1 makes token t a target, predicted from position t-1 "
-			    "(is the mask shifted?)");
+		*err = sl_msgf("\"loss_mask\"[0] is 1, but no logits come before token 0 to "
+			       "predict it: loss_mask[t] = 1 makes token t a target, predicted "
+			       "from position t-1 (is the mask shifted?)");
 		return -EINVAL;
 	}
 	return 0;

@@ -49,14 +49,14 @@ static void parse_record(const struct sl_data_opts *o, const char *tf, const cha
 	r->label = NAN;
 	if (len > MAX_RECORD_BYTES) {
 		r->err = sl_msgf("the line is longer than %zu MB, the limit for one record: is the "
-			      "file JSONL (one record per line)?", MAX_RECORD_BYTES >> 20);
+			         "file JSONL (one record per line)?", MAX_RECORD_BYTES >> 20);
 		return;
 	}
 	root = json_loadb(buf, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
 	if (!root) {
 		r->err = sl_msgf("invalid JSON at column %d: %s%s", jerr.column, jerr.text,
-			      strstr(jerr.text, "decode") ? " (the text is not valid UTF-8; fix "
-			      "the file's encoding)" : "");
+			         strstr(jerr.text, "decode") ? " (the text is not valid UTF-8; fix "
+			         "the file's encoding)" : "");
 		return;
 	}
 	if (!json_is_object(root)) {
@@ -86,7 +86,7 @@ static void parse_record(const struct sl_data_opts *o, const char *tf, const cha
 
 			if (v < 0 || v > INT32_MAX) {
 				r->err = sl_msgf("\"input_ids\"[%zu] is not a token id (an integer >= 0)",
-					      i);
+					         i);
 				goto out_put;
 			}
 			r->ids[i] = (int32_t)v;
@@ -112,7 +112,7 @@ static void parse_record(const struct sl_data_opts *o, const char *tf, const cha
 		r->n = n;
 	} else {
 		r->err = sl_msgf("record has neither \"input_ids\" nor text in field '%s'%s", tf,
-			      o->sft ? " nor chat \"messages\" / \"conversations\"" : "");
+			         o->sft ? " nor chat \"messages\" / \"conversations\"" : "");
 		goto out_put;
 	}
 	if (o->sft) {
@@ -135,7 +135,7 @@ static void parse_record(const struct sl_data_opts *o, const char *tf, const cha
 
 		if (!json_is_number(j)) {
 			r->err = sl_msgf("label in field '%s' is %s, not a number in [0,1]", lf,
-				      json_type_name(j));
+				         json_type_name(j));
 			goto out_put;
 		}
 		y = json_number_value(j);
