@@ -27,7 +27,7 @@ static int eval_rounds(int n, int world, int batch)
 	return (per_rank + batch - 1) / batch;
 }
 
-/* this rank's validation records (i % world == rank), longest first; 0 when there are none */
+/* this rank's validation records (i % world == rank), longest first; *n_mine of them */
 static int *eval_order(const struct sl_dataset *ds, int rank, int world, int *n_mine)
 {
 	int *order = malloc((ds->n / world + 1) * sizeof(int)), n = 0;
